@@ -1,0 +1,1 @@
+"""orderflow: the domain core of the Scheduler Agent Supervisor order pipeline (no azure.functions here)."""

@@ -1,0 +1,18 @@
+"""Registered function names: the one place they are spelled, so an orchestrator never calls a drifting literal."""
+
+# Triggers
+SUBMISSION = "submission"
+STARTER_TIMER = "starter_timer"
+STARTER_SIGNAL = "starter_signal"
+AGENT_REPLIES = "agent_replies"
+SUPERVISOR = "supervisor"
+
+# The Scheduler
+ORDER_WORKFLOW = "order_workflow"
+
+# Activities
+SET_STEP_DEADLINE = "set_step_deadline"
+LOAD_ORDER = "load_order"
+SEND_AGENT_REQUEST = "send_agent_request"
+RECORD_STEP_RESULT = "record_step_result"
+FINISH_ORDER = "finish_order"

@@ -1,0 +1,240 @@
+"""Message schemas: every message that crosses a queue, as a typed pydantic model with `schemaVersion`.
+
+Validate at the edge, once (`parse_*`), inside trust the types. JSON is the wire format (`to_json`).
+Fields are only ever added backwards-compatibly; a breaking change bumps `schemaVersion`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from datetime import datetime
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+SCHEMA_VERSION = 1
+
+# orderId rules. The Scheduler's instance id is `<orderId>:<attempt>`; seed 004 requires an instance id of
+# 1-100 characters, not starting with '@', without '/', '\\', '#', '?' and without control characters.
+# orderId: 1-64 characters from [A-Za-z0-9_-], starting with a letter or digit; attempt: 1-99999 (at most 5
+# digits) → the instance id is at most 64 + 1 + 5 = 70 characters and can never break those rules.
+ORDER_ID_MAX_LEN = 64
+MAX_ATTEMPT = 99_999
+ORDER_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+# Queue names as Service Bus allows them (letters, digits, '.', '-', '_'; at most 260; we cap at 50).
+QUEUE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,49}$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+class Customer(_Model):
+    id: str = Field(min_length=1, max_length=128)
+    name: str = Field(min_length=1, max_length=256)
+
+
+class OrderItem(_Model):
+    sku: str = Field(min_length=1, max_length=64)
+    quantity: int = Field(gt=0, le=10_000, strict=True)
+    unit_price: Decimal = Field(alias="unitPrice", ge=0, max_digits=12, decimal_places=2)
+
+
+class SubmitOrder(_Model):
+    """The client's order, on `orders-inbound` (SessionId = orderId, MessageId stable per order)."""
+
+    schema_version: Literal[1] = Field(default=1, alias="schemaVersion")
+    type: Literal["SubmitOrder"] = "SubmitOrder"
+    order_id: str = Field(alias="orderId")
+    reply_to: str = Field(alias="replyTo")
+    customer: Customer
+    items: list[OrderItem] = Field(min_length=1, max_length=100)
+    currency: str = Field(pattern=r"^[A-Z]{3}$")
+    submitted_at: datetime = Field(alias="submittedAt")
+
+    @field_validator("order_id")
+    @classmethod
+    def _order_id(cls, v: str) -> str:
+        if not ORDER_ID_PATTERN.match(v):
+            raise ValueError(
+                f"orderId must be 1-{ORDER_ID_MAX_LEN} characters of A-Z a-z 0-9 _ - starting with a letter or digit")
+        return v
+
+    @field_validator("reply_to")
+    @classmethod
+    def _reply_to(cls, v: str) -> str:
+        if not QUEUE_NAME_PATTERN.match(v):
+            raise ValueError("replyTo must be a queue name")
+        return v
+
+    @field_validator("submitted_at")
+    @classmethod
+    def _aware(cls, v: datetime) -> datetime:
+        if v.tzinfo is None:
+            raise ValueError("submittedAt must carry a time zone (ISO 8601 with offset)")
+        return v
+
+    def total(self) -> Decimal:
+        return sum((i.unit_price * i.quantity for i in self.items), Decimal("0"))
+
+    def immutable_hash(self) -> str:
+        """Stable hash of the order's immutable data (everything but schemaVersion and submittedAt).
+
+        A redelivered or resubmitted order with the same data has the same hash; any other content under the
+        same orderId is a conflict.
+        """
+        data = self.to_dict()
+        data.pop("schemaVersion", None)
+        data.pop("submittedAt", None)
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class InvalidMessage(Exception):
+    """A message that can never be processed: dead-letter it with `reason` (names the field)."""
+
+    def __init__(self, reason: str, description: str) -> None:
+        super().__init__(f"{reason}: {description}")
+        self.reason = reason
+        self.description = description
+
+
+def parse_submit_order(body: bytes | str) -> SubmitOrder:
+    """Validate a SubmitOrder body; raise InvalidMessage with a reason that names the offending field."""
+    try:
+        raw = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidMessage("InvalidJson", f"body is not JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise InvalidMessage("InvalidJson", "body must be a JSON object")
+    kind = raw.get("type")
+    if kind != "SubmitOrder":
+        raise InvalidMessage("UnknownType", f"field 'type' must be 'SubmitOrder', got {kind!r}")
+    version = raw.get("schemaVersion")
+    if version != SCHEMA_VERSION:
+        raise InvalidMessage("UnsupportedSchemaVersion", f"field 'schemaVersion' must be 1, got {version!r}")
+    try:
+        return SubmitOrder.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "body"
+        raise InvalidMessage(f"InvalidField:{field}", f"field '{field}': {err['msg']}") from exc
+
+
+class StepName(StrEnum):
+    RESERVE_INVENTORY = "reserve-inventory"
+    CHARGE_PAYMENT = "charge-payment"
+    ARRANGE_SHIPPING = "arrange-shipping"
+
+
+STEPS: tuple[StepName, ...] = (StepName.RESERVE_INVENTORY, StepName.CHARGE_PAYMENT, StepName.ARRANGE_SHIPPING)
+
+
+def idempotency_key(order_id: str, step: str) -> str:
+    """One key per order and step, the same on every retry and every attempt: the remote service applies it once."""
+    return f"{order_id}:{step}"
+
+
+def reply_event_name(step: str) -> str:
+    """The stable external-event name the Scheduler waits on for a step's Agent reply."""
+    return f"AgentReply:{step}"
+
+
+class AgentRequest(_Model):
+    """Scheduler → Agent, on `agent-requests` (SessionId = orderId, MessageId = `<instanceId>:<step>`)."""
+
+    schema_version: Literal[1] = Field(default=1, alias="schemaVersion")
+    type: Literal["AgentRequest"] = "AgentRequest"
+    instance_id: str = Field(alias="instanceId")
+    order_id: str = Field(alias="orderId")
+    attempt: int = Field(ge=1, le=MAX_ATTEMPT)
+    step: StepName
+    idempotency_key: str = Field(alias="idempotencyKey")
+    deadline: datetime  # = CompleteBy of this step: no new side effect after it
+    reply_to: str = Field(alias="replyTo")
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+    def message_id(self) -> str:
+        return f"{self.instance_id}:{self.step.value}"
+
+
+class AgentOutcome(StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class AgentReply(_Model):
+    """Agent → Scheduler, on `agent-replies` (SessionId = orderId, MessageId = `<instanceId>:<step>:reply`)."""
+
+    schema_version: Literal[1] = Field(default=1, alias="schemaVersion")
+    type: Literal["AgentReply"] = "AgentReply"
+    instance_id: str = Field(alias="instanceId")
+    order_id: str = Field(alias="orderId")
+    attempt: int = Field(ge=1, le=MAX_ATTEMPT)
+    step: StepName
+    outcome: AgentOutcome
+    permanent: bool = False
+    error_code: str | None = Field(default=None, alias="errorCode")
+    error: str | None = None
+    result: dict[str, Any] = Field(default_factory=dict)
+    completed_at: datetime = Field(alias="completedAt")
+
+    def message_id(self) -> str:
+        return f"{self.instance_id}:{self.step.value}:reply"
+
+
+class OrderStatus(StrEnum):
+    RECEIVED = "received"
+    PROCESSING = "processing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+TERMINAL_STATUSES = frozenset({OrderStatus.COMPLETED, OrderStatus.FAILED})
+
+
+class StatusMessage(_Model):
+    """System → submitting app, on the app's own reply queue (SessionId = orderId)."""
+
+    schema_version: Literal[1] = Field(default=1, alias="schemaVersion")
+    type: Literal["OrderStatus"] = "OrderStatus"
+    order_id: str = Field(alias="orderId")
+    state: OrderStatus
+    attempt: int = Field(ge=0)
+    timestamp: datetime
+    reason: str
+
+    def message_id(self) -> str:
+        return f"{self.order_id}:{self.state.value}:{self.attempt}"
+
+
+class AlertKind(StrEnum):
+    POISON_MESSAGE = "PoisonMessage"
+    ORDER_CONFLICT = "OrderConflict"
+    ORDER_FAILED = "OrderFailed"
+    FAILURE_THRESHOLD = "FailureThresholdReached"
+
+
+class OperatorAlert(_Model):
+    """An event an operator must act on, on `operator-alerts` and in the log/telemetry."""
+
+    schema_version: Literal[1] = Field(default=1, alias="schemaVersion")
+    type: Literal["OperatorAlert"] = "OperatorAlert"
+    kind: AlertKind
+    order_id: str | None = Field(default=None, alias="orderId")
+    reason: str
+    details: dict[str, Any] = Field(default_factory=dict)
+    raised_at: datetime = Field(alias="raisedAt")
+
+    def message_id(self) -> str:
+        return f"{self.kind.value}:{self.order_id}:{self.reason}"[:128]

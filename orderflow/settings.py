@@ -1,0 +1,79 @@
+"""App settings: the one registry of every setting the code reads, with its documented default.
+
+Every tunable is an app setting (environment variable in Azure and in devhost, `Values` in
+local.settings.json). `SETTINGS` is the single source of truth: the docs, local.settings.sample.json and the
+Bicep app settings are checked against it by the test suite.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: str | None
+    doc: str
+
+
+# Connection *names* used by bindings (`connection="ServiceBusConnection"`). In Azure these are identity-based:
+# ServiceBusConnection__fullyQualifiedNamespace; locally a connection string for the embedded broker.
+SERVICE_BUS_CONNECTION = "ServiceBusConnection"
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("ServiceBusConnection__fullyQualifiedNamespace", None,
+            "Service Bus namespace host (identity-based connection, Azure)."),
+    Setting("ServiceBusConnection", None,
+            "Local only: connection string; `Endpoint=embedded://...` selects the embedded broker."),
+    Setting("CosmosDb__accountEndpoint", None,
+            "Cosmos DB account endpoint (identity-based). `embedded://PATH` selects the embedded SQLite store."),
+    Setting("CosmosDb__credential", "managedidentity", "Credential kind for the Cosmos connection."),
+    Setting("CosmosDb__clientId", None, "Client id of the user-assigned identity (Azure)."),
+    Setting("AZURE_CLIENT_ID", None, "Client id of the user-assigned identity for azure-identity."),
+    Setting("OrdersQueueName", "orders-inbound", "Session-enabled queue the submitting apps send SubmitOrder to."),
+    Setting("AgentRequestsQueueName", "agent-requests", "Session-enabled queue the Scheduler sends Agent requests to."),
+    Setting("AgentRepliesQueueName", "agent-replies", "Session-enabled queue the Agent replies on."),
+    Setting("OperatorAlertsQueueName", "operator-alerts", "Queue for operator alerts."),
+    Setting("AllowedReplyQueues", "app-status", "Comma-separated reply queues a submitting app may name in replyTo."),
+    Setting("OrdersDatabaseName", "orders", "Cosmos database holding the immutable orders."),
+    Setting("OrdersContainerName", "orders", "Container of orders (partition key /orderId)."),
+    Setting("StateDatabaseName", "state", "Cosmos database of the state store."),
+    Setting("StateContainerName", "orderState", "Container of order state records (partition key /orderId)."),
+    Setting("CheckpointContainerName", "supervisorCheckpoints", "Container of the Supervisor's scan checkpoint."),
+    Setting("StepTimeoutSeconds", "30", "CompleteBy for one Agent step, from when the Scheduler sends it."),
+    Setting("ClaimLeaseSeconds", "60", "CompleteBy lease a Starter claim holds until the Scheduler sets its own."),
+    Setting("StarterSchedule", "*/15 * * * * *", "NCRONTAB of the Starter's safety-net poll."),
+    Setting("StarterBatchSize", "50", "Most Pending records one Starter run claims."),
+    Setting("SupervisorSchedule", "*/10 * * * * *", "NCRONTAB of the Supervisor."),
+    Setting("SupervisorScanWindowSeconds", "3600", "Width of one bounded CompleteBy window the Supervisor scans."),
+    Setting("SupervisorPageSize", "100", "Page size of the Supervisor's query (continuation-token paging)."),
+    Setting("SupervisorMaxResults", "500", "Most expired records one Supervisor run recovers."),
+    Setting("FailureThreshold", "3", "FailureCount at which the Supervisor moves a record to Error."),
+    Setting("RetryBackoffBaseSeconds", "2", "Base of the exponential backoff before a recovered order is retried."),
+    Setting("RetryBackoffMaxSeconds", "300", "Cap of that backoff."),
+)
+
+SETTING_NAMES = frozenset(s.name for s in SETTINGS)
+_DEFAULTS = {s.name: s.default for s in SETTINGS}
+
+
+def get(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """Read a registered setting (unknown names are a programming error)."""
+    if name not in SETTING_NAMES:
+        raise KeyError(f"unregistered app setting {name!r}; add it to orderflow.settings.SETTINGS")
+    source = os.environ if env is None else env
+    value = source.get(name)
+    return value if value not in (None, "") else _DEFAULTS[name]
+
+
+def get_int(name: str, env: Mapping[str, str] | None = None) -> int:
+    value = get(name, env)
+    if value is None:
+        raise KeyError(f"app setting {name!r} has no value and no default")
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise ValueError(f"app setting {name!r} must be an integer, got {value!r}") from exc
