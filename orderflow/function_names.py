@@ -3,7 +3,6 @@
 # Triggers
 SUBMISSION = "submission"
 STARTER_TIMER = "starter_timer"
-STARTER_SIGNAL = "starter_signal"
 AGENT_REPLIES = "agent_replies"
 SUPERVISOR = "supervisor"
 

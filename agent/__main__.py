@@ -1,0 +1,45 @@
+"""Entry point of the Agent process: `python -m agent [flags]`; stops gracefully on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agent.config import config_from_args
+from agent.worker import serve
+
+
+def create_client(connection: str | None, env: Mapping[str, str]) -> Any:
+    """An azure-servicebus aio client: `--connection` if given, else the app settings (`orderflow.bus.aio`).
+
+    `Endpoint=embedded://...` selects the embedded broker; another connection string, or
+    `ServiceBusConnection__fullyQualifiedNamespace` (identity-based), selects Azure Service Bus.
+    """
+    from orderflow.bus import aio as bus
+
+    return bus.from_connection_string(connection) if connection else bus.client_from_settings(env)
+
+
+async def _run(argv: Sequence[str] | None) -> int:
+    config, args = config_from_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with create_client(args.connection, os.environ) as client:
+        await serve(client, config, stop)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return asyncio.run(_run(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""Handling of one Agent request message, from receipt to settlement (at-least-once).
+
+    parse ─ poison? ──► OperatorAlert to operator-alerts, then dead-letter with the reason (names the field)
+      │
+    deadline passed? ─► failed reply, DeadlineExceeded, no remote call
+      │
+    call the remote service with retries inside the deadline (agent.retry)
+      │
+    send the AgentReply (SessionId = orderId, MessageId = `<instanceId>:<step>:reply`)
+      │
+    complete the request — only after the reply is sent
+
+Crash anywhere before `complete` and the request is redelivered: the remote service absorbs the repeated
+call (same idempotency key → same result, no new effect) and Service Bus duplicate detection absorbs the
+repeated reply (same MessageId). The alert is sent before the dead-letter for the same reason: its MessageId
+is stable too (`PoisonMessage:<queue>:<request MessageId>`; `OperatorAlert.message_id()` keys by
+order and reason only, which would swallow a second poison request of the same order within the window).
+
+When the deadline passes with no answer, the Agent sends a *failed* reply (errorCode DeadlineExceeded,
+permanent = false) rather than none. Why: (1) the request must be settled either way, and a reply is the
+durable, observable record of what the Agent did (seed 000/001, "operational visibility"); (2) the Agent's
+clock may run ahead of the Scheduler's durable timer, and a prompt failure lets the Scheduler stop waiting
+instead of holding the order until its timer fires; (3) it is harmless when late: the Scheduler ignores late
+replies (seed: "the Scheduler must ignore late replies"), and `permanent = false` tells it this is a
+timeout-class failure, which leaves recovery to the Supervisor (the state store deliberately does not tell a
+timed-out step from a failed one). Because the reply MessageId is stable, the first reply sent for an
+(instance, step) is the only one the Scheduler can see.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+from azure.servicebus import ServiceBusMessage
+
+from agent.errors import ErrorCode
+from agent.remote import RemoteCaller
+from agent.request_parsing import message_body, parse_agent_request
+from agent.retry import Clock, RetryPolicy, StepOutcome, call_with_retries
+from orderflow.messages import (
+    AgentOutcome,
+    AgentReply,
+    AgentRequest,
+    AlertKind,
+    InvalidMessage,
+    OperatorAlert,
+)
+
+log = logging.getLogger("agent")
+
+DEAD_LETTER_REASON_MAX = 4096  # Service Bus caps DeadLetterReason/ErrorDescription property values
+
+
+class Disposition(StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    DEAD_LETTERED = "dead-lettered"
+
+
+class Sender(Protocol):
+    async def send_messages(self, message: ServiceBusMessage) -> None: ...
+
+
+class Settler(Protocol):
+    """The part of an azure-servicebus (aio) receiver that settles messages."""
+
+    async def complete_message(self, message: Any) -> None: ...
+
+    async def dead_letter_message(
+        self, message: Any, reason: str | None = None, error_description: str | None = None
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class Outbox:
+    """Where the Agent sends: the replies queue and the operator-alerts queue (already opened senders)."""
+
+    replies: Sender
+    alerts: Sender
+    replies_queue: str
+    requests_queue: str
+
+
+class RequestHandler:
+    def __init__(self, caller: RemoteCaller, outbox: Outbox, policy: RetryPolicy, clock: Clock) -> None:
+        self._caller = caller
+        self._outbox = outbox
+        self._policy = policy
+        self._clock = clock
+
+    async def handle(self, receiver: Settler, message: Any) -> Disposition:
+        """Process and settle one received request message; bus errors propagate (the caller abandons)."""
+        try:
+            request = parse_agent_request(
+                message_body(message), message.session_id, self._outbox.replies_queue
+            )
+        except InvalidMessage as poison:
+            await self._dead_letter(receiver, message, poison)
+            return Disposition.DEAD_LETTERED
+        outcome = await self._execute(request)
+        await self._outbox.replies.send_messages(reply_message(self.reply_for(request, outcome)))
+        await receiver.complete_message(message)
+        log.info(
+            "request %s %s after %d call(s)%s",
+            request.message_id(),
+            "succeeded" if outcome.succeeded else "failed",
+            outcome.attempts,
+            f": {outcome.error_code} {outcome.error}" if outcome.error_code else "",
+        )
+        return Disposition.SUCCEEDED if outcome.succeeded else Disposition.FAILED
+
+    async def _execute(self, request: AgentRequest) -> StepOutcome:
+        if request.deadline <= self._clock.now():
+            return StepOutcome(
+                False,
+                0,
+                {},
+                error_code=ErrorCode.DEADLINE_EXCEEDED,
+                error="deadline had passed when the request was received; remote not called",
+            )
+        body = {
+            "orderId": request.order_id,
+            "idempotencyKey": request.idempotency_key,
+            "payload": request.payload,
+        }
+        return await call_with_retries(
+            self._caller, request.step.value, body, request.deadline, self._policy, self._clock
+        )
+
+    def reply_for(self, request: AgentRequest, outcome: StepOutcome) -> AgentReply:
+        return AgentReply(
+            instance_id=request.instance_id,
+            order_id=request.order_id,
+            attempt=request.attempt,
+            step=request.step,
+            outcome=AgentOutcome.SUCCEEDED if outcome.succeeded else AgentOutcome.FAILED,
+            permanent=outcome.permanent,
+            error_code=outcome.error_code,
+            error=outcome.error,
+            result=outcome.result,
+            completed_at=self._clock.now(),
+        )
+
+    async def _dead_letter(self, receiver: Settler, message: Any, poison: InvalidMessage) -> None:
+        alert = self.poison_alert(message, poison)
+        await self._outbox.alerts.send_messages(alert_message(alert, self._alert_id(message)))
+        await receiver.dead_letter_message(
+            message,
+            reason=poison.reason[:DEAD_LETTER_REASON_MAX],
+            error_description=poison.description[:DEAD_LETTER_REASON_MAX],
+        )
+        log.warning("request %s dead-lettered: %s", message.message_id, poison)
+
+    def _alert_id(self, message: Any) -> str:
+        """Stable per poisoned message (a redelivery re-sends the same id), distinct across messages."""
+        return f"{AlertKind.POISON_MESSAGE.value}:{self._outbox.requests_queue}:{message.message_id}"[:128]
+
+    def poison_alert(self, message: Any, poison: InvalidMessage) -> OperatorAlert:
+        return OperatorAlert(
+            kind=AlertKind.POISON_MESSAGE,
+            order_id=message.session_id,
+            reason=poison.reason,
+            details={
+                "queue": self._outbox.requests_queue,
+                "messageId": message.message_id,
+                "description": poison.description,
+                "source": "agent",
+            },
+            raised_at=self._clock.now(),
+        )
+
+
+def reply_message(reply: AgentReply) -> ServiceBusMessage:
+    return ServiceBusMessage(
+        reply.to_json(),
+        session_id=reply.order_id,
+        message_id=reply.message_id(),
+        content_type="application/json",
+        subject=reply.type,
+    )
+
+
+def alert_message(alert: OperatorAlert, message_id: str | None = None) -> ServiceBusMessage:
+    return ServiceBusMessage(
+        alert.to_json(),
+        message_id=message_id or alert.message_id(),
+        content_type="application/json",
+        subject=alert.type,
+    )

@@ -1,0 +1,150 @@
+"""Retries inside the deadline: exponential backoff with seeded jitter, bounded by CompleteBy and a budget.
+
+The Agent's contract from the Scheduler Agent Supervisor pattern (seed 000/001, "Agent"): retry within the
+complete-by time the Scheduler imposes, pass the same stable id on every retry, and start no new side effect
+once the deadline has passed (work already in flight may finish). So:
+
+- no call starts at or after the deadline (nor with less than `min_call_budget` left);
+- each call's timeout is the time left to the deadline (capped by `call_timeout`);
+- no backoff sleep runs past the deadline: if the next attempt could not start in time we stop at once;
+- the body (idempotency key included) is built once and sent unchanged on every attempt;
+- `max_retries` bounds the calls, so the Agent's retries stay a small, known factor of the Scheduler's
+  end-to-end budget (style brief: retries have one owner; other layers are configured not to multiply it).
+
+Time comes from an injected `Clock`, so tests drive the loop without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from agent.errors import Classification, ErrorCode
+from agent.remote import CallResult, RemoteCaller
+
+
+class Clock(Protocol):
+    def now(self) -> datetime: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_retries: int = 4  # calls after the first; at most max_retries + 1 calls per request
+    backoff_base: float = 0.1  # seconds
+    backoff_max: float = 5.0
+    call_timeout: float = 30.0  # upper bound of one call, further bounded by the deadline
+    min_call_budget: float = 0.01  # do not start a call with less time than this left
+    jitter_seed: int = 0
+
+
+def unit_hash(*parts: object) -> float:
+    """A deterministic float in [0, 1) from `parts`: the seeded randomness of the Agent and the simulator."""
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return float(int.from_bytes(digest[:8], "big")) / float(2**64)
+
+
+def backoff_delay(policy: RetryPolicy, key: str, retry: int, retry_after: float | None = None) -> float:
+    """Delay before retry number `retry` (1-based): equal-jitter exponential backoff, at least `retry_after`.
+
+    The jitter is a pure function of (seed, key, retry), so a run replays identically whatever the timing.
+    """
+    ceiling = min(policy.backoff_max, policy.backoff_base * float(2 ** (retry - 1)))
+    delay = ceiling / 2 + ceiling / 2 * unit_hash(policy.jitter_seed, key, retry)
+    return max(delay, retry_after or 0.0)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """The end of one request's calls: success with the service's result, or a failure and why."""
+
+    succeeded: bool
+    attempts: int
+    result: dict[str, Any]
+    permanent: bool = False
+    error_code: str | None = None
+    error: str | None = None
+
+
+async def call_with_retries(
+    caller: RemoteCaller,
+    step: str,
+    body: dict[str, Any],
+    deadline: datetime,
+    policy: RetryPolicy,
+    clock: Clock,
+) -> StepOutcome:
+    """Call `step` until success, a permanent failure, `max_retries` or the deadline, whichever is first."""
+    key = str(body.get("idempotencyKey", ""))
+    last: CallResult | None = None
+    attempts = policy.max_retries + 1
+    for attempt in range(1, attempts + 1):
+        if attempt > 1 and not await _backoff(policy, key, attempt - 1, last, deadline, clock):
+            return _deadline_outcome(attempt - 1, last)
+        remaining = _remaining(deadline, clock)
+        if remaining < policy.min_call_budget:
+            return _deadline_outcome(attempt - 1, last)
+        last = await caller.call(step, body, min(remaining, policy.call_timeout))
+        if last.classification is not Classification.TRANSIENT:
+            return _final_outcome(attempt, last)
+    assert last is not None
+    return StepOutcome(
+        False,
+        attempts,
+        {},
+        permanent=False,
+        error_code=ErrorCode.RETRIES_EXHAUSTED,
+        error=f"{attempts} attempts failed transiently; last: {last.error}",
+    )
+
+
+def _remaining(deadline: datetime, clock: Clock) -> float:
+    return (deadline - clock.now()).total_seconds()
+
+
+async def _backoff(
+    policy: RetryPolicy, key: str, retry: int, last: CallResult | None, deadline: datetime, clock: Clock
+) -> bool:
+    """Sleep before a retry; False (without sleeping) when the retry could not start before the deadline."""
+    delay = backoff_delay(policy, key, retry, last.retry_after if last else None)
+    if delay + policy.min_call_budget > _remaining(deadline, clock):
+        return False
+    await clock.sleep(delay)
+    return True
+
+
+def _final_outcome(attempts: int, result: CallResult) -> StepOutcome:
+    if result.classification is Classification.SUCCESS:
+        return StepOutcome(True, attempts, result.body)
+    return StepOutcome(
+        False,
+        attempts,
+        {},
+        permanent=True,
+        error_code=result.error_code or ErrorCode.REMOTE_REJECTED,
+        error=result.error,
+    )
+
+
+def _deadline_outcome(attempts: int, last: CallResult | None) -> StepOutcome:
+    detail = f"; last: {last.error}" if last and last.error else ""
+    return StepOutcome(
+        False,
+        attempts,
+        {},
+        permanent=False,
+        error_code=ErrorCode.DEADLINE_EXCEEDED,
+        error=f"deadline reached after {attempts} attempt(s){detail}",
+    )

@@ -1,0 +1,341 @@
+"""The remote service simulator: the SAS pattern's "remote resource", with seeded, reproducible faults.
+
+An aiohttp server on 127.0.0.1 with one endpoint per step, `POST /steps/{step}` taking
+`{orderId, idempotencyKey, payload}`. What a call does is a pure function of (seed, idempotencyKey, call
+number for that key) — `decide()` — so a run is reproducible whatever the timing or interleaving:
+
+- permanent failure: 422 with a step-specific errorCode. Decided per key (a rejected order stays rejected);
+- transient failure: 503 or 429, no effect applied, with `retry-after-ms` (the Azure services' header) and,
+  on a 429 when the hint is at least a second, `Retry-After` in whole seconds (RFC 9110 delta-seconds);
+  `fail_first_calls` forces "fail until call N" on every key;
+- latency: exponential with mean `latency_ms_mean` (capped at 10x the mean);
+- hang: the effect is applied, then the response is held for `hang_seconds` (past any sane deadline): the
+  caller times out not knowing the call succeeded — the case idempotency exists for.
+
+Side effects live in SQLite by idempotency key: the first successful call for a key applies the effect and
+stores its result; every later call with that key returns the stored result (`replayed: true`) and applies
+nothing. `applied_effects` counts effects per (orderId, step); `GET /effects` reports them and the number of
+duplicates (effects beyond the first for an (orderId, step) — must be 0). Use it from the command line
+(`python -m agent.simulator --help`) or in-process (`async with Simulator(config, db) as sim: sim.url`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import math
+import signal
+import sqlite3
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from agent.retry import unit_hash
+from orderflow.messages import StepName
+
+# A permanent failure's errorCode per step (what the business would say).
+PERMANENT_CODES: dict[str, str] = {
+    StepName.RESERVE_INVENTORY: "InsufficientStock",
+    StepName.CHARGE_PAYMENT: "PaymentDeclined",
+    StepName.ARRANGE_SHIPPING: "AddressUndeliverable",
+}
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    seed: int = 0
+    transient_failure_rate: float = 0.0
+    permanent_failure_rate: float = 0.0
+    latency_ms_mean: float = 0.0
+    hang_rate: float = 0.0
+    hang_seconds: float = 30.0
+    fail_first_calls: int = 0
+    retry_after_ms: int = 100
+
+    def __post_init__(self) -> None:
+        for name in ("transient_failure_rate", "permanent_failure_rate", "hang_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be within [0, 1]")
+        if self.transient_failure_rate + self.hang_rate > 1.0:
+            raise ValueError("transient_failure_rate + hang_rate must not exceed 1")
+
+
+class Fault(StrEnum):
+    NONE = "none"
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+    HANG = "hang"
+
+
+@dataclass(frozen=True)
+class Decision:
+    fault: Fault
+    latency: float  # seconds before answering
+    status: int  # HTTP status of the answer (a hang answers 200 after hang_seconds)
+
+
+def decide(config: FaultConfig, key: str, call_number: int) -> Decision:
+    """What call number `call_number` (1-based) for idempotency key `key` does: pure in (seed, key, n)."""
+    latency = _latency(config, key, call_number)
+    if unit_hash(config.seed, key, "permanent") < config.permanent_failure_rate:
+        return Decision(Fault.PERMANENT, latency, 422)
+    roll = unit_hash(config.seed, key, call_number, "fault")
+    if call_number <= config.fail_first_calls or roll < config.transient_failure_rate:
+        status = 429 if unit_hash(config.seed, key, call_number, "status") < 0.5 else 503
+        return Decision(Fault.TRANSIENT, latency, status)
+    if roll < config.transient_failure_rate + config.hang_rate:
+        return Decision(Fault.HANG, latency, 200)
+    return Decision(Fault.NONE, latency, 200)
+
+
+def _latency(config: FaultConfig, key: str, call_number: int) -> float:
+    if config.latency_ms_mean <= 0:
+        return 0.0
+    u = unit_hash(config.seed, key, call_number, "latency")
+    return min(-math.log(1.0 - u) * config.latency_ms_mean, 10 * config.latency_ms_mean) / 1000
+
+
+class KeyConflict(Exception):
+    """The idempotency key was already used for another (orderId, step)."""
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, count INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS effects (key TEXT PRIMARY KEY, order_id TEXT NOT NULL, step TEXT NOT NULL,
+                                    result TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS applied_effects (order_id TEXT NOT NULL, step TEXT NOT NULL,
+                                            count INTEGER NOT NULL,
+                                            PRIMARY KEY (order_id, step));
+"""
+
+
+class EffectStore:
+    """Side effects by idempotency key in SQLite; each method is one short transaction (multi-process)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self._db = sqlite3.connect(str(path), isolation_level=None, timeout=30)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def next_call(self, key: str) -> int:
+        """Count a call for `key`; returns its 1-based number."""
+        row = self._db.execute(
+            "INSERT INTO calls (key, count) VALUES (?, 1) ON CONFLICT(key) DO UPDATE SET count = count + 1 "
+            "RETURNING count",
+            (key,),
+        ).fetchone()
+        return int(row[0])
+
+    def apply(self, key: str, order_id: str, step: str) -> tuple[dict[str, Any], bool]:
+        """Apply the effect of `key` once; returns (result, replayed). Raises KeyConflict on key reuse."""
+        with self._transaction():
+            row = self._db.execute(
+                "SELECT order_id, step, result FROM effects WHERE key = ?", (key,)
+            ).fetchone()
+            if row is not None:
+                if (row[0], row[1]) != (order_id, step):
+                    raise KeyConflict(f"idempotency key {key!r} was used for {row[0]}/{row[1]}")
+                return json.loads(row[2]), True
+            result = _effect_result(key, order_id, step)
+            self._db.execute(
+                "INSERT INTO effects (key, order_id, step, result) VALUES (?, ?, ?, ?)",
+                (key, order_id, step, json.dumps(result)),
+            )
+            self._db.execute(
+                "INSERT INTO applied_effects (order_id, step, count) VALUES (?, ?, 1) "
+                "ON CONFLICT(order_id, step) DO UPDATE SET count = count + 1",
+                (order_id, step),
+            )
+            return result, False
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Any:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def report(self) -> dict[str, Any]:
+        """Effects per (orderId, step), their total, duplicates (must be 0) and the number of calls."""
+        rows = self._db.execute(
+            "SELECT order_id, step, count FROM applied_effects ORDER BY order_id, step"
+        ).fetchall()
+        calls = self._db.execute("SELECT COALESCE(SUM(count), 0) FROM calls").fetchone()[0]
+        return {
+            "effects": [{"orderId": o, "step": s, "applied": c} for o, s, c in rows],
+            "totalApplied": sum(c for _, _, c in rows),
+            "duplicates": sum(c - 1 for _, _, c in rows if c > 1),
+            "calls": int(calls),
+        }
+
+
+def _effect_result(key: str, order_id: str, step: str) -> dict[str, Any]:
+    """The deterministic result of a step's effect (a confirmation the Scheduler can record)."""
+    confirmation = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return {"confirmation": f"{step}-{confirmation}", "orderId": order_id, "step": step}
+
+
+class Simulator:
+    """The simulator as an object: start it on a port inside a test or the demo, stop it, read its effects."""
+
+    def __init__(
+        self, config: FaultConfig, db_path: str | Path, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
+        self.config = config
+        self._host = host
+        self._port = port
+        self.store = EffectStore(db_path)
+        self._closing = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def __aenter__(self) -> Simulator:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> str:
+        """Listen on host:port (port 0 = any free port); returns the base URL."""
+        self._runner = web.AppRunner(self.app(), shutdown_timeout=1.0, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self._host, self._port).start()
+        bound_host, bound_port = self._runner.addresses[0][:2]
+        self.url = f"http://{bound_host}:{bound_port}"
+        return self.url
+
+    async def stop(self) -> None:
+        self._closing.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        self.store.close()
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/steps/{step}", self._step)
+        app.router.add_get("/effects", self._effects)
+        app.router.add_get("/health", self._health)
+        return app
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _effects(self, _: web.Request) -> web.Response:
+        return web.json_response(self.store.report())
+
+    async def _step(self, request: web.Request) -> web.Response:
+        step = request.match_info["step"]
+        if step not in PERMANENT_CODES:
+            return _error(404, "UnknownStep", f"no step {step!r}")
+        parsed = await _parse_call(request)
+        if isinstance(parsed, web.Response):
+            return parsed
+        order_id, key = parsed
+        decision = decide(self.config, key, self.store.next_call(key))
+        await self._pause(decision.latency)
+        if decision.fault is Fault.TRANSIENT:
+            return self._transient(decision.status)
+        if decision.fault is Fault.PERMANENT:
+            return _error(422, PERMANENT_CODES[step], f"{step} rejected for order {order_id}")
+        return await self._apply(key, order_id, step, decision)
+
+    async def _apply(self, key: str, order_id: str, step: str, decision: Decision) -> web.Response:
+        try:
+            result, replayed = self.store.apply(key, order_id, step)
+        except KeyConflict as exc:
+            return _error(409, "IdempotencyKeyReuse", str(exc))
+        if decision.fault is Fault.HANG:
+            await self._pause(self.config.hang_seconds)
+        return web.json_response({"idempotencyKey": key, "replayed": replayed, **result})
+
+    def _transient(self, status: int) -> web.Response:
+        headers = {"retry-after-ms": str(self.config.retry_after_ms)}
+        if status == 429 and self.config.retry_after_ms >= 1000:  # Retry-After is whole seconds (RFC 9110)
+            headers["Retry-After"] = str(math.ceil(self.config.retry_after_ms / 1000))
+        return _error(status, "Throttled" if status == 429 else "ServiceUnavailable", "try again", headers)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep (simulated latency or hang), cut short when the simulator stops."""
+        if seconds > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), seconds)
+
+
+async def _parse_call(request: web.Request) -> tuple[str, str] | web.Response:
+    try:
+        body = await request.json()
+    except ValueError:
+        return _error(400, "InvalidRequest", "body is not JSON")
+    if not isinstance(body, dict):
+        return _error(400, "InvalidRequest", "body must be a JSON object")
+    for field, kind in (("orderId", str), ("idempotencyKey", str), ("payload", dict)):
+        if not isinstance(body.get(field), kind) or (kind is str and not body[field]):
+            return _error(400, "InvalidRequest", f"field '{field}' is missing or not a {kind.__name__}")
+    return body["orderId"], body["idempotencyKey"]
+
+
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"errorCode": code, "error": message}, status=status, headers=headers)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m agent.simulator", description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8765, help="0 = any free port (printed on start)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--transient-failure-rate", type=float, default=0.0)
+    p.add_argument("--permanent-failure-rate", type=float, default=0.0)
+    p.add_argument("--latency-ms-mean", type=float, default=0.0)
+    p.add_argument("--hang-rate", type=float, default=0.0)
+    p.add_argument("--hang-seconds", type=float, default=30.0)
+    p.add_argument(
+        "--fail-first-calls", type=int, default=0, help="every key fails transiently N times first"
+    )
+    p.add_argument("--retry-after-ms", type=int, default=100)
+    p.add_argument("--db", default=".simulator.sqlite", help="SQLite file of the side effects")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> FaultConfig:
+    return FaultConfig(
+        seed=args.seed,
+        transient_failure_rate=args.transient_failure_rate,
+        permanent_failure_rate=args.permanent_failure_rate,
+        latency_ms_mean=args.latency_ms_mean,
+        hang_rate=args.hang_rate,
+        hang_seconds=args.hang_seconds,
+        fail_first_calls=args.fail_first_calls,
+        retry_after_ms=args.retry_after_ms,
+    )
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with Simulator(config_from_args(args), args.db, args.host, args.port) as sim:
+        print(f"simulator listening on {sim.url}", flush=True)
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    asyncio.run(_serve(build_parser().parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

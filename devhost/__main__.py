@@ -1,0 +1,75 @@
+"""`python -m devhost`: the command line of the local Functions host (see `python -m devhost --help`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m devhost",
+        description="Run an Azure Functions Python (v2 model) app locally, unchanged and durably, with no Azure and "
+                    "no Core Tools: Durable Functions (SQLite history + the extension's HTTP API), timer, Service Bus "
+                    "(embedded broker) and HTTP triggers.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("start", help="host DIR/function_app.py (the counterpart of `func start`)",
+                       description="Index DIR/function_app.py, read host.json and local.settings.json, print the "
+                                   "function list, and serve until SIGINT/SIGTERM.")
+    s.add_argument("--app-dir", type=Path, default=Path("."), help="folder holding function_app.py (default: .)")
+    s.add_argument("--port", type=int, default=7071,
+                   help="HTTP port on 127.0.0.1 for /api and /runtime/webhooks/durabletask (default 7071; 0 = any)")
+    s.add_argument("--state-dir", type=Path, default=None,
+                   help="where durable history, timer status and function keys live (default DIR/.devhost)")
+    s.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+
+    d = sub.add_parser("demo", help="run the whole order system locally and print a summary",
+                       description="Start devhost with the product's function_app.py, the Agent worker, the remote "
+                                   "service simulator and a client app that submits orders and listens on its own "
+                                   "reply queue; print a progress bar and a summary table (or JSON).")
+    d.add_argument("--orders", type=int, default=50, help="number of orders to submit (default 50)")
+    d.add_argument("--seed", type=int, default=1, help="seed of the simulator's fault injection (default 1)")
+    d.add_argument("--transient-failure-rate", type=float, default=0.1,
+                   help="share of remote calls that fail transiently (default 0.1)")
+    d.add_argument("--permanent-failure-rate", type=float, default=0.01,
+                   help="share of remote steps that fail permanently (default 0.01)")
+    d.add_argument("--hang-rate", type=float, default=0.0,
+                   help="share of remote calls that hang past the step deadline (default 0)")
+    d.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds (default 600)")
+    d.add_argument("--work-dir", type=Path, default=None, help="state folder (default: a fresh .demo/<timestamp>)")
+    d.add_argument("--json", action="store_true", help="print one JSON object with the figures as the last line")
+    return p
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from .host import Host, HostOptions  # noqa: PLC0415
+
+    host = Host(HostOptions(app_dir=args.app_dir.resolve(), port=args.port, state_dir=args.state_dir))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, host.request_stop)
+    await host.start()
+    print(f"devhost listening on {host.base_url}", flush=True)
+    await host.wait_stopped()
+    await host.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "start":
+        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return asyncio.run(_serve(args))
+    if args.command == "demo":
+        from .demo import run_demo  # noqa: PLC0415
+        return run_demo(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

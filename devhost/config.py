@@ -1,0 +1,114 @@
+"""Host configuration: host.json, local.settings.json and `%Setting%` binding expressions, as `func start` reads them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+_EXPRESSION = re.compile(r"%([^%]+)%")
+
+
+class ConfigError(Exception):
+    """A configuration problem the user must fix (bad JSON, unknown setting in a binding expression)."""
+
+
+@dataclass
+class HostConfig:
+    app_dir: Path
+    host_json: dict[str, Any] = field(default_factory=dict)
+    values: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, app_dir: Path) -> "HostConfig":
+        app_dir = app_dir.resolve()
+        host_json = _read_json(app_dir / "host.json", required=False)
+        local = _read_json(app_dir / "local.settings.json", required=False)
+        values = {str(k): str(v) for k, v in (local.get("Values") or {}).items()}
+        return cls(app_dir=app_dir, host_json=host_json, values=values)
+
+    def apply_environment(self, environ: "os._Environ[str] | dict[str, str]" = os.environ) -> None:
+        """Values become environment variables, as with `func start`; variables already set win (as in Core Tools)."""
+        for key, value in self.values.items():
+            environ.setdefault(key, value)
+
+    def extension(self, name: str) -> dict[str, Any]:
+        return dict((self.host_json.get("extensions") or {}).get(name) or {})
+
+    def service_bus_options(self) -> "ServiceBusOptions":
+        sb = self.extension("serviceBus")
+        sessions = sb.get("sessionHandlerOptions") or {}
+        return ServiceBusOptions(
+            max_concurrent_calls=int(sb.get("maxConcurrentCalls", 16)),
+            max_concurrent_sessions=int(sb.get("maxConcurrentSessions", sessions.get("maxConcurrentSessions", 8))),
+            session_idle_timeout_s=_duration_seconds(sb.get("sessionIdleTimeout", "00:00:01")),
+            max_auto_lock_renewal_s=_duration_seconds(sb.get("maxAutoLockRenewalDuration", "00:05:00")),
+        )
+
+    def durable_options(self) -> "DurableOptions":
+        dt = self.extension("durableTask")
+        return DurableOptions(
+            hub_name=resolve(str(dt.get("hubName", "devhost")), os.environ, lenient=True),
+            max_concurrent_activities=int(dt.get("maxConcurrentActivityFunctions", 8)),
+        )
+
+
+@dataclass(frozen=True)
+class ServiceBusOptions:
+    max_concurrent_calls: int
+    max_concurrent_sessions: int
+    session_idle_timeout_s: float
+    max_auto_lock_renewal_s: float
+
+
+@dataclass(frozen=True)
+class DurableOptions:
+    hub_name: str
+    max_concurrent_activities: int
+
+
+def resolve(value: str, env: Mapping[str, str] = os.environ, *, lenient: bool = False) -> str:
+    """Resolve `%Name%` binding expressions from app settings, as the host does for trigger properties."""
+
+    def sub(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name in env:
+            return env[name]
+        if lenient:
+            return match.group(0)
+        raise ConfigError(f"binding expression %{name}% names an app setting that is not set")
+
+    return _EXPRESSION.sub(sub, value)
+
+
+def _duration_seconds(value: Any) -> float:
+    """host.json TimeSpan ("hh:mm:ss" or "d.hh:mm:ss") to seconds."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    days = 0
+    text = str(value)
+    if "." in text.split(":")[0]:
+        d, text = text.split(".", 1)
+        days = int(d)
+    parts = [float(p) for p in text.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0.0)
+    h, m, s = parts
+    return days * 86400 + h * 3600 + m * 60 + s
+
+
+def _read_json(path: Path, *, required: bool) -> dict[str, Any]:
+    if not path.exists():
+        if required:
+            raise ConfigError(f"{path} is missing")
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a JSON object")
+    return data

@@ -1,0 +1,31 @@
+"""Durable Functions backend of devhost: SQLite history, replay through the real SDK, the extension's HTTP
+API.
+"""
+
+from .engine import WEBHOOK_PREFIX, DurableEngine, utcnow
+from .errors import (
+    DurableError,
+    InstanceAlreadyExists,
+    InstanceGone,
+    InstanceNotFound,
+    InstanceNotTerminal,
+    InvalidInstanceId,
+    NotSupported,
+    OrchestratorNotFound,
+)
+from .ids import validate_instance_id
+
+__all__ = [
+    "WEBHOOK_PREFIX",
+    "DurableEngine",
+    "DurableError",
+    "InstanceAlreadyExists",
+    "InstanceGone",
+    "InstanceNotFound",
+    "InstanceNotTerminal",
+    "InvalidInstanceId",
+    "NotSupported",
+    "OrchestratorNotFound",
+    "utcnow",
+    "validate_instance_id",
+]

@@ -1,0 +1,514 @@
+"""The durable engine: dispatches episodes, runs activities and timers, and answers the client operations.
+
+Event-driven on the host's loop: an instance is replayed when a message lands in its inbox; activities run as
+tasks bounded by a semaphore; one timer task sleeps exactly until the next due timer. An idle engine waits on
+nothing but asyncio events. `start()` resumes whatever the SQLite store holds (crash recovery).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import heapq
+import itertools
+import json
+import logging
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from azure.durable_functions.models.history import HistoryEventType as T
+from azure.durable_functions.models.utils.df_serialization import df_dumps
+
+from . import history as h
+from .episode import TERMINAL, Episode, Outcome, failure_details, new_row, select_batch
+from .errors import (
+    InstanceAlreadyExists,
+    InstanceGone,
+    InstanceNotFound,
+    InstanceNotTerminal,
+    OrchestratorNotFound,
+)
+from .ids import new_instance_id, validate_instance_id
+from .status import status_payload
+from .store import Commit, InstanceRow, Message, Store, TimerItem, WorkItem
+
+log = logging.getLogger("devhost.durable")
+WEBHOOK_PREFIX = "/runtime/webhooks/durabletask"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def token_to_serialized(token_text: str | None) -> str | None:
+    """The serialized JSON an orchestrator or `wait_for_external_event` reads, from a posted JSON body.
+
+    The Python client posts `json.dumps(value)` as a JSON string, so a string token that is itself JSON is
+    taken
+    as already serialized; any other token (a curl body such as {"a": 1} or "approved") is serialized as is.
+    """
+    if token_text is None or token_text == "":
+        return None
+    token = json.loads(token_text)
+    if isinstance(token, str):
+        try:
+            json.loads(token)
+            return token
+        except ValueError:
+            return json.dumps(token)
+    return json.dumps(token)
+
+
+class DurableEngine:
+    """Durable Functions backend of devhost for one task hub in one SQLite file."""
+
+    def __init__(
+        self,
+        *,
+        db_path: Path,
+        functions: Iterable[Any],
+        invoke: Any,
+        max_concurrent_activities: int = 8,
+        clock: Callable[[], datetime] = utcnow,
+        task_hub: str = "devhost",
+    ) -> None:
+        self.db_path = Path(db_path)
+        self.task_hub = task_hub
+        self._invoke = invoke
+        self._clock = clock
+        self._max_activities = max_concurrent_activities
+        self._orchestrators: dict[str, Any] = {}
+        self._activities: dict[str, Any] = {}
+        self._entities: dict[str, Any] = {}
+        for fn in functions:
+            kind = getattr(fn.get_trigger(), "type", None)
+            table = {
+                "orchestrationTrigger": self._orchestrators,
+                "activityTrigger": self._activities,
+                "entityTrigger": self._entities,
+            }.get(str(kind))
+            if table is not None:
+                table[fn.get_function_name()] = fn
+        self._base_url = "http://127.0.0.1:7071"
+        self._store: Store | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._running: set[str] = set()
+        self._again: set[str] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._timers: list[tuple[datetime, int, TimerItem]] = []
+        self._timer_seq = itertools.count()
+        self._timer_wakeup = asyncio.Event()
+        self._changed = asyncio.Condition()
+        self._slots: asyncio.Semaphore | None = None
+        self._stopping = False
+        if hasattr(invoke, "set_client_binding"):
+            invoke.set_client_binding(self.client_binding_json)
+
+    # ---- lifecycle -----------------------------------------------------------------------------------------
+    def set_base_url(self, base_url: str) -> None:
+        self._base_url = base_url.rstrip("/")
+
+    @property
+    def rpc_base_url(self) -> str:
+        return f"{self._base_url}{WEBHOOK_PREFIX}/"
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise RuntimeError("DurableEngine.start() has not been called")
+        return self._store
+
+    async def start(self) -> None:
+        """Open the store on the running loop and resume persisted work, timers and pending messages."""
+        self._store = Store(self.db_path)
+        self._stopping = False
+        self._slots = asyncio.Semaphore(self._max_activities)
+        self._timer_wakeup = asyncio.Event()
+        self._changed = asyncio.Condition()
+        self._spawn(self._timer_loop(), "durable-timers")
+        for item in self.store.pending_work():
+            self._spawn_work(item)
+        for timer in self.store.pending_timers():
+            self._add_timer(timer)
+        for instance_id in self.store.instances_with_inbox():
+            self._mark(instance_id)
+
+    async def stop(self) -> None:
+        """Stop dispatching; unfinished activities stay persisted and run again at the next start."""
+        self._stopping = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+        self._running.clear()
+        self._again.clear()
+        self._timers.clear()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def add_routes(self, app: web.Application) -> None:
+        from .http_api import add_routes  # noqa: PLC0415  (the HTTP layer depends on the engine, not the reverse)
+
+        add_routes(app, self)
+
+    def poke(self) -> None:
+        """Re-evaluate due timers now (for an injected clock that was moved forward)."""
+        self._timer_wakeup.set()
+
+    # ---- the client binding --------------------------------------------------------------------------------
+    def client_binding_json(self) -> str:
+        """What a durableClient parameter receives (DurableOrchestrationBindings JSON)."""
+        base = f"{self._base_url}{WEBHOOK_PREFIX}"
+        query = f"taskHub={self.task_hub}&connection=Storage"
+        instance = f"{base}/instances/INSTANCEID"
+        create = f"{base}/orchestrators/{{functionName}}[/{{instanceId}}]"
+        return json.dumps(
+            {
+                "taskHubName": self.task_hub,
+                "creationUrls": {
+                    "createNewInstancePostUri": f"{create}?{query}",
+                    "createAndWaitOnNewInstancePostUri": f"{create}?timeout={{timeoutInSeconds}}"
+                    f"&pollingInterval={{intervalInSeconds}}&{query}",
+                },
+                "managementUrls": {
+                    "id": "INSTANCEID",
+                    "statusQueryGetUri": f"{instance}?{query}",
+                    "sendEventPostUri": f"{instance}/raiseEvent/{{eventName}}?{query}",
+                    "terminatePostUri": f"{instance}/terminate?reason={{text}}&{query}",
+                    "rewindPostUri": f"{instance}/rewind?reason={{text}}&{query}",
+                    "purgeHistoryDeleteUri": f"{instance}?{query}",
+                    "restartPostUri": f"{instance}/restart?{query}",
+                    "suspendPostUri": f"{instance}/suspend?reason={{text}}&{query}",
+                    "resumePostUri": f"{instance}/resume?reason={{text}}&{query}",
+                },
+                "rpcBaseUrl": self.rpc_base_url,
+                "requiredQueryStringParameters": query,
+            }
+        )
+
+    def management_payload(self, instance_id: str) -> dict[str, str]:
+        urls = json.loads(self.client_binding_json())["managementUrls"]
+        return {k: v.replace("INSTANCEID", instance_id) for k, v in urls.items()}
+
+    # ---- client operations ---------------------------------------------------------------------------------
+    async def start_new(self, name: str, instance_id: str | None = None, client_input: Any = None) -> str:
+        """Start an orchestration as DurableOrchestrationClient.start_new does; returns the instance id."""
+        token = json.dumps(df_dumps(client_input)) if client_input is not None else None
+        return await self.start_with_token(name, instance_id, token)
+
+    async def start_with_token(self, name: str, instance_id: str | None, input_token: str | None) -> str:
+        """Start with the input given as posted JSON text (the HTTP API's request body)."""
+        if name not in self._orchestrators:
+            raise OrchestratorNotFound(
+                f"The function '{name}' doesn't exist, is disabled, or is not an "
+                f"orchestrator function. Additional info: devhost knows "
+                f"{sorted(self._orchestrators)}."
+            )
+        instance_id = new_instance_id() if instance_id is None else validate_instance_id(instance_id)
+        serialized = token_to_serialized(input_token)
+        async with self._lock(instance_id):
+            existing = self.store.instance(instance_id)
+            if existing is not None and existing.status not in TERMINAL:
+                raise InstanceAlreadyExists(
+                    f"An Orchestration instance with the status {existing.status} already exists."
+                )
+            now = self._clock()
+            row = new_row(instance_id, name, serialized, now)
+            row.input = input_token or None
+            self.store.create(row, h.execution_started(now, name, serialized))
+        self._mark(instance_id)
+        await self._notify()
+        return instance_id
+
+    async def raise_event(self, instance_id: str, event_name: str, data: Any = None) -> None:
+        """Deliver an external event; buffered by the SDK when raised before the orchestrator waits for it."""
+        await self.raise_event_token(instance_id, event_name, json.dumps(df_dumps(data)))
+
+    async def raise_event_token(self, instance_id: str, event_name: str, data_token: str | None) -> None:
+        row = self._existing(instance_id)
+        if row.status in TERMINAL:
+            raise InstanceGone(f"Instance with ID {instance_id} is gone: it is {row.status}.")
+        event = h.event_raised(self._clock(), event_name, token_to_serialized(data_token))
+        self.store.send(Message(instance_id, row.execution_id, event))
+        self._mark(instance_id)
+
+    async def get_status(
+        self,
+        instance_id: str,
+        *,
+        show_history: bool = False,
+        show_history_output: bool = False,
+        show_input: bool = True,
+    ) -> dict[str, Any] | None:
+        row = self.store.instance(instance_id)
+        if row is None:
+            return None
+        events = self.store.history(instance_id) if show_history else None
+        return status_payload(
+            row, show_input=show_input, history=events, show_history_output=show_history_output
+        )
+
+    async def query(
+        self,
+        *,
+        runtime_status: Iterable[str] | None = None,
+        created_from: datetime | None = None,
+        created_to: datetime | None = None,
+        instance_id_prefix: str | None = None,
+        top: int | None = None,
+        continuation: str | None = None,
+        show_input: bool = False,
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """Instances matching every given filter, oldest first; pages of `top` with an opaque continuation."""
+        rows = [
+            r
+            for r in self.store.instances()
+            if _matches(r, runtime_status, created_from, created_to, instance_id_prefix)
+        ]
+        offset = int(base64.urlsafe_b64decode(continuation.encode()).decode()) if continuation else 0
+        end = len(rows) if not top or top <= 0 else offset + top
+        page = rows[offset:end]
+        next_token = base64.urlsafe_b64encode(str(end).encode()).decode() if end < len(rows) else None
+        return [status_payload(r, show_input=show_input) for r in page], next_token
+
+    async def terminate(self, instance_id: str, reason: str | None = None) -> None:
+        async with self._lock(instance_id):
+            row = self._existing(instance_id)
+            if row.status in TERMINAL:
+                raise InstanceGone(f"Instance with ID {instance_id} is already {row.status}.")
+            self.store.commit(self._termination(row, reason))
+        await self._notify()
+
+    async def purge(self, instance_id: str) -> int:
+        async with self._lock(instance_id):
+            row = self._existing(instance_id)
+            if row.status not in TERMINAL:
+                raise InstanceNotTerminal(
+                    f"Only orchestrations in a terminal state can be purged, but the "
+                    f"orchestration with instance ID {instance_id} has status {row.status}"
+                )
+            return self.store.purge(instance_id)
+
+    async def purge_by(
+        self,
+        *,
+        created_from: datetime,
+        created_to: datetime | None = None,
+        runtime_status: Iterable[str] | None = None,
+    ) -> int:
+        rows = [
+            r
+            for r in self.store.instances()
+            if r.status in TERMINAL and _matches(r, runtime_status, created_from, created_to, None)
+        ]
+        return sum([await self.purge(r.instance_id) for r in rows])
+
+    async def wait_for_status(
+        self, instance_id: str, statuses: Iterable[str], timeout: float
+    ) -> dict[str, Any]:
+        """Wait (event-driven, bounded) until the instance reaches one of `statuses`; returns its status."""
+        wanted = set(statuses)
+
+        def reached() -> bool:
+            row = self.store.instance(instance_id)
+            return row is not None and row.status in wanted
+
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(reached), timeout)
+        status = await self.get_status(instance_id)
+        assert status is not None
+        return status
+
+    async def wait_for_history(
+        self, instance_id: str, predicate: Callable[[list[h.Event]], bool], timeout: float
+    ) -> list[h.Event]:
+        """Wait (event-driven, bounded) until the instance's history satisfies `predicate`."""
+        async with self._changed:
+            await asyncio.wait_for(
+                self._changed.wait_for(lambda: predicate(self.store.history(instance_id))), timeout
+            )
+        return self.store.history(instance_id)
+
+    # ---- dispatch ------------------------------------------------------------------------------------------
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._reap)
+
+    def _reap(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("durable task %s crashed", task.get_name(), exc_info=task.exception())
+
+    def _lock(self, instance_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(instance_id, asyncio.Lock())
+
+    def _mark(self, instance_id: str) -> None:
+        """Schedule the replay of an instance whose inbox has messages (at most one drain per instance)."""
+        if self._stopping:
+            return
+        if instance_id in self._running:
+            self._again.add(instance_id)
+            return
+        self._running.add(instance_id)
+        self._spawn(self._drain(instance_id), f"durable-instance:{instance_id}")
+
+    async def _drain(self, instance_id: str) -> None:
+        try:
+            while True:
+                self._again.discard(instance_id)
+                progressed = await self._step(instance_id)
+                if not progressed and instance_id not in self._again:
+                    return
+        finally:
+            self._running.discard(instance_id)
+
+    async def _step(self, instance_id: str) -> bool:
+        async with self._lock(instance_id):
+            row = self.store.instance(instance_id)
+            if row is None:
+                return False
+            inbox = self.store.inbox(instance_id, row.execution_id)
+            if not inbox:
+                return False
+            if row.status in TERMINAL:
+                self.store.commit(
+                    Commit(row=row, consumed=[i for i, _ in inbox])
+                )  # late messages are dropped
+                return False
+            episode = Episode(
+                row=row,
+                past=self.store.history(instance_id),
+                batch=select_batch(inbox, row.state),
+                now=self._clock(),
+                orchestrators=frozenset(self._orchestrators),
+                is_busy=self._busy,
+            )
+            commit = episode.finish(await self._replay(row, episode))
+            work, timers = self.store.commit(commit)
+        self._after_commit(commit, work, timers)
+        await self._notify()
+        return True
+
+    async def _replay(self, row: InstanceRow, episode: Episode) -> Outcome:
+        fn = self._orchestrators.get(row.name)
+        if fn is None:
+            return Outcome(state=None, error=f"The orchestrator function '{row.name}' is not registered.")
+        try:
+            result = await self._invoke.call(fn, {fn.get_trigger().name: episode.context_json()})
+        except Exception as exc:  # noqa: BLE001  (an orchestrator failure is data: it fails the instance)
+            return Outcome.from_exception(exc)
+        return Outcome.from_result(result)
+
+    def _busy(self, instance_id: str) -> bool:
+        row = self.store.instance(instance_id)
+        return row is not None and row.status not in TERMINAL
+
+    def _after_commit(self, commit: Commit, work: list[WorkItem], timers: list[TimerItem]) -> None:
+        for item in work:
+            self._spawn_work(item)
+        for timer in timers:
+            self._add_timer(timer)
+        targets = {m.instance_id for m in commit.messages} | {c.instance_id for c, _ in commit.children}
+        for instance_id in targets:
+            self._mark(instance_id)
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    def _termination(self, row: InstanceRow, reason: str | None) -> Commit:
+        now = self._clock()
+        row.status, row.output, row.last_updated_time = "Terminated", json.dumps(reason), h.format_time(now)
+        inbox = self.store.inbox(row.instance_id, row.execution_id)
+        commit = Commit(
+            row=row,
+            consumed=[i for i, _ in inbox],
+            drop_pending=True,
+            append=[h.event(T.EXECUTION_TERMINATED, now, Input=reason)],
+        )
+        if row.parent_instance_id and row.parent_execution_id:
+            text = f"Orchestration '{row.instance_id}' was terminated: {reason}"
+            failed = h.sub_orchestration_failed(
+                now, int(row.parent_task_id or 0), text, json.dumps({"Message": text})
+            )
+            commit.messages.append(Message(row.parent_instance_id, row.parent_execution_id, failed))
+        return commit
+
+    def _existing(self, instance_id: str) -> InstanceRow:
+        row = self.store.instance(instance_id)
+        if row is None:
+            raise InstanceNotFound(f"No instance with ID {instance_id} found.")
+        return row
+
+    # ---- activities ----------------------------------------------------------------------------------------
+    def _spawn_work(self, item: WorkItem) -> None:
+        self._spawn(self._run_work(item), f"durable-activity:{item.name}:{item.instance_id}:{item.task_id}")
+
+    async def _run_work(self, item: WorkItem) -> None:
+        assert self._slots is not None
+        async with self._slots:
+            event = await self._execute(item)
+        if self._stopping:
+            return
+        if self.store.complete_work(item.id, Message(item.instance_id, item.execution_id, event)):
+            self._mark(item.instance_id)
+
+    async def _execute(self, item: WorkItem) -> h.Event:
+        fn = self._activities.get(item.name)
+        try:
+            if fn is None:
+                raise LookupError(f"Activity function '{item.name}' does not exist.")
+            result = await self._invoke.call(fn, {fn.get_trigger().name: item.input})
+        except Exception as exc:  # noqa: BLE001  (an activity failure is data: TaskFailed)
+            reason = f"Activity function '{item.name}' failed: {type(exc).__name__}: {exc}"
+            return h.task_failed(self._clock(), item.task_id, reason, failure_details(exc))
+        return h.task_completed(self._clock(), item.task_id, result)
+
+    # ---- timers --------------------------------------------------------------------------------------------
+    def _add_timer(self, timer: TimerItem) -> None:
+        heapq.heappush(self._timers, (h.parse_time(timer.fire_at), next(self._timer_seq), timer))
+        self._timer_wakeup.set()
+
+    async def _timer_loop(self) -> None:
+        while True:
+            self._timer_wakeup.clear()
+            now = self._clock()
+            while self._timers and self._timers[0][0] <= now:
+                self._fire(heapq.heappop(self._timers)[2])
+            delay = (self._timers[0][0] - now).total_seconds() if self._timers else None
+            try:
+                await asyncio.wait_for(self._timer_wakeup.wait(), delay)
+            except TimeoutError:
+                pass
+
+    def _fire(self, timer: TimerItem) -> None:
+        event = h.timer_fired(self._clock(), timer.timer_id, timer.fire_at)
+        if self.store.fire_timer(timer, Message(timer.instance_id, timer.execution_id, event)):
+            self._mark(timer.instance_id)
+
+
+def _matches(
+    row: InstanceRow,
+    statuses: Iterable[str] | None,
+    created_from: datetime | None,
+    created_to: datetime | None,
+    prefix: str | None,
+) -> bool:
+    wanted = {s.lower() for s in statuses} if statuses else None
+    created = h.parse_time(row.created_time)
+    return (
+        (wanted is None or row.status.lower() in wanted)
+        and (created_from is None or created >= _aware(created_from))
+        and (created_to is None or created <= _aware(created_to))
+        and (prefix is None or row.instance_id.startswith(prefix))
+    )
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

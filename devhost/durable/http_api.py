@@ -1,0 +1,191 @@
+"""The Durable extension's HTTP API on devhost, under /runtime/webhooks/durabletask/ (what `rpcBaseUrl`
+names).
+
+Routes, status codes and bodies follow the extension's HttpApiHandler.cs and the "HTTP API reference" page:
+start 202 (+Location) / 400 / 409; status 200 / 202 / 404; query 200 with x-ms-continuation-token; raiseEvent
+202 / 400 / 404 / 410; terminate 202 / 404 / 410; purge 200 / 404 / 412. Entities, suspend/resume, rewind and
+restart answer 501 "not supported by devhost".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from . import history as h
+from .errors import (
+    ENTITIES_NOT_SUPPORTED,
+    InstanceAlreadyExists,
+    InstanceGone,
+    InstanceNotFound,
+    InstanceNotTerminal,
+    InvalidInstanceId,
+    OrchestratorNotFound,
+)
+
+if TYPE_CHECKING:
+    from .engine import DurableEngine
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+RUNNING = frozenset({"Running", "Pending", "ContinuedAsNew", "Suspended"})
+CONTINUATION = "x-ms-continuation-token"
+
+
+def error(status: int, message: str) -> web.Response:
+    """The extension's CreateErrorResponse body; the Python client reads ExceptionMessage on 400."""
+    return web.json_response({"Message": message, "ExceptionMessage": message}, status=status)
+
+
+def _flag(request: web.Request, name: str, default: bool) -> bool:
+    value = request.query.get(name)
+    return default if value is None else value.lower() == "true"
+
+
+def _time(request: web.Request, name: str) -> datetime | None:
+    value = request.query.get(name)
+    return h.parse_time(value) if value else None
+
+
+def _statuses(request: web.Request) -> list[str] | None:
+    values = [v for raw in request.query.getall("runtimeStatus", []) for v in raw.split(",") if v]
+    return values or None
+
+
+class DurableHttpApi:
+    """Request handlers bound to one engine."""
+
+    def __init__(self, engine: DurableEngine) -> None:
+        self.engine = engine
+
+    async def start(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["functionName"]
+        body = await request.text()
+        try:
+            if body:
+                json.loads(body)
+            instance_id = await self.engine.start_with_token(
+                name, request.match_info.get("instanceId"), body or None
+            )
+        except ValueError as exc:
+            if isinstance(exc, (InvalidInstanceId, OrchestratorNotFound)):
+                return error(400, str(exc))
+            return error(400, "Invalid JSON content")
+        except InstanceAlreadyExists as exc:
+            return error(409, str(exc))
+        payload = self.engine.management_payload(instance_id)
+        return web.json_response(
+            payload, status=202, headers={"Location": payload["statusQueryGetUri"], "Retry-After": "10"}
+        )
+
+    async def status(self, request: web.Request) -> web.StreamResponse:
+        status = await self.engine.get_status(
+            request.match_info["instanceId"],
+            show_history=_flag(request, "showHistory", False),
+            show_history_output=_flag(request, "showHistoryOutput", False),
+            show_input=_flag(request, "showInput", True),
+        )
+        if status is None:
+            return web.Response(status=404)
+        if status["runtimeStatus"] in RUNNING:
+            return web.json_response(
+                status, status=202, headers={"Location": str(request.url), "Retry-After": "5"}
+            )
+        failed_500 = status["runtimeStatus"] == "Failed" and _flag(
+            request, "returnInternalServerErrorOnFailure", False
+        )
+        return web.json_response(status, status=500 if failed_500 else 200)
+
+    async def query(self, request: web.Request) -> web.StreamResponse:
+        top = request.query.get("top")
+        statuses, token = await self.engine.query(
+            runtime_status=_statuses(request),
+            created_from=_time(request, "createdTimeFrom"),
+            created_to=_time(request, "createdTimeTo"),
+            instance_id_prefix=request.query.get("instanceIdPrefix"),
+            top=int(top) if top and top.isdigit() else None,
+            continuation=request.headers.get(CONTINUATION),
+            show_input=_flag(request, "showInput", False),
+        )
+        return web.json_response(statuses, headers={CONTINUATION: token or ""})
+
+    async def raise_event(self, request: web.Request) -> web.StreamResponse:
+        instance_id, event_name = request.match_info["instanceId"], request.match_info["eventName"]
+        if self.engine.store.instance(instance_id) is None:
+            return web.Response(status=404)
+        if request.content_type.lower() != "application/json":
+            return error(400, "Only application/json request content is supported")
+        body = await request.text()
+        try:
+            json.loads(body or "null")
+            await self.engine.raise_event_token(instance_id, event_name, body or None)
+        except InstanceGone:
+            return web.Response(status=410)
+        except InstanceNotFound:
+            return web.Response(status=404)
+        except ValueError:
+            return error(400, "Invalid JSON content")
+        return web.Response(status=202)
+
+    async def terminate(self, request: web.Request) -> web.StreamResponse:
+        try:
+            await self.engine.terminate(request.match_info["instanceId"], request.query.get("reason"))
+        except InstanceNotFound:
+            return web.Response(status=404)
+        except InstanceGone:
+            return web.Response(status=410)
+        return web.Response(status=202)
+
+    async def purge(self, request: web.Request) -> web.StreamResponse:
+        try:
+            deleted = await self.engine.purge(request.match_info["instanceId"])
+        except InstanceNotFound:
+            return web.Response(status=404)
+        except InstanceNotTerminal as exc:
+            return error(412, str(exc))
+        return web.json_response({"instancesDeleted": deleted})
+
+    async def purge_by(self, request: web.Request) -> web.StreamResponse:
+        created_from = _time(request, "createdTimeFrom")
+        if created_from is None:
+            return error(400, "Please provide value for 'createdTimeFrom' parameter.")
+        deleted = await self.engine.purge_by(
+            created_from=created_from,
+            created_to=_time(request, "createdTimeTo"),
+            runtime_status=_statuses(request),
+        )
+        return web.json_response({"instancesDeleted": deleted}) if deleted else web.Response(status=404)
+
+    async def entities(self, request: web.Request) -> web.StreamResponse:
+        return error(501, ENTITIES_NOT_SUPPORTED)
+
+    async def unsupported(self, request: web.Request) -> web.StreamResponse:
+        operation = request.match_info.get("operation", "this operation")
+        return error(501, f"'{operation}' is not supported by devhost.")
+
+
+def add_routes(app: web.Application, engine: DurableEngine) -> None:
+    api = DurableHttpApi(engine)
+    prefix = "/runtime/webhooks/durabletask"
+    routes: list[tuple[str, str, Handler]] = [
+        ("POST", "/orchestrators/{functionName}", api.start),
+        ("POST", "/orchestrators/{functionName}/{instanceId}", api.start),
+        ("GET", "/instances", api.query),
+        ("GET", "/instances/", api.query),
+        ("DELETE", "/instances", api.purge_by),
+        ("DELETE", "/instances/", api.purge_by),
+        ("GET", "/instances/{instanceId}", api.status),
+        ("DELETE", "/instances/{instanceId}", api.purge),
+        ("POST", "/instances/{instanceId}/raiseEvent/{eventName}", api.raise_event),
+        ("POST", "/instances/{instanceId}/terminate", api.terminate),
+        ("POST", "/instances/{instanceId}/{operation:suspend|resume|rewind|restart}", api.unsupported),
+        ("*", "/entities/{tail:.*}", api.entities),
+    ]
+    for method, path, handler in routes:
+        app.router.add_route(method, prefix + path, handler)
+
+
+__all__ = ["DurableHttpApi", "add_routes", "error"]

@@ -1,0 +1,223 @@
+"""The host process: index the app, then run the Durable backend, the HTTP server and every trigger on one loop."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from .app_loader import FunctionSpec, describe, index, load_app
+from .config import HostConfig, resolve
+from .http_trigger import HttpTriggers, KeyStore
+from .servicebus_trigger import Delivery, ServiceBusTriggerRunner, function_message
+from .timers import TimerRunner
+
+log = logging.getLogger("devhost")
+
+DURABLE_TRIGGERS = {"orchestrationTrigger", "activityTrigger", "entityTrigger"}
+
+
+def _type_hints(fn: Any) -> dict[str, Any]:
+    """Resolved parameter annotations (`from __future__ import annotations` makes them strings)."""
+    target = inspect.unwrap(fn)
+    try:
+        return typing.get_type_hints(target)
+    except Exception:  # unresolvable names: fall back to the raw annotations
+        return dict(getattr(target, "__annotations__", {}))
+
+
+@dataclass
+class HostOptions:
+    app_dir: Path
+    port: int = 7071
+    state_dir: Path | None = None
+    bind: str = "127.0.0.1"
+    print_functions: bool = True
+
+    @property
+    def resolved_state_dir(self) -> Path:
+        return (self.state_dir or self.app_dir / ".devhost").resolve()
+
+
+@dataclass
+class Host:
+    options: HostOptions
+    functions: list[FunctionSpec] = field(default_factory=list)
+    base_url: str = ""
+
+    def __post_init__(self) -> None:
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._runner: web.AppRunner | None = None
+        self._clients: dict[str, Any] = {}
+        self._deliveries: dict[str, Delivery] = {}
+        self.engine: Any = None
+        self.invoker: Any = None
+        self.timers: dict[str, TimerRunner] = {}
+        self.service_bus: dict[str, ServiceBusTriggerRunner] = {}
+        self._settlement: Any = None
+        self._worker: Any = None
+
+    # ---- start-up ---------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        from .durable import DurableEngine  # noqa: PLC0415  (heavy import only when hosting)
+        from .invoke import Invoker  # noqa: PLC0415
+
+        opts = self.options
+        state_dir = opts.resolved_state_dir
+        state_dir.mkdir(parents=True, exist_ok=True)
+        config = HostConfig.load(opts.app_dir)
+        config.apply_environment()
+        os.chdir(opts.app_dir)  # relative paths in settings resolve against the app dir, as under `func start`
+        app = load_app(opts.app_dir)
+        self.functions = index(app)
+        durable = config.durable_options()
+
+        web_app = web.Application(client_max_size=64 * 1024 * 1024)
+        durable_fns = [s.function for s in self.functions if s.trigger_type in DURABLE_TRIGGERS]
+        self.invoker = Invoker(client_binding_json=lambda: self.engine.client_binding_json())
+        self.engine = DurableEngine(db_path=state_dir / "durable.db", functions=durable_fns, invoke=self.invoker,
+                                    max_concurrent_activities=durable.max_concurrent_activities,
+                                    task_hub=durable.hub_name)
+        self.engine.add_routes(web_app)
+        http = HttpTriggers(KeyStore(state_dir))
+        http.attach(web_app)
+        for spec in self.functions:
+            if spec.trigger_type == "httpTrigger":
+                http.add(spec.name, spec.trigger, self._caller(spec))
+
+        self._runner = web.AppRunner(web_app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, opts.bind, opts.port)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.base_url = f"http://{opts.bind}:{port}"
+        self.engine.set_base_url(self.base_url)
+        await self.engine.start()
+
+        for spec in self.functions:
+            if spec.trigger_type == "timerTrigger":
+                self._start_timer(spec, config, state_dir)
+            elif spec.trigger_type == "serviceBusTrigger":
+                self._start_service_bus(spec, config)
+            elif spec.trigger_type not in DURABLE_TRIGGERS | {"httpTrigger"}:
+                log.warning("function %s: trigger %s is not supported by devhost; skipped", spec.name,
+                            spec.trigger_type)
+        if opts.print_functions:
+            print(self.function_list(), flush=True)
+
+    def function_list(self) -> str:
+        lines = ["Functions:", ""] + [f"        {describe(s, self.base_url)}" for s in self.functions]
+        return "\n".join(lines) + "\n"
+
+    def _caller(self, spec: FunctionSpec):  # type: ignore[no-untyped-def]
+        async def call(kwargs: dict[str, Any]) -> Any:
+            return await self.invoker.call(spec.function, kwargs)
+        return call
+
+    def _worker_caller(self, spec: FunctionSpec):  # type: ignore[no-untyped-def]
+        """Functions that settle through ServiceBusMessageActions make blocking gRPC calls to the host; in Azure the
+        worker is another process. Here they run on a worker loop apart from the host loop, so a blocking settle
+        inside an `async def` cannot stall the host loop that carries the settlement out."""
+        async def call(kwargs: dict[str, Any]) -> Any:
+            built = self.invoker.build_kwargs(spec.function, kwargs)
+            return await self._worker.call(spec.function.get_user_function(), **built)
+        return call
+
+    def _start_timer(self, spec: FunctionSpec, config: HostConfig, state_dir: Path) -> None:
+        import azure.functions as func  # noqa: PLC0415
+        from azure.functions.meta import Datum  # noqa: PLC0415
+        from azure.functions.timer import TimerRequestConverter  # noqa: PLC0415
+        import json  # noqa: PLC0415
+
+        call = self._caller(spec)
+
+        async def invoke(payload: dict[str, Any]) -> None:
+            timer: func.TimerRequest = TimerRequestConverter.decode(Datum(json.dumps(payload), "json"),
+                                                                     trigger_metadata={})
+            await call({spec.trigger_param: timer})
+
+        runner = TimerRunner(spec.name, resolve(str(spec.trigger["schedule"])),
+                             run_on_startup=bool(spec.trigger.get("runOnStartup")),
+                             use_monitor=bool(spec.trigger.get("useMonitor", True)), state_dir=state_dir,
+                             invoke=invoke)
+        self.timers[spec.name] = runner
+        self._tasks.append(asyncio.create_task(runner.run(self._stop), name=f"timer:{spec.name}"))
+
+    def _service_bus_client(self, connection: str) -> Any:
+        if connection not in self._clients:
+            from orderflow.bus.aio import client_from_settings  # noqa: PLC0415
+            self._clients[connection] = client_from_settings(os.environ, connection=connection)
+        return self._clients[connection]
+
+    def _start_service_bus(self, spec: FunctionSpec, config: HostConfig) -> None:
+        from azurefunctions.extensions.bindings.servicebus import ServiceBusMessageActions  # noqa: PLC0415
+
+        from . import sdk_servicebus  # noqa: PLC0415
+
+        trigger = spec.trigger
+        queue = resolve(str(trigger["queueName"]))
+        hints = _type_hints(spec.function.get_user_function())
+        sdk_type = sdk_servicebus.is_sdk_message_type(hints.get(spec.trigger_param))
+        actions_params = [n for n, a in hints.items() if sdk_servicebus.is_message_actions_type(a)]
+        call = self._caller(spec)
+        if sdk_type or actions_params:
+            self._ensure_settlement()
+            call = self._worker_caller(spec)
+
+        async def invoke(delivery: Delivery) -> None:
+            message = sdk_servicebus.to_sdk_message(delivery.message) if sdk_type else function_message(
+                delivery.message)
+            kwargs: dict[str, Any] = {spec.trigger_param: message}
+            for name in actions_params:
+                kwargs[name] = ServiceBusMessageActions.get_instance()
+            await call(kwargs)
+
+        runner = ServiceBusTriggerRunner(
+            spec.name, queue, client=self._service_bus_client(str(trigger.get("connection") or "ServiceBusConnection")),
+            sessions=bool(trigger.get("isSessionsEnabled")),
+            auto_complete=bool(trigger.get("autoCompleteMessages", True)), options=config.service_bus_options(),
+            invoke=invoke, on_delivery=self._track, on_done=self._untrack)
+        self.service_bus[spec.name] = runner
+        self._tasks.append(asyncio.create_task(runner.run(self._stop), name=f"servicebus:{spec.name}"))
+
+    def _track(self, delivery: Delivery) -> None:
+        self._deliveries[str(delivery.message.lock_token)] = delivery
+
+    def _untrack(self, delivery: Delivery) -> None:
+        self._deliveries.pop(str(delivery.message.lock_token), None)
+
+    def _ensure_settlement(self) -> None:
+        if self._settlement is None:
+            from . import sdk_servicebus  # noqa: PLC0415
+            self._settlement = sdk_servicebus.SettlementServer(self._deliveries.get, asyncio.get_running_loop())
+            sdk_servicebus.configure_message_actions(self._settlement.start())
+            self._worker = sdk_servicebus.WorkerLoop()
+            self._worker.start()
+
+    # ---- run / stop -------------------------------------------------------------------------------------------
+    async def wait_stopped(self) -> None:
+        await self._stop.wait()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.engine is not None:
+            await self.engine.stop()
+        if self._settlement is not None:
+            self._settlement.stop()
+            self._worker.stop()
+        for client in self._clients.values():
+            await client.close()
+        if self._runner is not None:
+            await self._runner.cleanup()

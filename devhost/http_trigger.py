@@ -1,0 +1,128 @@
+"""httpTrigger: functions served under `/api/` with route templates, methods and auth levels, as the host does.
+
+Source: "Azure Functions HTTP trigger" (learn.microsoft.com/azure/azure-functions/functions-bindings-http-webhook-trigger):
+default route `api/<function name>`; route templates with `{name}`, `{name:constraint}` and optional `{name?}`;
+auth level `function` needs a function or host key in the `x-functions-key` header or the `code` query parameter,
+`admin` needs the master key, `anonymous` none; a missing or wrong key answers 401.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import azure.functions as func
+from aiohttp import web
+
+_PARAM = re.compile(r"\{(\*?)([A-Za-z_][A-Za-z0-9_]*)(?::([A-Za-z]+)(?:\([^)]*\))?)?(\?)?\}")
+_CONSTRAINTS = {"int": r"-?\d+", "long": r"-?\d+", "guid": r"[0-9a-fA-F-]{36}", "alpha": r"[A-Za-z]+",
+                "bool": r"(?:true|false)", "double": r"-?\d+(?:\.\d+)?", "float": r"-?\d+(?:\.\d+)?"}
+
+
+def compile_route(template: str) -> re.Pattern[str]:
+    """Turn a Functions route template into an anchored regex whose groups are the route parameters."""
+    pattern, pos = "", 0
+    template = template.strip("/")
+    for m in _PARAM.finditer(template):
+        literal = template[pos:m.start()]
+        catch_all, name, constraint, optional = m.groups()
+        body = r".*" if catch_all else _CONSTRAINTS.get((constraint or "").lower(), r"[^/]+")
+        group = f"(?P<{name}>{body})"
+        if optional and literal.endswith("/"):
+            pattern += re.escape(literal[:-1]) + f"(?:/{group})?"
+        else:
+            pattern += re.escape(literal) + (f"{group}?" if optional else group)
+        pos = m.end()
+    pattern += re.escape(template[pos:])
+    return re.compile(f"^{pattern}/?$", re.IGNORECASE)
+
+
+class KeyStore:
+    """Function keys kept in the state dir (`keys.json`), created on first start: a `default` key and a master key."""
+
+    def __init__(self, state_dir: Path) -> None:
+        path = state_dir / "keys.json"
+        if path.exists():
+            data = json.loads(path.read_text())
+        else:
+            data = {"default": secrets.token_urlsafe(32), "master": secrets.token_urlsafe(32)}
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(data, indent=2))
+            path.chmod(0o600)
+        self.default: str = data["default"]
+        self.master: str = data["master"]
+
+    def allows(self, auth_level: str, presented: str | None) -> bool:
+        level = (auth_level or "function").lower()
+        if level == "anonymous":
+            return True
+        if presented is None:
+            return False
+        if level == "admin":
+            return secrets.compare_digest(presented, self.master)
+        return any(secrets.compare_digest(presented, k) for k in (self.default, self.master))
+
+
+@dataclass(frozen=True)
+class HttpRoute:
+    name: str
+    pattern: re.Pattern[str]
+    methods: frozenset[str]
+    auth_level: str
+    param: str
+    invoke: Callable[[dict[str, Any]], Awaitable[Any]]
+
+
+class HttpTriggers:
+    """Dispatches `/api/...` requests to http-triggered functions."""
+
+    def __init__(self, keys: KeyStore, default_auth_level: str = "function") -> None:
+        self.keys = keys
+        self.default_auth_level = default_auth_level
+        self.routes: list[HttpRoute] = []
+
+    def add(self, name: str, trigger: dict[str, Any], invoke: Callable[[dict[str, Any]], Awaitable[Any]]) -> None:
+        methods = frozenset(str(m).upper() for m in (trigger.get("methods") or ["GET", "POST"]))
+        self.routes.append(HttpRoute(name=name, pattern=compile_route(trigger.get("route") or name), methods=methods,
+                                     auth_level=str(trigger.get("authLevel") or self.default_auth_level),
+                                     param=str(trigger["name"]), invoke=invoke))
+
+    def attach(self, app: web.Application) -> None:
+        app.router.add_route("*", "/api/{tail:.*}", self.handle)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.match_info["tail"]
+        matched = [(r, m) for r in self.routes if (m := r.pattern.match(path))]
+        if not matched:
+            return web.Response(status=404)
+        allowed = [(r, m) for r, m in matched if request.method in r.methods]
+        if not allowed:
+            return web.Response(status=405)
+        route, match = allowed[0]
+        key = request.headers.get("x-functions-key") or request.query.get("code")
+        if not self.keys.allows(route.auth_level, key):
+            return web.Response(status=401)
+        body = await request.read()
+        req = func.HttpRequest(method=request.method, url=str(request.url), headers=dict(request.headers),
+                               params=dict(request.query), route_params={k: v for k, v in match.groupdict().items()
+                                                                         if v is not None}, body=body)
+        result = await route.invoke({route.param: req})
+        return to_response(result)
+
+
+def to_response(result: Any) -> web.Response:
+    if result is None:
+        return web.Response(status=204)
+    if isinstance(result, func.HttpResponse):
+        headers = dict(result.headers.items())
+        if not any(k.lower() == "content-type" for k in headers):
+            mimetype = result.mimetype or "text/plain"
+            headers["Content-Type"] = f"{mimetype}; charset={result.charset}" if result.charset else mimetype
+        return web.Response(status=result.status_code, body=result.get_body(), headers=headers)
+    if isinstance(result, (bytes, str)):
+        return web.Response(status=200, body=result if isinstance(result, bytes) else result.encode())
+    return web.json_response(result)

@@ -1,0 +1,174 @@
+"""The whole local system as OS processes: devhost with function_app.py, the Agent worker and the remote-service
+simulator, sharing one embedded broker and one embedded store under a work folder. Used by `demo` and the
+end-to-end tests; every process can be killed (-9) and restarted to prove recovery.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+ROOT = Path(__file__).resolve().parent.parent
+_LISTENING = re.compile(r"listening on (http://\S+)")
+
+
+@dataclass
+class SystemConfig:
+    work_dir: Path
+    seed: int = 1
+    transient_failure_rate: float = 0.0
+    permanent_failure_rate: float = 0.0
+    hang_rate: float = 0.0
+    hang_seconds: float = 30.0
+    latency_ms_mean: float = 5.0
+    settings: dict[str, str] = field(default_factory=dict)
+    app_dir: Path = ROOT
+    reply_queue: str = "app-status"
+
+    @property
+    def bus_connection(self) -> str:
+        return f"Endpoint=embedded://{self.work_dir / 'servicebus.db'};ConfigFile={ROOT / 'servicebus.config.json'}"
+
+    @property
+    def store_endpoint(self) -> str:
+        return f"embedded://{self.work_dir / 'store.db'}"
+
+
+# Settings the local system runs with: short timeouts and schedules so that recovery shows within seconds.
+LOCAL_DEFAULTS = {
+    "StepTimeoutSeconds": "10",
+    "ClaimLeaseSeconds": "10",
+    "StarterSchedule": "*/5 * * * * *",
+    "SupervisorSchedule": "*/2 * * * * *",
+    "SupervisorScanWindowSeconds": "600",
+    "RetryBackoffBaseSeconds": "1",
+    "RetryBackoffMaxSeconds": "5",
+    "FailureThreshold": "3",
+}
+
+
+class Process:
+    """A child process whose output goes to a log file; `url` is what it printed after 'listening on'."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.name = name
+        self.argv = argv
+        self.env = env
+        self.log_path = log_path
+        self.url: str | None = None
+        self._ready = threading.Event()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, wait_for_url: bool = True, timeout: float = 60.0) -> "Process":
+        self._ready.clear()
+        self.proc = subprocess.Popen(self.argv, env=self.env, cwd=ROOT, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while wait_for_url and not self._ready.wait(0.1):  # bounded start-up wait, also watching for an early exit
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{self.name} did not start (exit code {self.proc.returncode}); "
+                                   f"see {self.log_path}")
+        return self
+
+    def _pump(self, stream: IO[bytes] | None) -> None:
+        assert stream is not None
+        with open(self.log_path, "ab") as log:
+            for line in iter(stream.readline, b""):
+                log.write(line)
+                log.flush()
+                match = _LISTENING.search(line.decode(errors="replace"))
+                if match and not self._ready.is_set():
+                    self.url = match.group(1)
+                    self._ready.set()
+
+    def kill(self) -> None:
+        """kill -9: no cleanup, as a crash."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class LocalSystem:
+    def __init__(self, config: SystemConfig) -> None:
+        self.config = config
+        config.work_dir.mkdir(parents=True, exist_ok=True)
+        self.simulator: Process | None = None
+        self.agent: Process | None = None
+        self.devhost: Process | None = None
+
+    def env(self) -> dict[str, str]:
+        c = self.config
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+        env.update({
+            "ServiceBusConnection": c.bus_connection,
+            "CosmosDb__accountEndpoint": c.store_endpoint,
+            "AllowedReplyQueues": c.reply_queue,
+            "PYTHONUNBUFFERED": "1",
+            **LOCAL_DEFAULTS, **c.settings,
+        })
+        if self.simulator and self.simulator.url:
+            env["AGENT_REMOTE_URL"] = self.simulator.url
+        return env
+
+    def _process(self, name: str, argv: list[str]) -> Process:
+        return Process(name, [sys.executable, *argv], self.env(), self.config.work_dir / f"{name}.log")
+
+    def start_simulator(self) -> Process:
+        c = self.config
+        self.simulator = self._process("simulator", [
+            "-m", "agent.simulator", "--port", "0", "--seed", str(c.seed),
+            "--transient-failure-rate", str(c.transient_failure_rate),
+            "--permanent-failure-rate", str(c.permanent_failure_rate), "--hang-rate", str(c.hang_rate),
+            "--hang-seconds", str(c.hang_seconds), "--latency-ms-mean", str(c.latency_ms_mean),
+            "--db", str(c.work_dir / "simulator.db")]).start()
+        return self.simulator
+
+    def start_agent(self) -> Process:
+        self.agent = self._process("agent", ["-m", "agent", "--jitter-seed", str(self.config.seed)])
+        self.agent.start(wait_for_url=False)
+        return self.agent
+
+    def start_devhost(self) -> Process:
+        self.devhost = self._process("devhost", [
+            "-m", "devhost", "start", "--app-dir", str(self.config.app_dir), "--port", "0",
+            "--state-dir", str(self.config.work_dir / "devhost")]).start()
+        return self.devhost
+
+    def start(self) -> "LocalSystem":
+        self.start_simulator()
+        self.start_agent()
+        self.start_devhost()
+        return self
+
+    def stop(self) -> None:
+        for p in (self.devhost, self.agent, self.simulator):
+            if p is not None:
+                p.stop()
+
+    def __enter__(self) -> "LocalSystem":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,15 @@
+"""The orderflow Functions app: one DFApp composed of the blueprints (Scheduler Agent Supervisor order pipeline)."""
+
+import azure.durable_functions as df
+import azure.functions as func
+
+from activities import agents as agent_activities
+from activities import state as state_activities
+from orchestrators import order_workflow
+from triggers import agent_replies, starter, submission, supervisor
+
+app = df.DFApp(http_auth_level=func.AuthLevel.FUNCTION)
+
+for blueprint in (submission.bp, starter.bp, agent_replies.bp, supervisor.bp, order_workflow.bp,
+                  state_activities.bp, agent_activities.bp):
+    app.register_functions(blueprint)

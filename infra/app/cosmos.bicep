@@ -1,0 +1,201 @@
+// Concern: Cosmos DB for the orders (immutable) and the state store (ProcessState, LockedBy, CompleteBy,
+// FailureCount), with indexes that serve the Starter's and the Supervisor's queries. Entra ID only
+// (disableLocalAuth); data-plane grants are in rbac.bicep. Containers are created here, never by the app
+// (disableKeyBasedMetadataWriteAccess), so the app needs data access only.
+param location string
+param tags object = {}
+param accountName string
+@allowed([
+  'serverless'
+  'autoscale'
+])
+param capacityMode string = 'serverless'
+@description('Autoscale maximum RU/s per database (autoscale mode only).')
+@minValue(1000)
+param autoscaleMaxThroughput int = 1000
+param ordersDatabaseName string
+param ordersContainerName string
+param stateDatabaseName string
+param stateContainerName string
+param checkpointContainerName string
+param logAnalyticsWorkspaceId string
+
+var databaseOptions = capacityMode == 'autoscale' ? { autoscaleSettings: { maxThroughput: autoscaleMaxThroughput } } : {}
+
+resource account 'Microsoft.DocumentDB/databaseAccounts@2024-05-15' = {
+  name: accountName
+  location: location
+  tags: tags
+  kind: 'GlobalDocumentDB'
+  properties: {
+    databaseAccountOfferType: 'Standard'
+    disableLocalAuth: true
+    disableKeyBasedMetadataWriteAccess: true
+    minimalTlsVersion: 'Tls12'
+    publicNetworkAccess: 'Enabled'
+    // Session consistency: a writer reads its own etag-guarded writes, which the fenced updates rely on.
+    consistencyPolicy: {
+      defaultConsistencyLevel: 'Session'
+    }
+    locations: [
+      {
+        locationName: location
+        failoverPriority: 0
+        isZoneRedundant: false
+      }
+    ]
+    capabilities: capacityMode == 'serverless' ? [ { name: 'EnableServerless' } ] : []
+  }
+}
+
+resource ordersDatabase 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases@2024-05-15' = {
+  parent: account
+  name: ordersDatabaseName
+  properties: {
+    resource: {
+      id: ordersDatabaseName
+    }
+    options: databaseOptions
+  }
+}
+
+// Orders are written once and read by id (point reads): index only what an operator filters on.
+resource ordersContainer 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers@2024-05-15' = {
+  parent: ordersDatabase
+  name: ordersContainerName
+  properties: {
+    resource: {
+      id: ordersContainerName
+      partitionKey: {
+        paths: [
+          '/orderId'
+        ]
+        kind: 'Hash'
+        version: 2
+      }
+      indexingPolicy: {
+        indexingMode: 'consistent'
+        automatic: true
+        includedPaths: [
+          { path: '/orderId/?' }
+          { path: '/submittedAt/?' }
+          { path: '/customer/id/?' }
+        ]
+        excludedPaths: [
+          { path: '/*' }
+        ]
+      }
+    }
+  }
+}
+
+resource stateDatabase 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases@2024-05-15' = {
+  parent: account
+  name: stateDatabaseName
+  properties: {
+    resource: {
+      id: stateDatabaseName
+    }
+    options: databaseOptions
+  }
+}
+
+// The state store. The Starter runs `processState = 'Pending' AND IS_NULL(lockedBy) AND retryAt <= now ORDER BY
+// retryAt, createdAt` (a multi-field ORDER BY needs exactly that composite index); the Supervisor pages with a
+// keyset: `processState = 'Processing' AND completeBy in [from, to) AND (completeBy, id) > cursor ORDER BY
+// completeBy, id` (composite (completeBy, id)). The (processState, ...) composite
+// indexes serve the equality filter plus range/order of each query, so both stay bounded index seeks.
+// orderflow/store/cosmos_store.py STATE_INDEXING_POLICY is the code's side of this contract (checked by tests).
+resource stateContainer 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers@2024-05-15' = {
+  parent: stateDatabase
+  name: stateContainerName
+  properties: {
+    resource: {
+      id: stateContainerName
+      partitionKey: {
+        paths: [
+          '/orderId'
+        ]
+        kind: 'Hash'
+        version: 2
+      }
+      indexingPolicy: {
+        indexingMode: 'consistent'
+        automatic: true
+        includedPaths: [
+          { path: '/*' }
+        ]
+        excludedPaths: [
+          { path: '/"_etag"/?' }
+        ]
+        compositeIndexes: [
+          [
+            { path: '/retryAt', order: 'ascending' }
+            { path: '/createdAt', order: 'ascending' }
+          ]
+          [
+            { path: '/processState', order: 'ascending' }
+            { path: '/retryAt', order: 'ascending' }
+            { path: '/createdAt', order: 'ascending' }
+          ]
+          [
+            { path: '/completeBy', order: 'ascending' }
+            { path: '/id', order: 'ascending' }
+          ]
+          [
+            { path: '/processState', order: 'ascending' }
+            { path: '/completeBy', order: 'ascending' }
+          ]
+          [
+            { path: '/processState', order: 'ascending' }
+            { path: '/retryAt', order: 'ascending' }
+          ]
+        ]
+      }
+    }
+  }
+}
+
+// The Supervisor's scan checkpoint: one small document per scanner (id = scanner name), read and replaced with its
+// etag. It is not per order, so its partition key is its id. No change feed is used: no lease container exists.
+resource checkpointContainer 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers@2024-05-15' = {
+  parent: stateDatabase
+  name: checkpointContainerName
+  properties: {
+    resource: {
+      id: checkpointContainerName
+      partitionKey: {
+        paths: [
+          '/id'
+        ]
+        kind: 'Hash'
+        version: 2
+      }
+    }
+  }
+}
+
+resource diagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = {
+  name: 'to-log-analytics'
+  scope: account
+  properties: {
+    workspaceId: logAnalyticsWorkspaceId
+    logAnalyticsDestinationType: 'Dedicated'
+    logs: [
+      {
+        categoryGroup: 'allLogs'
+        enabled: true
+      }
+    ]
+    metrics: [
+      {
+        category: 'Requests'
+        enabled: true
+      }
+    ]
+  }
+}
+
+output accountId string = account.id
+output accountName string = account.name
+output endpoint string = account.properties.documentEndpoint

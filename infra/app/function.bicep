@@ -1,0 +1,213 @@
+// Concern: the function app (Scheduler, Starter, Supervisor, Service Bus triggers) on Flex Consumption, Python
+// 3.11, running as one user-assigned identity. Every connection is identity-based: no key, SAS or secret-bearing
+// connection string appears in its settings. The app settings are exactly the ones the code reads
+// (orderflow/settings.py SETTINGS) plus the ones the Functions host owns; tests/infra checks both sets.
+param location string
+param tags object = {}
+param planName string
+param functionAppName string
+param identityId string
+param identityClientId string
+
+param storageBlobEndpoint string
+param storageQueueEndpoint string
+param storageTableEndpoint string
+param deploymentContainerUrl string
+param applicationInsightsConnectionString string
+param logAnalyticsWorkspaceId string
+
+param serviceBusFullyQualifiedNamespace string
+param cosmosEndpoint string
+param ordersQueueName string
+param agentRequestsQueueName string
+param agentRepliesQueueName string
+param operatorAlertsQueueName string
+@description('Comma-separated status queues a submitting application may name in replyTo.')
+param allowedReplyQueues string
+param ordersDatabaseName string
+param ordersContainerName string
+param stateDatabaseName string
+param stateContainerName string
+param checkpointContainerName string
+
+@allowed([
+  'AzureStorage'
+  'DurableTaskScheduler'
+])
+param durableBackend string = 'AzureStorage'
+param taskHubName string
+@description('Durable Task Scheduler endpoint (durableBackend = DurableTaskScheduler only).')
+param durableTaskSchedulerEndpoint string = ''
+
+@minValue(40)
+@maxValue(1000)
+param maximumInstanceCount int = 100
+@allowed([
+  512
+  2048
+  4096
+])
+param instanceMemoryMB int = 2048
+@description('Always-ready instances per group, e.g. [{ name: \'durable\', instanceCount: 1 }, { name: \'function:supervisor\', instanceCount: 1 }].')
+param alwaysReady array = []
+@description('Extra or changed app settings (tunables such as StepTimeoutSeconds), merged over the defaults.')
+param appSettingOverrides object = {}
+
+var useDurableTaskScheduler = durableBackend == 'DurableTaskScheduler'
+
+// Settings the Functions host and platform read (not the app code).
+var hostSettings = {
+  AzureWebJobsStorage__blobServiceUri: storageBlobEndpoint
+  AzureWebJobsStorage__queueServiceUri: storageQueueEndpoint
+  AzureWebJobsStorage__tableServiceUri: storageTableEndpoint
+  AzureWebJobsStorage__credential: 'managedidentity'
+  AzureWebJobsStorage__clientId: identityClientId
+  APPLICATIONINSIGHTS_CONNECTION_STRING: applicationInsightsConnectionString
+  APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identityClientId};Authorization=AAD'
+  // The Service Bus extension's identity-based connection (the triggers' connection="ServiceBusConnection").
+  ServiceBusConnection__credential: 'managedidentity'
+  ServiceBusConnection__clientId: identityClientId
+  // host.json: "hubName": "%TaskHubName%".
+  TaskHubName: taskHubName
+}
+
+// The Durable Task Scheduler replaces the Azure Storage backend through host.json overrides; its connection string
+// names an endpoint and an identity, never a secret.
+var durableTaskSchedulerSettings = useDurableTaskScheduler ? {
+  DURABLE_TASK_SCHEDULER_CONNECTION_STRING: 'Endpoint=${durableTaskSchedulerEndpoint};Authentication=ManagedIdentity;ClientID=${identityClientId}'
+  AzureFunctionsJobHost__extensions__durableTask__storageProvider__type: 'azureManaged'
+  AzureFunctionsJobHost__extensions__durableTask__storageProvider__connectionStringName: 'DURABLE_TASK_SCHEDULER_CONNECTION_STRING'
+} : {}
+
+// Settings the app code reads: names exactly as in orderflow/settings.py, values its defaults unless overridden.
+var codeSettings = {
+  ServiceBusConnection__fullyQualifiedNamespace: serviceBusFullyQualifiedNamespace
+  CosmosDb__accountEndpoint: cosmosEndpoint
+  CosmosDb__credential: 'managedidentity'
+  CosmosDb__clientId: identityClientId
+  AZURE_CLIENT_ID: identityClientId
+  OrdersQueueName: ordersQueueName
+  AgentRequestsQueueName: agentRequestsQueueName
+  AgentRepliesQueueName: agentRepliesQueueName
+  OperatorAlertsQueueName: operatorAlertsQueueName
+  AllowedReplyQueues: allowedReplyQueues
+  OrdersDatabaseName: ordersDatabaseName
+  OrdersContainerName: ordersContainerName
+  StateDatabaseName: stateDatabaseName
+  StateContainerName: stateContainerName
+  CheckpointContainerName: checkpointContainerName
+  StepTimeoutSeconds: '30'
+  ClaimLeaseSeconds: '60'
+  StarterSchedule: '*/15 * * * * *'
+  StarterBatchSize: '50'
+  SupervisorSchedule: '*/10 * * * * *'
+  SupervisorScanWindowSeconds: '3600'
+  SupervisorPageSize: '100'
+  SupervisorMaxResults: '500'
+  FailureThreshold: '3'
+  RetryBackoffBaseSeconds: '2'
+  RetryBackoffMaxSeconds: '300'
+}
+
+resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
+  name: planName
+  location: location
+  tags: tags
+  kind: 'functionapp'
+  sku: {
+    name: 'FC1'
+    tier: 'FlexConsumption'
+  }
+  properties: {
+    reserved: true
+  }
+}
+
+resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
+  name: functionAppName
+  location: location
+  tags: union(tags, { 'azd-service-name': 'api' })
+  kind: 'functionapp,linux'
+  identity: {
+    type: 'UserAssigned'
+    userAssignedIdentities: {
+      '${identityId}': {}
+    }
+  }
+  properties: {
+    serverFarmId: plan.id
+    httpsOnly: true
+    siteConfig: {
+      minTlsVersion: '1.2'
+      ftpsState: 'Disabled'
+    }
+    functionAppConfig: {
+      deployment: {
+        storage: {
+          type: 'blobContainer'
+          value: deploymentContainerUrl
+          authentication: {
+            type: 'UserAssignedIdentity'
+            userAssignedIdentityResourceId: identityId
+          }
+        }
+      }
+      scaleAndConcurrency: {
+        maximumInstanceCount: maximumInstanceCount
+        instanceMemoryMB: instanceMemoryMB
+        alwaysReady: alwaysReady
+      }
+      runtime: {
+        name: 'python'
+        version: '3.11'
+      }
+    }
+  }
+}
+
+// Publishing with basic (user/password) credentials is off: deployments authenticate with Entra ID.
+resource ftpCredentials 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: functionApp
+  name: 'ftp'
+  properties: {
+    allow: false
+  }
+}
+
+resource scmCredentials 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: functionApp
+  name: 'scm'
+  properties: {
+    allow: false
+  }
+}
+
+resource appSettings 'Microsoft.Web/sites/config@2024-04-01' = {
+  parent: functionApp
+  name: 'appsettings'
+  properties: union(hostSettings, durableTaskSchedulerSettings, codeSettings, appSettingOverrides)
+}
+
+resource diagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = {
+  name: 'to-log-analytics'
+  scope: functionApp
+  properties: {
+    workspaceId: logAnalyticsWorkspaceId
+    logs: [
+      {
+        category: 'FunctionAppLogs'
+        enabled: true
+      }
+    ]
+    metrics: [
+      {
+        category: 'AllMetrics'
+        enabled: true
+      }
+    ]
+  }
+}
+
+output functionAppName string = functionApp.name
+output functionAppId string = functionApp.id
+output defaultHostName string = functionApp.properties.defaultHostName

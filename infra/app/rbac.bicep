@@ -1,0 +1,284 @@
+// Concern: every data-plane grant, in one place, least privilege. Each principal gets exactly the roles it needs,
+// scoped to the one resource (queue, account, database, registry) it uses. No Service Bus Data Owner, no
+// Contributor, no key. Role assignment names are guid(scope, principal, role): stable across redeployments.
+//
+//  principal              | grant                                   | scope
+//  function app           | Service Bus Data Receiver               | orders-inbound, agent-replies
+//  function app           | Service Bus Data Sender                 | agent-requests, operator-alerts, each status queue
+//  function app           | Storage Blob Data Owner, Queue and Table Data Contributor | host/task hub storage account
+//  function app           | Monitoring Metrics Publisher            | Application Insights (AAD ingestion)
+//  function app           | Cosmos DB Built-in Data Contributor     | databases orders and state
+//  Agent                  | Service Bus Data Receiver               | agent-requests
+//  Agent                  | Service Bus Data Sender                 | agent-replies, operator-alerts
+//  Agent                  | AcrPull                                 | container registry
+//  submitting application | Service Bus Data Sender                 | orders-inbound
+//  submitting application | Service Bus Data Receiver               | its own status queue only
+//  operators (optional)   | Service Bus Data Receiver               | operator-alerts
+// The Agent never touches Cosmos DB, so it has no Cosmos grant. The Durable Task Scheduler grant (when chosen) is in
+// durable-task-scheduler.bicep, beside the task hub it is scoped to.
+
+@description('Principal ids: the user-assigned identities of the function app and of the Agent.')
+param appPrincipalId string
+param agentPrincipalId string
+@description('Submitting applications: [{ name, principalId, principalType }] (principalId may be empty: no grant).')
+param submittingApps array
+@description('Status queue of each submitting application, index-aligned with submittingApps.')
+param statusQueueNames array
+@description('Optional principal (a group, typically) that reads operator-alerts; empty for none.')
+param operatorPrincipalId string = ''
+@allowed([
+  'Group'
+  'User'
+  'ServicePrincipal'
+])
+param operatorPrincipalType string = 'Group'
+
+param serviceBusNamespaceName string
+param ordersQueueName string
+param agentRequestsQueueName string
+param agentRepliesQueueName string
+param operatorAlertsQueueName string
+param storageAccountName string
+param applicationInsightsName string
+param cosmosAccountName string
+param ordersDatabaseName string
+param stateDatabaseName string
+param registryName string
+
+// Built-in role definition ids (https://learn.microsoft.com/azure/role-based-access-control/built-in-roles).
+var roles = {
+  serviceBusDataReceiver: '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
+  serviceBusDataSender: '69a216fc-b8fb-44d8-bc22-1f3c2cd27a39'
+  storageBlobDataOwner: 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b'
+  storageQueueDataContributor: '974c5e8b-45b9-4653-ba55-5f855dd0fb88'
+  storageTableDataContributor: '0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3'
+  monitoringMetricsPublisher: '3913510d-42f4-4e42-8a64-420c390055eb'
+  acrPull: '7f951dda-4ed3-4680-a7ca-43fe172d538d'
+}
+// Cosmos DB data-plane built-in role (sqlRoleDefinitions): Cosmos DB Built-in Data Contributor.
+var cosmosDataContributor = '00000000-0000-0000-0000-000000000002'
+
+resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' existing = {
+  name: serviceBusNamespaceName
+
+  resource ordersQueue 'queues' existing = {
+    name: ordersQueueName
+  }
+  resource agentRequestsQueue 'queues' existing = {
+    name: agentRequestsQueueName
+  }
+  resource agentRepliesQueue 'queues' existing = {
+    name: agentRepliesQueueName
+  }
+  resource operatorAlertsQueue 'queues' existing = {
+    name: operatorAlertsQueueName
+  }
+}
+
+resource statusQueues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existing = [for name in statusQueueNames: {
+  parent: namespace
+  name: name
+}]
+
+resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
+  name: storageAccountName
+}
+
+resource applicationInsights 'Microsoft.Insights/components@2020-02-02' existing = {
+  name: applicationInsightsName
+}
+
+resource cosmosAccount 'Microsoft.DocumentDB/databaseAccounts@2024-05-15' existing = {
+  name: cosmosAccountName
+}
+
+resource registry 'Microsoft.ContainerRegistry/registries@2023-07-01' existing = {
+  name: registryName
+}
+
+// ---- function app: Service Bus ----
+resource appReceivesOrders 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(namespace::ordersQueue.id, appPrincipalId, roles.serviceBusDataReceiver)
+  scope: namespace::ordersQueue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataReceiver)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource appSendsAgentRequests 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(namespace::agentRequestsQueue.id, appPrincipalId, roles.serviceBusDataSender)
+  scope: namespace::agentRequestsQueue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataSender)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource appReceivesAgentReplies 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(namespace::agentRepliesQueue.id, appPrincipalId, roles.serviceBusDataReceiver)
+  scope: namespace::agentRepliesQueue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataReceiver)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource appSendsOperatorAlerts 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(namespace::operatorAlertsQueue.id, appPrincipalId, roles.serviceBusDataSender)
+  scope: namespace::operatorAlertsQueue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataSender)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource appSendsStatus 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (name, i) in statusQueueNames: {
+  name: guid(statusQueues[i].id, appPrincipalId, roles.serviceBusDataSender)
+  scope: statusQueues[i]
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataSender)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}]
+
+// ---- function app: host storage and Durable task hub (Azure Storage backend) ----
+resource appOwnsBlobs 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(storage.id, appPrincipalId, roles.storageBlobDataOwner)
+  scope: storage
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.storageBlobDataOwner)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource appUsesQueues 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(storage.id, appPrincipalId, roles.storageQueueDataContributor)
+  scope: storage
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.storageQueueDataContributor)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource appUsesTables 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(storage.id, appPrincipalId, roles.storageTableDataContributor)
+  scope: storage
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.storageTableDataContributor)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// ---- function app: telemetry (Application Insights with local auth disabled) ----
+resource appPublishesTelemetry 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(applicationInsights.id, appPrincipalId, roles.monitoringMetricsPublisher)
+  scope: applicationInsights
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.monitoringMetricsPublisher)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// ---- function app: Cosmos DB data plane, one grant per database ----
+resource appOrdersData 'Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments@2024-05-15' = {
+  parent: cosmosAccount
+  name: guid(cosmosAccount.id, appPrincipalId, cosmosDataContributor, ordersDatabaseName)
+  properties: {
+    roleDefinitionId: '${cosmosAccount.id}/sqlRoleDefinitions/${cosmosDataContributor}'
+    principalId: appPrincipalId
+    scope: '${cosmosAccount.id}/dbs/${ordersDatabaseName}'
+  }
+}
+
+resource appStateData 'Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments@2024-05-15' = {
+  parent: cosmosAccount
+  name: guid(cosmosAccount.id, appPrincipalId, cosmosDataContributor, stateDatabaseName)
+  properties: {
+    roleDefinitionId: '${cosmosAccount.id}/sqlRoleDefinitions/${cosmosDataContributor}'
+    principalId: appPrincipalId
+    scope: '${cosmosAccount.id}/dbs/${stateDatabaseName}'
+  }
+}
+
+// ---- Agent ----
+resource agentReceivesRequests 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(namespace::agentRequestsQueue.id, agentPrincipalId, roles.serviceBusDataReceiver)
+  scope: namespace::agentRequestsQueue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataReceiver)
+    principalId: agentPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource agentSendsReplies 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(namespace::agentRepliesQueue.id, agentPrincipalId, roles.serviceBusDataSender)
+  scope: namespace::agentRepliesQueue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataSender)
+    principalId: agentPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource agentSendsOperatorAlerts 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(namespace::operatorAlertsQueue.id, agentPrincipalId, roles.serviceBusDataSender)
+  scope: namespace::operatorAlertsQueue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataSender)
+    principalId: agentPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource agentPullsImage 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(registry.id, agentPrincipalId, roles.acrPull)
+  scope: registry
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.acrPull)
+    principalId: agentPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// ---- submitting applications ----
+resource submitterSendsOrders 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for app in submittingApps: if (!empty(app.principalId)) {
+  name: guid(namespace::ordersQueue.id, app.principalId, roles.serviceBusDataSender)
+  scope: namespace::ordersQueue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataSender)
+    principalId: app.principalId
+    principalType: app.?principalType ?? 'ServicePrincipal'
+  }
+}]
+
+resource submitterReceivesOwnStatus 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (app, i) in submittingApps: if (!empty(app.principalId)) {
+  name: guid(statusQueues[i].id, app.principalId, roles.serviceBusDataReceiver)
+  scope: statusQueues[i]
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataReceiver)
+    principalId: app.principalId
+    principalType: app.?principalType ?? 'ServicePrincipal'
+  }
+}]
+
+// ---- operators (optional) ----
+resource operatorsReceiveAlerts 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(operatorPrincipalId)) {
+  name: guid(namespace::operatorAlertsQueue.id, operatorPrincipalId, roles.serviceBusDataReceiver)
+  scope: namespace::operatorAlertsQueue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataReceiver)
+    principalId: operatorPrincipalId
+    principalType: operatorPrincipalType
+  }
+}

@@ -1,0 +1,129 @@
+// Concern: the Service Bus namespace and its queues, configured as the Scheduler Agent Supervisor pattern needs.
+// Standard tier (sessions and duplicate detection need it), Entra ID only (disableLocalAuth), TLS 1.2.
+// requiresSession and requiresDuplicateDetection cannot be changed on an existing queue: changing them here means
+// deleting and recreating the queue.
+param location string
+param tags object = {}
+param namespaceName string
+param ordersQueueName string
+param agentRequestsQueueName string
+param agentRepliesQueueName string
+param operatorAlertsQueueName string
+@description('One status (reply) queue per submitting application.')
+param statusQueueNames array
+param logAnalyticsWorkspaceId string
+
+// Queue properties: the same values as servicebus.config.json, which the embedded broker runs locally (a test keeps
+// the two equal). Common to every queue: a 1-minute peek lock (the host and the Agent renew it while they work) and
+// a 10-minute duplicate-detection window on MessageId.
+var lockDuration = 'PT1M'
+var duplicateDetectionWindow = 'PT10M'
+
+// The pattern's queues carry one order per session (SessionId = orderId: FIFO per order, Sequential Convoy) and a
+// stable MessageId (duplicate detection drops a retried send). A message that fails 5 deliveries is poison and is
+// dead-lettered; one that expires is dead-lettered too, never silently dropped.
+var patternQueue = {
+  requiresSession: true
+  requiresDuplicateDetection: true
+  duplicateDetectionHistoryTimeWindow: duplicateDetectionWindow
+  lockDuration: lockDuration
+  maxDeliveryCount: 5
+  deadLetteringOnMessageExpiration: true
+  enableBatchedOperations: true
+  enablePartitioning: false
+}
+// Orders wait up to 14 days (an outage of the app must not lose them); requests and replies are stale after a day
+// (each step's CompleteBy is minutes; the Supervisor recovers the order).
+var ordersQueueProperties = union(patternQueue, { defaultMessageTimeToLive: 'P14D' })
+var agentQueueProperties = union(patternQueue, { defaultMessageTimeToLive: 'P1D' })
+
+// Operator alerts: not per order (no sessions); kept 14 days; dead-lettered on expiry so an unread alert stays.
+var operatorAlertsQueueProperties = {
+  requiresSession: false
+  requiresDuplicateDetection: false
+  lockDuration: lockDuration
+  maxDeliveryCount: 10
+  defaultMessageTimeToLive: 'P14D'
+  deadLetteringOnMessageExpiration: true
+  enableBatchedOperations: true
+  enablePartitioning: false
+}
+
+// Status messages to a submitting application: SessionId = orderId and a stable MessageId, like the pattern queues;
+// a status nobody read within a day is dropped (the order's state stays in the state store).
+var statusQueueProperties = {
+  requiresSession: true
+  requiresDuplicateDetection: true
+  duplicateDetectionHistoryTimeWindow: duplicateDetectionWindow
+  lockDuration: lockDuration
+  maxDeliveryCount: 10
+  defaultMessageTimeToLive: 'P1D'
+  deadLetteringOnMessageExpiration: false
+  enableBatchedOperations: true
+  enablePartitioning: false
+}
+
+resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' = {
+  name: namespaceName
+  location: location
+  tags: tags
+  sku: {
+    name: 'Standard'
+    tier: 'Standard'
+  }
+  properties: {
+    disableLocalAuth: true
+    minimumTlsVersion: '1.2'
+    publicNetworkAccess: 'Enabled'
+  }
+
+  resource ordersQueue 'queues' = {
+    name: ordersQueueName
+    properties: ordersQueueProperties
+  }
+
+  resource agentRequestsQueue 'queues' = {
+    name: agentRequestsQueueName
+    properties: agentQueueProperties
+  }
+
+  resource agentRepliesQueue 'queues' = {
+    name: agentRepliesQueueName
+    properties: agentQueueProperties
+  }
+
+  resource operatorAlertsQueue 'queues' = {
+    name: operatorAlertsQueueName
+    properties: operatorAlertsQueueProperties
+  }
+
+  resource statusQueues 'queues' = [for name in statusQueueNames: {
+    name: name
+    properties: statusQueueProperties
+  }]
+}
+
+resource diagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = {
+  name: 'to-log-analytics'
+  scope: namespace
+  properties: {
+    workspaceId: logAnalyticsWorkspaceId
+    logs: [
+      {
+        categoryGroup: 'allLogs'
+        enabled: true
+      }
+    ]
+    metrics: [
+      {
+        category: 'AllMetrics'
+        enabled: true
+      }
+    ]
+  }
+}
+
+output namespaceId string = namespace.id
+output namespaceName string = namespace.name
+// serviceBusEndpoint is 'https://<name>.servicebus.windows.net:443/' (the cloud's own suffix): keep the host only.
+output fullyQualifiedNamespace string = split(replace(namespace.properties.serviceBusEndpoint, 'https://', ''), ':')[0]

@@ -1,0 +1,339 @@
+// orderflow on Azure: the Scheduler Agent Supervisor order pipeline (azd entry point, subscription scope).
+// One module per concern under app/: identity, monitoring, storage, servicebus, cosmos, registry, function, agent,
+// durable-task-scheduler (optional backend), rbac (every data-plane grant), alerts. Identity only: no key, SAS or
+// secret-bearing connection string is created, read or output anywhere. Every resource name is overridable.
+targetScope = 'subscription'
+
+@minLength(1)
+@maxLength(64)
+@description('azd environment name: part of every generated resource name.')
+param environmentName string
+
+@minLength(1)
+@description('Region of every resource (must offer Flex Consumption).')
+param location string
+
+// ---------- names (empty: generated from abbreviations.json and a token) ----------
+param resourceGroupName string = ''
+param appIdentityName string = ''
+param agentIdentityName string = ''
+param logAnalyticsName string = ''
+param applicationInsightsName string = ''
+param storageAccountName string = ''
+param serviceBusNamespaceName string = ''
+param cosmosAccountName string = ''
+param registryName string = ''
+param functionPlanName string = ''
+param functionAppName string = ''
+param containerAppsEnvironmentName string = ''
+param agentContainerAppName string = ''
+param durableTaskSchedulerName string = ''
+
+// ---------- the pattern's queues, databases and containers (defaults = orderflow/settings.py) ----------
+param ordersQueueName string = 'orders-inbound'
+param agentRequestsQueueName string = 'agent-requests'
+param agentRepliesQueueName string = 'agent-replies'
+param operatorAlertsQueueName string = 'operator-alerts'
+param ordersDatabaseName string = 'orders'
+param ordersContainerName string = 'orders'
+param stateDatabaseName string = 'state'
+param stateContainerName string = 'orderState'
+param checkpointContainerName string = 'supervisorCheckpoints'
+
+@description('''Submitting applications. Each gets its own status queue "<name>-status" (listed in AllowedReplyQueues);
+its principal (when not empty) may send to orders-inbound and receive from its own status queue only.
+principalType: ServicePrincipal (default), User or Group.''')
+param submittingApps array = [
+  {
+    name: 'app'
+    principalId: ''
+    principalType: 'ServicePrincipal'
+  }
+]
+
+@description('Optional principal (an operators group) allowed to receive from operator-alerts.')
+param operatorPrincipalId string = ''
+@allowed([
+  'Group'
+  'User'
+  'ServicePrincipal'
+])
+param operatorPrincipalType string = 'Group'
+
+// ---------- Durable Functions backend ----------
+@allowed([
+  'AzureStorage'
+  'DurableTaskScheduler'
+])
+@description('AzureStorage (default; what func start + Azurite mirrors) or DurableTaskScheduler.')
+param durableBackend string = 'AzureStorage'
+param taskHubName string = 'orderflow'
+@allowed([
+  'Consumption'
+  'Dedicated'
+])
+param durableTaskSchedulerSku string = 'Consumption'
+
+// ---------- Cosmos DB capacity ----------
+@allowed([
+  'serverless'
+  'autoscale'
+])
+param cosmosCapacityMode string = 'serverless'
+@minValue(1000)
+param cosmosAutoscaleMaxThroughput int = 1000
+
+// ---------- function app scale ----------
+@minValue(40)
+@maxValue(1000)
+param functionMaximumInstanceCount int = 100
+@allowed([
+  512
+  2048
+  4096
+])
+param functionInstanceMemoryMB int = 2048
+@description('Always-ready instances, e.g. [{ name: \'durable\', instanceCount: 1 }, { name: \'function:supervisor\', instanceCount: 1 }].')
+param functionAlwaysReady array = []
+@description('Tunables to change from their defaults, e.g. { StepTimeoutSeconds: \'45\' } (names as in orderflow/settings.py).')
+param appSettingOverrides object = {}
+
+// ---------- the Agent ----------
+@description('Base URL of the remote service the Agent calls.')
+param agentRemoteUrl string = 'https://example.invalid/orderflow-remote'
+@minValue(0)
+param agentMinReplicas int = 1
+@minValue(1)
+param agentMaxReplicas int = 10
+
+// ---------- alerts ----------
+@description('E-mail address for operator alerts; empty for none.')
+param alertEmail string = ''
+@minValue(5)
+param supervisorSilenceMinutes int = 15
+
+var abbrs = loadJsonContent('abbreviations.json')
+var resourceToken = toLower(uniqueString(subscription().id, environmentName, location))
+var tags = {
+  'azd-env-name': environmentName
+}
+var statusQueueNames = [for app in submittingApps: '${app.name}-status']
+var useDurableTaskScheduler = durableBackend == 'DurableTaskScheduler'
+
+resource rg 'Microsoft.Resources/resourceGroups@2024-03-01' = {
+  name: !empty(resourceGroupName) ? resourceGroupName : '${abbrs.resourcesResourceGroups}${environmentName}'
+  location: location
+  tags: tags
+}
+
+module identity 'app/identity.bicep' = {
+  name: 'identity'
+  scope: rg
+  params: {
+    location: location
+    tags: tags
+    appIdentityName: !empty(appIdentityName) ? appIdentityName : '${abbrs.managedIdentityUserAssignedIdentities}func-${resourceToken}'
+    agentIdentityName: !empty(agentIdentityName) ? agentIdentityName : '${abbrs.managedIdentityUserAssignedIdentities}agent-${resourceToken}'
+  }
+}
+
+module monitoring 'app/monitoring.bicep' = {
+  name: 'monitoring'
+  scope: rg
+  params: {
+    location: location
+    tags: tags
+    logAnalyticsName: !empty(logAnalyticsName) ? logAnalyticsName : '${abbrs.operationalInsightsWorkspaces}${resourceToken}'
+    applicationInsightsName: !empty(applicationInsightsName) ? applicationInsightsName : '${abbrs.insightsComponents}${resourceToken}'
+  }
+}
+
+module storage 'app/storage.bicep' = {
+  name: 'storage'
+  scope: rg
+  params: {
+    location: location
+    tags: tags
+    storageAccountName: !empty(storageAccountName) ? storageAccountName : '${abbrs.storageStorageAccounts}${resourceToken}'
+    deploymentContainerName: 'app-package-${take(resourceToken, 7)}'
+  }
+}
+
+module serviceBus 'app/servicebus.bicep' = {
+  name: 'servicebus'
+  scope: rg
+  params: {
+    location: location
+    tags: tags
+    namespaceName: !empty(serviceBusNamespaceName) ? serviceBusNamespaceName : '${abbrs.serviceBusNamespaces}${resourceToken}'
+    ordersQueueName: ordersQueueName
+    agentRequestsQueueName: agentRequestsQueueName
+    agentRepliesQueueName: agentRepliesQueueName
+    operatorAlertsQueueName: operatorAlertsQueueName
+    statusQueueNames: statusQueueNames
+    logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
+  }
+}
+
+module cosmos 'app/cosmos.bicep' = {
+  name: 'cosmos'
+  scope: rg
+  params: {
+    location: location
+    tags: tags
+    accountName: !empty(cosmosAccountName) ? cosmosAccountName : '${abbrs.documentDBDatabaseAccounts}${resourceToken}'
+    capacityMode: cosmosCapacityMode
+    autoscaleMaxThroughput: cosmosAutoscaleMaxThroughput
+    ordersDatabaseName: ordersDatabaseName
+    ordersContainerName: ordersContainerName
+    stateDatabaseName: stateDatabaseName
+    stateContainerName: stateContainerName
+    checkpointContainerName: checkpointContainerName
+    logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
+  }
+}
+
+module registry 'app/registry.bicep' = {
+  name: 'registry'
+  scope: rg
+  params: {
+    location: location
+    tags: tags
+    registryName: !empty(registryName) ? registryName : '${abbrs.containerRegistryRegistries}${resourceToken}'
+  }
+}
+
+module rbac 'app/rbac.bicep' = {
+  name: 'rbac'
+  scope: rg
+  params: {
+    appPrincipalId: identity.outputs.appPrincipalId
+    agentPrincipalId: identity.outputs.agentPrincipalId
+    submittingApps: submittingApps
+    statusQueueNames: statusQueueNames
+    operatorPrincipalId: operatorPrincipalId
+    operatorPrincipalType: operatorPrincipalType
+    serviceBusNamespaceName: serviceBus.outputs.namespaceName
+    ordersQueueName: ordersQueueName
+    agentRequestsQueueName: agentRequestsQueueName
+    agentRepliesQueueName: agentRepliesQueueName
+    operatorAlertsQueueName: operatorAlertsQueueName
+    storageAccountName: storage.outputs.storageAccountName
+    applicationInsightsName: monitoring.outputs.applicationInsightsName
+    cosmosAccountName: cosmos.outputs.accountName
+    ordersDatabaseName: ordersDatabaseName
+    stateDatabaseName: stateDatabaseName
+    registryName: registry.outputs.registryName
+  }
+}
+
+module durableTaskScheduler 'app/durable-task-scheduler.bicep' = if (useDurableTaskScheduler) {
+  name: 'durable-task-scheduler'
+  scope: rg
+  params: {
+    location: location
+    tags: tags
+    schedulerName: !empty(durableTaskSchedulerName) ? durableTaskSchedulerName : '${abbrs.durableTaskSchedulers}${resourceToken}'
+    taskHubName: taskHubName
+    skuName: durableTaskSchedulerSku
+    appPrincipalId: identity.outputs.appPrincipalId
+  }
+}
+
+module functionApp 'app/function.bicep' = {
+  name: 'function'
+  scope: rg
+  dependsOn: [
+    rbac
+  ]
+  params: {
+    location: location
+    tags: tags
+    planName: !empty(functionPlanName) ? functionPlanName : '${abbrs.webServerFarms}${resourceToken}'
+    functionAppName: !empty(functionAppName) ? functionAppName : '${abbrs.webSitesFunctions}${resourceToken}'
+    identityId: identity.outputs.appIdentityId
+    identityClientId: identity.outputs.appClientId
+    storageBlobEndpoint: storage.outputs.blobEndpoint
+    storageQueueEndpoint: storage.outputs.queueEndpoint
+    storageTableEndpoint: storage.outputs.tableEndpoint
+    deploymentContainerUrl: storage.outputs.deploymentContainerUrl
+    applicationInsightsConnectionString: monitoring.outputs.applicationInsightsConnectionString
+    logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
+    serviceBusFullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
+    cosmosEndpoint: cosmos.outputs.endpoint
+    ordersQueueName: ordersQueueName
+    agentRequestsQueueName: agentRequestsQueueName
+    agentRepliesQueueName: agentRepliesQueueName
+    operatorAlertsQueueName: operatorAlertsQueueName
+    allowedReplyQueues: join(statusQueueNames, ',')
+    ordersDatabaseName: ordersDatabaseName
+    ordersContainerName: ordersContainerName
+    stateDatabaseName: stateDatabaseName
+    stateContainerName: stateContainerName
+    checkpointContainerName: checkpointContainerName
+    durableBackend: durableBackend
+    taskHubName: taskHubName
+    durableTaskSchedulerEndpoint: useDurableTaskScheduler ? durableTaskScheduler.outputs.endpoint : ''
+    maximumInstanceCount: functionMaximumInstanceCount
+    instanceMemoryMB: functionInstanceMemoryMB
+    alwaysReady: functionAlwaysReady
+    appSettingOverrides: appSettingOverrides
+  }
+}
+
+module agent 'app/agent.bicep' = {
+  name: 'agent'
+  scope: rg
+  dependsOn: [
+    rbac
+  ]
+  params: {
+    location: location
+    tags: tags
+    registryLoginServer: registry.outputs.loginServer
+    environmentName: !empty(containerAppsEnvironmentName) ? containerAppsEnvironmentName : '${abbrs.appManagedEnvironments}${resourceToken}'
+    containerAppName: !empty(agentContainerAppName) ? agentContainerAppName : '${abbrs.appContainerApps}agent-${resourceToken}'
+    identityId: identity.outputs.agentIdentityId
+    identityClientId: identity.outputs.agentClientId
+    logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
+    serviceBusNamespaceName: serviceBus.outputs.namespaceName
+    serviceBusFullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
+    agentRequestsQueueName: agentRequestsQueueName
+    agentRepliesQueueName: agentRepliesQueueName
+    operatorAlertsQueueName: operatorAlertsQueueName
+    agentRemoteUrl: agentRemoteUrl
+    minReplicas: agentMinReplicas
+    maxReplicas: agentMaxReplicas
+  }
+}
+
+module alerts 'app/alerts.bicep' = {
+  name: 'alerts'
+  scope: rg
+  params: {
+    location: location
+    tags: tags
+    namePrefix: 'orderflow-${resourceToken}'
+    serviceBusNamespaceId: serviceBus.outputs.namespaceId
+    applicationInsightsId: monitoring.outputs.applicationInsightsId
+    alertEmail: alertEmail
+    supervisorSilenceMinutes: supervisorSilenceMinutes
+  }
+}
+
+// ---------- outputs: azd writes each one into .azure/<env>/.env ----------
+output AZURE_LOCATION string = location
+output AZURE_TENANT_ID string = tenant().tenantId
+output AZURE_RESOURCE_GROUP string = rg.name
+output AZURE_CONTAINER_REGISTRY_ENDPOINT string = registry.outputs.loginServer
+output AZURE_FUNCTION_APP_NAME string = functionApp.outputs.functionAppName
+output AZURE_AGENT_CONTAINER_APP_NAME string = agent.outputs.containerAppName
+output AZURE_APP_IDENTITY_CLIENT_ID string = identity.outputs.appClientId
+output AZURE_AGENT_IDENTITY_CLIENT_ID string = identity.outputs.agentClientId
+output SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace
+output ORDERS_QUEUE_NAME string = ordersQueueName
+output STATUS_QUEUE_NAMES string = join(statusQueueNames, ',')
+output OPERATOR_ALERTS_QUEUE_NAME string = operatorAlertsQueueName
+output COSMOS_ENDPOINT string = cosmos.outputs.endpoint
+output APPLICATIONINSIGHTS_CONNECTION_STRING string = monitoring.outputs.applicationInsightsConnectionString
+output DURABLE_BACKEND string = durableBackend

@@ -1,0 +1,1 @@
+"""The Scheduler: deterministic Durable orchestrations (no I/O; all effects through activities)."""

@@ -1,0 +1,100 @@
+"""The Scheduler: one attempt of one order, as a Durable orchestration with instance id `<orderId>:<attempt>`.
+
+For each step it sets the step's CompleteBy (fenced), sends the request to the Agent, then races a durable timer at
+CompleteBy against the Agent's reply event and cancels the timer when the reply wins. Every state-store update is
+an activity fenced on LockedBy == this instance id; a superseded attempt stops quietly. When the timer wins, the
+attempt ends without touching the record: the Supervisor finds the expired CompleteBy and recovers it.
+
+Durable rules (seed 004): time from `context.current_utc_datetime`, no I/O, log only when not replaying.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any, Generator
+
+import azure.durable_functions as df
+from azure.durable_functions.models.Task import TaskBase
+
+from orderflow import function_names as fn
+from orderflow.messages import STEPS, AgentOutcome, AgentReply, StepName, idempotency_key, reply_event_name
+from orderflow.workflow import Outcome, WorkflowInput
+
+bp = df.Blueprint()
+log = logging.getLogger("orderflow.scheduler")
+
+
+def _log(context: df.DurableOrchestrationContext, message: str, *args: Any) -> None:
+    if not context.is_replaying:
+        log.info(message, *args)
+
+
+def _matches(reply: AgentReply, instance_id: str, step: StepName) -> bool:
+    return reply.instance_id == instance_id and reply.step == step
+
+
+def run_step(context: df.DurableOrchestrationContext, inp: WorkflowInput, step: StepName,
+             order: dict[str, Any]) -> Generator[TaskBase, Any, AgentReply | Outcome]:
+    """One step: fenced deadline, Agent request, then the race between the timer and the reply."""
+    instance_id = context.instance_id
+    complete_by = context.current_utc_datetime + timedelta(seconds=inp.step_timeout_seconds)
+    fenced_ok = yield context.call_activity(fn.SET_STEP_DEADLINE, {
+        "orderId": inp.order_id, "instanceId": instance_id, "step": step.value, "completeBy": complete_by.isoformat()})
+    if not fenced_ok:
+        return Outcome.SUPERSEDED
+    yield context.call_activity(fn.SEND_AGENT_REQUEST, {
+        "instanceId": instance_id, "orderId": inp.order_id, "attempt": inp.attempt, "step": step.value,
+        "idempotencyKey": idempotency_key(inp.order_id, step.value), "deadline": complete_by.isoformat(),
+        "payload": order})
+    timer = context.create_timer(complete_by)
+    while True:
+        reply_task = context.wait_for_external_event(reply_event_name(step.value))
+        winner = yield context.task_any([reply_task, timer])
+        if winner is timer:
+            _log(context, "%s: step %s timed out at %s", instance_id, step.value, complete_by)
+            return Outcome.TIMED_OUT
+        try:
+            reply = AgentReply.model_validate(reply_task.result)
+        except ValueError:
+            _log(context, "%s: ignoring a malformed reply for %s", instance_id, step.value)
+            continue
+        if _matches(reply, instance_id, step):
+            timer.cancel()
+            return reply
+        _log(context, "%s: ignoring a reply for %s/%s", instance_id, reply.instance_id, reply.step)
+
+
+@bp.function_name(fn.ORDER_WORKFLOW)
+@bp.orchestration_trigger(context_name="context")
+def order_workflow(context: df.DurableOrchestrationContext) -> Generator[TaskBase, Any, dict[str, Any]]:
+    inp = WorkflowInput.model_validate(context.get_input())
+    instance_id = context.instance_id
+    order = yield context.call_activity(fn.LOAD_ORDER, {"orderId": inp.order_id, "instanceId": instance_id})
+    if order is None:
+        return {"outcome": Outcome.SUPERSEDED.value}
+    for step in STEPS:
+        context.set_custom_status({"step": step.value, "attempt": inp.attempt})
+        result = yield from run_step(context, inp, step, order)
+        if isinstance(result, Outcome):
+            return {"outcome": result.value, "step": step.value}
+        reply: AgentReply = result
+        if reply.outcome is AgentOutcome.FAILED and not reply.permanent:
+            # Transient failure that the Agent could not absorb within the deadline: leave the record Processing
+            # with its CompleteBy; the Supervisor owns the retry (one retry owner, seed 003).
+            return {"outcome": Outcome.TIMED_OUT.value, "step": step.value, "error": reply.error}
+        recorded = yield context.call_activity(fn.RECORD_STEP_RESULT, {
+            "orderId": inp.order_id, "instanceId": instance_id, "step": step.value,
+            "status": "succeeded" if reply.outcome is AgentOutcome.SUCCEEDED else "failed", "error": reply.error})
+        if not recorded:
+            return {"outcome": Outcome.SUPERSEDED.value, "step": step.value}
+        if reply.outcome is AgentOutcome.FAILED:
+            yield context.call_activity(fn.FINISH_ORDER, {
+                "orderId": inp.order_id, "instanceId": instance_id, "attempt": inp.attempt, "outcome": "failed",
+                "reason": f"{step.value}: {reply.error_code or 'PermanentFailure'}: {reply.error or ''}".strip()})
+            return {"outcome": Outcome.FAILED.value, "step": step.value}
+    yield context.call_activity(fn.FINISH_ORDER, {
+        "orderId": inp.order_id, "instanceId": instance_id, "attempt": inp.attempt, "outcome": "completed",
+        "reason": "all steps succeeded"})
+    context.set_custom_status({"step": None, "attempt": inp.attempt})
+    return {"outcome": Outcome.COMPLETED.value}

@@ -1,0 +1,77 @@
+"""The bus port: one way to get a Service Bus client, embedded broker or Azure, chosen by configuration.
+
+Connection strings:
+
+* `Endpoint=embedded://<path to sqlite file>[;ConfigFile=<path to config json>]` selects the embedded broker
+  (`orderflow.bus.embedded`): queues in one SQLite file shared by every local process. Relative paths are
+  resolved against the current directory. `ConfigFile` names a Service Bus emulator-style Config.json (the
+  repo's `servicebus.config.json`) whose queues are declared (idempotently) when the client is created.
+  Example: `Endpoint=embedded://.devhost/bus.db;ConfigFile=servicebus.config.json`.
+* anything else (`Endpoint=sb://<namespace>.servicebus.windows.net/;SharedAccessKeyName=...;SharedAccessKey=...`)
+  is handed to `azure.servicebus.ServiceBusClient.from_connection_string`.
+
+`client_from_settings` reads app settings as the Functions host reads `connection="ServiceBusConnection"`:
+`ServiceBusConnection__fullyQualifiedNamespace` set → identity-based `ServiceBusClient(namespace,
+DefaultAzureCredential())` (Azure); otherwise the connection string in `ServiceBusConnection` (local).
+Both return objects with the azure-servicebus surface; the async twins live in `orderflow.bus.aio`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from orderflow.settings import SERVICE_BUS_CONNECTION
+
+from ._core import EMBEDDED_SCHEME, is_embedded
+from .broker import EmbeddedBroker, QueueCounts
+from .config import QueueProperties
+
+__all__ = [
+    "EMBEDDED_SCHEME",
+    "EmbeddedBroker",
+    "QueueCounts",
+    "QueueProperties",
+    "client_from_settings",
+    "from_connection_string",
+    "is_embedded",
+]
+
+
+def from_connection_string(conn_str: str, **kwargs: Any) -> Any:
+    """The embedded client for `Endpoint=embedded://...`, else the azure-servicebus client."""
+    if is_embedded(conn_str):
+        from .embedded import ServiceBusClient as EmbeddedClient
+
+        return EmbeddedClient.from_connection_string(conn_str, **kwargs)
+    from azure.servicebus import ServiceBusClient
+
+    return ServiceBusClient.from_connection_string(conn_str, **kwargs)
+
+
+def client_from_settings(
+    env: Mapping[str, str] | None = None, connection: str = SERVICE_BUS_CONNECTION
+) -> Any:
+    """A client for the binding connection `connection`: identity-based namespace first, then a string."""
+    source = os.environ if env is None else env
+    namespace = source.get(f"{connection}__fullyQualifiedNamespace")
+    if namespace:
+        from azure.identity import DefaultAzureCredential
+        from azure.servicebus import ServiceBusClient
+
+        return ServiceBusClient(namespace, credential=DefaultAzureCredential())
+    return from_connection_string(connection_string_from_settings(source, connection))
+
+
+def connection_string_from_settings(
+    source: Mapping[str, str], connection: str = SERVICE_BUS_CONNECTION
+) -> str:
+    """The connection string setting, or a KeyError that says which settings are missing."""
+    value = source.get(connection)
+    if not value:
+        raise KeyError(
+            f"no Service Bus connection: set {connection}__fullyQualifiedNamespace (Azure, identity) or "
+            f"{connection} (a connection string, e.g. Endpoint=embedded://.devhost/bus.db)"
+        )
+    return value

@@ -1,0 +1,295 @@
+"""Sync client of the embedded broker, mirroring `azure.servicebus.ServiceBusClient` (queues only).
+
+Project code written against azure-servicebus runs on it unchanged: same method names, keywords,
+exceptions (`azure.servicebus.exceptions`) and constants (`NEXT_AVAILABLE_SESSION`, `ServiceBusSubQueue`,
+`ServiceBusReceiveMode` imported from `azure.servicebus`). Receives block event-driven (see `notify`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
+
+from . import notify
+from ._core import (
+    QueueRuntimeProperties,
+    ReceiverCore,
+    ServiceBusMessageBatch,
+    broker_from_connection_string,
+    envelopes_of,
+)
+from .broker import EmbeddedBroker
+from .config import QueueProperties
+from .message import ServiceBusMessage, ServiceBusReceivedMessage
+
+__all__ = [
+    "ServiceBusAdministrationClient",
+    "ServiceBusClient",
+    "ServiceBusMessage",
+    "ServiceBusMessageBatch",
+    "ServiceBusReceivedMessage",
+    "ServiceBusReceiver",
+    "ServiceBusSender",
+    "ServiceBusSession",
+]
+T = TypeVar("T")
+
+
+class ServiceBusClient:
+    """Entry point, like `azure.servicebus.ServiceBusClient`, over an `EmbeddedBroker`."""
+
+    def __init__(self, broker: EmbeddedBroker, *, _owns_broker: bool = False) -> None:
+        self.broker = broker
+        self.fully_qualified_namespace = "embedded"
+        self._owns_broker = _owns_broker
+        self._handlers: list[ServiceBusSender | ServiceBusReceiver] = []
+
+    @classmethod
+    def from_connection_string(cls, conn_str: str, **kwargs: Any) -> ServiceBusClient:
+        """`Endpoint=embedded://<db path>[;ConfigFile=<config path>]`; `clock=` may be passed for tests."""
+        clock = kwargs.pop("clock", None)
+        return cls(broker_from_connection_string(conn_str, clock=clock), _owns_broker=True)
+
+    def get_queue_sender(self, queue_name: str, **kwargs: Any) -> ServiceBusSender:
+        sender = ServiceBusSender(self.broker, queue_name)
+        self._handlers.append(sender)
+        return sender
+
+    def get_queue_receiver(
+        self,
+        queue_name: str,
+        *,
+        session_id: str | Any = None,
+        sub_queue: ServiceBusSubQueue | str | None = None,
+        receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
+        max_wait_time: float | None = None,
+        prefetch_count: int = 0,
+        **kwargs: Any,
+    ) -> ServiceBusReceiver:
+        receiver = ServiceBusReceiver(
+            self.broker,
+            queue_name,
+            session_id=session_id,
+            sub_queue=sub_queue,
+            receive_mode=receive_mode,
+            max_wait_time=max_wait_time,
+            prefetch_count=prefetch_count,
+        )
+        self._handlers.append(receiver)
+        return receiver
+
+    def close(self) -> None:
+        for handler in self._handlers:
+            handler.close()
+        self._handlers.clear()
+        if self._owns_broker:
+            self.broker.close()
+
+    def __enter__(self) -> ServiceBusClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ServiceBusSender:
+    """Sends to one queue; a send is durable once `send_messages` returns."""
+
+    def __init__(self, broker: EmbeddedBroker, queue_name: str) -> None:
+        broker.queue_properties(queue_name)  # MessagingEntityNotFoundError for an undeclared queue
+        self._broker, self.entity_name = broker, queue_name
+
+    def send_messages(self, message: Any, *, timeout: float | None = None, **kwargs: Any) -> None:
+        self._broker.send(self.entity_name, envelopes_of(message))
+
+    def schedule_messages(
+        self, messages: Any, schedule_time_utc: datetime, *, timeout: float | None = None, **kwargs: Any
+    ) -> list[int]:
+        numbers = self._broker.send(self.entity_name, envelopes_of(messages, schedule_time_utc))
+        return [n for n in numbers if n is not None]
+
+    def cancel_scheduled_messages(self, sequence_numbers: int | Sequence[int], **kwargs: Any) -> None:
+        numbers = [sequence_numbers] if isinstance(sequence_numbers, int) else list(sequence_numbers)
+        self._broker.cancel_scheduled(self.entity_name, numbers)
+
+    def create_message_batch(self, max_size_in_bytes: int | None = None) -> ServiceBusMessageBatch:
+        return ServiceBusMessageBatch(max_size_in_bytes)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> ServiceBusSender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ServiceBusSession:
+    """`receiver.session`: the locked session's id, lock and state."""
+
+    def __init__(self, receiver: ServiceBusReceiver) -> None:
+        self._receiver = receiver
+
+    @property
+    def session_id(self) -> str | None:
+        return self._receiver._core.session_id
+
+    @property
+    def locked_until_utc(self) -> datetime | None:
+        lock = self._receiver._core.lock
+        return None if lock is None else lock.locked_until
+
+    def get_state(self, *, timeout: float | None = None, **kwargs: Any) -> bytes | None:
+        self._receiver._open()
+        return self._receiver._core.get_state()
+
+    def set_state(
+        self, state: str | bytes | bytearray | None, *, timeout: float | None = None, **kwargs: Any
+    ) -> None:
+        self._receiver._open()
+        self._receiver._core.set_state(state)
+
+    def renew_lock(self, *, timeout: float | None = None, **kwargs: Any) -> datetime:
+        self._receiver._open()
+        return self._receiver._core.renew_session_lock()
+
+
+class ServiceBusReceiver:
+    """Receives from one queue, its dead-letter sub-queue, or one session of it."""
+
+    def __init__(self, broker: EmbeddedBroker, queue_name: str, **options: Any) -> None:
+        self._core = ReceiverCore(broker, queue_name, self, **options)
+        self.entity_path = queue_name
+        self._waiter: notify.Waiter | None = None
+        self._session = ServiceBusSession(self) if self._core.is_session else None
+
+    @property
+    def session(self) -> ServiceBusSession:
+        return self._session  # type: ignore[return-value]  # None for a non-session receiver, as in the SDK
+
+    def _wait_for(self, attempt: Callable[[], T | None], deadline: float) -> T | None:
+        """Retry `attempt` until it returns something or the deadline passes, sleeping on the queue's
+        waiter (woken by any process's send) bounded by the next scheduled message or lock expiry."""
+        if self._waiter is None:
+            self._waiter = self._core.broker.waiter(self._core.queue, self._core.sub)
+        while True:
+            self._waiter.drain()  # drain before looking: a poke that arrives later wakes the wait below
+            result = attempt()
+            remaining = deadline - time.monotonic()
+            if result or remaining <= 0:
+                return result
+            self._waiter.wait(self._core.broker.wait_seconds(self._core.queue, remaining))
+
+    def _open(self, wait: float | None = None) -> None:
+        self._core.check_live()
+        if self._core.opened:
+            return
+        deadline = time.monotonic() + self._core.default_wait(wait)
+        if not self._wait_for(self._core.try_open, deadline):
+            raise self._core.no_session_error()
+
+    def receive_messages(
+        self, max_message_count: int | None = 1, max_wait_time: float | None = None
+    ) -> list[ServiceBusReceivedMessage]:
+        """Up to `max_message_count` messages; waits up to `max_wait_time` for the first one."""
+        self._core.check_live()
+        count = self._core.batch_size(max_message_count)
+        wait = self._core.default_wait(max_wait_time)
+        self._open(wait)
+        if count == 0:
+            return []
+        return self._wait_for(lambda: self._core.try_receive(count), time.monotonic() + wait) or []
+
+    def receive_deferred_messages(
+        self, sequence_numbers: int | Sequence[int], **kwargs: Any
+    ) -> list[ServiceBusReceivedMessage]:
+        self._open()
+        return self._core.receive_deferred(sequence_numbers)
+
+    def peek_messages(
+        self, max_message_count: int = 1, *, sequence_number: int = 0, **kwargs: Any
+    ) -> list[ServiceBusReceivedMessage]:
+        self._open()
+        return self._core.peek(max_message_count, sequence_number)
+
+    def complete_message(self, message: ServiceBusReceivedMessage) -> None:
+        self._core.settle(message, "complete")
+
+    def abandon_message(self, message: ServiceBusReceivedMessage) -> None:
+        self._core.settle(message, "abandon")
+
+    def defer_message(self, message: ServiceBusReceivedMessage) -> None:
+        self._core.settle(message, "defer")
+
+    def dead_letter_message(
+        self,
+        message: ServiceBusReceivedMessage,
+        reason: str | None = None,
+        error_description: str | None = None,
+    ) -> None:
+        self._core.settle(message, "dead_letter", reason=reason, error_description=error_description)
+
+    def renew_message_lock(self, message: ServiceBusReceivedMessage, **kwargs: Any) -> datetime:
+        return self._core.renew_message_lock(message)
+
+    def __iter__(self) -> Iterator[ServiceBusReceivedMessage]:
+        """Messages one by one until `max_wait_time` (of the receiver) passes without one; forever if None."""
+        while True:
+            wait = self._core.max_wait_time or DEFAULT_ITER_WAIT
+            messages = self.receive_messages(1, max_wait_time=wait)
+            if messages:
+                yield messages[0]
+            elif self._core.max_wait_time is not None:
+                return
+
+    def close(self) -> None:
+        if self._core.running:
+            self._core.close()
+        if self._waiter is not None:
+            self._waiter.close()
+            self._waiter = None
+
+    def __enter__(self) -> ServiceBusReceiver:
+        self._open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+DEFAULT_ITER_WAIT = 3600.0
+
+
+class ServiceBusAdministrationClient:
+    """The part of `azure.servicebus.management.ServiceBusAdministrationClient` the embedded broker has."""
+
+    def __init__(self, broker: EmbeddedBroker) -> None:
+        self.broker = broker
+
+    @classmethod
+    def from_connection_string(cls, conn_str: str, **kwargs: Any) -> ServiceBusAdministrationClient:
+        return cls(broker_from_connection_string(conn_str, clock=kwargs.pop("clock", None)))
+
+    def create_queue(self, queue_name: str, **properties: Any) -> QueueProperties:
+        """Same keywords as the SDK's create_queue (requires_session, lock_duration, ...); idempotent."""
+        return self.broker.declare_queue(queue_name, **properties)
+
+    def get_queue_runtime_properties(self, queue_name: str, **kwargs: Any) -> QueueRuntimeProperties:
+        return QueueRuntimeProperties.of(queue_name, self.broker.counts(queue_name))
+
+    def list_queues(self) -> list[str]:
+        return self.broker.queue_names()
+
+    def close(self) -> None:
+        self.broker.close()
+
+    def __enter__(self) -> ServiceBusAdministrationClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,289 @@
+"""Async client of the embedded broker, mirroring `azure.servicebus.aio.ServiceBusClient` (queues only).
+
+Database calls run in worker threads (`asyncio.to_thread`) so a busy SQLite lock never stalls the event loop;
+waiting for messages is native to the loop (the receiver's datagram socket), so it is cancellable and idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
+
+from . import notify
+from ._core import (
+    QueueRuntimeProperties,
+    ReceiverCore,
+    ServiceBusMessageBatch,
+    broker_from_connection_string,
+    envelopes_of,
+)
+from .broker import EmbeddedBroker
+from .config import QueueProperties
+from .message import ServiceBusMessage, ServiceBusReceivedMessage
+
+__all__ = [
+    "ServiceBusAdministrationClient",
+    "ServiceBusClient",
+    "ServiceBusMessage",
+    "ServiceBusReceiver",
+    "ServiceBusSender",
+    "ServiceBusSession",
+]
+T = TypeVar("T")
+
+
+def _run(func: Callable[..., T], *args: Any, **kwargs: Any) -> Awaitable[T]:
+    return asyncio.to_thread(functools.partial(func, *args, **kwargs))
+
+
+class ServiceBusClient:
+    """Entry point, like `azure.servicebus.aio.ServiceBusClient`, over an `EmbeddedBroker`."""
+
+    def __init__(self, broker: EmbeddedBroker, *, _owns_broker: bool = False) -> None:
+        self.broker = broker
+        self.fully_qualified_namespace = "embedded"
+        self._owns_broker = _owns_broker
+        self._handlers: list[ServiceBusSender | ServiceBusReceiver] = []
+
+    @classmethod
+    def from_connection_string(cls, conn_str: str, **kwargs: Any) -> ServiceBusClient:
+        clock = kwargs.pop("clock", None)
+        return cls(broker_from_connection_string(conn_str, clock=clock), _owns_broker=True)
+
+    def get_queue_sender(self, queue_name: str, **kwargs: Any) -> ServiceBusSender:
+        sender = ServiceBusSender(self.broker, queue_name)
+        self._handlers.append(sender)
+        return sender
+
+    def get_queue_receiver(
+        self,
+        queue_name: str,
+        *,
+        session_id: str | Any = None,
+        sub_queue: ServiceBusSubQueue | str | None = None,
+        receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
+        max_wait_time: float | None = None,
+        prefetch_count: int = 0,
+        **kwargs: Any,
+    ) -> ServiceBusReceiver:
+        receiver = ServiceBusReceiver(
+            self.broker,
+            queue_name,
+            session_id=session_id,
+            sub_queue=sub_queue,
+            receive_mode=receive_mode,
+            max_wait_time=max_wait_time,
+            prefetch_count=prefetch_count,
+        )
+        self._handlers.append(receiver)
+        return receiver
+
+    async def close(self) -> None:
+        for handler in self._handlers:
+            await handler.close()
+        self._handlers.clear()
+        if self._owns_broker:
+            self.broker.close()
+
+    async def __aenter__(self) -> ServiceBusClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class ServiceBusSender:
+    """Sends to one queue; a send is durable once `send_messages` returns."""
+
+    def __init__(self, broker: EmbeddedBroker, queue_name: str) -> None:
+        broker.queue_properties(queue_name)
+        self._broker, self.entity_name = broker, queue_name
+
+    async def send_messages(self, message: Any, *, timeout: float | None = None, **kwargs: Any) -> None:
+        await _run(self._broker.send, self.entity_name, envelopes_of(message))
+
+    async def schedule_messages(
+        self, messages: Any, schedule_time_utc: datetime, *, timeout: float | None = None, **kwargs: Any
+    ) -> list[int]:
+        numbers = await _run(self._broker.send, self.entity_name, envelopes_of(messages, schedule_time_utc))
+        return [n for n in numbers if n is not None]
+
+    async def cancel_scheduled_messages(self, sequence_numbers: int | Sequence[int], **kwargs: Any) -> None:
+        numbers = [sequence_numbers] if isinstance(sequence_numbers, int) else list(sequence_numbers)
+        await _run(self._broker.cancel_scheduled, self.entity_name, numbers)
+
+    async def create_message_batch(self, max_size_in_bytes: int | None = None) -> ServiceBusMessageBatch:
+        return ServiceBusMessageBatch(max_size_in_bytes)
+
+    async def close(self) -> None:
+        pass
+
+    async def __aenter__(self) -> ServiceBusSender:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class ServiceBusSession:
+    """`receiver.session`: the locked session's id, lock and state (awaitable operations)."""
+
+    def __init__(self, receiver: ServiceBusReceiver) -> None:
+        self._receiver = receiver
+
+    @property
+    def session_id(self) -> str | None:
+        return self._receiver._core.session_id
+
+    @property
+    def locked_until_utc(self) -> datetime | None:
+        lock = self._receiver._core.lock
+        return None if lock is None else lock.locked_until
+
+    async def get_state(self, *, timeout: float | None = None, **kwargs: Any) -> bytes | None:
+        await self._receiver._open()
+        return await _run(self._receiver._core.get_state)
+
+    async def set_state(
+        self, state: str | bytes | bytearray | None, *, timeout: float | None = None, **kwargs: Any
+    ) -> None:
+        await self._receiver._open()
+        await _run(self._receiver._core.set_state, state)
+
+    async def renew_lock(self, *, timeout: float | None = None, **kwargs: Any) -> datetime:
+        await self._receiver._open()
+        return await _run(self._receiver._core.renew_session_lock)
+
+
+class ServiceBusReceiver:
+    """Receives from one queue, its dead-letter sub-queue, or one session of it."""
+
+    def __init__(self, broker: EmbeddedBroker, queue_name: str, **options: Any) -> None:
+        self._core = ReceiverCore(broker, queue_name, self, **options)
+        self.entity_path = queue_name
+        self._waiter: notify.Waiter | None = None
+        self._session = ServiceBusSession(self) if self._core.is_session else None
+
+    @property
+    def session(self) -> ServiceBusSession:
+        return self._session  # type: ignore[return-value]
+
+    async def _wait_for(self, attempt: Callable[[], T | None], deadline: float) -> T | None:
+        """As the sync receiver's `_wait_for`, waiting on the event loop instead of blocking a thread."""
+        core = self._core
+        if self._waiter is None:
+            self._waiter = core.broker.waiter(core.queue, core.sub)
+        while True:
+            self._waiter.drain()
+            result = await _run(attempt)
+            remaining = deadline - time.monotonic()
+            if result or remaining <= 0:
+                return result
+            await self._waiter.wait_async(await _run(core.broker.wait_seconds, core.queue, remaining))
+
+    async def _open(self, wait: float | None = None) -> None:
+        self._core.check_live()
+        if self._core.opened:
+            return
+        deadline = time.monotonic() + self._core.default_wait(wait)
+        if not await self._wait_for(self._core.try_open, deadline):
+            raise self._core.no_session_error()
+
+    async def receive_messages(
+        self, max_message_count: int | None = 1, max_wait_time: float | None = None
+    ) -> list[ServiceBusReceivedMessage]:
+        self._core.check_live()
+        count = self._core.batch_size(max_message_count)
+        wait = self._core.default_wait(max_wait_time)
+        await self._open(wait)
+        if count == 0:
+            return []
+        return await self._wait_for(lambda: self._core.try_receive(count), time.monotonic() + wait) or []
+
+    async def receive_deferred_messages(
+        self, sequence_numbers: int | Sequence[int], **kwargs: Any
+    ) -> list[ServiceBusReceivedMessage]:
+        await self._open()
+        return await _run(self._core.receive_deferred, sequence_numbers)
+
+    async def peek_messages(
+        self, max_message_count: int = 1, *, sequence_number: int = 0, **kwargs: Any
+    ) -> list[ServiceBusReceivedMessage]:
+        await self._open()
+        return await _run(self._core.peek, max_message_count, sequence_number)
+
+    async def complete_message(self, message: ServiceBusReceivedMessage) -> None:
+        await _run(self._core.settle, message, "complete")
+
+    async def abandon_message(self, message: ServiceBusReceivedMessage) -> None:
+        await _run(self._core.settle, message, "abandon")
+
+    async def defer_message(self, message: ServiceBusReceivedMessage) -> None:
+        await _run(self._core.settle, message, "defer")
+
+    async def dead_letter_message(
+        self,
+        message: ServiceBusReceivedMessage,
+        reason: str | None = None,
+        error_description: str | None = None,
+    ) -> None:
+        await _run(
+            self._core.settle, message, "dead_letter", reason=reason, error_description=error_description
+        )
+
+    async def renew_message_lock(self, message: ServiceBusReceivedMessage, **kwargs: Any) -> datetime:
+        return await _run(self._core.renew_message_lock, message)
+
+    async def __aiter__(self) -> AsyncIterator[ServiceBusReceivedMessage]:
+        while True:
+            messages = await self.receive_messages(1, max_wait_time=self._core.max_wait_time or 3600.0)
+            if messages:
+                yield messages[0]
+            elif self._core.max_wait_time is not None:
+                return
+
+    async def close(self) -> None:
+        if self._core.running:
+            await _run(self._core.close)
+        if self._waiter is not None:
+            self._waiter.close()
+            self._waiter = None
+
+    async def __aenter__(self) -> ServiceBusReceiver:
+        await self._open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class ServiceBusAdministrationClient:
+    """Async counterpart of `embedded.ServiceBusAdministrationClient`."""
+
+    def __init__(self, broker: EmbeddedBroker) -> None:
+        self.broker = broker
+
+    @classmethod
+    def from_connection_string(cls, conn_str: str, **kwargs: Any) -> ServiceBusAdministrationClient:
+        return cls(broker_from_connection_string(conn_str, clock=kwargs.pop("clock", None)))
+
+    async def create_queue(self, queue_name: str, **properties: Any) -> QueueProperties:
+        return await _run(self.broker.declare_queue, queue_name, **properties)
+
+    async def get_queue_runtime_properties(self, queue_name: str, **kwargs: Any) -> QueueRuntimeProperties:
+        return QueueRuntimeProperties.of(queue_name, await _run(self.broker.counts, queue_name))
+
+    async def close(self) -> None:
+        self.broker.close()
+
+    async def __aenter__(self) -> ServiceBusAdministrationClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,50 @@
+"""Outbound messages: status to a submitting app's reply queue, operator alerts, and Agent requests.
+
+Sending with a SessionId needs the azure-servicebus SDK (the output binding cannot set it), so all sends go through
+an `azure.servicebus.aio.ServiceBusClient` (or the embedded broker's client with the same surface). Every message has
+a stable MessageId so a retried send is absorbed by duplicate detection.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from azure.servicebus import ServiceBusMessage
+
+from orderflow import telemetry
+from orderflow.messages import AgentRequest, AlertKind, OperatorAlert, OrderStatus, StatusMessage
+
+log = logging.getLogger("orderflow.outbound")
+
+
+async def _send(bus: Any, queue: str, body: str, *, message_id: str, session_id: str | None,
+                subject: str) -> None:
+    async with bus.get_queue_sender(queue) as sender:
+        await sender.send_messages(ServiceBusMessage(body, message_id=message_id, session_id=session_id,
+                                                     subject=subject, content_type="application/json"))
+
+
+async def send_status(bus: Any, queue: str, *, order_id: str, state: OrderStatus, attempt: int, reason: str,
+                      now: datetime) -> StatusMessage:
+    status = StatusMessage(orderId=order_id, state=state, attempt=attempt, timestamp=now, reason=reason)
+    await _send(bus, queue, status.to_json(), message_id=status.message_id(), session_id=order_id,
+                subject="OrderStatus")
+    return status
+
+
+async def raise_alert(bus: Any, queue: str, *, kind: AlertKind, order_id: str | None, reason: str, now: datetime,
+                      details: dict[str, Any] | None = None) -> OperatorAlert:
+    """Raise an operator alert: a log record at ERROR, a metric, and a message on the operator-alerts queue."""
+    alert = OperatorAlert(kind=kind, orderId=order_id, reason=reason, raisedAt=now, details=details or {})
+    log.error("operator alert %s for order %s: %s", kind.value, order_id, reason,
+              extra={"alert_kind": kind.value, "order_id": order_id})
+    telemetry.count_alert(kind.value)
+    await _send(bus, queue, alert.to_json(), message_id=alert.message_id(), session_id=None, subject="OperatorAlert")
+    return alert
+
+
+async def send_agent_request(bus: Any, queue: str, request: AgentRequest) -> None:
+    await _send(bus, queue, request.to_json(), message_id=request.message_id(), session_id=request.order_id,
+                subject="AgentRequest")

@@ -1,0 +1,144 @@
+"""Stored records: the immutable `OrderRecord` (orders DB) and the `OrderStateRecord` (state store).
+
+JSON field names are camelCase. Datetimes are stored as fixed-format ISO 8601 UTC strings
+(`YYYY-MM-DDTHH:MM:SS.ffffffZ`) so that string order equals time order: Cosmos range queries and ORDER BY on
+`completeBy`/`retryAt` and the embedded store's indexes compare them as strings.
+Unknown fields are kept (`extra="allow"`) so a record written by a newer app version survives a
+read-modify-write by an older one during a rolling deployment.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
+
+from orderflow.clock import ensure_utc
+from orderflow.messages import MAX_ATTEMPT, STEPS, StepName, SubmitOrder
+
+RECORD_SCHEMA_VERSION = 1
+
+
+def format_utc(value: datetime) -> str:
+    """The one stored datetime format: UTC, microseconds, 'Z' (27 characters, sorts lexicographically)."""
+    return ensure_utc(value).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def parse_utc(value: str) -> datetime:
+    return ensure_utc(datetime.fromisoformat(value))
+
+
+UtcDatetime = Annotated[
+    datetime,
+    AfterValidator(ensure_utc),
+    PlainSerializer(format_utc, return_type=str, when_used="json"),
+]
+
+
+class ProcessState(StrEnum):
+    """The pattern's ProcessState. Transitions live in `orderflow.state_machine.TRANSITIONS`."""
+
+    PENDING = "Pending"
+    PROCESSING = "Processing"
+    PROCESSED = "Processed"
+    ERROR = "Error"
+
+
+class StepStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+
+    def to_doc(self) -> dict[str, Any]:
+        """The stored JSON document (camelCase, datetimes in the sortable string format)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> Any:
+        """Parse a stored document, dropping store system properties (`_rid`, `_etag`, `_ts`, ...)."""
+        return cls.model_validate({k: v for k, v in doc.items() if not k.startswith("_")})
+
+
+class OrderRecord(_Record):
+    """The immutable order in the orders DB (id = orderId)."""
+
+    id: str
+    order_id: str = Field(alias="orderId")
+    order: dict[str, Any]
+    order_hash: str = Field(alias="orderHash")
+    schema_version: int = Field(default=RECORD_SCHEMA_VERSION, alias="schemaVersion")
+    created_at: UtcDatetime = Field(alias="createdAt")
+
+    @classmethod
+    def from_order(cls, order: SubmitOrder, now: datetime) -> OrderRecord:
+        return cls(
+            id=order.order_id,
+            orderId=order.order_id,
+            order=order.to_dict(),
+            orderHash=order.immutable_hash(),
+            createdAt=now,
+        )
+
+    def submit_order(self) -> SubmitOrder:
+        return SubmitOrder.model_validate(self.order)
+
+
+class StepRecord(_Record):
+    name: StepName
+    status: StepStatus = StepStatus.PENDING
+    attempt: int = Field(default=0, ge=0)
+    started_at: UtcDatetime | None = Field(default=None, alias="startedAt")
+    completed_at: UtcDatetime | None = Field(default=None, alias="completedAt")
+
+
+class OrderStateRecord(_Record):
+    """The state store record of one order (id = orderId, partition key /orderId)."""
+
+    id: str
+    order_id: str = Field(alias="orderId")
+    process_state: ProcessState = Field(default=ProcessState.PENDING, alias="processState")
+    locked_by: str | None = Field(default=None, alias="lockedBy")
+    complete_by: UtcDatetime | None = Field(default=None, alias="completeBy")
+    failure_count: int = Field(default=0, ge=0, alias="failureCount")
+    attempt: int = Field(default=0, ge=0, le=MAX_ATTEMPT)
+    reply_to: str = Field(alias="replyTo")
+    steps: tuple[StepRecord, ...] = ()
+    last_error: str | None = Field(default=None, alias="lastError")
+    retry_at: UtcDatetime | None = Field(default=None, alias="retryAt")
+    order_hash: str = Field(alias="orderHash")
+    schema_version: int = Field(default=RECORD_SCHEMA_VERSION, alias="schemaVersion")
+    created_at: UtcDatetime = Field(alias="createdAt")
+    updated_at: UtcDatetime = Field(alias="updatedAt")
+
+    @classmethod
+    def new(cls, order: SubmitOrder, now: datetime) -> OrderStateRecord:
+        """The record the submission writes first: Pending, LockedBy null, FailureCount 0, steps pending."""
+        return cls(
+            id=order.order_id,
+            orderId=order.order_id,
+            replyTo=order.reply_to,
+            steps=tuple(StepRecord(name=s) for s in STEPS),
+            orderHash=order.immutable_hash(),
+            createdAt=now,
+            updatedAt=now,
+        )
+
+    def step(self, name: StepName) -> StepRecord:
+        for s in self.steps:
+            if s.name == name:
+                return s
+        raise KeyError(f"order {self.order_id} has no step {name!r}")
+
+
+def instance_id(order_id: str, attempt: int) -> str:
+    """The Scheduler instance id of one attempt: `<orderId>:<attempt>` (the LockedBy value)."""
+    if not 1 <= attempt <= MAX_ATTEMPT:
+        raise ValueError(f"attempt must be 1..{MAX_ATTEMPT}, got {attempt}")
+    return f"{order_id}:{attempt}"

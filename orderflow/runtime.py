@@ -1,0 +1,98 @@
+"""Process-wide services for the Functions entry points: stores, the bus client, the clock and the tunables.
+
+Built lazily from app settings on first use in the running event loop (aio clients are bound to a loop) and
+replaceable in tests with `use_services`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Mapping
+
+from orderflow import settings
+from orderflow.clock import Clock, SystemClock
+from orderflow.state_machine import Backoff, exponential_backoff
+from orderflow.store.ports import OrdersDb, StateStore
+
+
+@dataclass(frozen=True)
+class Tunables:
+    """Every tunable, from app settings (defaults documented in orderflow.settings)."""
+
+    orders_queue: str
+    agent_requests_queue: str
+    agent_replies_queue: str
+    alerts_queue: str
+    allowed_reply_queues: frozenset[str]
+    step_timeout: timedelta
+    claim_lease: timedelta
+    starter_batch: int
+    scan_window: timedelta
+    page_size: int
+    max_results: int
+    failure_threshold: int
+    backoff: Backoff = field(compare=False)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Tunables":
+        def s(name: str) -> str:
+            value = settings.get(name, env)
+            assert value is not None, name
+            return value
+
+        def i(name: str) -> int:
+            value = settings.get_int(name, env)
+            if value <= 0:
+                raise ValueError(f"app setting {name} must be positive, got {value}")
+            return value
+
+        allowed = frozenset(q.strip() for q in s("AllowedReplyQueues").split(",") if q.strip())
+        return cls(
+            orders_queue=s("OrdersQueueName"), agent_requests_queue=s("AgentRequestsQueueName"),
+            agent_replies_queue=s("AgentRepliesQueueName"), alerts_queue=s("OperatorAlertsQueueName"),
+            allowed_reply_queues=allowed, step_timeout=timedelta(seconds=i("StepTimeoutSeconds")),
+            claim_lease=timedelta(seconds=i("ClaimLeaseSeconds")), starter_batch=i("StarterBatchSize"),
+            scan_window=timedelta(seconds=i("SupervisorScanWindowSeconds")), page_size=i("SupervisorPageSize"),
+            max_results=i("SupervisorMaxResults"), failure_threshold=i("FailureThreshold"),
+            backoff=exponential_backoff(float(i("RetryBackoffBaseSeconds")), float(i("RetryBackoffMaxSeconds"))))
+
+    def internal_queues(self) -> frozenset[str]:
+        return frozenset({self.orders_queue, self.agent_requests_queue, self.agent_replies_queue, self.alerts_queue})
+
+
+@dataclass
+class Services:
+    orders: OrdersDb
+    state: StateStore
+    bus: Any  # azure.servicebus.aio.ServiceBusClient or the embedded broker's aio client
+    tunables: Tunables
+    clock: Clock = field(default_factory=SystemClock)
+
+
+_services: dict[int, Services] = {}
+_lock = asyncio.Lock()
+
+
+async def get_services() -> Services:
+    """The services of the running event loop, built from app settings on first use."""
+    loop_id = id(asyncio.get_running_loop())
+    if loop_id not in _services:
+        from orderflow.bus.aio import client_from_settings  # noqa: PLC0415
+        from orderflow.store import open_stores  # noqa: PLC0415
+
+        orders, state = open_stores(os.environ)
+        _services[loop_id] = Services(orders=orders, state=state, bus=client_from_settings(os.environ),
+                                      tunables=Tunables.from_env())
+    return _services[loop_id]
+
+
+def use_services(services: Services) -> None:
+    """Install services for the running loop (tests, the demo)."""
+    _services[id(asyncio.get_running_loop())] = services
+
+
+def reset_services() -> None:
+    _services.clear()

@@ -1,0 +1,84 @@
+"""Store factory: `open_stores(env)` picks the adapter of the orders DB and the state store from app settings.
+
+`CosmosDb__accountEndpoint = embedded://<path>` → the embedded SQLite store at <path> (local runs, devhost).
+Anything else is a Cosmos DB account endpoint, reached with Microsoft Entra ID only
+(`DefaultAzureCredential(managed_identity_client_id=CosmosDb__clientId)`); no account keys.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from types import TracebackType
+from typing import NamedTuple
+
+from orderflow import settings
+from orderflow.store.errors import (
+    Conflict,
+    NotFound,
+    PreconditionFailed,
+    StoreError,
+    TransientStoreError,
+    is_transient,
+)
+from orderflow.store.ports import OrdersDb, Page, StateStore, Versioned
+
+EMBEDDED_SCHEME = "embedded://"
+
+__all__ = [
+    "Conflict",
+    "EMBEDDED_SCHEME",
+    "NotFound",
+    "OrdersDb",
+    "Page",
+    "PreconditionFailed",
+    "StateStore",
+    "StoreError",
+    "Stores",
+    "TransientStoreError",
+    "Versioned",
+    "is_transient",
+    "open_stores",
+]
+
+
+class Stores(NamedTuple):
+    """The two ports; unpacks as `(orders, state)`; closes both (`await stores.aclose()`, `async with`)."""
+
+    orders: OrdersDb
+    state: StateStore
+
+    async def aclose(self) -> None:
+        await self.state.aclose()
+        await self.orders.aclose()
+
+    async def __aenter__(self) -> Stores:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+def open_stores(env: Mapping[str, str] | None = None) -> Stores:
+    """Open both ports as configured by `CosmosDb__accountEndpoint` (see the module docstring)."""
+    source = os.environ if env is None else env
+    endpoint = settings.get("CosmosDb__accountEndpoint", source)
+    if not endpoint:
+        raise KeyError("app setting CosmosDb__accountEndpoint is not set (use embedded://PATH locally)")
+    if endpoint.startswith(EMBEDDED_SCHEME):
+        from orderflow.store.sqlite_store import open_sqlite_stores
+
+        return Stores(*open_sqlite_stores(endpoint[len(EMBEDDED_SCHEME) :]))
+    return Stores(*_open_cosmos_with_identity(endpoint, source))
+
+
+def _open_cosmos_with_identity(endpoint: str, env: Mapping[str, str]) -> tuple[OrdersDb, StateStore]:
+    from azure.cosmos.aio import CosmosClient
+    from azure.identity.aio import DefaultAzureCredential
+
+    from orderflow.store.cosmos_store import CosmosNames, cosmos_stores
+
+    credential = DefaultAzureCredential(managed_identity_client_id=settings.get("CosmosDb__clientId", env))
+    return cosmos_stores(CosmosClient(endpoint, credential=credential), CosmosNames.from_env(env), credential)

@@ -1,0 +1,359 @@
+"""Azure Cosmos DB adapter (azure-cosmos async client) of the orders DB and the state store.
+
+Containers (names from app settings): orders `/orderId`, state `/orderId`, checkpoints `/id`. In Azure they
+are created by Bicep (identity-based data-plane access cannot create containers); `ensure_containers`
+creates them for tests. The state container needs the composite index in `STATE_INDEXING_POLICY` for the
+Starter's query.
+
+Point reads answer 404 for a missing item on Cosmos DB. The local protocol server used by the contract tests
+(`@vercel/cosmosdb-server` 1.0.1, read-document.js) crashes with 500 instead. Decision: on a 500 from a point
+read the adapter asks again with a single-partition query by id (`_read_by_query`). That is correct on real
+Cosmos DB too, where a 500 is a transient server error and the query is a second attempt by another path; it
+costs one query only on that error path, and any error from the query propagates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from azure.core import MatchConditions
+from azure.cosmos import PartitionKey
+from azure.cosmos.aio import ContainerProxy, CosmosClient
+from azure.cosmos.exceptions import CosmosHttpResponseError
+
+from orderflow import settings
+from orderflow.records import OrderRecord, OrderStateRecord, ProcessState, format_utc
+from orderflow.store.errors import (
+    Conflict,
+    NotFound,
+    PreconditionFailed,
+    StoreError,
+    TransientStoreError,
+    is_transient_status,
+)
+from orderflow.store.ports import ExpiredCursor, Page, UpdateWithRetry, Versioned, next_cursor
+
+REQUEST_CHARGE_HEADER = "x-ms-request-charge"
+ORDER_PARTITION_PATH = "/orderId"
+CHECKPOINT_PARTITION_PATH = "/id"
+
+# Composite indexes for the two multi-field ORDER BY queries (query_claimable, query_expired).
+STATE_INDEXING_POLICY: dict[str, Any] = {
+    "indexingMode": "consistent",
+    "automatic": True,
+    "includedPaths": [{"path": "/*"}],
+    "excludedPaths": [{"path": '/"_etag"/?'}],
+    "compositeIndexes": [
+        [{"path": "/retryAt", "order": "ascending"}, {"path": "/createdAt", "order": "ascending"}],
+        [{"path": "/completeBy", "order": "ascending"}, {"path": "/id", "order": "ascending"}],
+    ],
+}
+
+_CLAIMABLE_SQL = (
+    "SELECT TOP @limit * FROM c WHERE c.processState = @pending AND IS_NULL(c.lockedBy)"
+    " AND (IS_NULL(c.retryAt) OR c.retryAt <= @now) ORDER BY c.retryAt ASC, c.createdAt ASC"
+)
+# Keyset paging, not SDK continuation tokens: azure-cosmos does not resume cross-partition ORDER BY queries
+# from a token (Azure/azure-sdk-for-python#41434 "Invalid Continuation Token", #37230 "Incorrect
+# continuationToken returned from orderBy query"; #13953 documents tokens as single-partition only).
+# One query per page (TOP n+1), drained by the SDK across partitions; needs the (completeBy, id) composite
+# index.
+_EXPIRED_SQL = (
+    "SELECT TOP @n * FROM c WHERE c.processState = @processing"
+    " AND c.completeBy >= @start AND c.completeBy < @end"
+    " AND (c.completeBy > @afterCompleteBy OR (c.completeBy = @afterCompleteBy AND c.id > @afterId))"
+    " ORDER BY c.completeBy ASC, c.id ASC"
+)
+# The partition key path must appear literally in the filter: the protocol server refuses a partition-scoped
+# query without it. `{field}` is one of the constant partition paths above, never input.
+_BY_ID_SQL = "SELECT * FROM c WHERE c.id = @id AND c.{field} = @pk"
+
+
+@dataclass(frozen=True)
+class CosmosNames:
+    orders_database: str
+    orders_container: str
+    state_database: str
+    state_container: str
+    checkpoint_container: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> CosmosNames:
+        def name(setting: str) -> str:
+            value = settings.get(setting, env)
+            assert value is not None  # every name setting has a default
+            return value
+
+        return cls(
+            name("OrdersDatabaseName"),
+            name("OrdersContainerName"),
+            name("StateDatabaseName"),
+            name("StateContainerName"),
+            name("CheckpointContainerName"),
+        )
+
+
+def translate(exc: CosmosHttpResponseError) -> StoreError:
+    """Map an SDK error to the store taxonomy (the SDK's own 429 retries have already run)."""
+    status = exc.status_code
+    message = str(exc.message or exc)
+    if status == 404:
+        return NotFound(message)
+    if status == 409:
+        return Conflict(message)
+    if status == 412:
+        return PreconditionFailed(message)
+    if is_transient_status(status):
+        return TransientStoreError(message, status)
+    error = StoreError(message)
+    error.status_code = status
+    return error
+
+
+class ChargeMeter:
+    """A response hook that sums `x-ms-request-charge` over every request of one operation."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+
+    def clear(self) -> None:  # the SDK calls clear() when a query starts
+        self.total = 0.0
+
+    def __call__(self, headers: Mapping[str, Any], _result: Any) -> None:
+        try:
+            self.total += float(headers.get(REQUEST_CHARGE_HEADER) or 0.0)
+        except (TypeError, ValueError):
+            pass
+
+
+def _strip(doc: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in doc.items() if not k.startswith("_")}
+
+
+async def _read_by_query(
+    container: ContainerProxy, item_id: str, partition: str, partition_path: str
+) -> dict[str, Any] | None:
+    field = partition_path.lstrip("/")
+    if not field.isidentifier():
+        raise ValueError(f"unsupported partition key path {partition_path!r}")
+    params: list[dict[str, object]] = [{"name": "@id", "value": item_id}, {"name": "@pk", "value": partition}]
+    items = container.query_items(_BY_ID_SQL.format(field=field), parameters=params, partition_key=partition)
+    async for doc in items:
+        return dict(doc)
+    return None
+
+
+async def read_doc(
+    container: ContainerProxy, item_id: str, partition: str, partition_path: str = ORDER_PARTITION_PATH
+) -> dict[str, Any] | None:
+    """Point read; None when missing. A 500 gets one query-by-id fallback (see the module docstring)."""
+    try:
+        return dict(await container.read_item(item_id, partition_key=partition))
+    except CosmosHttpResponseError as exc:
+        if exc.status_code == 404:
+            return None
+        if exc.status_code != 500:
+            raise translate(exc) from exc
+        try:
+            return await _read_by_query(container, item_id, partition, partition_path)
+        except CosmosHttpResponseError:
+            raise translate(exc) from exc
+
+
+async def create_or_read(
+    container: ContainerProxy, doc: dict[str, Any], partition: str
+) -> tuple[dict[str, Any], bool]:
+    """create_item; on 409 return the stored item instead (idempotent create)."""
+    try:
+        return dict(await container.create_item(doc)), True
+    except CosmosHttpResponseError as exc:
+        if exc.status_code != 409:
+            raise translate(exc) from exc
+    existing = await read_doc(container, doc["id"], partition)
+    if existing is None:  # created and deleted in between: records are never deleted, so report it
+        raise Conflict(f"item {doc['id']!r} conflicted on create but cannot be read")
+    return existing, False
+
+
+async def replace_if_match(container: ContainerProxy, doc: dict[str, Any], etag: str) -> str:
+    try:
+        stored = await container.replace_item(
+            doc["id"], doc, etag=etag, match_condition=MatchConditions.IfNotModified
+        )
+    except CosmosHttpResponseError as exc:
+        raise translate(exc) from exc
+    return str(stored["_etag"])
+
+
+class AsyncClosable(Protocol):
+    async def close(self) -> None: ...
+
+
+class CosmosConnection:
+    """The shared CosmosClient of one app, closed once by whichever port closes first."""
+
+    def __init__(self, client: CosmosClient, credential: AsyncClosable | None = None) -> None:
+        self.client = client
+        self._credential = credential
+        self._closed = False
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self.client.close()
+            if self._credential is not None:
+                await self._credential.close()
+
+
+class CosmosOrdersDb:
+    def __init__(self, connection: CosmosConnection, container: ContainerProxy) -> None:
+        self._connection = connection
+        self._container = container
+
+    async def create_if_absent(self, record: OrderRecord) -> tuple[OrderRecord, bool]:
+        doc, created = await create_or_read(self._container, record.to_doc(), record.order_id)
+        return OrderRecord.from_doc(doc), created
+
+    async def get(self, order_id: str) -> OrderRecord | None:
+        doc = await read_doc(self._container, order_id, order_id)
+        return None if doc is None else OrderRecord.from_doc(doc)
+
+    async def aclose(self) -> None:
+        await self._connection.aclose()
+
+
+def _versioned(doc: Mapping[str, Any]) -> Versioned:
+    return OrderStateRecord.from_doc(_strip(doc)), str(doc["_etag"])
+
+
+class CosmosStateStore(UpdateWithRetry):
+    def __init__(
+        self, connection: CosmosConnection, container: ContainerProxy, checkpoints: ContainerProxy
+    ) -> None:
+        self._connection = connection
+        self._container = container
+        self._checkpoints = checkpoints
+
+    async def create_if_absent(self, rec: OrderStateRecord) -> tuple[OrderStateRecord, bool]:
+        doc, created = await create_or_read(self._container, rec.to_doc(), rec.order_id)
+        return OrderStateRecord.from_doc(doc), created
+
+    async def get(self, order_id: str) -> Versioned | None:
+        doc = await read_doc(self._container, order_id, order_id)
+        return None if doc is None else _versioned(doc)
+
+    async def replace(self, rec: OrderStateRecord, etag: str) -> str:
+        return await replace_if_match(self._container, rec.to_doc(), etag)
+
+    async def query_claimable(self, now: datetime, limit: int) -> list[Versioned]:
+        params: list[dict[str, object]] = [
+            {"name": "@limit", "value": int(limit)},
+            {"name": "@pending", "value": ProcessState.PENDING.value},
+            {"name": "@now", "value": format_utc(now)},
+        ]
+        try:
+            return [
+                _versioned(d) async for d in self._container.query_items(_CLAIMABLE_SQL, parameters=params)
+            ]
+        except CosmosHttpResponseError as exc:
+            raise translate(exc) from exc
+
+    async def query_expired(
+        self, window_start: datetime, window_end: datetime, page_size: int, continuation: str | None = None
+    ) -> Page:
+        if page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        after = ExpiredCursor.start(window_start, continuation)
+        params: list[dict[str, object]] = [
+            {"name": "@n", "value": page_size + 1},
+            {"name": "@processing", "value": ProcessState.PROCESSING.value},
+            {"name": "@start", "value": format_utc(window_start)},
+            {"name": "@end", "value": format_utc(window_end)},
+            {"name": "@afterCompleteBy", "value": after.complete_by},
+            {"name": "@afterId", "value": after.id},
+        ]
+        meter = ChargeMeter()
+        query = self._container.query_items(
+            _EXPIRED_SQL, parameters=params, max_item_count=page_size + 1, response_hook=meter
+        )
+        try:
+            rows = [_versioned(d) async for d in query]
+        except CosmosHttpResponseError as exc:
+            raise translate(exc) from exc
+        items = rows[:page_size]
+        return Page(
+            items=items, continuation=next_cursor(items, len(rows) > page_size), request_charge=meter.total
+        )
+
+    async def get_checkpoint(self, name: str) -> tuple[dict[str, Any], str] | None:
+        doc = await read_doc(self._checkpoints, name, name, CHECKPOINT_PARTITION_PATH)
+        return None if doc is None else (dict(doc["data"]), str(doc["_etag"]))
+
+    async def put_checkpoint(self, name: str, data: dict[str, Any], etag: str | None) -> str:
+        doc = {"id": name, "data": data}
+        if etag is not None:
+            return await replace_if_match(self._checkpoints, doc, etag)
+        try:
+            return str((await self._checkpoints.create_item(doc))["_etag"])
+        except CosmosHttpResponseError as exc:
+            raise translate(exc) from exc
+
+    async def aclose(self) -> None:
+        await self._connection.aclose()
+
+
+async def ensure_containers(client: CosmosClient, names: CosmosNames) -> None:
+    """Create databases and containers if missing (tests, key-based local servers; Bicep does it in Azure)."""
+    orders_db = await client.create_database_if_not_exists(names.orders_database)
+    await orders_db.create_container_if_not_exists(
+        names.orders_container, partition_key=PartitionKey(ORDER_PARTITION_PATH)
+    )
+    state_db = await client.create_database_if_not_exists(names.state_database)
+    await state_db.create_container_if_not_exists(
+        names.state_container,
+        partition_key=PartitionKey(ORDER_PARTITION_PATH),
+        indexing_policy=STATE_INDEXING_POLICY,
+    )
+    await state_db.create_container_if_not_exists(
+        names.checkpoint_container, partition_key=PartitionKey(CHECKPOINT_PARTITION_PATH)
+    )
+
+
+def cosmos_stores(
+    client: CosmosClient,
+    names: CosmosNames,
+    credential: AsyncClosable | None = None,
+) -> tuple[CosmosOrdersDb, CosmosStateStore]:
+    """Both ports over one client (container proxies only; no network call); closing either closes both."""
+    connection = CosmosConnection(client, credential)
+    orders = client.get_database_client(names.orders_database).get_container_client(names.orders_container)
+    state_db = client.get_database_client(names.state_database)
+    return (
+        CosmosOrdersDb(connection, orders),
+        CosmosStateStore(
+            connection,
+            state_db.get_container_client(names.state_container),
+            state_db.get_container_client(names.checkpoint_container),
+        ),
+    )
+
+
+async def open_cosmos_with_key(
+    endpoint: str,
+    key: str,
+    names: CosmosNames,
+    create_containers: bool = True,
+    **client_kwargs: Any,
+) -> tuple[CosmosOrdersDb, CosmosStateStore]:
+    """For tests and local protocol servers: key auth, containers created on demand."""
+    client = CosmosClient(endpoint, credential=key, **client_kwargs)
+    if create_containers:
+        try:
+            await ensure_containers(client, names)
+        except BaseException:
+            await client.close()
+            raise
+    return cosmos_stores(client, names)

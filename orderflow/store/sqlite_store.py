@@ -1,0 +1,252 @@
+"""Embedded store adapter: the orders DB and the state store in one SQLite file, with Cosmos-like etags.
+
+WAL journal and `BEGIN IMMEDIATE` write transactions make it safe across processes (the Starter, the
+Supervisor, the Agent and the CLI may each open the same file). Every write stores a new random etag;
+`replace` is an If-Match write (PreconditionFailed on mismatch); a create on an existing id is a conflict.
+The columns the queries filter on are copied out of the JSON document and indexed. `query_expired` pages by
+keyset (`ports.ExpiredCursor`). There are no request units: charges are 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from orderflow.records import OrderRecord, OrderStateRecord, ProcessState, format_utc
+from orderflow.store.errors import Conflict, NotFound, PreconditionFailed
+from orderflow.store.ports import ExpiredCursor, Page, UpdateWithRetry, Versioned, next_cursor
+
+T = TypeVar("T")
+BUSY_TIMEOUT_SECONDS = 30.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS orders (
+    id TEXT PRIMARY KEY, etag TEXT NOT NULL, doc TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS order_state (
+    id TEXT PRIMARY KEY, etag TEXT NOT NULL, doc TEXT NOT NULL,
+    process_state TEXT NOT NULL, locked_by TEXT, retry_at TEXT, complete_by TEXT, created_at TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS ix_state_claimable ON order_state (process_state, retry_at, created_at);
+CREATE INDEX IF NOT EXISTS ix_state_expired ON order_state (process_state, complete_by, id);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    id TEXT PRIMARY KEY, etag TEXT NOT NULL, doc TEXT NOT NULL);
+"""
+
+_STATE_COLUMNS = "id, etag, doc, process_state, locked_by, retry_at, complete_by, created_at"
+
+
+def new_etag() -> str:
+    """A fresh opaque etag, quoted like Cosmos DB's."""
+    return f'"{uuid.uuid4()}"'
+
+
+class SqliteFile:
+    """One connection to the store file, used from worker threads one call at a time."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._conn = sqlite3.connect(
+            self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False
+        )
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.executescript(_SCHEMA)
+        self._closed = False
+
+    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return await asyncio.to_thread(self._locked, fn, False)
+
+    async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn` in `BEGIN IMMEDIATE` (write lock taken up front: no lock-upgrade deadlock)."""
+        return await asyncio.to_thread(self._locked, fn, True)
+
+    def _locked(self, fn: Callable[[sqlite3.Connection], T], write: bool) -> T:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"store {self.path} is closed")
+            if not write:
+                return fn(self._conn)
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(self._conn)
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+            return result
+
+    async def aclose(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._conn.close()
+
+
+def _dumps(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
+def _insert_if_absent(conn: sqlite3.Connection, table: str, row: dict[str, Any]) -> bool:
+    names = ", ".join(row)
+    marks = ", ".join(f":{k}" for k in row)
+    cur = conn.execute(f"INSERT OR IGNORE INTO {table} ({names}) VALUES ({marks})", row)
+    return cur.rowcount == 1
+
+
+def _select_doc(conn: sqlite3.Connection, table: str, key: str) -> tuple[dict[str, Any], str] | None:
+    row = conn.execute(f"SELECT doc, etag FROM {table} WHERE id = ?", (key,)).fetchone()
+    return None if row is None else (json.loads(row[0]), row[1])
+
+
+def _conditional_update(
+    conn: sqlite3.Connection, table: str, key: str, etag: str, row: dict[str, Any]
+) -> None:
+    """UPDATE ... WHERE id AND etag; NotFound or PreconditionFailed when it changes nothing."""
+    sets = ", ".join(f"{k} = :{k}" for k in row)
+    cur = conn.execute(
+        f"UPDATE {table} SET {sets} WHERE id = :_id AND etag = :_etag", {**row, "_id": key, "_etag": etag}
+    )
+    if cur.rowcount == 1:
+        return
+    if conn.execute(f"SELECT 1 FROM {table} WHERE id = ?", (key,)).fetchone() is None:
+        raise NotFound(f"{table} {key!r} does not exist")
+    raise PreconditionFailed(f"{table} {key!r} changed since etag {etag}")
+
+
+def _state_row(rec: OrderStateRecord, etag: str) -> dict[str, Any]:
+    doc = rec.to_doc()
+    return {
+        "id": rec.id,
+        "etag": etag,
+        "doc": _dumps(doc),
+        "process_state": doc["processState"],
+        "locked_by": doc["lockedBy"],
+        "retry_at": doc["retryAt"],
+        "complete_by": doc["completeBy"],
+        "created_at": doc["createdAt"],
+    }
+
+
+def _versioned(row: tuple[str, str]) -> Versioned:
+    return OrderStateRecord.from_doc(json.loads(row[0])), row[1]
+
+
+class SqliteOrdersDb:
+    """The orders DB (immutable orders) in the embedded store."""
+
+    def __init__(self, db: SqliteFile) -> None:
+        self._db = db
+
+    async def create_if_absent(self, record: OrderRecord) -> tuple[OrderRecord, bool]:
+        row = {"id": record.id, "etag": new_etag(), "doc": _dumps(record.to_doc())}
+
+        def run(conn: sqlite3.Connection) -> tuple[OrderRecord, bool]:
+            if _insert_if_absent(conn, "orders", row):
+                return record, True
+            stored = _select_doc(conn, "orders", record.id)
+            assert stored is not None  # inserted-or-present inside one write transaction
+            return OrderRecord.from_doc(stored[0]), False
+
+        return await self._db.write(run)
+
+    async def get(self, order_id: str) -> OrderRecord | None:
+        found = await self._db.read(lambda conn: _select_doc(conn, "orders", order_id))
+        return None if found is None else OrderRecord.from_doc(found[0])
+
+    async def aclose(self) -> None:
+        await self._db.aclose()
+
+
+class SqliteStateStore(UpdateWithRetry):
+    """The state store (order state records and Supervisor checkpoints) in the embedded store."""
+
+    def __init__(self, db: SqliteFile) -> None:
+        self._db = db
+
+    async def create_if_absent(self, rec: OrderStateRecord) -> tuple[OrderStateRecord, bool]:
+        row = _state_row(rec, new_etag())
+
+        def run(conn: sqlite3.Connection) -> tuple[OrderStateRecord, bool]:
+            if _insert_if_absent(conn, "order_state", row):
+                return rec, True
+            stored = _select_doc(conn, "order_state", rec.id)
+            assert stored is not None
+            return OrderStateRecord.from_doc(stored[0]), False
+
+        return await self._db.write(run)
+
+    async def get(self, order_id: str) -> Versioned | None:
+        found = await self._db.read(lambda conn: _select_doc(conn, "order_state", order_id))
+        return None if found is None else (OrderStateRecord.from_doc(found[0]), found[1])
+
+    async def replace(self, rec: OrderStateRecord, etag: str) -> str:
+        row = _state_row(rec, new_etag())
+        row.pop("id")
+        await self._db.write(lambda conn: _conditional_update(conn, "order_state", rec.id, etag, row))
+        return str(row["etag"])
+
+    async def query_claimable(self, now: datetime, limit: int) -> list[Versioned]:
+        sql = (
+            "SELECT doc, etag FROM order_state WHERE process_state = ? AND locked_by IS NULL"
+            " AND (retry_at IS NULL OR retry_at <= ?) ORDER BY retry_at, created_at, id LIMIT ?"
+        )
+        args = (ProcessState.PENDING.value, format_utc(now), limit)
+        rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall())
+        return [_versioned(r) for r in rows]
+
+    async def query_expired(
+        self, window_start: datetime, window_end: datetime, page_size: int, continuation: str | None = None
+    ) -> Page:
+        if page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        after = ExpiredCursor.start(window_start, continuation)
+        sql = (
+            "SELECT doc, etag FROM order_state WHERE process_state = ?"
+            " AND (complete_by, id) > (?, ?) AND complete_by >= ? AND complete_by < ?"
+            " ORDER BY complete_by, id LIMIT ?"
+        )
+        args = (
+            ProcessState.PROCESSING.value,
+            after.complete_by,
+            after.id,
+            format_utc(window_start),
+            format_utc(window_end),
+            page_size + 1,
+        )
+        rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall())
+        items = [_versioned(r) for r in rows[:page_size]]
+        return Page(items=items, continuation=next_cursor(items, len(rows) > page_size), request_charge=0.0)
+
+    async def get_checkpoint(self, name: str) -> tuple[dict[str, Any], str] | None:
+        found = await self._db.read(lambda conn: _select_doc(conn, "checkpoints", name))
+        return None if found is None else (found[0]["data"], found[1])
+
+    async def put_checkpoint(self, name: str, data: dict[str, Any], etag: str | None) -> str:
+        row = {"id": name, "etag": new_etag(), "doc": _dumps({"id": name, "data": data})}
+
+        def run(conn: sqlite3.Connection) -> None:
+            if etag is None:
+                if not _insert_if_absent(conn, "checkpoints", row):
+                    raise Conflict(f"checkpoint {name!r} already exists")
+                return
+            _conditional_update(conn, "checkpoints", name, etag, {"etag": row["etag"], "doc": row["doc"]})
+
+        await self._db.write(run)
+        return str(row["etag"])
+
+    async def aclose(self) -> None:
+        await self._db.aclose()
+
+
+def open_sqlite_stores(path: str | Path) -> tuple[SqliteOrdersDb, SqliteStateStore]:
+    """Both ports on one embedded file (one connection shared by the pair)."""
+    db = SqliteFile(path)
+    return SqliteOrdersDb(db), SqliteStateStore(db)

@@ -1,0 +1,72 @@
+"""Submission: validate a SubmitOrder, then write the order and its state record, each idempotent by orderId.
+
+- Invalid input (not JSON, missing or ill-typed field, unknown type, bad orderId, SessionId ≠ orderId, a replyTo that
+  is not an allowed reply queue) → `Rejected` with a reason naming the field; nothing is written.
+- Same orderId with the same immutable data (stable hash) → accepted again (a redelivery or a client retry); a crash
+  between the two writes is repaired by the redelivery, because each write is create-if-absent.
+- Same orderId with other data → `Rejected("OrderConflict")`; the stored order is never overwritten.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orderflow.messages import AlertKind, InvalidMessage, OrderStatus, SubmitOrder, parse_submit_order
+from orderflow.outbound import raise_alert, send_status
+from orderflow.records import OrderRecord, OrderStateRecord
+from orderflow.runtime import Services
+
+
+@dataclass(frozen=True)
+class Accepted:
+    order: SubmitOrder
+    created: bool  # False: a duplicate of an order already stored
+
+
+@dataclass(frozen=True)
+class Rejected:
+    reason: str
+    description: str
+    order_id: str | None = None
+
+
+def validate(body: bytes, session_id: str | None, services: Services) -> SubmitOrder:
+    order = parse_submit_order(body)
+    if session_id is not None and session_id != order.order_id:
+        raise InvalidMessage("InvalidField:sessionId",
+                             f"field 'sessionId' must equal orderId {order.order_id!r}, got {session_id!r}")
+    allowed = services.tunables.allowed_reply_queues
+    if order.reply_to in services.tunables.internal_queues() or order.reply_to not in allowed:
+        raise InvalidMessage("InvalidField:replyTo",
+                             f"field 'replyTo' {order.reply_to!r} is not an allowed reply queue")
+    return order
+
+
+async def submit(services: Services, body: bytes, session_id: str | None) -> Accepted | Rejected:
+    """Validate and store one order. The caller settles the message: complete on Accepted, dead-letter on Rejected."""
+    try:
+        order = validate(body, session_id, services)
+    except InvalidMessage as exc:
+        return await _reject(services, exc.reason, exc.description, order_id=None, kind=AlertKind.POISON_MESSAGE)
+    now = services.clock.now()
+    stored, order_created = await services.orders.create_if_absent(OrderRecord.from_order(order, now))
+    if stored.order_hash != order.immutable_hash():
+        return await _reject(services, "OrderConflict",
+                             f"order {order.order_id} exists with different data (hash {stored.order_hash[:12]}…)",
+                             order_id=order.order_id, kind=AlertKind.ORDER_CONFLICT)
+    state, state_created = await services.state.create_if_absent(OrderStateRecord.new(order, now))
+    if state.order_hash != order.immutable_hash():  # a state record from another order under this id: never touch
+        return await _reject(services, "OrderConflict", f"state record of {order.order_id} belongs to other data",
+                             order_id=order.order_id, kind=AlertKind.ORDER_CONFLICT)
+    # Sent on every acceptance (stable MessageId: duplicate detection absorbs repeats), so a crash after the writes
+    # and before this send is repaired by the redelivery too.
+    await send_status(services.bus, order.reply_to, order_id=order.order_id, state=OrderStatus.RECEIVED,
+                      attempt=0, reason="order accepted", now=now)
+    return Accepted(order=order, created=order_created or state_created)
+
+
+async def _reject(services: Services, reason: str, description: str, *, order_id: str | None,
+                  kind: AlertKind) -> Rejected:
+    await raise_alert(services.bus, services.tunables.alerts_queue, kind=kind, order_id=order_id, reason=reason,
+                      now=services.clock.now(), details={"description": description})
+    return Rejected(reason=reason, description=description, order_id=order_id)

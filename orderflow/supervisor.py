@@ -1,0 +1,137 @@
+"""The Supervisor: find Processing records whose CompleteBy expired and recover or escalate them.
+
+Each run scans bounded CompleteBy windows [position, position + window) with a page size, a maximum result count and
+continuation-token paging; the position is checkpointed (etag-guarded) in the state store, so no expired record is
+skipped even after a downtime longer than one window: the next run walks forward window by window, and jumps over
+empty stretches with a one-item probe. Each scan's request charge (RU) is logged and emitted as a metric.
+
+Recovery is a conditional update that checks the expired LockedBy: FailureCount+1; below the threshold → Pending,
+LockedBy null, a retry time with backoff; at the threshold → Error + operator alert + status `failed`. Two
+Supervisors at once never double-recover: the second one's update is fenced (LockedBy is no longer the expired
+instance) or loses on the etag.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from orderflow import telemetry
+from orderflow.messages import AlertKind, OrderStatus
+from orderflow.outbound import raise_alert, send_status
+from orderflow.records import OrderStateRecord, ProcessState, format_utc, parse_utc
+from orderflow.runtime import Services
+from orderflow.state_machine import Fenced, IllegalTransition, recover
+from orderflow.store.errors import Conflict, NotFound, PreconditionFailed
+
+log = logging.getLogger("orderflow.supervisor")
+
+CHECKPOINT = "supervisor"
+EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
+# Records written by another instance with a slightly skewed clock may carry a CompleteBy a little in the past:
+# the checkpoint never moves closer to now than this, so such a record is still scanned.
+CLOCK_SKEW = timedelta(seconds=60)
+
+
+@dataclass
+class SupervisorRun:
+    scanned: int = 0
+    recovered: list[str] = field(default_factory=list)
+    escalated: list[str] = field(default_factory=list)
+    skipped: int = 0
+    request_charge: float = 0.0
+    position: datetime | None = None
+
+
+async def _load_position(services: Services) -> tuple[datetime, str | None]:
+    current = await services.state.get_checkpoint(CHECKPOINT)
+    if current is None:
+        return EPOCH, None
+    data, etag = current
+    return parse_utc(data["position"]), etag
+
+
+async def _save_position(services: Services, position: datetime, etag: str | None) -> None:
+    try:
+        await services.state.put_checkpoint(CHECKPOINT, {"position": format_utc(position)}, etag)
+    except (PreconditionFailed, Conflict):
+        # Another Supervisor moved the checkpoint meanwhile; its position is as good as ours (both are safe).
+        log.info("supervisor checkpoint moved by another instance; keeping theirs")
+
+
+async def run_supervisor(services: Services) -> SupervisorRun:
+    t = services.tunables
+    now = services.clock.now()
+    position, etag = await _load_position(services)
+    run = SupervisorRun()
+    horizon = now
+    while len(run.recovered) + len(run.escalated) + run.skipped < t.max_results:
+        end = min(position + t.scan_window, horizon)
+        drained = await _scan_window(services, run, position, end)
+        if not drained:
+            break  # result budget used up inside this window: resume from the same position next run
+        if end >= horizon:
+            position = max(position, min(end, now - CLOCK_SKEW))
+            break
+        probe = await services.state.query_expired(end, horizon, 1)
+        run.request_charge += probe.request_charge
+        if not probe.items:
+            position = max(position, min(horizon, now - CLOCK_SKEW))
+            break
+        first, _ = probe.items[0]
+        position = first.complete_by or end
+    run.position = position
+    await _save_position(services, position, etag)
+    log.info("supervisor scan: %d expired, %d recovered, %d escalated, %.2f RU, position %s", run.scanned,
+             len(run.recovered), len(run.escalated), run.request_charge, format_utc(position))
+    telemetry.record_supervisor_scan(run.request_charge, len(run.recovered), len(run.escalated))
+    return run
+
+
+async def _scan_window(services: Services, run: SupervisorRun, start: datetime, end: datetime) -> bool:
+    """Recover the expired records of one window. True when the window is drained.
+
+    The pages are read first (bounded by the result budget) and recovered after, so that records leaving the result
+    set during the scan cannot shift a continuation token past others.
+    """
+    t = services.tunables
+    budget = t.max_results - (len(run.recovered) + len(run.escalated) + run.skipped)
+    found: list[OrderStateRecord] = []
+    continuation: str | None = None
+    while len(found) < budget:
+        page = await services.state.query_expired(start, end, min(t.page_size, budget - len(found)), continuation)
+        run.request_charge += page.request_charge
+        found.extend(rec for rec, _etag in page.items)
+        continuation = page.continuation
+        if continuation is None:
+            break
+    for rec in found[:budget]:
+        run.scanned += 1
+        await _recover_one(services, run, rec)
+    return continuation is None and len(found) <= budget
+
+
+async def _recover_one(services: Services, run: SupervisorRun, seen: OrderStateRecord) -> None:
+    t = services.tunables
+    expired_by = seen.locked_by
+    if expired_by is None:
+        run.skipped += 1
+        return
+    now = services.clock.now()
+    try:
+        rec, _ = await services.state.update_with_retry(
+            seen.order_id, lambda r: recover(r, expired_by, now, t.failure_threshold, t.backoff))
+    except (Fenced, IllegalTransition, NotFound, PreconditionFailed):
+        run.skipped += 1  # another Supervisor or the Scheduler got there first
+        return
+    if rec.process_state is ProcessState.ERROR:
+        run.escalated.append(rec.order_id)
+        telemetry.count_order_error()
+        await raise_alert(services.bus, t.alerts_queue, kind=AlertKind.FAILURE_THRESHOLD, order_id=rec.order_id,
+                          reason=rec.last_error or "FailureThresholdReached", now=now,
+                          details={"failureCount": rec.failure_count, "attempt": rec.attempt})
+        await send_status(services.bus, rec.reply_to, order_id=rec.order_id, state=OrderStatus.FAILED,
+                          attempt=rec.attempt, reason=rec.last_error or "FailureThresholdReached", now=now)
+    else:
+        run.recovered.append(rec.order_id)

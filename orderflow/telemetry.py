@@ -1,0 +1,35 @@
+"""Telemetry: OpenTelemetry metrics and the operator-alert log line (the API only; the host configures exporters).
+
+In Azure, `azure-monitor-opentelemetry` exports to Application Insights when APPLICATIONINSIGHTS_CONNECTION_STRING is
+set (host.json `telemetryMode: OpenTelemetry`); locally the console; in tests an in-memory reader.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from opentelemetry import metrics
+
+METER_NAME = "orderflow"
+log = logging.getLogger("orderflow.alerts")
+
+
+def _meter() -> metrics.Meter:
+    return metrics.get_meter(METER_NAME)
+
+
+def count_alert(kind: str) -> None:
+    _meter().create_counter("orderflow.alerts", unit="1", description="Operator alerts raised").add(
+        1, {"kind": kind})
+
+
+def count_order_error() -> None:
+    _meter().create_counter("orderflow.orders.error", unit="1", description="Orders moved to Error").add(1)
+
+
+def record_supervisor_scan(request_charge: float, recovered: int, escalated: int) -> None:
+    m = _meter()
+    m.create_histogram("orderflow.supervisor.request_charge", unit="RU",
+                       description="Request charge of one Supervisor scan").record(request_charge)
+    m.create_counter("orderflow.supervisor.recovered", unit="1").add(recovered)
+    m.create_counter("orderflow.supervisor.escalated", unit="1").add(escalated)

@@ -1,0 +1,34 @@
+"""Scheduler contracts shared by the starter, the orchestrator and its activities (plain models, no I/O)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Outcome(StrEnum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMED_OUT = "timedOut"
+    SUPERSEDED = "superseded"
+
+
+class WorkflowInput(BaseModel):
+    """The Scheduler's input. Settings travel in the input: an orchestrator must not read the environment."""
+
+    model_config = ConfigDict(populate_by_name=True, frozen=True)
+
+    schema_version: Literal[1] = Field(default=1, alias="schemaVersion")
+    order_id: str = Field(alias="orderId")
+    attempt: int = Field(ge=1)
+    step_timeout_seconds: int = Field(alias="stepTimeoutSeconds", gt=0)
+
+    def to_dict(self) -> dict[str, object]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def instance_id_for(order_id: str, attempt: int) -> str:
+    """The attempt-specific instance id `<orderId>:<attempt>` (always valid under seed 004's rules)."""
+    return f"{order_id}:{attempt}"

@@ -1,0 +1,141 @@
+"""Race scenarios: events, timers, retries, failures and nondeterminism, through the real SDK client and raw
+HTTP.
+
+Conformance sources: azure/durable_functions/models/TaskOrchestrationExecutor.py (event buffering, replay),
+models/Task.py RetryAbleTask (retry timer after every failed attempt, the last included), and
+HttpApiHandler.cs of Azure/azure-functions-durable-extension (raiseEvent 202/404/410).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from azure.durable_functions.models.history import HistoryEventType as T
+
+from tests.devhost_durable.harness import WAIT, Hub, HubFactory
+from tests.sample_app.function_app import PLAN
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def count(history: list[dict], event_type: T) -> int:
+    return sum(1 for e in history if e["EventType"] == event_type)
+
+
+async def raise_http(hub: Hub, instance_id: str, name: str, body: str) -> int:
+    url = f"{hub.base}/instances/{instance_id}/raiseEvent/{name}"
+    async with hub.http.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
+        return response.status
+
+
+async def started_waiting(hub: Hub, instance_id: str) -> None:
+    await hub.engine.wait_for_history(instance_id, lambda h: count(h, T.TIMER_CREATED) >= 1, WAIT)
+
+
+async def test_event_before_timer_wins_through_the_client(hub: Hub) -> None:
+    instance_id = await hub.client.start_new("approval", new_id("evt"), {"timeout": 30})
+    await started_waiting(hub, instance_id)
+    await hub.client.raise_event(instance_id, "Approval", {"by": "ann"})
+    status = await hub.wait(instance_id)
+    assert status["output"] == "approved:{'by': 'ann'}"
+
+
+async def test_event_before_timer_wins_through_http(hub: Hub) -> None:
+    instance_id = await hub.client.start_new("approval", new_id("evt"), {"timeout": 30})
+    await started_waiting(hub, instance_id)
+    assert await raise_http(hub, instance_id, "Approval", '"yes"') == 202
+    status = await hub.wait(instance_id)
+    assert status["output"] == "approved:yes"
+
+
+async def test_timer_before_event_then_a_late_raise_is_gone(hub: Hub) -> None:
+    instance_id = await hub.client.start_new("approval", new_id("late"), {"timeout": 0.2})
+    status = await hub.wait(instance_id)
+    assert status["output"] == "timeout"
+    assert await raise_http(hub, instance_id, "Approval", '"too late"') == 410
+    with pytest.raises(Exception, match="is gone"):
+        await hub.client.raise_event(instance_id, "Approval", "too late")
+
+
+async def test_event_raised_before_the_wait_is_buffered(hub: Hub) -> None:
+    instance_id = await hub.client.start_new("late_waiter", new_id("buf"), 0.3)
+    await hub.client.raise_event(instance_id, "Go", {"n": 1})  # the orchestrator is still on its timer
+    history = await hub.engine.wait_for_history(instance_id, lambda h: count(h, T.EVENT_RAISED) == 1, WAIT)
+    assert count(history, T.TIMER_FIRED) == 0  # the event really came before the wait
+    status = await hub.wait(instance_id)
+    assert status["output"] == {"got": {"n": 1}}
+
+
+async def test_cancelled_timer_firing_late_is_tolerated(hub: Hub) -> None:
+    instance_id = await hub.client.start_new("approval", new_id("cancel"), {"timeout": 0.2, "after": 0.6})
+    await started_waiting(hub, instance_id)
+    await hub.client.raise_event(instance_id, "Approval", "ok")
+    status = await hub.wait(instance_id)
+    assert status["runtimeStatus"] == "Completed" and status["output"] == "approved:ok"
+    history = hub.engine.store.history(instance_id)
+    assert count(history, T.TIMER_FIRED) == 2  # the cancelled 0.2 s timer fired during the 0.6 s wait
+
+
+async def test_retry_succeeds_after_failures(hub: Hub) -> None:
+    key = new_id("flaky")
+    instance_id = await hub.client.start_new(
+        "retrying", new_id("retry"), {"key": key, "fail_times": 2, "interval_ms": 100, "max_attempts": 4}
+    )
+    status = await hub.wait(instance_id)
+    assert status["output"] == {"key": key, "attempts": 3}
+    history = hub.engine.store.history(instance_id)
+    assert count(history, T.TASK_FAILED) == 2
+    assert count(history, T.TIMER_CREATED) == 2  # one retry timer per failure (DTFx RetryInterceptor)
+    assert count(history, T.TASK_SCHEDULED) == 3
+
+
+async def test_retries_exhausted_fail_the_task_after_the_final_timer(hub: Hub) -> None:
+    key = new_id("flaky")
+    instance_id = await hub.client.start_new(
+        "retrying", new_id("retry"), {"key": key, "fail_times": 9, "interval_ms": 50, "max_attempts": 3}
+    )
+    status = await hub.wait(instance_id)
+    assert status["output"] == {
+        "failed": f"Activity function 'flaky' failed: RuntimeError: flaky failure 3 for {key} "
+    }
+    history = hub.engine.store.history(instance_id)
+    assert count(history, T.TASK_SCHEDULED) == 3
+    assert count(history, T.TASK_FAILED) == 3
+    assert count(history, T.TIMER_FIRED) == 3  # the SDK waits one extra timer after the last attempt
+
+
+async def test_parallel_retries_interleave_with_plain_tasks(hub: Hub) -> None:
+    spec = {"a": new_id("a"), "b": new_id("b"), "interval_ms": 80}
+    instance_id = await hub.client.start_new("retrying_pair", new_id("pair"), spec)
+    status = await hub.wait(instance_id)
+    assert status["output"] == [3, 2, "Hello pair!"], status
+
+
+async def test_orchestrator_exception_fails_the_instance_with_its_message(hub: Hub) -> None:
+    instance_id = await hub.client.start_new("exploding", new_id("boom"))
+    status = await hub.wait(instance_id)
+    assert status["runtimeStatus"] == "Failed"
+    assert status["output"] == "Orchestrator function 'exploding' failed: boom: the order is invalid"
+    sdk_status = await hub.client.get_status(instance_id)
+    assert sdk_status.runtime_status.value == "Failed"
+
+
+async def test_nondeterministic_replay_fails_naming_expected_and_actual(hubs: HubFactory) -> None:
+    PLAN["first"] = "say_hello"
+    hub = await hubs.start()
+    instance_id = await hub.client.start_new("changing", new_id("nd"))
+    await hub.engine.wait_for_history(instance_id, lambda h: count(h, T.TASK_COMPLETED) == 1, WAIT)
+    await hubs.stop(hub)
+    PLAN["first"] = "shout"  # the orchestrator's code changes between two runs on the same db
+    try:
+        hub = await hubs.start()
+        await hub.client.raise_event(instance_id, "Go", 1)
+        status = await hub.wait(instance_id)
+    finally:
+        PLAN["first"] = "say_hello"
+    assert status["runtimeStatus"] == "Failed"
+    assert "Non-Deterministic workflow detected" in status["output"]
+    assert "CallActivity 'say_hello'" in status["output"] and "CallActivity 'shout'" in status["output"]

@@ -1,0 +1,30 @@
+"""Fixtures: a real `python -m devhost start` subprocess hosting tests/sample_host_app with fresh state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from support.hosted import HostedSample
+
+
+@pytest.fixture()
+def make_host(tmp_path: Path) -> Iterator[Callable[..., HostedSample]]:
+    hosts: list[HostedSample] = []
+
+    def make(**overrides: str) -> HostedSample:
+        host = HostedSample(tmp_path, overrides)
+        hosts.append(host)
+        return host
+
+    yield make
+    for h in hosts:
+        h.process.stop()
+        h.bus.close()
+
+
+@pytest.fixture()
+def host(make_host: Callable[..., HostedSample]) -> HostedSample:
+    return make_host().start()

@@ -1,0 +1,153 @@
+"""devhost as a process: indexing, HTTP triggers, Durable over HTTP, Service Bus triggers, timers, idle CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import defaultdict
+
+import aiohttp
+import psutil
+import pytest
+from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
+
+from devhost.system import ROOT
+
+from support.hosted import HostedSample, wait_until
+
+
+def test_help_documents_every_command_and_option() -> None:
+    out = subprocess.run([sys.executable, "-m", "devhost", "--help"], capture_output=True, text=True, cwd=ROOT,
+                         check=True).stdout
+    assert "start" in out and "demo" in out
+    start = subprocess.run([sys.executable, "-m", "devhost", "start", "--help"], capture_output=True, text=True,
+                           cwd=ROOT, check=True).stdout
+    for option in ("--app-dir", "--port", "--state-dir", "--log-level"):
+        assert option in start
+    demo = subprocess.run([sys.executable, "-m", "devhost", "demo", "--help"], capture_output=True, text=True,
+                          cwd=ROOT, check=True).stdout
+    for option in ("--orders", "--seed", "--transient-failure-rate", "--permanent-failure-rate", "--json"):
+        assert option in demo
+
+
+def test_prints_the_function_list_like_func_start(host: HostedSample) -> None:
+    log = host.log()
+    # Core Tools prints "Functions:" then one line per function, http ones with methods and URL.
+    assert "Functions:" in log
+    assert f"http_start: [POST] {host.url}/api/orchestrators/{{functionName}}/{{instanceId?}}" in log
+    for name, trigger in (("tick", "timerTrigger"), ("work", "serviceBusTrigger"),
+                          ("slow_chain", "orchestrationTrigger"), ("slow_step", "activityTrigger")):
+        assert f"{name}: {trigger}" in log
+
+
+async def test_http_trigger_routes_methods_and_auth_levels(host: HostedSample) -> None:
+    # Source: HTTP trigger docs — anonymous needs no key; function level needs x-functions-key or ?code=;
+    # route constraints ({id:int}) decide matching; a wrong method is not routed.
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{host.url}/api/ping?x=1") as r:
+            assert r.status == 200 and (await r.json()) == {"pong": "1"}
+        async with s.get(f"{host.url}/api/secret/7") as r:
+            assert r.status == 401
+        async with s.get(f"{host.url}/api/secret/7", headers={"x-functions-key": "wrong"}) as r:
+            assert r.status == 401
+        async with s.get(f"{host.url}/api/secret/7", headers={"x-functions-key": host.function_key()}) as r:
+            assert r.status == 200 and await r.text() == "id=7"
+        async with s.get(f"{host.url}/api/secret/7?code={host.function_key()}") as r:
+            assert r.status == 200
+        async with s.get(f"{host.url}/api/secret/seven?code={host.function_key()}") as r:
+            assert r.status == 404
+        async with s.delete(f"{host.url}/api/ping") as r:
+            assert r.status == 405
+
+
+async def test_orchestration_started_over_http_completes(host: HostedSample) -> None:
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{host.url}/api/orchestrators/slow_chain/chain-1?code={host.function_key()}",
+                          json=0.05) as r:
+            assert r.status == 202
+            payload = await r.json()
+        assert payload["id"] == "chain-1"
+        deadline = time.monotonic() + 30
+        while True:
+            async with s.get(payload["statusQueryGetUri"]) as r:
+                status = await r.json()
+            if status["runtimeStatus"] == "Completed" or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    assert status["runtimeStatus"] == "Completed" and status["output"] == ["step0", "step1", "step2"]
+
+
+def test_service_bus_trigger_passes_message_properties(host: HostedSample) -> None:
+    with host.bus.get_queue_sender("work") as sender:
+        sender.send_messages(ServiceBusMessage("hello", message_id="m-1", application_properties={"k": "v"},
+                                               reply_to="replies", correlation_id="c-1"))
+    rec = wait_until(lambda: host.records("work"), what="work record")[0]
+    assert rec["id"] == "m-1" and rec["body"] == "hello" and rec["delivery"] == 1
+    assert rec["props"] == {"k": "v"} and rec["reply_to"] == "replies" and rec["correlation_id"] == "c-1"
+
+
+def test_failing_function_abandons_until_max_delivery_count_then_dead_letters(host: HostedSample) -> None:
+    # Source: Service Bus trigger docs — on an exception the message is abandoned; the broker dead-letters it at
+    # MaxDeliveryCount (3 for this queue) with reason MaxDeliveryCountExceeded.
+    with host.bus.get_queue_sender("work") as sender:
+        sender.send_messages(ServiceBusMessage("fail please", message_id="bad-1"))
+
+    def dead_lettered() -> list[object]:
+        with host.bus.get_queue_receiver("work", sub_queue=ServiceBusSubQueue.DEAD_LETTER) as r:
+            return list(r.peek_messages(max_message_count=10))
+
+    dlq = wait_until(dead_lettered, what="dead-lettered message")
+    assert dlq[0].message_id == "bad-1" and dlq[0].dead_letter_reason == "MaxDeliveryCountExceeded"
+    assert dlq[0].delivery_count >= 3
+
+
+def test_sessions_are_fifo_and_exclusive(host: HostedSample) -> None:
+    with host.bus.get_queue_sender("work-sessions") as sender:
+        for seq in range(10):
+            sender.send_messages([ServiceBusMessage(str(seq), session_id=f"s{n}", message_id=f"s{n}-{seq}")
+                                  for n in range(4)])
+    records = wait_until(lambda: len(host.records("session")) >= 40 and host.records("session"), what="40 records")
+    by_session: dict[str, list[int]] = defaultdict(list)
+    for r in records:
+        by_session[r["session"]].append(r["seq"])
+    assert {k: v for k, v in by_session.items()} == {f"s{n}": list(range(10)) for n in range(4)}
+
+
+def test_sdk_type_binding_settles_from_the_function(host: HostedSample) -> None:
+    with host.bus.get_queue_sender("sdk") as sender:
+        sender.send_messages([ServiceBusMessage("fine", message_id="ok-1"),
+                              ServiceBusMessage("poison!", message_id="poison-1")])
+    wait_until(lambda: len(host.records("sdk")) >= 2, what="two sdk records")
+    with host.bus.get_queue_receiver("sdk", sub_queue=ServiceBusSubQueue.DEAD_LETTER) as r:
+        dlq = wait_until(lambda: list(r.peek_messages(max_message_count=10)), what="dlq")
+    assert [m.message_id for m in dlq] == ["poison-1"]
+    assert dlq[0].dead_letter_reason == "InvalidField:body"
+    assert dlq[0].dead_letter_error_description == "body says poison"
+    with host.bus.get_queue_receiver("sdk") as r:
+        assert list(r.peek_messages(max_message_count=10)) == []  # the fine one was completed
+
+
+def test_timer_runs_on_schedule_and_a_missed_schedule_runs_once_at_start(make_host) -> None:  # type: ignore[no-untyped-def]
+    # Source: timer trigger docs — useMonitor persists the schedule status; a past-due occurrence runs once when the
+    # host starts again, with IsPastDue true.
+    host = make_host(TickSchedule="*/1 * * * * *").start()
+    wait_until(lambda: len(host.records("tick")) >= 2, what="two ticks")
+    host.process.stop()
+    ticks_before = len(host.records("tick"))
+    time.sleep(2.2)  # let a scheduled occurrence pass while the host is down (the condition under test)
+    host.process.env["TickSchedule"] = "0 0 0 1 1 *"  # no regular tick soon after the restart
+    host.start()
+    wait_until(lambda: len(host.records("tick")) > ticks_before, what="past-due tick")
+    assert host.records("tick")[ticks_before]["past_due"] is True
+
+
+def test_idle_devhost_uses_almost_no_cpu(host: HostedSample) -> None:
+    proc = psutil.Process(host.process.proc.pid)  # type: ignore[union-attr]
+    time.sleep(1.0)  # let start-up settle
+    before = proc.cpu_times()
+    time.sleep(3.0)  # the measurement window
+    after = proc.cpu_times()
+    used = (after.user - before.user) + (after.system - before.system)
+    assert used / 3.0 < 0.03, f"idle devhost used {used / 3.0:.1%} of a core"

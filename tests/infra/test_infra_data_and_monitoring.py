@@ -1,0 +1,160 @@
+"""Cosmos DB containers and indexes (the code's query contract), the function app's Flex Consumption shape,
+the Agent's scale rule, diagnostic settings, and the alert rules that mean an operator must act.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from orderflow import settings
+from orderflow.function_names import SUPERVISOR
+from orderflow.store import cosmos_store
+
+from .bicep_tree import Opaque, Scope, all_files, app, evaluate, main, module_scope, text
+
+
+def _cosmos() -> Scope:
+    return module_scope(Scope(main()), main().module("cosmos"))
+
+
+def _container(symbol: str) -> dict:
+    scope = _cosmos()
+    return evaluate(scope.file.resource(symbol).get("properties", "resource"), scope)
+
+
+@pytest.mark.parametrize(
+    ("symbol", "setting", "path"),
+    [
+        ("ordersContainer", "OrdersContainerName", cosmos_store.ORDER_PARTITION_PATH),
+        ("stateContainer", "StateContainerName", cosmos_store.ORDER_PARTITION_PATH),
+        ("checkpointContainer", "CheckpointContainerName", cosmos_store.CHECKPOINT_PARTITION_PATH),
+    ],
+)
+def test_containers_and_partition_keys_match_the_adapter(symbol: str, setting: str, path: str) -> None:
+    container = _container(symbol)
+    assert container["id"] == settings.get(setting, env={})
+    assert container["partitionKey"]["paths"] == [path]
+
+
+def test_databases() -> None:
+    scope = _cosmos()
+    names = {
+        evaluate(r.get("name"), scope)
+        for r in scope.file.resources_of("Microsoft.DocumentDB/databaseAccounts/sqlDatabases")
+    }
+    assert names == {settings.get("OrdersDatabaseName", env={}), settings.get("StateDatabaseName", env={})}
+
+
+def test_state_indexes_serve_the_starter_and_the_supervisor() -> None:
+    composites = [
+        [(p["path"], p["order"]) for p in index]
+        for index in _container("stateContainer")["indexingPolicy"]["compositeIndexes"]
+    ]
+    for required in cosmos_store.STATE_INDEXING_POLICY[
+        "compositeIndexes"
+    ]:  # the adapter's ORDER BY needs these
+        assert [(p["path"], p["order"]) for p in required] in composites
+    assert [("/processState", "ascending"), ("/completeBy", "ascending")] in composites  # Supervisor
+    assert any(
+        c[:2] == [("/processState", "ascending"), ("/retryAt", "ascending")] for c in composites
+    )  # Starter
+
+
+def test_cosmos_capacity_is_a_parameter() -> None:
+    account = app("cosmos.bicep").resource("account")
+    assert "capacityMode == 'serverless'" in text(account.get("properties", "capabilities"))
+    assert "autoscaleSettings" in text(app("cosmos.bicep").variables["databaseOptions"])
+    assert main().module("cosmos").params()["capacityMode"].text.decode() == "cosmosCapacityMode"
+
+
+def test_function_app_is_flex_consumption_python_311_with_scale_parameters() -> None:
+    scope = module_scope(Scope(main()), main().module("functionApp"))
+    plan = evaluate(scope.file.resource("plan").get("sku"), scope)
+    assert plan == {"name": "FC1", "tier": "FlexConsumption"}
+    config = evaluate(scope.file.resource("functionApp").get("properties", "functionAppConfig"), scope)
+    assert config["runtime"] == {"name": "python", "version": "3.11"}
+    assert config["scaleAndConcurrency"]["maximumInstanceCount"] == 100
+    assert config["scaleAndConcurrency"]["alwaysReady"] == []
+    assert config["deployment"]["storage"]["authentication"]["type"] == "UserAssignedIdentity"
+    assert {"functionMaximumInstanceCount", "functionAlwaysReady"} <= set(main().params)
+
+
+def test_agent_scales_on_agent_requests_with_its_identity() -> None:
+    scope = module_scope(Scope(main()), main().module("agent"))
+    scale = evaluate(scope.file.resource("agent").get("properties", "template", "scale"), scope)
+    (rule,) = scale["rules"]
+    assert rule["custom"]["type"] == "azure-servicebus"
+    assert rule["custom"]["metadata"]["queueName"] == settings.get("AgentRequestsQueueName", env={})
+    assert (
+        isinstance(rule["custom"]["identity"], Opaque)
+        and rule["custom"]["identity"].text == "identity.outputs.agentIdentityId"
+    )
+    assert "auth" not in rule["custom"], "no connection-string secret for the scaler"
+
+
+@pytest.mark.parametrize(
+    ("file", "target"),
+    [
+        ("servicebus.bicep", "namespace"),
+        ("cosmos.bicep", "account"),
+        ("function.bicep", "functionApp"),
+        ("agent.bicep", "environment"),
+    ],
+)
+def test_diagnostic_settings_send_to_log_analytics(file: str, target: str) -> None:
+    bicep = app(file)
+    settings_ = [
+        d
+        for d in bicep.resources_of("Microsoft.Insights/diagnosticSettings")
+        if text(d.get("scope")) == target
+    ]
+    assert len(settings_) == 1
+    assert text(settings_[0].get("properties", "workspaceId")) == "logAnalyticsWorkspaceId"
+    assert evaluate(settings_[0].get("properties", "logs"), Scope(bicep))
+
+
+def test_application_insights_uses_entra_id_ingestion() -> None:
+    component = app("monitoring.bicep").resource("applicationInsights")
+    properties = evaluate(component.get("properties"), Scope(component.file))
+    assert properties["DisableLocalAuth"] is True
+    assert isinstance(properties["WorkspaceResourceId"], Opaque)
+
+
+def _alert(symbol: str) -> dict:
+    alerts = app("alerts.bicep")
+    return evaluate(alerts.resource(symbol).get("properties"), Scope(alerts))
+
+
+def test_dead_letter_alert_covers_every_queue() -> None:
+    (criterion,) = _alert("deadLetters")["criteria"]["allOf"]
+    assert criterion["metricName"] == "DeadletteredMessages"
+    assert criterion["operator"] == "GreaterThan" and criterion["threshold"] == 0
+    assert criterion["dimensions"] == [{"name": "EntityName", "operator": "Include", "values": ["*"]}]
+
+
+def test_orders_in_error_alert_reads_the_metric_and_the_alert_log() -> None:
+    alerts = app("alerts.bicep")
+    assert evaluate(alerts.variables["ordersErrorMetric"], Scope(alerts)) == "orderflow.orders.error"
+    (criterion,) = alerts.resource("ordersInError").get("properties", "criteria", "allOf").named_children
+    query = text(criterion)
+    assert "${ordersErrorMetric}" in query and "OperatorAlert" in query
+
+
+def test_supervisor_silence_alert() -> None:
+    alerts = app("alerts.bicep")
+    assert evaluate(alerts.variables["supervisorFunctionName"], Scope(alerts)) == SUPERVISOR
+    (criterion,) = evaluate(
+        alerts.resource("supervisorSilent").get("properties", "criteria", "allOf"), Scope(alerts)
+    )
+    assert criterion["operator"] == "LessThan" and criterion["threshold"] == 1
+    assert "supervisorSilenceMinutes" in text(
+        alerts.resource("supervisorSilent").get("properties", "windowSize")
+    )
+
+
+def test_every_alert_is_enabled() -> None:
+    for bicep in all_files():
+        for alert in bicep.resources_of("Microsoft.Insights/metricAlerts") + bicep.resources_of(
+            "Microsoft.Insights/scheduledQueryRules"
+        ):
+            assert evaluate(alert.get("properties", "enabled"), Scope(bicep)) is True

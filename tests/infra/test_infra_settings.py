@@ -1,0 +1,228 @@
+"""App settings: the function app's settings in Bicep equal the set the code reads
+(orderflow/settings.SETTINGS), apart from the settings the Functions host owns; host.json and
+local.settings.sample.json agree with them.
+
+The rule, written once here:
+    Bicep app settings - host-owned settings == SETTINGS - local-only settings
+    host-owned: AzureWebJobsStorage__*, APPLICATIONINSIGHTS_*, AzureFunctionsJobHost__* (host.json
+        overrides), the Service Bus extension's identity keys of the binding connection
+        (ServiceBusConnection__credential, ServiceBusConnection__clientId), the Durable Task Scheduler
+        connection string, and every %Setting% that host.json references.
+    local-only: settings whose registry doc says "Local only" (ServiceBusConnection, the embedded broker's
+        connection string; Azure uses ServiceBusConnection__fullyQualifiedNamespace instead).
+FUNCTIONS_WORKER_RUNTIME and FUNCTIONS_EXTENSION_VERSION are not app settings on Flex Consumption (the
+runtime is functionAppConfig.runtime), so Bicep must not set them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from tree_sitter import Node
+
+from orderflow import settings
+
+from .bicep_tree import REPO, Opaque, Scope, app, evaluate, main, module_scope, object_items, text
+
+HOST_OWNED_PREFIXES = ("AzureWebJobsStorage__", "APPLICATIONINSIGHTS_", "AzureFunctionsJobHost__")
+HOST_OWNED_NAMES = {
+    "ServiceBusConnection__credential",
+    "ServiceBusConnection__clientId",
+    "DURABLE_TASK_SCHEDULER_CONNECTION_STRING",
+}
+LOCAL_ONLY = {s.name for s in settings.SETTINGS if s.doc.startswith("Local only")}
+HOST_JSON = json.loads((REPO / "host.json").read_text())
+SAMPLE = json.loads((REPO / "local.settings.sample.json").read_text())
+AGENT_ENV = {
+    "AgentRequestsQueueName",
+    "AgentRepliesQueueName",
+    "OperatorAlertsQueueName",
+    "ServiceBusConnection__fullyQualifiedNamespace",
+    "AZURE_CLIENT_ID",
+    "AGENT_REMOTE_URL",
+}
+
+
+def host_json_references() -> set[str]:
+    return set(re.findall(r"%([A-Za-z0-9_]+)%", json.dumps(HOST_JSON)))
+
+
+def is_host_owned(name: str) -> bool:
+    return name.startswith(HOST_OWNED_PREFIXES) or name in HOST_OWNED_NAMES | host_json_references()
+
+
+def _object_nodes(node: Node) -> list[Node]:
+    """The object literal(s) an app-settings part can be: a variable, or either branch of a condition."""
+    function = app("function.bicep")
+    if node.type == "identifier" and text(node) in function.variables:
+        return _object_nodes(function.variables[text(node)])
+    if node.type == "ternary_expression":
+        return [o for branch in node.named_children[1:] for o in _object_nodes(branch)]
+    return [node] if node.type == "object" else []
+
+
+def bicep_app_settings() -> dict[str, Node]:
+    """Every app setting the function app can get: the keys of each part of union(...), both branches of each
+    condition (the `appSettingOverrides` parameter only changes values)."""
+    properties = app("function.bicep").resource("appSettings").get("properties")
+    assert properties is not None and text(properties.named_children[0]) == "union"
+    found: dict[str, Node] = {}
+    for part in properties.named_children[-1].named_children:
+        for obj in _object_nodes(part):
+            found.update(dict(object_items(obj)))
+    return found
+
+
+def _function_scope() -> Scope:
+    return module_scope(Scope(main()), main().module("functionApp"))
+
+
+def test_local_only_rule_is_what_the_registry_says() -> None:
+    assert LOCAL_ONLY == {"ServiceBusConnection"}
+
+
+def test_bicep_app_settings_equal_the_settings_the_code_reads() -> None:
+    code_side = {name for name in bicep_app_settings() if not is_host_owned(name)}
+    assert code_side == settings.SETTING_NAMES - LOCAL_ONLY
+
+
+def test_no_local_only_or_flex_forbidden_setting_in_bicep() -> None:
+    names = set(bicep_app_settings())
+    assert not names & LOCAL_ONLY
+    assert not names & {
+        "FUNCTIONS_WORKER_RUNTIME",
+        "FUNCTIONS_EXTENSION_VERSION",
+        "AzureWebJobsStorage",
+        "WEBSITE_RUN_FROM_PACKAGE",
+        "WEBSITE_CONTENTAZUREFILECONNECTIONSTRING",
+    }
+
+
+def test_connections_are_identity_based() -> None:
+    names = set(bicep_app_settings())
+    assert {
+        "AzureWebJobsStorage__blobServiceUri",
+        "AzureWebJobsStorage__queueServiceUri",
+        "AzureWebJobsStorage__tableServiceUri",
+        "AzureWebJobsStorage__credential",
+        "AzureWebJobsStorage__clientId",
+        "ServiceBusConnection__fullyQualifiedNamespace",
+        "ServiceBusConnection__credential",
+        "ServiceBusConnection__clientId",
+        "CosmosDb__accountEndpoint",
+        "CosmosDb__credential",
+        "CosmosDb__clientId",
+        "APPLICATIONINSIGHTS_AUTHENTICATION_STRING",
+    } <= names
+    values = {name: evaluate(node, _function_scope()) for name, node in bicep_app_settings().items()}
+    for name in (
+        "AzureWebJobsStorage__credential",
+        "ServiceBusConnection__credential",
+        "CosmosDb__credential",
+    ):
+        assert values[name] == "managedidentity"
+    for name in (
+        "AzureWebJobsStorage__clientId",
+        "ServiceBusConnection__clientId",
+        "CosmosDb__clientId",
+        "AZURE_CLIENT_ID",
+    ):
+        assert text(bicep_app_settings()[name]) == "identityClientId"
+    assert "Authorization=AAD" in text(bicep_app_settings()["APPLICATIONINSIGHTS_AUTHENTICATION_STRING"])
+
+
+def test_bicep_values_are_the_registered_defaults() -> None:
+    scope = _function_scope()
+    checked = 0
+    for name, node in bicep_app_settings().items():
+        value: Any = evaluate(node, scope)
+        if (
+            name in settings.SETTING_NAMES
+            and not isinstance(value, Opaque)
+            and name != "CosmosDb__credential"
+        ):
+            assert value == settings.get(name, env={}), name
+            checked += 1
+    # Tunables are literals; names of queues, databases and containers flow from main.bicep's parameters.
+    assert checked >= 20
+
+
+def test_host_json_references_are_set_in_bicep_and_in_the_sample() -> None:
+    references = host_json_references()
+    assert references == {"TaskHubName"}
+    assert references <= set(bicep_app_settings())
+    assert references <= set(SAMPLE["Values"])
+
+
+def test_host_json() -> None:
+    assert HOST_JSON["version"] == "2.0"
+    assert HOST_JSON["telemetryMode"] == "OpenTelemetry"
+    assert HOST_JSON["extensionBundle"] == {
+        "id": "Microsoft.Azure.Functions.ExtensionBundle",
+        "version": "[4.*, 5.0.0)",
+    }
+    durable = HOST_JSON["extensions"]["durableTask"]
+    assert durable["hubName"] == "%TaskHubName%"
+    assert durable["storageProvider"]["type"] == "azureStorage"
+    service_bus = HOST_JSON["extensions"]["serviceBus"]
+    # Per-function settlement: the submission trigger passes auto_complete_messages=False and settles with
+    # ServiceBusMessageActions; triggers that do not settle explicitly rely on the host completing on success.
+    assert service_bus["autoCompleteMessages"] is True
+    assert service_bus["maxConcurrentSessions"] >= 1 and service_bus["maxConcurrentCalls"] >= 1
+    assert "logLevel" in HOST_JSON["logging"]
+
+
+def test_durable_task_scheduler_switch_overrides_host_json() -> None:
+    dts = _object_nodes(app("function.bicep").variables["durableTaskSchedulerSettings"])
+    keys = {k: n for obj in dts for k, n in object_items(obj)}
+    assert (
+        evaluate(
+            keys["AzureFunctionsJobHost__extensions__durableTask__storageProvider__type"], _function_scope()
+        )
+        == "azureManaged"
+    )
+    connection = text(keys["DURABLE_TASK_SCHEDULER_CONNECTION_STRING"])
+    assert "Authentication=ManagedIdentity" in connection and "ClientID=${identityClientId}" in connection
+
+
+def test_sample_lists_every_registered_setting() -> None:
+    values, azure_only = SAMPLE["Values"], SAMPLE["//AzureIdentityBasedValues"]
+    for setting in settings.SETTINGS:
+        if setting.default is not None:
+            assert values.get(setting.name) == setting.default, setting.name
+        else:
+            assert setting.name in values or setting.name in azure_only, setting.name
+
+
+def test_sample_runs_locally_with_zero_cloud() -> None:
+    values = SAMPLE["Values"]
+    assert values["FUNCTIONS_WORKER_RUNTIME"] == "python"
+    assert values["AzureWebJobsStorage"] == "UseDevelopmentStorage=true"
+    assert values["ServiceBusConnection"] == (
+        "Endpoint=embedded://.devhost/servicebus.db;ConfigFile=servicebus.config.json"
+    )
+    assert values["CosmosDb__accountEndpoint"] == "embedded://.devhost/store.db"
+    assert all(value != "" for value in values.values()), "an empty value would shadow a default"
+
+
+def test_sample_azure_block_mirrors_bicep_identity_settings() -> None:
+    azure_only = set(SAMPLE["//AzureIdentityBasedValues"])
+    identity_settings = {n for n in bicep_app_settings() if n.endswith(("__credential", "__clientId"))}
+    assert identity_settings <= azure_only
+
+
+def test_agent_environment() -> None:
+    agent = app("agent.bicep").resource("agent")
+    containers = agent.get("properties", "template", "containers")
+    (container,) = containers.named_children
+    scope = module_scope(Scope(main()), main().module("agent"))
+    env = {item["name"]: item["value"] for item in evaluate(container, scope)["env"]}
+    assert set(env) == AGENT_ENV
+    for name in AGENT_ENV & settings.SETTING_NAMES - {
+        "ServiceBusConnection__fullyQualifiedNamespace",
+        "AZURE_CLIENT_ID",
+    }:
+        assert env[name] == settings.get(name, env={})
+    assert evaluate(container, scope)["command"] == ["python", "-m", "agent"]

@@ -1,0 +1,1 @@
+"""A small sample Functions app (not the product) that shows devhost hosts any df.DFApp."""

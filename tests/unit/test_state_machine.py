@@ -1,0 +1,369 @@
+"""Unit tests of the order state machine (orderflow.state_machine): every allowed and forbidden transition,
+fencing, idempotent repeats, recovery with backoff, and invariants over random operation sequences."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orderflow.messages import MAX_ATTEMPT, STEPS, StepName, SubmitOrder
+from orderflow.records import OrderStateRecord, ProcessState, StepStatus, instance_id
+from orderflow.state_machine import (
+    STEP_TRANSITIONS,
+    TRANSITIONS,
+    Event,
+    Fenced,
+    IllegalTransition,
+    NotDue,
+    claim,
+    complete,
+    exponential_backoff,
+    fail,
+    next_state,
+    record_step,
+    recover,
+    set_step_deadline,
+)
+
+NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+LEASE = timedelta(seconds=60)
+ORDER = "o-1"
+FIRST = instance_id(ORDER, 1)
+BACKOFF = exponential_backoff(2, 300)
+THRESHOLD = 3
+STEP = StepName.RESERVE_INVENTORY
+
+
+def pending(**changes: object) -> OrderStateRecord:
+    order = SubmitOrder.model_validate(
+        {
+            "orderId": ORDER,
+            "replyTo": "app-status",
+            "customer": {"id": "c", "name": "n"},
+            "items": [{"sku": "s", "quantity": 1, "unitPrice": "1.00"}],
+            "currency": "EUR",
+            "submittedAt": "2024-05-01T12:00:00Z",
+        }
+    )
+    return OrderStateRecord.new(order, NOW - timedelta(hours=1)).model_copy(update=changes)
+
+
+def in_state(state: ProcessState) -> OrderStateRecord:
+    """A reachable record in `state`, locked by FIRST where the pattern keeps a lock."""
+    rec = pending()
+    if state is ProcessState.PENDING:
+        return rec
+    rec = claim(rec, FIRST, NOW - LEASE, NOW - LEASE)  # its lease has expired by NOW
+    if state is ProcessState.PROCESSING:
+        return rec
+    if state is ProcessState.PROCESSED:
+        return complete(rec, FIRST, NOW - LEASE)
+    return fail(rec, FIRST, "boom", NOW - LEASE)
+
+
+# Each event as a call with valid arguments, so the only reason to refuse is the state (or the lock).
+OPERATIONS: dict[Event, Callable[[OrderStateRecord], OrderStateRecord]] = {
+    Event.CLAIM: lambda r: claim(r, instance_id(ORDER, r.attempt + 1), NOW + LEASE, NOW),
+    Event.SET_STEP_DEADLINE: lambda r: set_step_deadline(r, FIRST, STEP, NOW + LEASE, NOW),
+    Event.RECORD_STEP: lambda r: record_step(r, FIRST, STEP, StepStatus.RUNNING, NOW),
+    Event.COMPLETE: lambda r: complete(r, FIRST, NOW),
+    Event.FAIL: lambda r: fail(r, FIRST, "boom", NOW),
+    Event.RECOVER_RETRY: lambda r: recover(r, FIRST, NOW, THRESHOLD, BACKOFF),
+    Event.RECOVER_GIVE_UP: lambda r: recover(
+        r.model_copy(update={"failure_count": THRESHOLD - 1}), FIRST, NOW, THRESHOLD, BACKOFF
+    ),
+}
+# Repeating the move that produced the state, by the same instance, returns the record unchanged.
+IDEMPOTENT_REPEATS = {(ProcessState.PROCESSED, Event.COMPLETE), (ProcessState.ERROR, Event.FAIL)}
+
+
+def test_every_event_has_an_operation() -> None:
+    assert set(OPERATIONS) == set(Event)
+
+
+@pytest.mark.parametrize("state", list(ProcessState))
+@pytest.mark.parametrize("event", list(Event))
+def test_transition_table(state: ProcessState, event: Event) -> None:
+    rec = in_state(state)
+    if (state, event) in TRANSITIONS:
+        result = OPERATIONS[event](rec)
+        assert result.process_state is TRANSITIONS[(state, event)]
+        assert result.updated_at == NOW
+    elif (state, event) in IDEMPOTENT_REPEATS:
+        assert OPERATIONS[event](rec) is rec
+    else:
+        # A fenced call on a record the caller does not hold is Fenced before the state is even looked at.
+        expected = Fenced if event is not Event.CLAIM and rec.locked_by != FIRST else IllegalTransition
+        with pytest.raises(expected):
+            OPERATIONS[event](rec)
+
+
+def test_next_state_names_the_refused_move() -> None:
+    with pytest.raises(IllegalTransition, match="complete is not allowed in state Pending"):
+        next_state(ProcessState.PENDING, Event.COMPLETE)
+
+
+def test_terminal_states_have_no_way_out() -> None:
+    terminal = {ProcessState.PROCESSED, ProcessState.ERROR}
+    assert not [key for key in TRANSITIONS if key[0] in terminal]
+
+
+# --- claim ----------------------------------------------------------------------------------------
+
+
+def test_claim_locks_for_the_next_attempt() -> None:
+    rec = claim(pending(), FIRST, NOW + LEASE, NOW)
+    assert (rec.process_state, rec.locked_by, rec.attempt, rec.complete_by) == (
+        ProcessState.PROCESSING,
+        FIRST,
+        1,
+        NOW + LEASE,
+    )
+
+
+def test_claim_requires_the_attempt_specific_instance_id() -> None:
+    with pytest.raises(ValueError, match="o-1:1"):
+        claim(pending(), instance_id(ORDER, 2), NOW + LEASE, NOW)
+
+
+def test_claim_refuses_a_locked_record() -> None:
+    with pytest.raises(IllegalTransition, match="locked"):
+        claim(pending(locked_by="o-1:9"), FIRST, NOW + LEASE, NOW)
+
+
+@pytest.mark.parametrize(
+    "retry_at, due",
+    [
+        (NOW - timedelta(microseconds=1), True),
+        (NOW, True),
+        (NOW + timedelta(microseconds=1), False),
+        (None, True),
+    ],
+)
+def test_claim_honours_retry_at(retry_at: datetime | None, due: bool) -> None:
+    rec = pending(retry_at=retry_at)
+    if due:
+        assert claim(rec, FIRST, NOW + LEASE, NOW).retry_at is None
+    else:
+        with pytest.raises(NotDue):
+            claim(rec, FIRST, NOW + LEASE, NOW)
+
+
+def test_claim_refuses_past_the_last_attempt() -> None:
+    with pytest.raises(ValueError):
+        claim(pending(attempt=MAX_ATTEMPT), instance_id(ORDER, MAX_ATTEMPT), NOW + LEASE, NOW)
+
+
+# --- fencing --------------------------------------------------------------------------------------
+
+FENCED_CALLS: dict[str, Callable[[OrderStateRecord, str], OrderStateRecord]] = {
+    "set_step_deadline": lambda r, i: set_step_deadline(r, i, STEP, NOW + LEASE, NOW),
+    "record_step": lambda r, i: record_step(r, i, STEP, StepStatus.RUNNING, NOW),
+    "complete": lambda r, i: complete(r, i, NOW),
+    "fail": lambda r, i: fail(r, i, "boom", NOW),
+    "recover": lambda r, i: recover(r, i, NOW, THRESHOLD, BACKOFF),
+}
+
+
+@pytest.mark.parametrize("name", list(FENCED_CALLS))
+def test_fenced_calls_refuse_another_instance(name: str) -> None:
+    rec = in_state(ProcessState.PROCESSING)
+    with pytest.raises(Fenced) as info:
+        FENCED_CALLS[name](rec, instance_id(ORDER, 2))
+    assert (info.value.expected, info.value.locked_by) == (instance_id(ORDER, 2), FIRST)
+    assert not isinstance(info.value, IllegalTransition)  # a distinct exception, not a state error
+
+
+@pytest.mark.parametrize("name", list(FENCED_CALLS))
+def test_a_recovered_attempt_is_fenced_out(name: str) -> None:
+    recovered = recover(in_state(ProcessState.PROCESSING), FIRST, NOW, THRESHOLD, BACKOFF)
+    with pytest.raises(Fenced):
+        FENCED_CALLS[name](recovered, FIRST)
+
+
+# --- steps ----------------------------------------------------------------------------------------
+
+
+def test_set_step_deadline_moves_complete_by_and_starts_the_step() -> None:
+    rec = set_step_deadline(in_state(ProcessState.PROCESSING), FIRST, STEP, NOW + LEASE, NOW)
+    step = rec.step(STEP)
+    assert (rec.complete_by, step.status, step.attempt, step.started_at) == (
+        NOW + LEASE,
+        StepStatus.RUNNING,
+        1,
+        NOW,
+    )
+    assert set_step_deadline(rec, FIRST, STEP, NOW + LEASE, NOW + LEASE) is rec  # activity retry: no-op
+
+
+@pytest.mark.parametrize("current", list(StepStatus))
+@pytest.mark.parametrize("target", list(StepStatus))
+def test_step_transition_table(current: StepStatus, target: StepStatus) -> None:
+    base = in_state(ProcessState.PROCESSING)
+    steps = tuple(
+        s.model_copy(update={"status": current, "attempt": 1}) if s.name == STEP else s for s in base.steps
+    )
+    rec = base.model_copy(update={"steps": steps})
+    if current is target and target is not StepStatus.RUNNING:
+        assert record_step(rec, FIRST, STEP, target, NOW) is rec  # same outcome twice: no-op
+    elif target in STEP_TRANSITIONS[current]:
+        assert record_step(rec, FIRST, STEP, target, NOW).step(STEP).status is target
+    else:
+        with pytest.raises(IllegalTransition):
+            record_step(rec, FIRST, STEP, target, NOW)
+
+
+def test_record_step_keeps_the_error_and_times() -> None:
+    rec = set_step_deadline(in_state(ProcessState.PROCESSING), FIRST, STEP, NOW + LEASE, NOW)
+    done = record_step(rec, FIRST, STEP, StepStatus.FAILED, NOW + LEASE, error="declined")
+    assert done.last_error == "declined"
+    assert done.step(STEP).completed_at == NOW + LEASE and done.step(STEP).started_at == NOW
+
+
+def test_a_step_from_an_earlier_attempt_must_restart_first() -> None:
+    rec = set_step_deadline(in_state(ProcessState.PROCESSING), FIRST, STEP, NOW + LEASE, NOW)
+    rec = record_step(rec, FIRST, STEP, StepStatus.SUCCEEDED, NOW)
+    second = claim(
+        recover(rec, FIRST, NOW + 2 * LEASE, THRESHOLD, BACKOFF),
+        instance_id(ORDER, 2),
+        NOW + 3 * LEASE,
+        NOW + 2 * LEASE + BACKOFF(1),
+    )
+    with pytest.raises(IllegalTransition, match="must start"):
+        record_step(second, instance_id(ORDER, 2), STEP, StepStatus.SUCCEEDED, NOW)
+    restarted = set_step_deadline(second, instance_id(ORDER, 2), STEP, NOW + 4 * LEASE, NOW + 3 * LEASE)
+    assert restarted.step(STEP).attempt == 2 and restarted.step(STEP).completed_at is None
+
+
+def test_unknown_step_is_an_error() -> None:
+    rec = in_state(ProcessState.PROCESSING).model_copy(update={"steps": ()})
+    with pytest.raises(KeyError):
+        record_step(rec, FIRST, STEP, StepStatus.RUNNING, NOW)
+
+
+# --- complete / fail ------------------------------------------------------------------------------
+
+
+def test_complete_clears_the_deadline_and_keeps_the_lock() -> None:
+    rec = complete(in_state(ProcessState.PROCESSING), FIRST, NOW)
+    assert (rec.process_state, rec.locked_by, rec.complete_by) == (ProcessState.PROCESSED, FIRST, None)
+
+
+def test_fail_records_the_error() -> None:
+    rec = fail(in_state(ProcessState.PROCESSING), FIRST, "card declined", NOW)
+    assert (rec.process_state, rec.last_error, rec.complete_by) == (ProcessState.ERROR, "card declined", None)
+
+
+# --- recover --------------------------------------------------------------------------------------
+
+
+def test_recover_below_threshold_returns_to_pending_with_backoff() -> None:
+    rec = recover(in_state(ProcessState.PROCESSING), FIRST, NOW, THRESHOLD, BACKOFF)
+    assert (rec.process_state, rec.locked_by, rec.failure_count) == (ProcessState.PENDING, None, 1)
+    assert rec.retry_at == NOW + timedelta(seconds=2) and rec.complete_by is None
+    assert rec.attempt == 1 and "expired" in (rec.last_error or "")
+    again = recover(
+        claim(rec, instance_id(ORDER, 2), NOW + LEASE, rec.retry_at),
+        instance_id(ORDER, 2),
+        NOW + 2 * LEASE,
+        THRESHOLD,
+        BACKOFF,
+    )
+    assert (again.failure_count, again.retry_at) == (2, NOW + 2 * LEASE + timedelta(seconds=4))
+
+
+def test_recover_at_threshold_gives_up() -> None:
+    rec = in_state(ProcessState.PROCESSING).model_copy(update={"failure_count": THRESHOLD - 1})
+    out = recover(rec, FIRST, NOW, THRESHOLD, BACKOFF)
+    assert (out.process_state, out.failure_count, out.locked_by, out.retry_at) == (
+        ProcessState.ERROR,
+        THRESHOLD,
+        None,
+        None,
+    )
+    assert (out.last_error or "").startswith("FailureThresholdReached")
+
+
+def test_recover_before_complete_by_expires_is_not_due() -> None:
+    rec = set_step_deadline(in_state(ProcessState.PROCESSING), FIRST, STEP, NOW + LEASE, NOW)
+    with pytest.raises(NotDue):
+        recover(rec, FIRST, NOW + LEASE - timedelta(microseconds=1), THRESHOLD, BACKOFF)
+    assert recover(rec, FIRST, NOW + LEASE, THRESHOLD, BACKOFF).process_state is ProcessState.PENDING
+
+
+# --- backoff --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("failures, seconds", [(1, 2), (2, 4), (3, 8), (8, 256), (9, 300), (10_000, 300)])
+def test_exponential_backoff_doubles_then_caps(failures: int, seconds: int) -> None:
+    assert exponential_backoff(2, 300)(failures) == timedelta(seconds=seconds)
+
+
+def test_backoff_rejects_nonsense() -> None:
+    with pytest.raises(ValueError):
+        exponential_backoff(2, 300)(0)
+    with pytest.raises(ValueError):
+        exponential_backoff(-1, 300)
+
+
+@given(st.floats(0, 1000), st.floats(0, 10_000), st.integers(1, 200))
+def test_backoff_is_monotonic_and_bounded(base: float, cap: float, n: int) -> None:
+    policy = exponential_backoff(base, cap)
+    assert timedelta(0) <= policy(n) <= policy(n + 1) <= timedelta(seconds=cap)
+
+
+# --- invariants over random sequences -------------------------------------------------------------
+
+
+def _random_op(kind: str, rec: OrderStateRecord, now: datetime, step: StepName) -> OrderStateRecord:
+    owner = rec.locked_by or instance_id(ORDER, max(rec.attempt, 1))
+    calls: dict[str, Callable[[], OrderStateRecord]] = {
+        "claim": lambda: claim(rec, instance_id(ORDER, rec.attempt + 1), now + LEASE, now),
+        "deadline": lambda: set_step_deadline(rec, owner, step, now + LEASE, now),
+        "ok": lambda: record_step(rec, owner, step, StepStatus.SUCCEEDED, now),
+        "ko": lambda: record_step(rec, owner, step, StepStatus.FAILED, now, error="x"),
+        "complete": lambda: complete(rec, owner, now),
+        "fail": lambda: fail(rec, owner, "boom", now),
+        "recover": lambda: recover(rec, owner, now, THRESHOLD, BACKOFF),
+        "stale": lambda: complete(rec, instance_id(ORDER, rec.attempt + 7), now),
+    }
+    return calls[kind]()
+
+
+def _check_invariants(before: OrderStateRecord, after: OrderStateRecord) -> None:
+    assert after.failure_count >= before.failure_count and after.attempt >= before.attempt
+    assert after.updated_at >= before.updated_at
+    assert after.failure_count < THRESHOLD or after.process_state is ProcessState.ERROR
+    if after.process_state is ProcessState.PENDING:
+        assert after.locked_by is None and after.complete_by is None
+    if after.process_state is ProcessState.PROCESSING:
+        assert after.locked_by == instance_id(ORDER, after.attempt) and after.complete_by is not None
+    if before.process_state in (ProcessState.PROCESSED, ProcessState.ERROR):
+        assert after.process_state is before.process_state  # terminal
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["claim", "deadline", "ok", "ko", "complete", "fail", "recover", "stale"]),
+            st.integers(0, 400),
+            st.sampled_from(STEPS),
+        ),
+        max_size=30,
+    )
+)
+def test_random_sequences_keep_the_invariants(ops: list[tuple[str, int, StepName]]) -> None:
+    rec, now = pending(), NOW
+    for kind, seconds, step in ops:
+        now += timedelta(seconds=seconds)
+        try:
+            after = _random_op(kind, rec, now, step)
+        except (IllegalTransition, Fenced):
+            continue
+        _check_invariants(rec, after)
+        rec = after

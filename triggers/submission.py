@@ -1,0 +1,52 @@
+"""Submission trigger: orders-inbound (sessions, SessionId = orderId) → orders DB + state store, then the fast path.
+
+Uses the Service Bus SDK-type binding (`azurefunctions-extensions-bindings-servicebus`) with
+`auto_complete_messages=False`, because a poison or conflicting order must be dead-lettered with a reason that names
+the field — the plain binding can only abandon (and dead-letter later as MaxDeliveryCountExceeded). Settlement calls
+are blocking gRPC calls to the host, so they run in a worker thread (`asyncio.to_thread`) off the event loop.
+Transient failures (store or bus unavailable) raise: the message is abandoned and redelivered, and each write is
+idempotent, so the redelivery repairs a half-done submission.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import azure.durable_functions as df
+import azurefunctions.extensions.bindings.servicebus as servicebus
+
+from orderflow import function_names as fn
+from orderflow.runtime import get_services
+from orderflow.starter import start_one
+from orderflow.submission import Accepted, submit
+
+bp = df.Blueprint()
+log = logging.getLogger("orderflow.submission")
+
+
+@bp.function_name(fn.SUBMISSION)
+@bp.service_bus_queue_trigger(arg_name="message", queue_name="%OrdersQueueName%", connection="ServiceBusConnection",
+                              is_sessions_enabled=True, auto_complete_messages=False)
+@bp.durable_client_input(client_name="client")
+async def submission(message: servicebus.ServiceBusReceivedMessage,
+                     message_actions: servicebus.ServiceBusMessageActions,
+                     client: df.DurableOrchestrationClient) -> None:
+    services = await get_services()
+    body = b"".join(message.body)
+    try:
+        outcome = await submit(services, body, message.session_id)
+    except Exception:
+        await asyncio.to_thread(message_actions.abandon, message)
+        raise
+    if not isinstance(outcome, Accepted):
+        log.warning("dead-lettering message %s: %s: %s", message.message_id, outcome.reason, outcome.description)
+        await asyncio.to_thread(message_actions.deadletter, message, deadletter_reason=outcome.reason,
+                                deadletter_error_description=outcome.description)
+        return
+    await asyncio.to_thread(message_actions.complete, message)
+    # Fast path: claim and start at once; the Starter's timer poll is the safety net if this fails.
+    try:
+        await start_one(services, client.start_new, outcome.order.order_id)
+    except Exception:
+        log.exception("fast-path start of %s failed; the Starter poll will pick it up", outcome.order.order_id)
