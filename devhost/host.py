@@ -82,7 +82,11 @@ class Host:
 
         web_app = web.Application(client_max_size=64 * 1024 * 1024)
         durable_fns = [s.function for s in self.functions if s.trigger_type in DURABLE_TRIGGERS]
-        self.invoker = Invoker(client_binding_json=lambda: self.engine.client_binding_json())
+        from .sdk_servicebus import WorkerLoop  # noqa: PLC0415
+
+        self._worker = WorkerLoop()
+        self._worker.start()
+        self.invoker = Invoker(client_binding_json=lambda: self.engine.client_binding_json(), worker_loop=self._worker)
         self.engine = DurableEngine(db_path=state_dir / "durable.db", functions=durable_fns, invoke=self.invoker,
                                     max_concurrent_activities=durable.max_concurrent_activities,
                                     task_hub=durable.hub_name)
@@ -120,15 +124,6 @@ class Host:
     def _caller(self, spec: FunctionSpec):  # type: ignore[no-untyped-def]
         async def call(kwargs: dict[str, Any]) -> Any:
             return await self.invoker.call(spec.function, kwargs)
-        return call
-
-    def _worker_caller(self, spec: FunctionSpec):  # type: ignore[no-untyped-def]
-        """Functions that settle through ServiceBusMessageActions make blocking gRPC calls to the host; in Azure the
-        worker is another process. Here they run on a worker loop apart from the host loop, so a blocking settle
-        inside an `async def` cannot stall the host loop that carries the settlement out."""
-        async def call(kwargs: dict[str, Any]) -> Any:
-            built = self.invoker.build_kwargs(spec.function, kwargs)
-            return await self._worker.call(spec.function.get_user_function(), **built)
         return call
 
     def _start_timer(self, spec: FunctionSpec, config: HostConfig, state_dir: Path) -> None:
@@ -170,7 +165,6 @@ class Host:
         call = self._caller(spec)
         if sdk_type or actions_params:
             self._ensure_settlement()
-            call = self._worker_caller(spec)
 
         async def invoke(delivery: Delivery) -> None:
             message = sdk_servicebus.to_sdk_message(delivery.message) if sdk_type else function_message(
@@ -199,8 +193,6 @@ class Host:
             from . import sdk_servicebus  # noqa: PLC0415
             self._settlement = sdk_servicebus.SettlementServer(self._deliveries.get, asyncio.get_running_loop())
             sdk_servicebus.configure_message_actions(self._settlement.start())
-            self._worker = sdk_servicebus.WorkerLoop()
-            self._worker.start()
 
     # ---- run / stop -------------------------------------------------------------------------------------------
     async def wait_stopped(self) -> None:
@@ -216,6 +208,7 @@ class Host:
             await self.engine.stop()
         if self._settlement is not None:
             self._settlement.stop()
+        if self._worker is not None:
             self._worker.stop()
         for client in self._clients.values():
             await client.close()

@@ -72,10 +72,15 @@ class Invoker:
     """Reusable for every trigger. `client_binding_json` supplies what a durableClient parameter receives."""
 
     def __init__(
-        self, *, client_binding_json: Callable[[], str] | None = None, max_workers: int = 32
+        self, *, client_binding_json: Callable[[], str] | None = None, max_workers: int = 32,
+        worker_loop: Any = None,
     ) -> None:
         self._client_binding_json = client_binding_json
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="devhost-fn")
+        # With a worker loop (devhost.sdk_servicebus.WorkerLoop), `async def` functions run on it, apart from the
+        # host loop, as they run in the Python worker process in Azure: one loop for all user code, so clients the
+        # app caches (aiohttp sessions of the Durable client, aio SDK clients) stay on one loop.
+        self._worker_loop = worker_loop
 
     def set_client_binding(self, provider: Callable[[], str]) -> None:
         self._client_binding_json = provider
@@ -87,7 +92,9 @@ class Invoker:
         """Invoke `fn` (an azure.functions Function) with `inputs` keyed by binding/parameter name."""
         user_fn = fn.get_user_function()
         kwargs = self.build_kwargs(fn, inputs, invocation_id=invocation_id)
-        if inspect.iscoroutinefunction(user_fn):
+        if inspect.iscoroutinefunction(user_fn) and self._worker_loop is not None:
+            result = await self._worker_loop.call(user_fn, **kwargs)
+        elif inspect.iscoroutinefunction(user_fn):
             result = await user_fn(**kwargs)
         else:
             loop = asyncio.get_running_loop()

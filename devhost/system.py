@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from orderflow.settings import SETTINGS
+
 ROOT = Path(__file__).resolve().parent.parent
 _LISTENING = re.compile(r"listening on (http://\S+)")
 
@@ -52,6 +54,8 @@ LOCAL_DEFAULTS = {
     "RetryBackoffBaseSeconds": "1",
     "RetryBackoffMaxSeconds": "5",
     "FailureThreshold": "3",
+    "AGENT_MAX_CONCURRENT_SESSIONS": "32",
+    "AGENT_RECEIVE_WAIT_MS": "300",
 }
 
 
@@ -121,6 +125,8 @@ class LocalSystem:
     def env(self) -> dict[str, str]:
         c = self.config
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+        # Every registered app setting with its documented default, as local.settings.sample.json lists them.
+        env.update({s.name: s.default for s in SETTINGS if s.default is not None and s.name not in env})
         env.update({
             "ServiceBusConnection": c.bus_connection,
             "CosmosDb__accountEndpoint": c.store_endpoint,
