@@ -7,7 +7,7 @@ Repeating a call with the same input is a no-op (the state machine treats an ide
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import azure.durable_functions as df
 
@@ -15,7 +15,7 @@ from orderflow import function_names as fn
 from orderflow import telemetry
 from orderflow.messages import AlertKind, OrderStatus, StepName
 from orderflow.outbound import raise_alert, send_status
-from orderflow.records import ProcessState, StepStatus, parse_utc
+from orderflow.records import OrderStateRecord, ProcessState, StepStatus, parse_utc
 from orderflow.runtime import get_services
 from orderflow.state_machine import Fenced, complete, fail, record_step, set_step_deadline
 
@@ -39,18 +39,24 @@ async def load_order(request: dict[str, Any]) -> dict[str, Any] | None:
             "total": str(order.total()), "items": [i.to_dict() for i in order.items]}
 
 
+async def _fenced(order_id: str, mutate: Callable[[OrderStateRecord], OrderStateRecord], what: str) -> bool:
+    """Apply one fenced update; False when this instance no longer holds LockedBy (a superseded attempt)."""
+    services = await get_services()
+    try:
+        await services.state.update_with_retry(order_id, mutate)
+    except Fenced as exc:
+        log.info("%s fenced: %s", what, exc)
+        return False
+    return True
+
+
 @bp.function_name(fn.SET_STEP_DEADLINE)
 @bp.activity_trigger(input_name="request")
 async def set_step_deadline_activity(request: dict[str, Any]) -> bool:
     services = await get_services()
     step, deadline = StepName(request["step"]), parse_utc(request["completeBy"])
-    try:
-        await services.state.update_with_retry(request["orderId"], lambda r: set_step_deadline(
-            r, request["instanceId"], step, deadline, services.clock.now()))
-    except Fenced as exc:
-        log.info("set_step_deadline fenced: %s", exc)
-        return False
-    return True
+    return await _fenced(request["orderId"], lambda r: set_step_deadline(
+        r, request["instanceId"], step, deadline, services.clock.now()), fn.SET_STEP_DEADLINE)
 
 
 @bp.function_name(fn.RECORD_STEP_RESULT)
@@ -58,13 +64,9 @@ async def set_step_deadline_activity(request: dict[str, Any]) -> bool:
 async def record_step_result(request: dict[str, Any]) -> bool:
     services = await get_services()
     step, status = StepName(request["step"]), StepStatus(request["status"])
-    try:
-        await services.state.update_with_retry(request["orderId"], lambda r: record_step(
-            r, request["instanceId"], step, status, services.clock.now(), error=request.get("error")))
-    except Fenced as exc:
-        log.info("record_step_result fenced: %s", exc)
-        return False
-    return True
+    return await _fenced(request["orderId"], lambda r: record_step(
+        r, request["instanceId"], step, status, services.clock.now(), error=request.get("error")),
+        fn.RECORD_STEP_RESULT)
 
 
 @bp.function_name(fn.FINISH_ORDER)

@@ -9,12 +9,9 @@ and the reply goes to the Agent's configured replies queue (the Agent does not s
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from pydantic import ValidationError
-
-from orderflow.messages import SCHEMA_VERSION, AgentRequest, InvalidMessage, idempotency_key
+from orderflow.messages import AgentRequest, InvalidMessage, idempotency_key, parse_message
 
 
 def message_body(message: Any) -> bytes:
@@ -32,36 +29,9 @@ def message_body(message: Any) -> bytes:
 
 def parse_agent_request(body: bytes | str, session_id: str | None, replies_queue: str) -> AgentRequest:
     """Validate one request; raise InvalidMessage with a reason naming the field."""
-    raw = _json_object(body)
-    _expect(raw, "type", "AgentRequest", "UnknownType")
-    _expect(raw, "schemaVersion", SCHEMA_VERSION, "UnsupportedSchemaVersion")
-    request = _validate(raw)
+    request = parse_message(AgentRequest, "AgentRequest", body)
     _check_contract(request, session_id, replies_queue)
     return request
-
-
-def _json_object(body: bytes | str) -> dict[str, Any]:
-    try:
-        raw = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidMessage("InvalidJson", f"body is not JSON: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise InvalidMessage("InvalidJson", "body must be a JSON object")
-    return raw
-
-
-def _expect(raw: dict[str, Any], field: str, expected: object, reason: str) -> None:
-    if raw.get(field) != expected:
-        raise InvalidMessage(reason, f"field '{field}' must be {expected!r}, got {raw.get(field)!r}")
-
-
-def _validate(raw: dict[str, Any]) -> AgentRequest:
-    try:
-        return AgentRequest.model_validate(raw)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "body"
-        raise InvalidMessage(f"InvalidField:{field}", f"field '{field}': {err['msg']}") from exc
 
 
 def _invalid(field: str, description: str) -> InvalidMessage:

@@ -12,6 +12,14 @@ number for that key) — `decide()` — so a run is reproducible whatever the ti
 - hang: the effect is applied, then the response is held for `hang_seconds` (past any sane deadline): the
   caller times out not knowing the call succeeded — the case idempotency exists for.
 
+Scripted faults override the seeded decision for targeted tests: a script maps an idempotency key or an
+orderId to one behaviour per call number (`ok`, `transient`, `permanent`, `hang`); call n of a key uses entry
+n-1 of its idempotency key's list, else of its orderId's list (so an orderId script applies to each of its
+steps), and calls beyond the list fall back to the seeded decision. Load one with `--script FILE` (a JSON
+object) or, on a running simulator, `POST /script` (merged into the current script; `GET /script` shows it).
+Still deterministic: the behaviour is a pure function of (script, seed, key, call number). `GET /effects` also
+reports the calls per idempotency key (`callsByKey`).
+
 Side effects live in SQLite by idempotency key: the first successful call for a key applies the effect and
 stores its result; every later call with that key returns the stored result (`replayed: true`) and applies
 nothing. `applied_effects` counts effects per (orderId, step); `GET /effects` reports them and the number of
@@ -94,6 +102,50 @@ def decide(config: FaultConfig, key: str, call_number: int) -> Decision:
     return Decision(Fault.NONE, latency, 200)
 
 
+BEHAVIOURS: dict[str, Fault] = {
+    "ok": Fault.NONE,
+    "transient": Fault.TRANSIENT,
+    "permanent": Fault.PERMANENT,
+    "hang": Fault.HANG,
+}
+_NAMES = {fault: name for name, fault in BEHAVIOURS.items()}
+_STATUS = {Fault.NONE: 200, Fault.PERMANENT: 422, Fault.HANG: 200}
+FaultScript = dict[str, tuple[Fault, ...]]
+
+
+def parse_script(raw: object) -> FaultScript:
+    """Validate `{target: [behaviour, ...]}` (target: idempotency key or orderId); ValueError if bad."""
+    if not isinstance(raw, dict):
+        raise ValueError("a fault script must be a JSON object {target: [behaviour, ...]}")
+    script: FaultScript = {}
+    for target, behaviours in raw.items():
+        if not isinstance(behaviours, list) or not all(b in BEHAVIOURS for b in behaviours):
+            raise ValueError(f"script of {target!r} must be a list of {sorted(BEHAVIOURS)}")
+        script[str(target)] = tuple(BEHAVIOURS[b] for b in behaviours)
+    return script
+
+
+def scripted_fault(script: FaultScript, key: str, order_id: str, call_number: int) -> Fault | None:
+    """The scripted behaviour of call `call_number` (1-based) of `key`, or None (use the seeded decision)."""
+    for target in (key, order_id):
+        behaviours = script.get(target)
+        if behaviours is not None:
+            return behaviours[call_number - 1] if call_number <= len(behaviours) else None
+    return None
+
+
+def decide_call(
+    config: FaultConfig, script: FaultScript, key: str, order_id: str, call_number: int
+) -> Decision:
+    """`decide`, overridden by the script where it has an entry for this call."""
+    seeded = decide(config, key, call_number)
+    fault = scripted_fault(script, key, order_id, call_number)
+    if fault is None:
+        return seeded
+    status = _STATUS.get(fault) or (seeded.status if seeded.fault is Fault.TRANSIENT else 503)
+    return Decision(fault, seeded.latency, status)
+
+
 def _latency(config: FaultConfig, key: str, call_number: int) -> float:
     if config.latency_ms_mean <= 0:
         return 0.0
@@ -172,12 +224,13 @@ class EffectStore:
         rows = self._db.execute(
             "SELECT order_id, step, count FROM applied_effects ORDER BY order_id, step"
         ).fetchall()
-        calls = self._db.execute("SELECT COALESCE(SUM(count), 0) FROM calls").fetchone()[0]
+        by_key = dict(self._db.execute("SELECT key, count FROM calls ORDER BY key").fetchall())
         return {
             "effects": [{"orderId": o, "step": s, "applied": c} for o, s, c in rows],
             "totalApplied": sum(c for _, _, c in rows),
             "duplicates": sum(c - 1 for _, _, c in rows if c > 1),
-            "calls": int(calls),
+            "calls": sum(by_key.values()),
+            "callsByKey": by_key,
         }
 
 
@@ -191,9 +244,15 @@ class Simulator:
     """The simulator as an object: start it on a port inside a test or the demo, stop it, read its effects."""
 
     def __init__(
-        self, config: FaultConfig, db_path: str | Path, host: str = "127.0.0.1", port: int = 0
+        self,
+        config: FaultConfig,
+        db_path: str | Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        script: FaultScript | None = None,
     ) -> None:
         self.config = config
+        self.script: FaultScript = dict(script or {})
         self._host = host
         self._port = port
         self.store = EffectStore(db_path)
@@ -229,7 +288,20 @@ class Simulator:
         app.router.add_post("/steps/{step}", self._step)
         app.router.add_get("/effects", self._effects)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/script", self._get_script)
+        app.router.add_post("/script", self._post_script)
         return app
+
+    async def _get_script(self, _: web.Request) -> web.Response:
+        return web.json_response({t: [_NAMES[f] for f in fs] for t, fs in self.script.items()})
+
+    async def _post_script(self, request: web.Request) -> web.Response:
+        """Merge `{target: [behaviour, ...]}` into the script (a target's list is replaced)."""
+        try:
+            self.script.update(parse_script(await request.json()))
+        except ValueError as exc:
+            return _error(400, "InvalidScript", str(exc))
+        return await self._get_script(request)
 
     async def _health(self, _: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -245,7 +317,7 @@ class Simulator:
         if isinstance(parsed, web.Response):
             return parsed
         order_id, key = parsed
-        decision = decide(self.config, key, self.store.next_call(key))
+        decision = decide_call(self.config, self.script, key, order_id, self.store.next_call(key))
         await self._pause(decision.latency)
         if decision.fault is Fault.TRANSIENT:
             return self._transient(decision.status)
@@ -307,7 +379,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--retry-after-ms", type=int, default=100)
     p.add_argument("--db", default=".simulator.sqlite", help="SQLite file of the side effects")
+    p.add_argument("--script", default=None, help="JSON file {idempotencyKey or orderId: [ok|transient|...]}")
     return p
+
+
+def script_from_args(args: argparse.Namespace) -> FaultScript:
+    return parse_script(json.loads(Path(args.script).read_text())) if args.script else {}
 
 
 def config_from_args(args: argparse.Namespace) -> FaultConfig:
@@ -328,7 +405,8 @@ async def _serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with Simulator(config_from_args(args), args.db, args.host, args.port) as sim:
+    script = script_from_args(args)
+    async with Simulator(config_from_args(args), args.db, args.host, args.port, script) as sim:
         print(f"simulator listening on {sim.url}", flush=True)
         await stop.wait()
 

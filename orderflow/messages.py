@@ -12,7 +12,7 @@ import re
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -109,26 +109,34 @@ class InvalidMessage(Exception):
         self.description = description
 
 
-def parse_submit_order(body: bytes | str) -> SubmitOrder:
-    """Validate a SubmitOrder body; raise InvalidMessage with a reason that names the offending field."""
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_message(model: type[M], kind: str, body: bytes | str) -> M:
+    """Validate a message body of `type` == kind; raise InvalidMessage with a reason that names the field."""
     try:
         raw = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidMessage("InvalidJson", f"body is not JSON: {exc}") from exc
     if not isinstance(raw, dict):
         raise InvalidMessage("InvalidJson", "body must be a JSON object")
-    kind = raw.get("type")
-    if kind != "SubmitOrder":
-        raise InvalidMessage("UnknownType", f"field 'type' must be 'SubmitOrder', got {kind!r}")
+    if raw.get("type") != kind:
+        raise InvalidMessage("UnknownType", f"field 'type' must be {kind!r}, got {raw.get('type')!r}")
     version = raw.get("schemaVersion")
     if version != SCHEMA_VERSION:
-        raise InvalidMessage("UnsupportedSchemaVersion", f"field 'schemaVersion' must be 1, got {version!r}")
+        raise InvalidMessage("UnsupportedSchemaVersion",
+                             f"field 'schemaVersion' must be {SCHEMA_VERSION}, got {version!r}")
     try:
-        return SubmitOrder.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or "body"
         raise InvalidMessage(f"InvalidField:{field}", f"field '{field}': {err['msg']}") from exc
+
+
+def parse_submit_order(body: bytes | str) -> SubmitOrder:
+    """Validate a SubmitOrder body; raise InvalidMessage with a reason that names the offending field."""
+    return parse_message(SubmitOrder, "SubmitOrder", body)
 
 
 class StepName(StrEnum):

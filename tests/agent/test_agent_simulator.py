@@ -224,3 +224,61 @@ def test_effect_store_applies_once_across_connections(tmp_path: Path) -> None:
     store = EffectStore(tmp_path / "db")
     assert store.report()["totalApplied"] == 1
     store.close()
+
+
+# --- scripted faults: a targeted override of the seeded decision, still deterministic -------------------------
+
+
+def test_script_overrides_the_seeded_decision_per_call_then_falls_back() -> None:
+    from agent.simulator import decide_call, parse_script
+
+    config = FaultConfig(seed=7, permanent_failure_rate=1.0)  # seeded: every key is rejected
+    script = parse_script({"o-1": ["transient", "hang", "ok"]})
+    faults = [decide_call(config, script, "o-1:charge-payment", "o-1", n).fault for n in (1, 2, 3, 4)]
+    assert faults == [Fault.TRANSIENT, Fault.HANG, Fault.NONE, Fault.PERMANENT]
+    assert decide_call(config, script, "o-2:charge-payment", "o-2", 1) == decide(config, "o-2:charge-payment", 1)
+    assert decide_call(config, script, "o-1:x", "o-1", 1).status in (429, 503)
+    again = [decide_call(config, script, "o-1:charge-payment", "o-1", n) for n in (1, 2, 3, 4)]
+    assert again == [decide_call(config, script, "o-1:charge-payment", "o-1", n) for n in (1, 2, 3, 4)]
+
+
+def test_an_idempotency_key_script_wins_over_its_order_script() -> None:
+    from agent.simulator import decide_call, parse_script
+
+    script = parse_script({"o-1": ["transient"], "o-1:charge-payment": ["permanent"]})
+    config = FaultConfig()
+    assert decide_call(config, script, "o-1:charge-payment", "o-1", 1).fault is Fault.PERMANENT
+    assert decide_call(config, script, "o-1:charge-payment", "o-1", 1).status == 422
+    assert decide_call(config, script, "o-1:reserve-inventory", "o-1", 1).fault is Fault.TRANSIENT
+
+
+@pytest.mark.parametrize("raw", [[], {"o-1": "ok"}, {"o-1": ["ok", "explode"]}])
+def test_malformed_scripts_are_refused(raw: Any) -> None:
+    from agent.simulator import parse_script
+
+    with pytest.raises(ValueError, match="script"):
+        parse_script(raw)
+
+
+async def test_script_endpoint_drives_calls_and_counts_them(tmp_path: Path) -> None:
+    async with Simulator(FaultConfig(seed=3), tmp_path / "db") as sim, aiohttp.ClientSession() as http:
+        async with http.post(f"{sim.url}/script", json={"o-1": ["transient", "permanent"]}) as r:
+            assert r.status == 200 and await r.json() == {"o-1": ["transient", "permanent"]}
+        async with http.post(f"{sim.url}/script", json={"o-2": ["nope"]}) as r:
+            assert r.status == 400 and (await r.json())["errorCode"] == "InvalidScript"
+        statuses = [(await post(http, sim, call("o-1")))[0] for _ in range(3)]
+        report = await effects(http, sim)
+        async with http.get(f"{sim.url}/script") as r:
+            assert await r.json() == {"o-1": ["transient", "permanent"]}
+    assert statuses[0] in (429, 503) and statuses[1:] == [422, 200]
+    assert report["callsByKey"] == {"o-1:charge-payment": 3} and report["totalApplied"] == 1
+
+
+def test_script_file_is_loaded_from_the_command_line(tmp_path: Path) -> None:
+    from agent.simulator import build_parser, script_from_args
+
+    path = tmp_path / "script.json"
+    path.write_text('{"o-9:arrange-shipping": ["hang", "ok"]}')
+    args = build_parser().parse_args(["--script", str(path)])
+    assert script_from_args(args) == {"o-9:arrange-shipping": (Fault.HANG, Fault.NONE)}
+    assert script_from_args(build_parser().parse_args([])) == {}

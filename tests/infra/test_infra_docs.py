@@ -1,4 +1,4 @@
-"""docs/deploy.md "Deploy" section: azd up, the az deployment alternative, adding a submitting application, an
+"""README.md "Deploy" section: azd up, the az deployment alternative, adding a submitting application, an
 identity-based send/receive snippet that is valid Python and uses the real message schema, and teardown."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from orderflow.messages import SubmitOrder
 
 from .bicep_tree import REPO, main
 
-DOC = (REPO / "docs" / "deploy.md").read_text()
+DOC = (REPO / "README.md").read_text()
 
 
 def _deploy_section() -> str:
-    match = re.search(r"^## Deploy\n(.*?)(?=^## )", DOC, re.MULTILINE | re.DOTALL)
-    assert match, "docs/deploy.md has no '## Deploy' section"
+    match = re.search(r"^## Deploy\n(.*?)(?=^## |\Z)", DOC, re.MULTILINE | re.DOTALL)
+    assert match, "README.md has no '## Deploy' section"
     return match.group(1)
 
 
