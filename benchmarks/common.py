@@ -110,6 +110,7 @@ class RssSampler:
     select: Callable[[], dict[str, psutil.Process]]
     interval: float = 0.1
     peaks_mib: dict[str, float] = field(default_factory=dict)
+    cpu_s: dict[str, float] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -131,9 +132,11 @@ class RssSampler:
         for name, proc in self.select().items():
             try:
                 value = proc.memory_info().rss / MIB
+                times = proc.cpu_times()
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             self.peaks_mib[name] = round(max(self.peaks_mib.get(name, 0.0), value), 1)
+            self.cpu_s[name] = round(times.user + times.system, 2)  # last seen; a process's CPU only grows
 
 
 def write_result(name: str, figures: dict[str, Any], *, quick: bool, params: dict[str, Any],
@@ -149,3 +152,33 @@ def write_result(name: str, figures: dict[str, Any], *, quick: bool, params: dic
 
 def python() -> str:
     return sys.executable
+
+
+def role_of(proc: psutil.Process) -> str | None:
+    """Which part of the local system (devhost/system.py) a process is, from its command line."""
+    try:
+        argv = proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    joined = " ".join(argv)
+    if "-m devhost start" in joined:
+        return "devhost"
+    if "-m agent.simulator" in joined:
+        return "simulator"
+    if "-m agent" in joined:
+        return "agent"
+    return None
+
+
+def system_processes(root: psutil.Process) -> dict[str, psutil.Process]:
+    """The devhost, agent and simulator processes below `root`, by role."""
+    try:
+        children = root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return {}
+    found: dict[str, psutil.Process] = {}
+    for child in children:
+        role = role_of(child)
+        if role is not None:
+            found[role] = child
+    return found

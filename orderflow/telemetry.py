@@ -7,11 +7,30 @@ set (host.json `telemetryMode: OpenTelemetry`); locally the console; in tests an
 from __future__ import annotations
 
 import logging
+import os
+from typing import Mapping
 
 from opentelemetry import metrics
 
 METER_NAME = "orderflow"
 log = logging.getLogger("orderflow.alerts")
+
+
+def configure_from_env(env: Mapping[str, str] | None = None) -> bool:
+    """Export to Application Insights when APPLICATIONINSIGHTS_CONNECTION_STRING is set (Azure; identity-based
+    ingestion via APPLICATIONINSIGHTS_AUTHENTICATION_STRING). Returns whether an exporter was configured."""
+    source = os.environ if env is None else env
+    if not source.get("APPLICATIONINSIGHTS_CONNECTION_STRING"):
+        return False
+    from azure.monitor.opentelemetry import configure_azure_monitor  # noqa: PLC0415
+
+    credential = None
+    if "Authorization=AAD" in source.get("APPLICATIONINSIGHTS_AUTHENTICATION_STRING", ""):
+        from azure.identity import ManagedIdentityCredential  # noqa: PLC0415
+
+        credential = ManagedIdentityCredential(client_id=source.get("AZURE_CLIENT_ID"))
+    configure_azure_monitor(credential=credential, logger_name="orderflow")
+    return True
 
 
 def _meter() -> metrics.Meter:

@@ -115,6 +115,31 @@ def test_sessions_are_fifo_and_exclusive(host: HostedSample) -> None:
     assert {k: v for k, v in by_session.items()} == {f"s{n}": list(range(10)) for n in range(4)}
 
 
+def _peak_overlap(records: list[dict[str, object]]) -> int:
+    """Most executions in flight at once, from each record's start and end ("t") times."""
+    edges = sorted([(r["start"], 1) for r in records] + [(r["t"], -1) for r in records])  # type: ignore[misc]
+    peak = current = 0
+    for _, delta in edges:
+        current += delta
+        peak = max(peak, current)
+    return peak
+
+
+def test_concurrency_is_bounded_by_host_json(host: HostedSample) -> None:
+    # Source: host.json reference for Service Bus — maxConcurrentCalls bounds concurrent messages, and
+    # maxConcurrentSessions concurrent sessions (4 each in tests/sample_host_app/host.json).
+    with host.bus.get_queue_sender("work") as sender:
+        sender.send_messages([ServiceBusMessage(f"slow {i}", message_id=f"c-{i}") for i in range(16)])
+    with host.bus.get_queue_sender("work-sessions") as sender:
+        sender.send_messages([ServiceBusMessage(str(seq), session_id=f"p{n}", message_id=f"p{n}-{seq}")
+                              for n in range(8) for seq in range(3)])
+    work = wait_until(lambda: len(host.records("work")) >= 16 and host.records("work"), what="16 messages")
+    sessions = wait_until(lambda: len(host.records("session")) >= 24 and host.records("session"), what="24 msgs")
+    assert 2 <= _peak_overlap(work) <= 4
+    in_flight_sessions = _peak_overlap(sessions)
+    assert 2 <= in_flight_sessions <= 4
+
+
 def test_sdk_type_binding_settles_from_the_function(host: HostedSample) -> None:
     with host.bus.get_queue_sender("sdk") as sender:
         sender.send_messages([ServiceBusMessage("fine", message_id="ok-1"),

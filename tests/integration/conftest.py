@@ -1,101 +1,20 @@
-"""Integration fixtures: the order pipeline's domain core in-process, on the embedded SQLite store and embedded
-broker in `tmp_path`, with an injected `FakeClock` and `orderflow.runtime.Services` built by hand (no devhost).
-
-Helpers read what the pipeline sent (status messages per order on the reply queue, operator alerts) by peeking,
-so a test can assert both what was sent and that nothing was.
-"""
+"""Integration fixtures: a fresh in-process deployment per test, and the process-wide in-memory metric reader."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field, replace
-from datetime import timedelta
-from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 import pytest
+from integration_support import Pipeline, open_pipeline
 from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from orderflow.bus.aio import from_connection_string
-from orderflow.clock import FakeClock
-from orderflow.messages import OperatorAlert, StatusMessage, SubmitOrder
-from orderflow.runtime import Services, Tunables
-from orderflow.store.sqlite_store import open_sqlite_stores
-
-ROOT = Path(__file__).resolve().parents[2]
-REPLY_QUEUE = "app-status"
-ALERTS_QUEUE = "operator-alerts"
-
-
-def tunables(**overrides: Any) -> Tunables:
-    """The documented defaults (orderflow.settings), with short test overrides."""
-    base = Tunables.from_env({"ClaimLeaseSeconds": "30", "StepTimeoutSeconds": "10",
-                              "RetryBackoffBaseSeconds": "2", "RetryBackoffMaxSeconds": "60"})
-    return replace(base, **overrides)
-
-
-def order_body(order_id: str, *, reply_to: str = REPLY_QUEUE, quantity: Any = 2, **fields: Any) -> dict[str, Any]:
-    """A valid SubmitOrder as the client sends it (JSON-ready), with fields overridable."""
-    order = SubmitOrder(orderId=order_id, replyTo=reply_to, customer={"id": "c-1", "name": "Ada"},
-                        items=[{"sku": "SKU-001", "quantity": 2, "unitPrice": Decimal("9.99")}],
-                        currency="EUR", submittedAt="2024-01-01T00:00:00+00:00").to_dict()
-    order["items"][0]["quantity"] = quantity
-    order.update(fields)
-    return order
-
-
-def encode(body: dict[str, Any]) -> bytes:
-    return json.dumps(body).encode()
-
-
-@dataclass
-class Pipeline:
-    """One in-process deployment: its services, clock and the paths shared with a peer deployment."""
-
-    services: Services
-    clock: FakeClock
-    store_path: Path
-    bus_connection: str
-    peers: list[Services] = field(default_factory=list)
-
-    async def statuses(self, order_id: str) -> list[StatusMessage]:
-        """Every status message sent to the order's session on the reply queue (peeked, left in place)."""
-        async with self.services.bus.get_queue_receiver(REPLY_QUEUE, session_id=order_id) as receiver:
-            msgs = await receiver.peek_messages(max_message_count=100)
-        return [StatusMessage.model_validate_json(b"".join(m.body)) for m in msgs]
-
-    async def alerts(self) -> list[OperatorAlert]:
-        async with self.services.bus.get_queue_receiver(ALERTS_QUEUE) as receiver:
-            msgs = await receiver.peek_messages(max_message_count=1000)
-        return [OperatorAlert.model_validate_json(b"".join(m.body)) for m in msgs]
-
-    async def peer(self, **overrides: Any) -> Services:
-        """A second deployment (another Functions instance) on the same store file and broker, same clock."""
-        orders, state = open_sqlite_stores(self.store_path)
-        peer = Services(orders=orders, state=state, bus=from_connection_string(self.bus_connection),
-                        tunables=replace(self.services.tunables, **overrides), clock=self.clock)
-        self.peers.append(peer)
-        return peer
-
-    async def aclose(self) -> None:
-        for services in (self.services, *self.peers):
-            await services.bus.close()
-            await services.state.aclose()
-
 
 @pytest.fixture
 async def pipeline(tmp_path: Path) -> AsyncIterator[Pipeline]:
-    clock = FakeClock()
-    store_path = tmp_path / "store.db"
-    conn = f"Endpoint=embedded://{tmp_path / 'bus.db'};ConfigFile={ROOT / 'servicebus.config.json'}"
-    orders, state = open_sqlite_stores(store_path)
-    services = Services(orders=orders, state=state, bus=from_connection_string(conn), tunables=tunables(),
-                        clock=clock)
-    deployment = Pipeline(services, clock, store_path, conn)
+    deployment = await open_pipeline(tmp_path)
     yield deployment
     await deployment.aclose()
 
@@ -110,24 +29,3 @@ def metric_reader() -> Iterator[InMemoryMetricReader]:
         pytest.fail("another MeterProvider was installed first; the metric assertions would be void")
     yield reader
     provider.shutdown()
-
-
-def metric_points(reader: InMemoryMetricReader, name: str) -> list[Any]:
-    """Every data point of metric `name` collected so far (cumulative temporality)."""
-    data = reader.get_metrics_data()
-    if data is None:
-        return []
-    return [point for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
-            if m.name == name for point in m.data.data_points]
-
-
-def counter_value(reader: InMemoryMetricReader, name: str, **attributes: Any) -> float:
-    return sum(p.value for p in metric_points(reader, name) if all(p.attributes.get(k) == v
-                                                                   for k, v in attributes.items()))
-
-
-def histogram_count(reader: InMemoryMetricReader, name: str) -> int:
-    return sum(p.count for p in metric_points(reader, name))
-
-
-LEASE = timedelta(seconds=30)

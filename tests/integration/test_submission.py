@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import REPLY_QUEUE, Pipeline, encode, order_body
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from integration_support import REPLY_QUEUE, Pipeline, encode, order_body, tunables
 
 from devhost.durable.ids import validate_instance_id
 from orderflow.messages import MAX_ATTEMPT, ORDER_ID_PATTERN, AlertKind, OrderStatus
@@ -20,6 +20,7 @@ from orderflow.records import ProcessState, instance_id
 from orderflow.runtime import Services
 from orderflow.submission import Accepted, Rejected, submit, validate
 
+_TUNABLES = tunables()
 INTERNAL_QUEUES = ["orders-inbound", "agent-requests", "agent-replies", "operator-alerts"]
 
 
@@ -197,8 +198,3 @@ def test_instance_id_rejects_attempts_outside_the_range() -> None:
     for attempt in (0, MAX_ATTEMPT + 1):
         with pytest.raises(ValueError, match="attempt"):
             instance_id("o-1", attempt)
-
-
-from conftest import tunables as _make_tunables  # noqa: E402
-
-_TUNABLES = _make_tunables()

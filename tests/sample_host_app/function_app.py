@@ -68,19 +68,21 @@ def tick(timer: func.TimerRequest) -> None:
 @app.service_bus_queue_trigger(arg_name="msg", queue_name="%WorkQueue%", connection="ServiceBusConnection")
 def work(msg: func.ServiceBusMessage) -> None:
     body = msg.get_body().decode()
+    started = time.time()
     if body.startswith("fail"):
         raise RuntimeError("asked to fail")
     if body.startswith("slow"):
         time.sleep(0.2)
-    record("work", id=msg.message_id, delivery=msg.delivery_count, body=body,
+    record("work", id=msg.message_id, start=started, delivery=msg.delivery_count, body=body,
            props=msg.application_properties, reply_to=msg.reply_to, correlation_id=msg.correlation_id)
 
 
 @app.service_bus_queue_trigger(arg_name="msg", queue_name="%SessionQueue%", connection="ServiceBusConnection",
                                is_sessions_enabled=True)
 async def ordered(msg: func.ServiceBusMessage) -> None:
-    record("session", session=msg.session_id, seq=int(msg.get_body().decode()), id=msg.message_id)
-    await asyncio.sleep(0.01)
+    started = time.time()
+    await asyncio.sleep(0.05)
+    record("session", session=msg.session_id, seq=int(msg.get_body().decode()), id=msg.message_id, start=started)
 
 
 @app.service_bus_queue_trigger(arg_name="msg", queue_name="%SdkQueue%", connection="ServiceBusConnection",

@@ -1,0 +1,79 @@
+"""Sampling profiles with py-spy (if installed): record a running process's stacks (all threads) as collapsed
+text, then rank functions by self samples and by inclusive samples.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+_FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^)]*?)(?::\d+)?\)$")
+
+
+def py_spy() -> str | None:
+    """The py-spy executable beside this interpreter, or on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def attach(pid: int, out: Path, rate: int = 100) -> subprocess.Popen[bytes] | None:
+    """Start py-spy recording `pid` until it exits; None without py-spy."""
+    exe = py_spy()
+    if exe is None:
+        return None
+    return subprocess.Popen([exe, "record", "--pid", str(pid), "--format", "raw", "--rate", str(rate),
+                             "--output", str(out), "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _frame_name(frame: str) -> str:
+    match = _FRAME.match(frame.strip())
+    if not match:
+        return frame.strip()
+    path = match.group("file")
+    for marker in ("site-packages/", "/work/main/", "lib/python3"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    return f"{match.group('func')} ({path})"
+
+
+def summarize(collapsed: Path, top: int = 15) -> dict[str, Any]:
+    """Top functions by self and inclusive share of samples, from py-spy's raw (collapsed-stack) output.
+
+    Idle samples (threads parked in select/epoll/wait/acquire) are counted apart, so shares are of busy samples.
+    """
+    self_counts: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    busy = idle = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = [_frame_name(f) for f in stack.split(";")[1:]]  # the first element names the thread
+        if not frames:
+            continue
+        if _is_idle(frames[-1]):
+            idle += count
+            continue
+        busy += count
+        self_counts[frames[-1]] += count
+        for name in set(frames):
+            inclusive[name] += count
+
+    def share(counter: Counter[str]) -> list[dict[str, Any]]:
+        return [{"function": name, "pct": round(100 * n / busy, 1)} for name, n in counter.most_common(top)]
+
+    return {"busy_samples": busy, "idle_samples": idle, "top_self": share(self_counts),
+            "top_inclusive": share(inclusive)}
+
+
+def _is_idle(leaf: str) -> bool:
+    return leaf.split(" ", 1)[0] in {"select", "poll", "epoll", "wait", "_wait_for_tstate_lock", "acquire",
+                                    "_worker", "sleep", "control", "readline", "accept", "recv_into"}
