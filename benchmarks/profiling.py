@@ -12,7 +12,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-_FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^)]*?)(?::\d+)?\)$")
+_FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^)]*?)(?P<line>:\d+)?\)$")
+# Leaf frames of a thread parked waiting (py-spy's idle detection misses waits inside C calls on some kernels).
+WAITING = frozenset({"EpollSelector.select", "_worker", "Waiter.wait", "select"})
 
 
 def py_spy() -> str | None:
@@ -31,7 +33,7 @@ def attach(pid: int, out: Path, rate: int = 100) -> subprocess.Popen[bytes] | No
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _frame_name(frame: str) -> str:
+def _frame_name(frame: str, with_line: bool = False) -> str:
     match = _FRAME.match(frame.strip())
     if not match:
         return frame.strip()
@@ -40,40 +42,38 @@ def _frame_name(frame: str) -> str:
         if marker in path:
             path = path.split(marker, 1)[1]
             break
-    return f"{match.group('func')} ({path})"
+    line = match.group("line") or "" if with_line else ""
+    return f"{match.group('func')} ({path}{line})"
 
 
 def summarize(collapsed: Path, top: int = 15) -> dict[str, Any]:
     """Top functions by self and inclusive share of samples, from py-spy's raw (collapsed-stack) output.
 
-    Idle samples (threads parked in select/epoll/wait/acquire) are counted apart, so shares are of busy samples.
+    Self samples are keyed by function and line (which statement is hot); inclusive ones by function. Samples
+    whose leaf is a known wait (an event loop's epoll, an idle executor thread) are counted apart as `waiting`,
+    so the shares are of working samples.
     """
     self_counts: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
-    busy = idle = 0
+    busy = waiting = 0
     for line in collapsed.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
             continue
         count = int(count_text)
-        frames = [_frame_name(f) for f in stack.split(";")[1:]]  # the first element names the thread
-        if not frames:
-            continue
-        if _is_idle(frames[-1]):
-            idle += count
+        raw_frames = stack.split(";")
+        frames = [_frame_name(f) for f in raw_frames]
+        if frames[-1].split(" ", 1)[0] in WAITING:
+            waiting += count
             continue
         busy += count
-        self_counts[frames[-1]] += count
+        self_counts[_frame_name(raw_frames[-1], with_line=True)] += count
         for name in set(frames):
             inclusive[name] += count
 
     def share(counter: Counter[str]) -> list[dict[str, Any]]:
         return [{"function": name, "pct": round(100 * n / busy, 1)} for name, n in counter.most_common(top)]
 
-    return {"busy_samples": busy, "idle_samples": idle, "top_self": share(self_counts),
+    return {"working_samples": busy, "waiting_samples": waiting, "top_self": share(self_counts),
             "top_inclusive": share(inclusive)}
 
-
-def _is_idle(leaf: str) -> bool:
-    return leaf.split(" ", 1)[0] in {"select", "poll", "epoll", "wait", "_wait_for_tstate_lock", "acquire",
-                                    "_worker", "sleep", "control", "readline", "accept", "recv_into"}

@@ -102,11 +102,12 @@ async def _read_effects(url: str) -> dict[str, Any]:
         return await r.json()  # type: ignore[no-any-return]
 
 
-async def _state_counts(env: dict[str, str], order_ids: list[str]) -> tuple[Counter[str], int, int]:
+async def _state_counts(env: dict[str, str], order_ids: list[str]) -> tuple[Counter[str], int, int, Counter[str]]:
     from orderflow.store import open_stores  # noqa: PLC0415
 
     stores = open_stores(env)
     counts: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
     missing = errors_without_reason = 0
     for oid in order_ids:
         found = await stores.state.get(oid)
@@ -115,10 +116,19 @@ async def _state_counts(env: dict[str, str], order_ids: list[str]) -> tuple[Coun
             continue
         rec = found[0]
         counts[rec.process_state.value] += 1
-        if rec.process_state.value == "Error" and not rec.last_error:
-            errors_without_reason += 1
+        if rec.process_state.value == "Error":
+            if not rec.last_error:
+                errors_without_reason += 1
+            reasons[_reason_kind(rec.last_error or "")] += 1
     await stores.aclose()
-    return counts, missing, errors_without_reason
+    return counts, missing, errors_without_reason, reasons
+
+
+def _reason_kind(error: str) -> str:
+    """`charge-payment: Declined: …` → `charge-payment: Declined`; `FailureThresholdReached: …` → that word."""
+    parts = [p.strip() for p in error.split(":")]
+    return ": ".join(parts[:2]) if parts and parts[0] in {"reserve-inventory", "charge-payment",
+                                                          "arrange-shipping"} else parts[0]
 
 
 async def _run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
@@ -154,13 +164,13 @@ async def _run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         await listener
         await bus.close()
         system.stop()
-    counts, missing, errors_without_reason = await _state_counts(env, [o.order_id for o in orders])
+    counts, missing, errors_without_reason, reasons = await _state_counts(env, [o.order_id for o in orders])
     latencies = [(client.terminal_at[o] - client.sent_at[o]) * 1000 for o in client.terminal_at if o in client.sent_at]
     lost = sum(1 for o in orders if o.order_id not in client.terminal_at) + missing
     return {
         "submitted": len(orders), "processed": counts.get("Processed", 0), "error": counts.get("Error", 0),
         "pending": counts.get("Pending", 0), "processing": counts.get("Processing", 0), "lost": lost,
-        "errors_without_reason": errors_without_reason,
+        "errors_without_reason": errors_without_reason, "error_reasons": dict(reasons.most_common()),
         "duplicate_side_effects": int(effects.get("duplicates", -1)),
         "status_messages": sum(len(v) for v in client.statuses.values()),
         "elapsed_s": round(elapsed, 3), "orders_per_s": round(len(orders) / elapsed, 2) if elapsed else 0.0,

@@ -14,6 +14,7 @@ costs one query only on that error path, and any error from the query propagates
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -204,6 +205,9 @@ class CosmosConnection:
         if not self._closed:
             self._closed = True
             await self.client.close()
+            # aiohttp discards TLS transports without waiting for connection_lost (aio-libs/aiohttp#1925); one
+            # loop iteration lets them close, so a caller that closes its loop right after does not leak them.
+            await asyncio.sleep(0)
             if self._credential is not None:
                 await self._credential.close()
 

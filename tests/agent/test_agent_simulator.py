@@ -226,7 +226,7 @@ def test_effect_store_applies_once_across_connections(tmp_path: Path) -> None:
     store.close()
 
 
-# --- scripted faults: a targeted override of the seeded decision, still deterministic -------------------------
+# --- scripted faults: a targeted override of the seeded decision, still deterministic -----------------------
 
 
 def test_script_overrides_the_seeded_decision_per_call_then_falls_back() -> None:
@@ -236,7 +236,9 @@ def test_script_overrides_the_seeded_decision_per_call_then_falls_back() -> None
     script = parse_script({"o-1": ["transient", "hang", "ok"]})
     faults = [decide_call(config, script, "o-1:charge-payment", "o-1", n).fault for n in (1, 2, 3, 4)]
     assert faults == [Fault.TRANSIENT, Fault.HANG, Fault.NONE, Fault.PERMANENT]
-    assert decide_call(config, script, "o-2:charge-payment", "o-2", 1) == decide(config, "o-2:charge-payment", 1)
+    assert decide_call(config, script, "o-2:charge-payment", "o-2", 1) == decide(
+        config, "o-2:charge-payment", 1
+    )
     assert decide_call(config, script, "o-1:x", "o-1", 1).status in (429, 503)
     again = [decide_call(config, script, "o-1:charge-payment", "o-1", n) for n in (1, 2, 3, 4)]
     assert again == [decide_call(config, script, "o-1:charge-payment", "o-1", n) for n in (1, 2, 3, 4)]

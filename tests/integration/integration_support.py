@@ -1,22 +1,20 @@
-"""Integration support: the order pipeline's domain core in-process, on the embedded SQLite store and embedded
-broker, with an injected `FakeClock` and `orderflow.runtime.Services` built by hand (no devhost).
+"""Integration support: the order pipeline's domain core in-process, on the embedded SQLite store and
+embedded broker, with an injected `FakeClock` and `orderflow.runtime.Services` built by hand (no devhost).
 
-`Pipeline` reads what the pipeline sent (status messages per order on the reply queue, operator alerts) by peeking,
-so a test can assert both what was sent and that nothing was; the metric helpers read an in-memory OpenTelemetry
-reader.
+`Pipeline` reads what the pipeline sent (status messages per order on the reply queue, operator alerts) by
+peeking, so a test can assert both what was sent and that nothing was; the metric helpers read an in-
+memory OpenTelemetry reader.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
-
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from orderflow.bus.aio import from_connection_string
 from orderflow.clock import FakeClock
@@ -33,16 +31,29 @@ ALERTS_QUEUE = "operator-alerts"
 
 def tunables(**overrides: Any) -> Tunables:
     """The documented defaults (orderflow.settings), with short test overrides."""
-    base = Tunables.from_env({"ClaimLeaseSeconds": "30", "StepTimeoutSeconds": "10",
-                              "RetryBackoffBaseSeconds": "2", "RetryBackoffMaxSeconds": "60"})
+    base = Tunables.from_env(
+        {
+            "ClaimLeaseSeconds": "30",
+            "StepTimeoutSeconds": "10",
+            "RetryBackoffBaseSeconds": "2",
+            "RetryBackoffMaxSeconds": "60",
+        }
+    )
     return replace(base, **overrides)
 
 
-def order_body(order_id: str, *, reply_to: str = REPLY_QUEUE, quantity: Any = 2, **fields: Any) -> dict[str, Any]:
+def order_body(
+    order_id: str, *, reply_to: str = REPLY_QUEUE, quantity: Any = 2, **fields: Any
+) -> dict[str, Any]:
     """A valid SubmitOrder as the client sends it (JSON-ready), with fields overridable."""
-    order = SubmitOrder(orderId="placeholder", replyTo=REPLY_QUEUE, customer={"id": "c-1", "name": "Ada"},
-                        items=[{"sku": "SKU-001", "quantity": 2, "unitPrice": Decimal("9.99")}],
-                        currency="EUR", submittedAt="2024-01-01T00:00:00+00:00").to_dict()
+    order = SubmitOrder(
+        orderId="placeholder",
+        replyTo=REPLY_QUEUE,
+        customer={"id": "c-1", "name": "Ada"},
+        items=[{"sku": "SKU-001", "quantity": 2, "unitPrice": Decimal("9.99")}],
+        currency="EUR",
+        submittedAt="2024-01-01T00:00:00+00:00",
+    ).to_dict()
     order["items"][0]["quantity"] = quantity
     order.update({"orderId": order_id, "replyTo": reply_to, **fields})
     return order
@@ -76,8 +87,13 @@ class Pipeline:
     async def peer(self, **overrides: Any) -> Services:
         """A second deployment (another Functions instance) on the same store file and broker, same clock."""
         orders, state = open_sqlite_stores(self.store_path)
-        peer = Services(orders=orders, state=state, bus=from_connection_string(self.bus_connection),
-                        tunables=replace(self.services.tunables, **overrides), clock=self.clock)
+        peer = Services(
+            orders=orders,
+            state=state,
+            bus=from_connection_string(self.bus_connection),
+            tunables=replace(self.services.tunables, **overrides),
+            clock=self.clock,
+        )
         self.peers.append(peer)
         return peer
 
@@ -92,8 +108,9 @@ async def open_pipeline(tmp_path: Path) -> Pipeline:
     conn = f"Endpoint=embedded://{tmp_path / 'bus.db'};ConfigFile={ROOT / 'servicebus.config.json'}"
     orders, state = open_sqlite_stores(tmp_path / "store.db")
     clock = FakeClock()
-    services = Services(orders=orders, state=state, bus=from_connection_string(conn), tunables=tunables(),
-                        clock=clock)
+    services = Services(
+        orders=orders, state=state, bus=from_connection_string(conn), tunables=tunables(), clock=clock
+    )
     return Pipeline(services, clock, tmp_path / "store.db", conn)
 
 
@@ -136,22 +153,18 @@ async def claim_orders(p: Pipeline, *order_ids: str) -> RecordingStartNew:
     return start
 
 
-def metric_points(reader: InMemoryMetricReader, name: str) -> list[Any]:
-    """Every data point of metric `name` collected so far (cumulative temporality)."""
-    data = reader.get_metrics_data()
-    if data is None:
-        return []
-    return [point for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
-            if m.name == name for point in m.data.data_points]
+MetricPoints = Callable[[], dict[str, list[Any]]]  # tests/conftest.py `metric_points`: name → data points
 
 
-def counter_value(reader: InMemoryMetricReader, name: str, **attributes: Any) -> float:
-    return sum(p.value for p in metric_points(reader, name) if all(p.attributes.get(k) == v
-                                                                   for k, v in attributes.items()))
+def counter_value(points: MetricPoints, name: str, **attributes: Any) -> float:
+    """The cumulative value of counter `name` over the data points whose attributes match."""
+    return sum(
+        p.value
+        for p in points().get(name, [])
+        if all(p.attributes.get(k) == v for k, v in attributes.items())
+    )
 
 
-def histogram_count(reader: InMemoryMetricReader, name: str) -> int:
-    return sum(p.count for p in metric_points(reader, name))
-
-
-LEASE = timedelta(seconds=30)
+def histogram_count(points: MetricPoints, name: str) -> int:
+    """How many values histogram `name` recorded so far."""
+    return sum(p.count for p in points().get(name, []))

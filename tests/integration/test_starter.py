@@ -1,8 +1,9 @@
 """Integration: the Starter (`orderflow.starter`) claiming Pending records on the shared embedded store.
 
-Spec: seed 000/001 "Example → Scheduling": a conditional update sets ProcessState=Processing and LockedBy to the
-attempt's instance id (`<OrderID>:<attempt>`) before the orchestration is scheduled, so two starters never schedule
-the same attempt; "Supervision": an expired claim goes back to Pending (FailureCount+1) for a new attempt.
+Spec: seed 000/001 "Example → Scheduling": a conditional update sets ProcessState=Processing and LockedBy
+to the attempt's instance id (`<OrderID>:<attempt>`) before the orchestration is scheduled, so two
+starters never schedule the same attempt; "Supervision": an expired claim goes back to Pending
+(FailureCount+1) for a new attempt.
 """
 
 from __future__ import annotations
@@ -50,9 +51,13 @@ async def test_two_starters_at_once_claim_every_order_exactly_once(pipeline: Pip
     runs = await asyncio.gather(run_starter(a, start_a), run_starter(b, start_b))
 
     started = start_a.instances + start_b.instances
-    assert Counter(started) == Counter(f"{o}:1" for o in order_ids)  # each attempt started once, by one starter
+    assert Counter(started) == Counter(
+        f"{o}:1" for o in order_ids
+    )  # each attempt started once, by one starter
     assert sorted(runs[0].claimed + runs[1].claimed) == sorted(started)
-    assert runs[0].lost_race + runs[1].lost_race == len(order_ids)  # every record was contested, one lost each
+    assert runs[0].lost_race + runs[1].lost_race == len(
+        order_ids
+    )  # every record was contested, one lost each
     for name, instance, inp in start_a.calls + start_b.calls:
         order_id = instance.rsplit(":", 1)[0]
         assert name == fn.ORDER_WORKFLOW and inp["orderId"] == order_id and inp["attempt"] == 1
@@ -66,7 +71,9 @@ async def test_two_starters_at_once_claim_every_order_exactly_once(pipeline: Pip
 async def test_a_record_whose_retry_time_is_in_the_future_is_not_claimed(pipeline: Pipeline) -> None:
     await submit_orders(pipeline, "o-later")
     retry_at = pipeline.clock.now() + timedelta(seconds=10)
-    await pipeline.services.state.update_with_retry("o-later", lambda r: r.model_copy(update={"retry_at": retry_at}))
+    await pipeline.services.state.update_with_retry(
+        "o-later", lambda r: r.model_copy(update={"retry_at": retry_at})
+    )
     start = RecordingStartNew()
 
     assert (await run_starter(pipeline.services, start)).claimed == []
@@ -77,8 +84,9 @@ async def test_a_record_whose_retry_time_is_in_the_future_is_not_claimed(pipelin
 
 
 async def test_crash_between_claim_and_start_is_recovered_by_the_supervisor_then_attempt_2(
-        pipeline: Pipeline) -> None:
-    """start_new fails after the claim: the claim lease expires, the Supervisor recovers it, attempt 2 starts."""
+    pipeline: Pipeline,
+) -> None:
+    """start_new fails after the claim: the lease expires, the Supervisor recovers it, attempt 2 starts."""
     services, clock = pipeline.services, pipeline.clock
     await submit_orders(pipeline, "o-crash")
     crashed = RecordingStartNew(fail=True)
@@ -88,7 +96,11 @@ async def test_crash_between_claim_and_start_is_recovered_by_the_supervisor_then
     assert run.claimed == [] and run.start_failed == ["o-crash:1"]
     rec = await state_of(pipeline, "o-crash")
     lease_end = clock.now() + services.tunables.claim_lease
-    assert (rec.process_state, rec.locked_by, rec.complete_by) == (ProcessState.PROCESSING, "o-crash:1", lease_end)
+    assert (rec.process_state, rec.locked_by, rec.complete_by) == (
+        ProcessState.PROCESSING,
+        "o-crash:1",
+        lease_end,
+    )
 
     clock.set(lease_end - timedelta(microseconds=1))  # the lease still holds: nothing to recover
     assert (await run_supervisor(services)).recovered == []
@@ -107,4 +119,8 @@ async def test_crash_between_claim_and_start_is_recovered_by_the_supervisor_then
     assert instance == "o-crash:2" and inp["attempt"] == 2
     rec = await state_of(pipeline, "o-crash")
     assert (rec.process_state, rec.locked_by, rec.attempt, rec.failure_count) == (
-        ProcessState.PROCESSING, "o-crash:2", 2, 1)
+        ProcessState.PROCESSING,
+        "o-crash:2",
+        2,
+        1,
+    )

@@ -1,8 +1,9 @@
 """Integration: the submission path (`orderflow.submission.submit`) on the embedded store and broker.
 
-Spec: seed 000/001 "Example → Submission" (each write idempotent by OrderID; conflicting data → dead-letter and
-an operator alert, never an overwrite; the first state record is Pending, LockedBy null, FailureCount 0) and
-"Issues and considerations → Dual-write problem" (a stable id makes each write safely repeatable).
+Spec: seed 000/001 "Example → Submission" (each write idempotent by OrderID; conflicting data → dead-
+letter and an operator alert, never an overwrite; the first state record is Pending, LockedBy null,
+FailureCount 0) and "Issues and considerations → Dual-write problem" (a stable id makes each write safely
+repeatable).
 """
 
 from __future__ import annotations
@@ -40,7 +41,12 @@ async def test_happy_path_writes_order_pending_record_and_received_status(pipeli
     found = await pipeline.services.state.get("o-1")
     assert found is not None
     rec = found[0]
-    assert (rec.process_state, rec.locked_by, rec.failure_count, rec.attempt) == (ProcessState.PENDING, None, 0, 0)
+    assert (rec.process_state, rec.locked_by, rec.failure_count, rec.attempt) == (
+        ProcessState.PENDING,
+        None,
+        0,
+        0,
+    )
     assert rec.reply_to == REPLY_QUEUE and rec.created_at == pipeline.clock.now()
     [status] = await pipeline.statuses("o-1")
     assert (status.order_id, status.state, status.attempt) == ("o-1", OrderStatus.RECEIVED, 0)
@@ -52,18 +58,23 @@ async def test_duplicate_submission_is_accepted_once(pipeline: Pipeline) -> None
     first = await submit(pipeline.services, encode(order_body("o-dup")), "o-dup")
     state_before = await pipeline.services.state.get("o-dup")
     pipeline.clock.advance(5)
-    again = await submit(pipeline.services, encode(order_body("o-dup", submittedAt="2024-01-01T00:00:05Z")), "o-dup")
+    again = await submit(
+        pipeline.services, encode(order_body("o-dup", submittedAt="2024-01-01T00:00:05Z")), "o-dup"
+    )
 
     assert isinstance(first, Accepted) and first.created
     assert isinstance(again, Accepted) and not again.created
     assert await pipeline.services.state.get("o-dup") == state_before  # same record, same etag
-    assert [s.state for s in await pipeline.statuses("o-dup")] == [OrderStatus.RECEIVED]  # duplicate detection
+    assert [s.state for s in await pipeline.statuses("o-dup")] == [
+        OrderStatus.RECEIVED
+    ]  # duplicate detection
     assert await pipeline.alerts() == []
 
 
 async def test_conflicting_submission_is_rejected_and_alerts_without_touching_the_original(
-        pipeline: Pipeline) -> None:
-    """Same orderId, other data → Rejected("OrderConflict") + OperatorAlert; the stored order is never overwritten."""
+    pipeline: Pipeline,
+) -> None:
+    """Same orderId, other data → Rejected("OrderConflict") + OperatorAlert; the stored order is untouched."""
     await submit(pipeline.services, encode(order_body("o-c")), "o-c")
     order_before = await pipeline.services.orders.get("o-c")
     state_before = await pipeline.services.state.get("o-c")
@@ -88,23 +99,37 @@ INVALID: list[tuple[str, bytes, str | None, str, str]] = [
     ("not-json", b"{not json", "o-bad", "InvalidJson", "JSON"),
     ("not-an-object", b"[1, 2]", "o-bad", "InvalidJson", "object"),
     ("missing-field", encode(_without("customer")), "o-bad", "InvalidField:customer", "customer"),
-    ("ill-typed-quantity", encode(order_body("o-bad", quantity="two")), "o-bad", "InvalidField:items.0.quantity",
-     "quantity"),
+    (
+        "ill-typed-quantity",
+        encode(order_body("o-bad", quantity="two")),
+        "o-bad",
+        "InvalidField:items.0.quantity",
+        "quantity",
+    ),
     ("unknown-type", encode(order_body("o-bad", type="CancelOrder")), "o-bad", "UnknownType", "'type'"),
     ("orderId-slash", encode(order_body("a/b")), "a/b", "InvalidField:orderId", "orderId"),
     ("orderId-at", encode(order_body("@x")), "@x", "InvalidField:orderId", "orderId"),
     ("orderId-65-chars", encode(order_body("a" * 65)), "a" * 65, "InvalidField:orderId", "orderId"),
     ("orderId-control-char", encode(order_body("a\x07b")), "a\x07b", "InvalidField:orderId", "orderId"),
     ("sessionId-mismatch", encode(order_body("o-bad")), "o-other", "InvalidField:sessionId", "sessionId"),
-    ("replyTo-not-allowed", encode(order_body("o-bad", reply_to="other-app")), "o-bad", "InvalidField:replyTo",
-     "replyTo"),
+    (
+        "replyTo-not-allowed",
+        encode(order_body("o-bad", reply_to="other-app")),
+        "o-bad",
+        "InvalidField:replyTo",
+        "replyTo",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("body", "session_id", "reason", "names"), [case[1:] for case in INVALID],
-                         ids=[case[0] for case in INVALID])
+@pytest.mark.parametrize(
+    ("body", "session_id", "reason", "names"),
+    [case[1:] for case in INVALID],
+    ids=[case[0] for case in INVALID],
+)
 async def test_invalid_input_is_rejected_naming_the_field_and_writes_nothing(
-        pipeline: Pipeline, body: bytes, session_id: str, reason: str, names: str) -> None:
+    pipeline: Pipeline, body: bytes, session_id: str, reason: str, names: str
+) -> None:
     outcome = await submit(pipeline.services, body, session_id)
 
     assert isinstance(outcome, Rejected) and outcome.reason == reason
@@ -117,12 +142,17 @@ async def test_invalid_input_is_rejected_naming_the_field_and_writes_nothing(
 
 @pytest.mark.parametrize("queue", INTERNAL_QUEUES)
 async def test_reply_to_an_internal_queue_is_rejected_even_when_allowed_by_configuration(
-        pipeline: Pipeline, queue: str) -> None:
-    """An app must not make the system post statuses into its own pipeline, whatever AllowedReplyQueues says."""
+    pipeline: Pipeline, queue: str
+) -> None:
+    """An app must not make the system post into its own pipeline, whatever AllowedReplyQueues says."""
     services = await pipeline.peer(allowed_reply_queues=frozenset({REPLY_QUEUE, *INTERNAL_QUEUES}))
     outcome = await submit(services, encode(order_body("o-int", reply_to=queue)), "o-int")
 
-    assert isinstance(outcome, Rejected) and outcome.reason == "InvalidField:replyTo" and queue in outcome.description
+    assert (
+        isinstance(outcome, Rejected)
+        and outcome.reason == "InvalidField:replyTo"
+        and queue in outcome.description
+    )
     await assert_nothing_written(pipeline, "o-int")
 
 
@@ -144,10 +174,15 @@ class FailingOnce:
 
 
 async def test_crash_between_the_two_writes_is_repaired_by_the_redelivery(pipeline: Pipeline) -> None:
-    """Dual-write problem: the order is written, the state record is not; the redelivered message repairs it."""
+    """Dual-write problem: the order is written, the state record is not; the redelivery repairs it."""
     services = pipeline.services
-    crashing = Services(orders=services.orders, state=FailingOnce(services.state), bus=services.bus,  # type: ignore[arg-type]
-                        tunables=services.tunables, clock=services.clock)
+    crashing = Services(
+        orders=services.orders,
+        state=FailingOnce(services.state),
+        bus=services.bus,  # type: ignore[arg-type]
+        tunables=services.tunables,
+        clock=services.clock,
+    )
     with pytest.raises(ConnectionError):
         await submit(crashing, encode(order_body("o-crash")), "o-crash")
     assert await services.orders.get("o-crash") is not None and await services.state.get("o-crash") is None
@@ -161,7 +196,8 @@ async def test_crash_between_the_two_writes_is_repaired_by_the_redelivery(pipeli
     assert [s.state for s in await pipeline.statuses("o-crash")] == [OrderStatus.RECEIVED]
 
 
-# --- orderId → instance id: every accepted orderId yields valid Durable instance ids (seed 004) --------------
+# --- orderId → instance id: every accepted orderId yields valid Durable instance ids (seed 004) -------------
+
 
 def _validated_order_id(order_id: str, services: Services) -> str | None:
     from orderflow.messages import InvalidMessage
@@ -179,7 +215,9 @@ def _assert_instance_ids_valid(order_id: str, attempt: int) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(order_id=st.from_regex(ORDER_ID_PATTERN, fullmatch=True), attempt=st.integers(1, MAX_ATTEMPT))
-def test_every_well_formed_order_id_is_accepted_and_yields_valid_instance_ids(order_id: str, attempt: int) -> None:
+def test_every_well_formed_order_id_is_accepted_and_yields_valid_instance_ids(
+    order_id: str, attempt: int
+) -> None:
     services = Services(orders=None, state=None, bus=None, tunables=_TUNABLES)  # type: ignore[arg-type]
     assert _validated_order_id(order_id, services) == order_id
     _assert_instance_ids_valid(order_id, attempt)

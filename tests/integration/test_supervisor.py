@@ -1,10 +1,12 @@
-"""Integration: the Supervisor (`orderflow.supervisor.run_supervisor`) on the embedded store, with a FakeClock.
+"""Integration: the Supervisor (`orderflow.supervisor.run_supervisor`) on the embedded store, with a
+FakeClock.
 
 Spec: seed 000/001 "Example → Supervision": a bounded scan (CompleteBy window, maximum result count,
-continuation-token paging, RU charge monitored) of Processing records with an expired CompleteBy; a conditional
-update checked on the expired LockedBy: FailureCount+1, then Pending (retry after a backoff) or, at the threshold,
-Error + an operator alert. "Interactions": several Supervisors must not compete to recover the same step;
-"Issues and considerations → Operational visibility": alerts and metrics are emitted signals.
+continuation-token paging, RU charge monitored) of Processing records with an expired CompleteBy; a
+conditional update checked on the expired LockedBy: FailureCount+1, then Pending (retry after a backoff)
+or, at the threshold, Error + an operator alert. "Interactions": several Supervisors must not compete to
+recover the same step; "Issues and considerations → Operational visibility": alerts and metrics are
+emitted signals.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import pytest
 from integration_support import (
+    MetricPoints,
     Pipeline,
     RecordingStartNew,
     claim_orders,
@@ -24,7 +27,6 @@ from integration_support import (
     histogram_count,
     state_of,
 )
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from orderflow.messages import AlertKind, OrderStatus
 from orderflow.records import ProcessState, parse_utc
@@ -51,16 +53,21 @@ async def test_expired_processing_goes_back_to_pending_with_backoff(pipeline: Pi
     assert run.recovered == ["o-1"] and run.escalated == []
     rec = await state_of(pipeline, "o-1")
     assert (rec.process_state, rec.locked_by, rec.failure_count, rec.complete_by) == (
-        ProcessState.PENDING, None, 1, None)
+        ProcessState.PENDING,
+        None,
+        1,
+        None,
+    )
     assert rec.retry_at == pipeline.clock.now() + pipeline.services.tunables.backoff(1)
     assert "o-1:1" in (rec.last_error or "")
     assert [s.state for s in await pipeline.statuses("o-1")] == [OrderStatus.RECEIVED]  # no failure reported
 
 
 async def test_at_the_threshold_the_order_goes_to_error_with_alert_failed_status_and_metric(
-        pipeline: Pipeline, metric_reader: InMemoryMetricReader) -> None:
+    pipeline: Pipeline, metric_points: MetricPoints
+) -> None:
     services, clock = pipeline.services, pipeline.clock
-    alerts_before = counter_value(metric_reader, "orderflow.alerts", kind=AlertKind.FAILURE_THRESHOLD.value)
+    alerts_before = counter_value(metric_points, "orderflow.alerts", kind=AlertKind.FAILURE_THRESHOLD.value)
     await claim_orders(pipeline, "o-th")
     for attempt in range(1, services.tunables.failure_threshold + 1):
         await expire(pipeline)
@@ -77,11 +84,21 @@ async def test_at_the_threshold_the_order_goes_to_error_with_alert_failed_status
     assert (rec.process_state, rec.locked_by, rec.attempt) == (ProcessState.ERROR, None, 3)
     assert (rec.last_error or "").startswith("FailureThresholdReached")
     [alert] = await pipeline.alerts()
-    assert (alert.kind, alert.order_id, alert.details["failureCount"]) == (AlertKind.FAILURE_THRESHOLD, "o-th", 3)
+    assert (alert.kind, alert.order_id, alert.details["failureCount"]) == (
+        AlertKind.FAILURE_THRESHOLD,
+        "o-th",
+        3,
+    )
     failed = (await pipeline.statuses("o-th"))[-1]
-    assert failed.state is OrderStatus.FAILED and failed.attempt == 3 and "FailureThresholdReached" in failed.reason
-    assert counter_value(metric_reader, "orderflow.alerts",
-                         kind=AlertKind.FAILURE_THRESHOLD.value) == alerts_before + 1
+    assert (
+        failed.state is OrderStatus.FAILED
+        and failed.attempt == 3
+        and "FailureThresholdReached" in failed.reason
+    )
+    assert (
+        counter_value(metric_points, "orderflow.alerts", kind=AlertKind.FAILURE_THRESHOLD.value)
+        == alerts_before + 1
+    )
     assert (await run_supervisor(services)).scanned == 0  # Error is terminal: never scanned again
 
 
@@ -120,7 +137,9 @@ class QuerySpy:
         self._inner = inner
         self.calls: list[tuple[Any, Any, int, str | None, int]] = []
 
-    async def query_expired(self, start: Any, end: Any, page_size: int, continuation: str | None = None) -> Any:
+    async def query_expired(
+        self, start: Any, end: Any, page_size: int, continuation: str | None = None
+    ) -> Any:
         page = await self._inner.query_expired(start, end, page_size, continuation)
         self.calls.append((start, end, page_size, continuation, len(page.items)))
         return page
@@ -130,15 +149,17 @@ class QuerySpy:
 
 
 async def test_bounded_scan_honours_max_results_pages_with_continuations_and_advances_the_checkpoint(
-        pipeline: Pipeline) -> None:
+    pipeline: Pipeline,
+) -> None:
     order_ids = [f"o-{i:02d}" for i in range(7)]
     for order_id in order_ids:  # distinct CompleteBy values, one second apart
         await claim_orders(pipeline, order_id)
         pipeline.clock.advance(1)
     await expire(pipeline, by=timedelta(minutes=5))
     spy = QuerySpy(pipeline.services.state)
-    services = replace(pipeline.services, state=spy,
-                       tunables=replace(pipeline.services.tunables, max_results=3, page_size=2))
+    services = replace(
+        pipeline.services, state=spy, tunables=replace(pipeline.services.tunables, max_results=3, page_size=2)
+    )
 
     runs = [await run_supervisor(services) for _ in range(4)]
 
@@ -151,10 +172,16 @@ async def test_bounded_scan_honours_max_results_pages_with_continuations_and_adv
     assert await checkpoint(pipeline) == positions[-1] <= pipeline.clock.now() - CLOCK_SKEW
 
 
-async def test_after_a_downtime_longer_than_the_window_no_expired_record_is_skipped(pipeline: Pipeline) -> None:
+async def test_after_a_downtime_longer_than_the_window_no_expired_record_is_skipped(
+    pipeline: Pipeline,
+) -> None:
     """Records expired long ago across many windows, checkpoint old: successive runs recover every one."""
-    services = replace(pipeline.services, tunables=replace(
-        pipeline.services.tunables, scan_window=timedelta(minutes=1), max_results=2, page_size=1))
+    services = replace(
+        pipeline.services,
+        tunables=replace(
+            pipeline.services.tunables, scan_window=timedelta(minutes=1), max_results=2, page_size=1
+        ),
+    )
     await run_supervisor(services)  # sets the checkpoint before the downtime
     old_position = await checkpoint(pipeline)
     order_ids = [f"o-{i:02d}" for i in range(6)]
@@ -177,15 +204,16 @@ async def test_after_a_downtime_longer_than_the_window_no_expired_record_is_skip
 
 
 async def test_request_charge_is_accumulated_logged_and_emitted(
-        pipeline: Pipeline, metric_reader: InMemoryMetricReader, caplog: pytest.LogCaptureFixture) -> None:
+    pipeline: Pipeline, metric_points: MetricPoints, caplog: pytest.LogCaptureFixture
+) -> None:
     await claim_orders(pipeline, "o-ru")
     await expire(pipeline)
-    scans_before = histogram_count(metric_reader, "orderflow.supervisor.request_charge")
+    scans_before = histogram_count(metric_points, "orderflow.supervisor.request_charge")
 
     with caplog.at_level(logging.INFO, logger="orderflow.supervisor"):
         run = await run_supervisor(pipeline.services)
 
     assert isinstance(run.request_charge, float) and run.request_charge >= 0.0  # 0 RU on the embedded store
-    assert histogram_count(metric_reader, "orderflow.supervisor.request_charge") == scans_before + 1
+    assert histogram_count(metric_points, "orderflow.supervisor.request_charge") == scans_before + 1
     [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("supervisor scan:")]
     assert "1 recovered" in line and "RU" in line

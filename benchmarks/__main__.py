@@ -1,0 +1,75 @@
+"""`python -m benchmarks`: run the benchmarks (each in its own process, so peak RSS is its own), write
+benchmarks/results/<name>.json (or <name>.quick.json with --quick) and refresh the README's results table.
+
+    python -m benchmarks                      # everything, full sizes (~6 minutes on 2 cores)
+    python -m benchmarks --quick              # short run of everything (~1.5 minutes)
+    python -m benchmarks bus durable          # pick benchmarks: bus, durable, pipeline, idle
+    python -m benchmarks pipeline --profile   # also record devhost and the Agent with py-spy
+    python -m benchmarks --table              # print the results table from the committed JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .common import RESULTS_DIR, ROOT, python, write_result
+
+NAMES = ("bus", "durable", "pipeline", "idle")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("names", nargs="*", metavar="NAME",
+                   help=f"benchmarks to run (default: all of {', '.join(NAMES)})")
+    p.add_argument("--quick", action="store_true", help="small sizes; results go to <name>.quick.json")
+    p.add_argument("--profile", action="store_true", help="pipeline: profile devhost and the Agent with py-spy")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR, help="results folder (default benchmarks/results)")
+    p.add_argument("--table", action="store_true", help="print the results table and exit")
+    p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def run_one(name: str, quick: bool, profile: bool, out: Path) -> Path:
+    module = importlib.import_module(f"benchmarks.{name}")
+    figures, params = module.run(quick, profile) if name == "pipeline" else module.run(quick)
+    return write_result(name, figures, quick=quick, params=params, out_dir=out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from . import report  # noqa: PLC0415
+
+    if args.table:
+        print(report.table())
+        return 0
+    names = args.names or list(NAMES)
+    unknown = sorted(set(names) - set(NAMES))
+    if unknown:
+        _parser().error(f"unknown benchmark(s) {unknown}; choose from {', '.join(NAMES)}")
+    if args.in_process:
+        for name in names:
+            print(f"wrote {run_one(name, args.quick, args.profile, args.out)}", flush=True)
+        return 0
+    failed = []
+    for name in names:
+        started = time.monotonic()
+        print(f"== {name}{' (quick)' if args.quick else ''}", flush=True)
+        argv_one = [python(), "-m", "benchmarks", name, "--in-process", "--out", str(args.out)]
+        argv_one += ["--quick"] * args.quick + ["--profile"] * args.profile
+        if subprocess.run(argv_one, cwd=ROOT, check=False).returncode != 0:
+            failed.append(name)
+        print(f"   {name} took {time.monotonic() - started:.0f} s", flush=True)
+    if not args.quick and args.out == RESULTS_DIR:
+        report.update_readme()
+    print(report.table())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

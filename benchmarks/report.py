@@ -1,0 +1,113 @@
+"""The README's results table, rendered from benchmarks/results/*.json (full runs only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .common import RESULTS_DIR
+
+README = Path(__file__).resolve().parent / "README.md"
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def _load(name: str) -> dict[str, Any] | None:
+    path = RESULTS_DIR / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _bus(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    r = doc["results"]
+    rows = [
+        ("bus: send, 1 message per call (sync)", f"{r['send_single']['msgs_per_s']:,.0f} msg/s"),
+        ("bus: send, 1 message per call (aio)", f"{r['send_single_aio']['msgs_per_s']:,.0f} msg/s"),
+        (f"bus: send, batches of {r['send_batched']['batch']}", f"{r['send_batched']['msgs_per_s']:,.0f} msg/s"),
+        ("bus: receive + complete, 1 per receive", f"{r['receive_complete_1']['msgs_per_s']:,.0f} msg/s"),
+        ("bus: receive + complete, 50 per receive", f"{r['receive_complete_50']['msgs_per_s']:,.0f} msg/s"),
+        (f"bus: session queue, {r['session_queue']['sessions']} sessions × {r['session_queue']['per_session']}"
+         " (drain)", f"{r['session_queue']['drain_msgs_per_s']:,.0f} msg/s, "
+                     f"{r['session_queue']['sessions_per_s']:,.0f} sessions/s"),
+    ]
+    for key, label in (("wake_sync", "sync"), ("wake_async", "aio")):
+        w = r[key]["send_start_to_receive"]
+        rows.append((f"bus: cross-process wake-up, {label} receiver (send start → received)",
+                     f"p50 {w['p50_ms']:.2f} ms, p99 {w['p99_ms']:.2f} ms"))
+    for h in r["hold"]:
+        rows.append((f"bus: process holding {h['receivers']} blocked aio receivers",
+                     f"{h['rss_mib']} MiB RSS (+{h['rss_per_receiver_kib']} KiB each), "
+                     f"{h['holder_cpu_ms_per_send']} ms CPU per send"))
+    return rows
+
+
+def _durable(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    r = doc["results"]
+    rows = []
+    for t in r["throughput"]:
+        lat = t["instance_latency"]
+        rows.append((f"durable: {t['instances']} × 4-activity chain",
+                     f"{t['orchestrations_per_s']:,.0f} orch/s ({t['activities_per_s']:,.0f} activities/s), "
+                     f"instance p50 {lat['p50_ms']:.0f} ms, p99 {lat['p99_ms']:.0f} ms"))
+    d = r["dispatch"]
+    rows.append(("durable: activity dispatch, idle engine (TaskScheduled → activity starts)",
+                 f"p50 {d['scheduled_to_activity_start']['p50_ms']:.2f} ms, "
+                 f"p99 {d['scheduled_to_activity_start']['p99_ms']:.2f} ms"))
+    for p in r["replay"]:
+        rows.append((f"durable: chain of {p['activities']} activities ({p['history_events']} history events)",
+                     f"{p['total_s']:.2f} s total, episode first {p['episode_ms_first']:.1f} → last "
+                     f"{p['episode_ms_last']:.1f} ms, {p['per_activity_ms']:.1f} ms/activity"))
+    rows.append(("durable: peak RSS of the benchmark process", f"{r['peak_rss_mib']} MiB"))
+    return rows
+
+
+def _pipeline(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = []
+    for run in doc["results"]["runs"]:
+        lat = run["latency_ms"] or {}
+        label = "0/0 failures" if run["scenario"] == "clean" else \
+            f"{run['transient_failure_rate']}/{run['permanent_failure_rate']} failures"
+        rows.append((f"pipeline: demo {run['orders']} orders, {label}",
+                     f"{run['orders_per_s']} orders/s, p50 {lat.get('p50', 0) / 1000:.1f} s, "
+                     f"p99 {lat.get('p99', 0) / 1000:.1f} s, devhost peak RSS "
+                     f"{run['peak_rss_mib'].get('devhost', 0)} MiB"))
+    return rows
+
+
+def _idle(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = []
+    window = doc["parameters"]["window_s"]
+    for key, label in (("demo_settings", "demo schedules"), ("registry_schedules", "registry schedules")):
+        figures = doc["results"][key]
+        parts = ", ".join(f"{name} {f['cpu_pct_of_one_core']}%" for name, f in figures.items())
+        rows.append((f"idle CPU over {window:.0f} s, {label}", parts))
+    return rows
+
+
+RENDERERS = {"bus": _bus, "durable": _durable, "pipeline": _pipeline, "idle": _idle}
+
+
+def table() -> str:
+    lines = ["| benchmark | result |", "|---|---|"]
+    commits = set()
+    for name, render in RENDERERS.items():
+        doc = _load(name)
+        if doc is None:
+            continue
+        commits.add(doc["environment"]["git_commit"][:7])
+        lines.extend(f"| {label} | {value} |" for label, value in render(doc))
+    env = next((d["environment"] for d in map(_load, RENDERERS) if d), None)
+    if env:
+        lines.append("")
+        lines.append(f"Measured on {env['cpu_count']} × {env['cpu_model']}, {env['memory_total_mib']} MiB RAM, "
+                     f"Python {env['python']}, SQLite {env['sqlite']}, commit(s) {', '.join(sorted(commits))}.")
+    return "\n".join(lines)
+
+
+def update_readme() -> None:
+    """Replace the table between the README's result markers."""
+    text = README.read_text()
+    if START not in text or END not in text:
+        return
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    README.write_text(f"{head}{START}\n{table()}\n{END}{tail}")

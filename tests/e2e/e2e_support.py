@@ -1,0 +1,201 @@
+"""End-to-end support: one `LocalSystem` (devhost + the Agent + the simulator as OS processes) and a client's
+view of it: submit on orders-inbound, read statuses on app-status, operator alerts, the orders-inbound
+dead-letter sub-queue, the state store, the simulator's ledger and script, and devhost's Durable HTTP API.
+
+Every read is a non-blocking poll (receive-and-delete with no wait, or a store/HTTP read) so that tests
+wait only through `wait_until`, on an observable condition with a bounded timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode, ServiceBusSubQueue
+from support.hosted import wait_until
+
+from devhost.system import LocalSystem
+from orderflow.bus import from_connection_string
+from orderflow.messages import AgentReply, OperatorAlert, OrderStatus, StatusMessage, SubmitOrder
+from orderflow.records import OrderRecord, OrderStateRecord
+from orderflow.store import open_stores
+
+ORDERS_QUEUE = "orders-inbound"
+REPLY_QUEUE = "app-status"
+ALERTS_QUEUE = "operator-alerts"
+REPLIES_QUEUE = "agent-replies"
+RECEIVE_AND_DELETE = ServiceBusReceiveMode.RECEIVE_AND_DELETE
+POLL_WAIT = 0.05  # the SDK refuses 0 (azure-servicebus: "max_wait_time must be greater than 0")
+
+# Short settings so that a timeout, a recovery and a retry each take seconds (SystemConfig.settings).
+FAST_SETTINGS = {
+    "StepTimeoutSeconds": "3",
+    "ClaimLeaseSeconds": "3",
+    "SupervisorSchedule": "*/1 * * * * *",
+    "StarterSchedule": "*/1 * * * * *",
+    "RetryBackoffBaseSeconds": "1",
+    "RetryBackoffMaxSeconds": "2",
+    "FailureThreshold": "3",
+}
+
+
+def new_order_id(label: str) -> str:
+    return f"{label}-{uuid.uuid4().hex[:10]}"
+
+
+def make_order(order_id: str, quantity: int = 1) -> SubmitOrder:
+    return SubmitOrder(
+        orderId=order_id,
+        replyTo=REPLY_QUEUE,
+        customer={"id": "c-1", "name": "Ada"},
+        items=[{"sku": "SKU-001", "quantity": quantity, "unitPrice": Decimal("12.50")}],
+        currency="EUR",
+        submittedAt="2024-01-01T00:00:00+00:00",
+    )
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    message_id: str
+    reason: str | None
+    description: str | None
+    body: bytes
+
+
+@dataclass
+class Client:
+    """The submitting application and the operator's console, against a running `LocalSystem`."""
+
+    system: LocalSystem
+    bus: Any = None
+    _statuses: dict[str, list[StatusMessage]] = field(default_factory=lambda: defaultdict(list))
+    _alerts: list[OperatorAlert] = field(default_factory=list)
+    _dead: dict[str, DeadLetter] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.bus = from_connection_string(self.system.config.bus_connection)
+
+    # --- sending --------------------------------------------------------------------------------------------
+    def send(self, body: str | bytes, *, message_id: str, session_id: str) -> None:
+        with self.bus.get_queue_sender(ORDERS_QUEUE) as sender:
+            sender.send_messages(
+                ServiceBusMessage(
+                    body, message_id=message_id, session_id=session_id, content_type="application/json"
+                )
+            )
+
+    def submit(self, order: SubmitOrder, message_id: str | None = None) -> None:
+        self.send(
+            order.to_json(), message_id=message_id or f"submit:{order.order_id}", session_id=order.order_id
+        )
+
+    def send_agent_reply(self, reply: AgentReply) -> None:
+        """An Agent reply on agent-replies, as the Agent sends it (SessionId = orderId, stable MessageId)."""
+        with self.bus.get_queue_sender(REPLIES_QUEUE) as sender:
+            sender.send_messages(
+                ServiceBusMessage(reply.to_json(), message_id=reply.message_id(), session_id=reply.order_id)
+            )
+
+    # --- reading queues (non-blocking polls, accumulated) ---------------------------------------------------
+    def statuses(self, order_id: str) -> list[StatusMessage]:
+        with self.bus.get_queue_receiver(
+            REPLY_QUEUE, session_id=order_id, receive_mode=RECEIVE_AND_DELETE
+        ) as r:
+            for msg in r.receive_messages(max_message_count=50, max_wait_time=POLL_WAIT):
+                self._statuses[order_id].append(StatusMessage.model_validate_json(b"".join(msg.body)))
+        return list(self._statuses[order_id])
+
+    def alerts(self, order_id: str) -> list[OperatorAlert]:
+        with self.bus.get_queue_receiver(ALERTS_QUEUE, receive_mode=RECEIVE_AND_DELETE) as r:
+            for msg in r.receive_messages(max_message_count=100, max_wait_time=POLL_WAIT):
+                self._alerts.append(OperatorAlert.model_validate_json(b"".join(msg.body)))
+        return [a for a in self._alerts if a.order_id == order_id]
+
+    def dead_letter(self, message_id: str) -> DeadLetter | None:
+        with self.bus.get_queue_receiver(
+            ORDERS_QUEUE, sub_queue=ServiceBusSubQueue.DEAD_LETTER, receive_mode=RECEIVE_AND_DELETE
+        ) as r:
+            for msg in r.receive_messages(max_message_count=100, max_wait_time=POLL_WAIT):
+                self._dead[str(msg.message_id)] = DeadLetter(
+                    str(msg.message_id),
+                    msg.dead_letter_reason,
+                    msg.dead_letter_error_description,
+                    b"".join(msg.body),
+                )
+        return self._dead.get(message_id)
+
+    def wait_status(self, order_id: str, state: OrderStatus, timeout: float = 30.0) -> StatusMessage:
+        def found() -> StatusMessage | None:
+            return next((s for s in self.statuses(order_id) if s.state is state), None)
+
+        status: StatusMessage = wait_until(found, timeout, f"status {state.value} of {order_id}")
+        return status
+
+    def wait_dead_letter(self, message_id: str, timeout: float = 20.0) -> DeadLetter:
+        dead: DeadLetter = wait_until(
+            lambda: self.dead_letter(message_id), timeout, f"dead-letter {message_id}"
+        )
+        return dead
+
+    # --- stores, simulator, Durable API, logs ---------------------------------------------------------------
+    def state(self, order_id: str) -> OrderStateRecord | None:
+        found = asyncio.run(self._read(lambda stores: stores.state.get(order_id)))
+        return None if found is None else found[0]
+
+    def order(self, order_id: str) -> OrderRecord | None:
+        return asyncio.run(self._read(lambda stores: stores.orders.get(order_id)))  # type: ignore[no-any-return]
+
+    async def _read(self, query: Any) -> Any:
+        async with open_stores({"CosmosDb__accountEndpoint": self.system.config.store_endpoint}) as stores:
+            return await query(stores)
+
+    def script(self, script: dict[str, list[str]]) -> None:
+        """Scripted faults on the simulator (agent.simulator `POST /script`)."""
+        self._http("POST", f"{self._simulator_url}/script", script)
+
+    def effects(self, order_id: str) -> dict[str, int]:
+        """Side effects applied per step of one order (the simulator's ledger)."""
+        report = self._http("GET", f"{self._simulator_url}/effects")
+        return {e["step"]: e["applied"] for e in report["effects"] if e["orderId"] == order_id}
+
+    def calls(self, key: str) -> int:
+        return int(self._http("GET", f"{self._simulator_url}/effects")["callsByKey"].get(key, 0))
+
+    def instance(self, instance_id: str) -> dict[str, Any] | None:
+        """GET {devhost}/runtime/webhooks/durabletask/instances/<id> (the Durable extension's HTTP API)."""
+        assert self.system.devhost is not None and self.system.devhost.url
+        try:
+            return self._http(
+                "GET", f"{self.system.devhost.url}/runtime/webhooks/durabletask/instances/{instance_id}"
+            )
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
+    def devhost_log(self) -> str:
+        return (self.system.config.work_dir / "devhost.log").read_text(errors="replace")
+
+    @property
+    def _simulator_url(self) -> str:
+        assert self.system.simulator is not None and self.system.simulator.url
+        return self.system.simulator.url
+
+    @staticmethod
+    def _http(method: str, url: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            url, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read() or b"null")
+
+    def close(self) -> None:
+        self.bus.close()
