@@ -24,9 +24,9 @@ SCHEMA_VERSION = 1
 # digits) → the instance id is at most 64 + 1 + 5 = 70 characters and can never break those rules.
 ORDER_ID_MAX_LEN = 64
 MAX_ATTEMPT = 99_999
-ORDER_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+ORDER_ID_PATTERN = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
 # Queue names as Service Bus allows them (letters, digits, '.', '-', '_'; at most 260; we cap at 50).
-QUEUE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,49}$")
+QUEUE_NAME_PATTERN = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,49}\Z")
 
 
 class _Model(BaseModel):

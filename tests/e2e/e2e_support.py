@@ -15,7 +15,6 @@ import urllib.request
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any
 
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode, ServiceBusSubQueue
@@ -51,13 +50,15 @@ def new_order_id(label: str) -> str:
 
 
 def make_order(order_id: str, quantity: int = 1) -> SubmitOrder:
-    return SubmitOrder(
-        orderId=order_id,
-        replyTo=REPLY_QUEUE,
-        customer={"id": "c-1", "name": "Ada"},
-        items=[{"sku": "SKU-001", "quantity": quantity, "unitPrice": Decimal("12.50")}],
-        currency="EUR",
-        submittedAt="2024-01-01T00:00:00+00:00",
+    return SubmitOrder.model_validate(
+        {
+            "orderId": order_id,
+            "replyTo": REPLY_QUEUE,
+            "customer": {"id": "c-1", "name": "Ada"},
+            "items": [{"sku": "SKU-001", "quantity": quantity, "unitPrice": "12.50"}],
+            "currency": "EUR",
+            "submittedAt": "2024-01-01T00:00:00+00:00",
+        }
     )
 
 

@@ -11,11 +11,20 @@ settings (e2e_support).
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 from e2e_support import Client, make_order, new_order_id
 from support.hosted import wait_until
 
-from orderflow.messages import STEPS, AgentReply, AlertKind, OrderStatus, idempotency_key
+from orderflow.messages import (
+    STEPS,
+    AgentOutcome,
+    AgentReply,
+    AlertKind,
+    OrderStatus,
+    StepName,
+    idempotency_key,
+)
 from orderflow.records import ProcessState, StepStatus
 
 RESERVE, CHARGE, SHIP = (step.value for step in STEPS)
@@ -91,9 +100,9 @@ def test_a_hang_past_complete_by_is_recovered_by_attempt_2_and_the_late_reply_is
         instanceId=f"{order_id}:1",
         orderId=order_id,
         attempt=1,
-        step=SHIP,
-        outcome="succeeded",
-        completedAt="2024-01-01T00:00:00+00:00",
+        step=StepName.ARRANGE_SHIPPING,
+        outcome=AgentOutcome.SUCCEEDED,
+        completedAt=datetime.now(UTC),
     )
     client.send_agent_reply(late)
     wait_until(

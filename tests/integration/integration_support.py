@@ -12,7 +12,6 @@ import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +45,15 @@ def order_body(
     order_id: str, *, reply_to: str = REPLY_QUEUE, quantity: Any = 2, **fields: Any
 ) -> dict[str, Any]:
     """A valid SubmitOrder as the client sends it (JSON-ready), with fields overridable."""
-    order = SubmitOrder(
-        orderId="placeholder",
-        replyTo=REPLY_QUEUE,
-        customer={"id": "c-1", "name": "Ada"},
-        items=[{"sku": "SKU-001", "quantity": 2, "unitPrice": Decimal("9.99")}],
-        currency="EUR",
-        submittedAt="2024-01-01T00:00:00+00:00",
+    order = SubmitOrder.model_validate(
+        {
+            "orderId": "placeholder",
+            "replyTo": REPLY_QUEUE,
+            "customer": {"id": "c-1", "name": "Ada"},
+            "items": [{"sku": "SKU-001", "quantity": 2, "unitPrice": "9.99"}],
+            "currency": "EUR",
+            "submittedAt": "2024-01-01T00:00:00+00:00",
+        }
     ).to_dict()
     order["items"][0]["quantity"] = quantity
     order.update({"orderId": order_id, "replyTo": reply_to, **fields})
