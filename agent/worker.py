@@ -35,6 +35,7 @@ from agent.handler import Outbox, RequestHandler
 from agent.remote import HttpRemoteCaller, RemoteCaller
 from agent.retry import Clock, SystemClock
 
+SESSION_ACCEPT_WAIT_SECONDS = 10.0
 log = logging.getLogger("agent")
 
 BATCH_SIZE = 10
@@ -82,8 +83,11 @@ class AgentWorker:
 
     async def _serve_next_session(self, handler: RequestHandler, stop: asyncio.Event) -> None:
         wait = self._config.receive_wait_ms / 1000
+        # Waiting for a session is woken by the broker when one gets messages, so this wait is long: an idle Agent
+        # does not poll. Once a session is held, `receive_wait_ms` bounds how long it is kept while idle.
         receiver = self._client.get_queue_receiver(
-            self._config.requests_queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=wait
+            self._config.requests_queue, session_id=NEXT_AVAILABLE_SESSION,
+            max_wait_time=max(wait, SESSION_ACCEPT_WAIT_SECONDS)
         )
         async with receiver:
             renewer = asyncio.create_task(self._keep_session_locked(receiver))

@@ -1,5 +1,7 @@
-"""Benchmarks of the embedded Service Bus broker (orderflow/bus): send throughput (single and batched, sync and
-aio), receive+complete throughput, session queue throughput, cross-process wake-up latency of a blocked receiver,
+"""Benchmarks of the embedded Service Bus broker (orderflow/bus): send throughput (single and batched,
+sync and
+aio), receive+complete throughput, session queue throughput, cross-process wake-up latency of a blocked
+receiver,
 and the memory and wake-up fan-out of a process holding N blocked receivers.
 """
 
@@ -60,17 +62,30 @@ def _messages(count: int, session_id: str | None = None) -> list[ServiceBusMessa
 
 
 def send_single(conn: str, count: int) -> dict[str, Any]:
-    with from_connection_string(conn) as client, client.get_queue_sender("q") as sender, stopwatch() as elapsed:
+    with (
+        from_connection_string(conn) as client,
+        client.get_queue_sender("q") as sender,
+        stopwatch() as elapsed,
+    ):
         for message in _messages(count):
             sender.send_messages(message)
     return {"messages": count, "seconds": round(elapsed(), 3), "msgs_per_s": rate(count, elapsed())}
 
 
 def send_batched(conn: str, count: int, batch: int) -> dict[str, Any]:
-    with from_connection_string(conn) as client, client.get_queue_sender("q") as sender, stopwatch() as elapsed:
+    with (
+        from_connection_string(conn) as client,
+        client.get_queue_sender("q") as sender,
+        stopwatch() as elapsed,
+    ):
         for _ in range(count // batch):
             sender.send_messages(_messages(batch))
-    return {"messages": count, "batch": batch, "seconds": round(elapsed(), 3), "msgs_per_s": rate(count, elapsed())}
+    return {
+        "messages": count,
+        "batch": batch,
+        "seconds": round(elapsed(), 3),
+        "msgs_per_s": rate(count, elapsed()),
+    }
 
 
 def send_single_aio(conn: str, count: int) -> dict[str, Any]:
@@ -99,8 +114,12 @@ def receive_complete(conn: str, count: int, batch: int) -> dict[str, Any]:
                 for msg in receiver.receive_messages(batch, max_wait_time=5):
                     receiver.complete_message(msg)
                     done += 1
-    return {"messages": count, "receive_batch": batch, "seconds": round(elapsed(), 3),
-            "msgs_per_s": rate(count, elapsed())}
+    return {
+        "messages": count,
+        "receive_batch": batch,
+        "seconds": round(elapsed(), 3),
+        "msgs_per_s": rate(count, elapsed()),
+    }
 
 
 def session_queue(conn: str, sessions: int, per_session: int) -> dict[str, Any]:
@@ -114,10 +133,16 @@ def session_queue(conn: str, sessions: int, per_session: int) -> dict[str, Any]:
         with stopwatch() as drain_time:
             for _ in range(sessions):
                 _drain_one_session(client, per_session)
-    return {"sessions": sessions, "per_session": per_session, "messages": total,
-            "send_seconds": round(send_time(), 3), "send_msgs_per_s": rate(total, send_time()),
-            "drain_seconds": round(drain_time(), 3), "drain_msgs_per_s": rate(total, drain_time()),
-            "sessions_per_s": rate(sessions, drain_time())}
+    return {
+        "sessions": sessions,
+        "per_session": per_session,
+        "messages": total,
+        "send_seconds": round(send_time(), 3),
+        "send_msgs_per_s": rate(total, send_time()),
+        "drain_seconds": round(drain_time(), 3),
+        "drain_msgs_per_s": rate(total, drain_time()),
+        "sessions_per_s": rate(sessions, drain_time()),
+    }
 
 
 def _drain_one_session(client: Any, expected: int) -> None:
@@ -130,8 +155,13 @@ def _drain_one_session(client: Any, expected: int) -> None:
 
 
 def _child(mode: str, conn: str, queue: str, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([python(), "-m", "benchmarks.bus_child", mode, conn, queue, *extra], cwd=ROOT,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [python(), "-m", "benchmarks.bus_child", mode, conn, queue, *extra],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _line(stream: IO[str] | None) -> str:
@@ -143,7 +173,8 @@ def _line(stream: IO[str] | None) -> str:
 
 
 def wake_latency(conn: str, mode: str, samples: int, pause: float = 0.05) -> dict[str, Any]:
-    """A receiver blocked in another process; for each send: send start → receive, and send return → receive."""
+    """A receiver blocked in another process; for each send: send start → receive, and send return →
+    receive."""
     child = _child(mode, conn, "w")
     try:
         _line(child.stdout)  # "ready"
@@ -164,8 +195,12 @@ def wake_latency(conn: str, mode: str, samples: int, pause: float = 0.05) -> dic
     finally:
         if child.poll() is None:
             child.kill()
-    return {"receiver": mode, "send_start_to_receive": latency_summary(from_start),
-            "send_return_to_receive": latency_summary(from_commit), "send_call": latency_summary(send_cost)}
+    return {
+        "receiver": mode,
+        "send_start_to_receive": latency_summary(from_start),
+        "send_return_to_receive": latency_summary(from_commit),
+        "send_call": latency_summary(send_cost),
+    }
 
 
 def hold_receivers(conn: str, count: int, sends: int = 20) -> dict[str, Any]:
@@ -191,11 +226,17 @@ def hold_receivers(conn: str, count: int, sends: int = 20) -> dict[str, Any]:
         if child.poll() is None:
             child.kill()
     per_receiver = (report["rss_mib"] - report["baseline_rss_mib"]) / count
-    return {"receivers": count, "baseline_rss_mib": report["baseline_rss_mib"], "rss_mib": report["rss_mib"],
-            "rss_per_receiver_kib": round(per_receiver * 1024, 1), "threads": report["threads"],
-            "open_fds": report["open_fds"], "send_call_with_waiters": latency_summary(send_cost),
-            "holder_cpu_ms_per_send": round((after["cpu_s"] - report["cpu_s"]) / sends * 1000, 2),
-            "delivered": after["received"]}
+    return {
+        "receivers": count,
+        "baseline_rss_mib": report["baseline_rss_mib"],
+        "rss_mib": report["rss_mib"],
+        "rss_per_receiver_kib": round(per_receiver * 1024, 1),
+        "threads": report["threads"],
+        "open_fds": report["open_fds"],
+        "send_call_with_waiters": latency_summary(send_cost),
+        "holder_cpu_ms_per_send": round((after["cpu_s"] - report["cpu_s"]) / sends * 1000, 2),
+        "delivered": after["received"],
+    }
 
 
 def run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""Child process of the broker benchmarks: a receiver blocked in another process (wake-up latency), or a process
+"""Child process of the broker benchmarks: a receiver blocked in another process (wake-up latency), or a
+process
 holding N blocked receivers (memory and wake-up fan-out). Speaks one line of text per event on stdout.
 
     python -m benchmarks.bus_child wake-sync  <conn> <queue>
@@ -71,8 +72,13 @@ async def hold(conn: str, queue: str, count: int) -> None:
     tasks = [asyncio.create_task(one()) for _ in range(count)]
     await asyncio.sleep(1.0 + count / 500)  # let every receiver open and block
     proc = psutil.Process()
-    report: dict[str, Any] = {"baseline_rss_mib": baseline, "rss_mib": rss_mib(), "threads": proc.num_threads(),
-                              "open_fds": proc.num_fds(), "cpu_s": sum(proc.cpu_times()[:2])}
+    report: dict[str, Any] = {
+        "baseline_rss_mib": baseline,
+        "rss_mib": rss_mib(),
+        "threads": proc.num_threads(),
+        "open_fds": proc.num_fds(),
+        "cpu_s": sum(proc.cpu_times()[:2]),
+    }
     print(json.dumps(report), flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     cpu_after = sum(proc.cpu_times()[:2])

@@ -1,4 +1,5 @@
-"""Shared measuring tools of the benchmarks: environment facts, timers, percentiles, RSS sampling, result files."""
+"""Shared measuring tools of the benchmarks: environment facts, timers, percentiles, RSS sampling,
+result files."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ MIB = 1024 * 1024
 
 
 def environment() -> dict[str, Any]:
-    """Facts that a figure depends on: CPU count, Python, OS, SQLite and the git commit of the code measured."""
+    """Facts that a figure depends on: CPU count, Python, OS, SQLite and the git commit of the code
+    measured."""
     import sqlite3  # noqa: PLC0415
 
     return {
@@ -43,7 +45,9 @@ def environment() -> dict[str, Any]:
 
 def _git(*args: str) -> str:
     try:
-        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=False)
+        out = subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=False
+        )
     except OSError:
         return ""
     return out.stdout.strip()
@@ -105,7 +109,8 @@ def peak_rss_self_mib() -> float:
 
 @dataclass
 class RssSampler:
-    """Samples the RSS of processes chosen by `select` every `interval` seconds on a thread; keeps each peak."""
+    """Samples the RSS of processes chosen by `select` every `interval` seconds on a thread; keeps each
+    peak."""
 
     select: Callable[[], dict[str, psutil.Process]]
     interval: float = 0.1
@@ -139,13 +144,20 @@ class RssSampler:
             self.cpu_s[name] = round(times.user + times.system, 2)  # last seen; a process's CPU only grows
 
 
-def write_result(name: str, figures: dict[str, Any], *, quick: bool, params: dict[str, Any],
-                 out_dir: Path = RESULTS_DIR) -> Path:
-    """Write `<out_dir>/<name>.json` (or `<name>.quick.json`) with the environment, the parameters and figures."""
+def write_result(
+    name: str, figures: dict[str, Any], *, quick: bool, params: dict[str, Any], out_dir: Path = RESULTS_DIR
+) -> Path:
+    """Write `<out_dir>/<name>.json` (or `<name>.quick.json`) with the environment, the parameters and
+    figures."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}{'.quick' if quick else ''}.json"
-    document = {"benchmark": name, "quick": quick, "environment": environment(), "parameters": params,
-                "results": figures}
+    document = {
+        "benchmark": name,
+        "quick": quick,
+        "environment": environment(),
+        "parameters": params,
+        "results": figures,
+    }
     path.write_text(json.dumps(document, indent=2) + "\n")
     return path
 

@@ -1,8 +1,11 @@
-"""Benchmarks of the devhost Durable backend (devhost/durable): orchestrations per second for a 4-activity chain
-at several instance counts, activity dispatch latency, the cost of an episode as the history grows (each episode
+"""Benchmarks of the devhost Durable backend (devhost/durable): orchestrations per second for a
+4-activity chain
+at several instance counts, activity dispatch latency, the cost of an episode as the history grows (each
+episode
 replays the whole history, so an N-activity chain costs O(N^2) in total), and the process's peak RSS.
 
-The engine is built as tests/devhost_durable/harness.py builds it (DurableEngine + Invoker on one asyncio loop),
+The engine is built as tests/devhost_durable/harness.py builds it (DurableEngine + Invoker on one
+asyncio loop),
 without the HTTP server, which none of these measurements go through.
 """
 
@@ -50,7 +53,8 @@ class DurableSizes:
 
 @dataclass
 class Probe:
-    """Times every engine step (load history + replay + commit) and every orchestrator replay call, in order."""
+    """Times every engine step (load history + replay + commit) and every orchestrator replay call, in
+    order."""
 
     steps: list[float] = field(default_factory=list)
     replays: list[float] = field(default_factory=list)
@@ -85,8 +89,12 @@ def _timed_steps(step: Callable[[str], Awaitable[bool]], probe: Probe) -> Callab
 @asynccontextmanager
 async def engine_on(db_path: Path, probe: Probe) -> AsyncIterator[DurableEngine]:
     invoker = TimedInvoker(probe)
-    engine = DurableEngine(db_path=db_path, functions=FUNCTIONS, invoke=invoker,
-                           max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES)
+    engine = DurableEngine(
+        db_path=db_path,
+        functions=FUNCTIONS,
+        invoke=invoker,
+        max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES,
+    )
     engine._step = _timed_steps(engine._step, probe)  # type: ignore[method-assign]  # instrumentation only
     await engine.start()
     try:
@@ -115,19 +123,30 @@ async def chain_throughput(tmp: Path, instances: int, length: int) -> dict[str, 
     probe = Probe()
     async with engine_on(db_path, probe) as engine:
         with stopwatch() as elapsed:
-            ids = [await engine.start_new(CHAIN, f"chain-{instances}-{n:05d}", length) for n in range(instances)]
+            ids = [
+                await engine.start_new(CHAIN, f"chain-{instances}-{n:05d}", length) for n in range(instances)
+            ]
             await wait_terminal(db_path, instances)
         rows = [engine.store.instance(i) for i in ids]
-        latencies = [(parse_time(r.last_updated_time) - parse_time(r.created_time)).total_seconds()
-                     for r in rows if r is not None]
+        latencies = [
+            (parse_time(r.last_updated_time) - parse_time(r.created_time)).total_seconds()
+            for r in rows
+            if r is not None
+        ]
         completed = sum(1 for r in rows if r is not None and r.status == "Completed")
         dispatch = _dispatch_latencies(engine, ids)
-    return {"instances": instances, "activities_per_instance": length, "completed": completed,
-            "seconds": round(elapsed(), 3), "orchestrations_per_s": rate(instances, elapsed()),
-            "activities_per_s": rate(instances * length, elapsed()), "episodes": len(probe.steps),
-            "instance_latency": latency_summary(latencies),
-            "dispatch_under_load": latency_summary(dispatch["dispatch"]),
-            "rss_after_mib": rss_mib()}
+    return {
+        "instances": instances,
+        "activities_per_instance": length,
+        "completed": completed,
+        "seconds": round(elapsed(), 3),
+        "orchestrations_per_s": rate(instances, elapsed()),
+        "activities_per_s": rate(instances * length, elapsed()),
+        "episodes": len(probe.steps),
+        "instance_latency": latency_summary(latencies),
+        "dispatch_under_load": latency_summary(dispatch["dispatch"]),
+        "rss_after_mib": rss_mib(),
+    }
 
 
 def _dispatch_latencies(engine: DurableEngine, ids: list[str]) -> dict[str, list[float]]:
@@ -137,7 +156,9 @@ def _dispatch_latencies(engine: DurableEngine, ids: list[str]) -> dict[str, list
     resume: list[float] = []
     for instance_id in ids:
         events = engine.store.history(instance_id)
-        scheduled = [parse_time(e["Timestamp"]).timestamp() for e in events if e["EventType"] == T.TASK_SCHEDULED]
+        scheduled = [
+            parse_time(e["Timestamp"]).timestamp() for e in events if e["EventType"] == T.TASK_SCHEDULED
+        ]
         done = [parse_time(e["Timestamp"]).timestamp() for e in events if e["EventType"] == T.TASK_COMPLETED]
         for index, at in enumerate(scheduled):
             started = durable_app.STARTS.get((instance_id, index))
@@ -155,13 +176,17 @@ async def dispatch_latency(tmp: Path, activities: int) -> dict[str, Any]:
         instance_id = await engine.start_new(CHAIN, "dispatch-1", activities)
         await wait_terminal(db_path, 1)
         found = _dispatch_latencies(engine, [instance_id])
-    return {"activities": activities, "scheduled_to_activity_start": latency_summary(found["dispatch"]),
-            "completed_to_next_scheduled": latency_summary(found["resume"]),
-            "episode": latency_summary(probe.steps)}
+    return {
+        "activities": activities,
+        "scheduled_to_activity_start": latency_summary(found["dispatch"]),
+        "completed_to_next_scheduled": latency_summary(found["resume"]),
+        "episode": latency_summary(probe.steps),
+    }
 
 
 async def replay_cost(tmp: Path, length: int) -> dict[str, Any]:
-    """One chain of `length` activities: episode k replays ~2k+3 history events, so episode time grows with k."""
+    """One chain of `length` activities: episode k replays ~2k+3 history events, so episode time grows
+    with k."""
     db_path = tmp / f"replay-{length}.db"
     probe = Probe()
     async with engine_on(db_path, probe) as engine:
@@ -171,12 +196,20 @@ async def replay_cost(tmp: Path, length: int) -> dict[str, Any]:
         history_events = len(engine.store.history(instance_id))
     steps_ms = [s * 1000 for s in probe.steps]
     replays_ms = [s * 1000 for s in probe.replays]
-    return {"activities": length, "history_events": history_events, "episodes": len(steps_ms),
-            "total_s": round(elapsed(), 3), "per_activity_ms": round(elapsed() * 1000 / length, 3),
-            "episode_ms_first": round(steps_ms[0], 3), "episode_ms_median": round(statistics.median(steps_ms), 3),
-            "episode_ms_last": round(steps_ms[-1], 3), "episode_ms_sum": round(sum(steps_ms), 1),
-            "replay_ms_first": round(replays_ms[0], 3), "replay_ms_last": round(replays_ms[-1], 3),
-            "replay_us_per_history_event": round(_slope(replays_ms) * 1000 / 2, 2)}
+    return {
+        "activities": length,
+        "history_events": history_events,
+        "episodes": len(steps_ms),
+        "total_s": round(elapsed(), 3),
+        "per_activity_ms": round(elapsed() * 1000 / length, 3),
+        "episode_ms_first": round(steps_ms[0], 3),
+        "episode_ms_median": round(statistics.median(steps_ms), 3),
+        "episode_ms_last": round(steps_ms[-1], 3),
+        "episode_ms_sum": round(sum(steps_ms), 1),
+        "replay_ms_first": round(replays_ms[0], 3),
+        "replay_ms_last": round(replays_ms[-1], 3),
+        "replay_us_per_history_event": round(_slope(replays_ms) * 1000 / 2, 2),
+    }
 
 
 def _slope(values: list[float]) -> float:
@@ -196,7 +229,9 @@ async def _run_all(sizes: DurableSizes) -> dict[str, Any]:
         figures: dict[str, Any] = {"rss_start_mib": rss_mib()}
         figures["dispatch"] = await dispatch_latency(tmp, sizes.dispatch_activities)
         figures["replay"] = [await replay_cost(tmp, n) for n in sizes.replay_lengths]
-        figures["throughput"] = [await chain_throughput(tmp, n, sizes.chain_length) for n in sizes.instance_counts]
+        figures["throughput"] = [
+            await chain_throughput(tmp, n, sizes.chain_length) for n in sizes.instance_counts
+        ]
         figures["peak_rss_mib"] = peak_rss_self_mib()
     return figures
 
@@ -204,6 +239,8 @@ async def _run_all(sizes: DurableSizes) -> dict[str, Any]:
 def run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """All Durable backend benchmarks; returns (figures, parameters)."""
     sizes = DurableSizes.for_run(quick)
-    params = {"sizes": {k: list(v) if isinstance(v, tuple) else v for k, v in sizes.__dict__.items()},
-              "max_concurrent_activities": MAX_CONCURRENT_ACTIVITIES}
+    params = {
+        "sizes": {k: list(v) if isinstance(v, tuple) else v for k, v in sizes.__dict__.items()},
+        "max_concurrent_activities": MAX_CONCURRENT_ACTIVITIES,
+    }
     return asyncio.run(_run_all(sizes)), params

@@ -1,4 +1,5 @@
-"""The Durable app the devhost benchmarks run: one orchestrator that calls a chain of N activities in sequence,
+"""The Durable app the devhost benchmarks run: one orchestrator that calls a chain of N activities in
+sequence,
 and an activity that records when it starts (wall clock), so dispatch latency can be read against history.
 """
 
@@ -28,7 +29,8 @@ def bench_step(step: list[Any]) -> int:
 
 @app.orchestration_trigger(context_name="context")
 def bench_chain(context: df.DurableOrchestrationContext):  # type: ignore[no-untyped-def]
-    """N sequential activities; the history grows by two events per activity, and every episode replays it all."""
+    """N sequential activities; the history grows by two events per activity, and every episode replays
+    it all."""
     count = int(context.get_input())
     total = 0
     for index in range(count):

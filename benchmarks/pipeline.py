@@ -1,6 +1,8 @@
-"""Benchmark of the whole local pipeline: `python -m devhost demo --orders N --seed S --json` (devhost with the
+"""Benchmark of the whole local pipeline: `python -m devhost demo --orders N --seed S --json` (devhost
+with the
 product app, the Agent worker, the remote-service simulator and a client app), with and without injected
-failures. Figures: orders/s and latency p50/p99 from the demo's JSON, wall time including start-up, and peak RSS
+failures. Figures: orders/s and latency p50/p99 from the demo's JSON, wall time including start-up, and
+peak RSS
 and CPU seconds of each process, sampled with psutil. With --profile, py-spy records devhost and the Agent.
 """
 
@@ -17,7 +19,7 @@ from typing import Any
 import psutil
 
 from . import profiling
-from .common import RESULTS_DIR, ROOT, RssSampler, python, system_processes
+from .common import ROOT, RssSampler, python, system_processes
 
 FAILURES = {"failures": (0.3, 0.02), "clean": (0.0, 0.0)}
 SEED = 7
@@ -41,9 +43,25 @@ def runs_for(quick: bool) -> list[Run]:
 def demo(run: Run, work_dir: Path, profile_dir: Path | None = None) -> dict[str, Any]:
     """One demo run as a subprocess; returns its JSON summary plus the process figures."""
     transient, permanent = run.rates
-    argv = [python(), "-m", "devhost", "demo", "--orders", str(run.orders), "--seed", str(SEED),
-            "--transient-failure-rate", str(transient), "--permanent-failure-rate", str(permanent),
-            "--json", "--work-dir", str(work_dir), "--timeout", "900"]
+    argv = [
+        python(),
+        "-m",
+        "devhost",
+        "demo",
+        "--orders",
+        str(run.orders),
+        "--seed",
+        str(SEED),
+        "--transient-failure-rate",
+        str(transient),
+        "--permanent-failure-rate",
+        str(permanent),
+        "--json",
+        "--work-dir",
+        str(work_dir),
+        "--timeout",
+        "900",
+    ]
     started = time.monotonic()
     with open(work_dir.parent / f"{work_dir.name}.stderr", "wb") as stderr:
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr)
@@ -62,16 +80,29 @@ def demo(run: Run, work_dir: Path, profile_dir: Path | None = None) -> dict[str,
     for profiler in profilers.values():
         profiler.wait(60)
     summary = _last_json(stdout.decode())
-    return {"orders": run.orders, "scenario": run.scenario, "transient_failure_rate": transient,
-            "permanent_failure_rate": permanent, "seed": SEED, "exit_code": proc.returncode,
-            "orders_per_s": summary.get("orders_per_s"), "latency_ms": summary.get("latency_ms"),
-            "elapsed_s": summary.get("elapsed_s"), "wall_s_with_startup": round(wall, 2),
-            "peak_rss_mib": sampler.peaks_mib, "cpu_s": sampler.cpu_s,
-            "demo_summary": {k: v for k, v in summary.items() if k != "work_dir"}}
+    return {
+        "orders": run.orders,
+        "scenario": run.scenario,
+        "transient_failure_rate": transient,
+        "permanent_failure_rate": permanent,
+        "seed": SEED,
+        "exit_code": proc.returncode,
+        "orders_per_s": summary.get("orders_per_s"),
+        "latency_ms": summary.get("latency_ms"),
+        "elapsed_s": summary.get("elapsed_s"),
+        "wall_s_with_startup": round(wall, 2),
+        "peak_rss_mib": sampler.peaks_mib,
+        "cpu_s": sampler.cpu_s,
+        "demo_summary": {k: v for k, v in summary.items() if k != "work_dir"},
+    }
 
 
-def _attach_profilers(found: dict[str, psutil.Process], profilers: dict[str, subprocess.Popen[bytes]],
-                      profile_dir: Path, run: Run) -> None:
+def _attach_profilers(
+    found: dict[str, psutil.Process],
+    profilers: dict[str, subprocess.Popen[bytes]],
+    profile_dir: Path,
+    run: Run,
+) -> None:
     for role in ("devhost", "agent"):
         if role in found and role not in profilers:
             out = profile_dir / f"{role}-{run.orders}-{run.scenario}.txt"
@@ -88,7 +119,8 @@ def _last_json(text: str) -> dict[str, Any]:
 
 
 def run(quick: bool, profile: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Every demo run of the plan; with `profile`, py-spy summaries of devhost and the Agent for the last run."""
+    """Every demo run of the plan; with `profile`, py-spy summaries of devhost and the Agent for the
+    last run."""
     figures: dict[str, Any] = {"runs": []}
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp_name:
         tmp = Path(tmp_name)
@@ -98,8 +130,11 @@ def run(quick: bool, profile: bool = False) -> tuple[dict[str, Any], dict[str, A
             figures["runs"].append(demo(item, tmp / f"demo-{item.orders}-{item.scenario}", profile_dir))
         if profile:
             figures["profile"] = _profiles(tmp, plan[-1])
-    params = {"runs": [{"orders": r.orders, "scenario": r.scenario, "rates": r.rates} for r in runs_for(quick)],
-              "seed": SEED, "profiled": profile}
+    params = {
+        "runs": [{"orders": r.orders, "scenario": r.scenario, "rates": r.rates} for r in runs_for(quick)],
+        "seed": SEED,
+        "profiled": profile,
+    }
     return figures, params
 
 
@@ -109,6 +144,4 @@ def _profiles(tmp: Path, item: Run) -> dict[str, Any]:
         raw = tmp / f"{role}-{item.orders}-{item.scenario}.txt"
         if raw.exists():
             found[role] = profiling.summarize(raw)
-            (RESULTS_DIR / "profiles").mkdir(parents=True, exist_ok=True)
-            (RESULTS_DIR / "profiles" / raw.name).write_text(raw.read_text())
     return found

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^)]*?)(?P<line>:\d+)?\)$")
-# Leaf frames of a thread parked waiting (py-spy's idle detection misses waits inside C calls on some kernels).
+# Leaf frames of a thread parked waiting (py-spy's idle detection misses waits inside C calls on some
+# kernels).
 WAITING = frozenset({"EpollSelector.select", "_worker", "Waiter.wait", "select"})
 
 
@@ -28,9 +29,23 @@ def attach(pid: int, out: Path, rate: int = 100) -> subprocess.Popen[bytes] | No
     exe = py_spy()
     if exe is None:
         return None
-    return subprocess.Popen([exe, "record", "--pid", str(pid), "--format", "raw", "--rate", str(rate),
-                             "--output", str(out), "--nonblocking"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [
+            exe,
+            "record",
+            "--pid",
+            str(pid),
+            "--format",
+            "raw",
+            "--rate",
+            str(rate),
+            "--output",
+            str(out),
+            "--nonblocking",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def _frame_name(frame: str, with_line: bool = False) -> str:
@@ -50,8 +65,8 @@ def summarize(collapsed: Path, top: int = 15) -> dict[str, Any]:
     """Top functions by self and inclusive share of samples, from py-spy's raw (collapsed-stack) output.
 
     Self samples are keyed by function and line (which statement is hot); inclusive ones by function. Samples
-    whose leaf is a known wait (an event loop's epoll, an idle executor thread) are counted apart as `waiting`,
-    so the shares are of working samples.
+    whose leaf is a known wait (an event loop's epoll, an idle executor thread) are counted apart as
+    `waiting`, so the shares are of working samples.
     """
     self_counts: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
@@ -74,6 +89,9 @@ def summarize(collapsed: Path, top: int = 15) -> dict[str, Any]:
     def share(counter: Counter[str]) -> list[dict[str, Any]]:
         return [{"function": name, "pct": round(100 * n / busy, 1)} for name, n in counter.most_common(top)]
 
-    return {"working_samples": busy, "waiting_samples": waiting, "top_self": share(self_counts),
-            "top_inclusive": share(inclusive)}
-
+    return {
+        "working_samples": busy,
+        "waiting_samples": waiting,
+        "top_self": share(self_counts),
+        "top_inclusive": share(inclusive),
+    }

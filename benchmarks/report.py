@@ -19,24 +19,37 @@ def _load(name: str) -> dict[str, Any] | None:
 
 def _bus(doc: dict[str, Any]) -> list[tuple[str, str]]:
     r = doc["results"]
+    sq = r["session_queue"]
     rows = [
         ("bus: send, 1 message per call (sync)", f"{r['send_single']['msgs_per_s']:,.0f} msg/s"),
         ("bus: send, 1 message per call (aio)", f"{r['send_single_aio']['msgs_per_s']:,.0f} msg/s"),
-        (f"bus: send, batches of {r['send_batched']['batch']}", f"{r['send_batched']['msgs_per_s']:,.0f} msg/s"),
+        (
+            f"bus: send, batches of {r['send_batched']['batch']}",
+            f"{r['send_batched']['msgs_per_s']:,.0f} msg/s",
+        ),
         ("bus: receive + complete, 1 per receive", f"{r['receive_complete_1']['msgs_per_s']:,.0f} msg/s"),
         ("bus: receive + complete, 50 per receive", f"{r['receive_complete_50']['msgs_per_s']:,.0f} msg/s"),
-        (f"bus: session queue, {r['session_queue']['sessions']} sessions × {r['session_queue']['per_session']}"
-         " (drain)", f"{r['session_queue']['drain_msgs_per_s']:,.0f} msg/s, "
-                     f"{r['session_queue']['sessions_per_s']:,.0f} sessions/s"),
+        (
+            f"bus: session queue, {sq['sessions']} sessions × {sq['per_session']} (drain)",
+            f"{sq['drain_msgs_per_s']:,.0f} msg/s, {sq['sessions_per_s']:,.0f} sessions/s",
+        ),
     ]
     for key, label in (("wake_sync", "sync"), ("wake_async", "aio")):
         w = r[key]["send_start_to_receive"]
-        rows.append((f"bus: cross-process wake-up, {label} receiver (send start → received)",
-                     f"p50 {w['p50_ms']:.2f} ms, p99 {w['p99_ms']:.2f} ms"))
+        rows.append(
+            (
+                f"bus: cross-process wake-up, {label} receiver (send start → received)",
+                f"p50 {w['p50_ms']:.2f} ms, p99 {w['p99_ms']:.2f} ms",
+            )
+        )
     for h in r["hold"]:
-        rows.append((f"bus: process holding {h['receivers']} blocked aio receivers",
-                     f"{h['rss_mib']} MiB RSS (+{h['rss_per_receiver_kib']} KiB each), "
-                     f"{h['holder_cpu_ms_per_send']} ms CPU per send"))
+        rows.append(
+            (
+                f"bus: process holding {h['receivers']} blocked aio receivers",
+                f"{h['rss_mib']} MiB RSS (+{h['rss_per_receiver_kib']} KiB each), "
+                f"{h['holder_cpu_ms_per_send']} ms CPU per send",
+            )
+        )
     return rows
 
 
@@ -45,17 +58,29 @@ def _durable(doc: dict[str, Any]) -> list[tuple[str, str]]:
     rows = []
     for t in r["throughput"]:
         lat = t["instance_latency"]
-        rows.append((f"durable: {t['instances']} × 4-activity chain",
-                     f"{t['orchestrations_per_s']:,.0f} orch/s ({t['activities_per_s']:,.0f} activities/s), "
-                     f"instance p50 {lat['p50_ms']:.0f} ms, p99 {lat['p99_ms']:.0f} ms"))
+        rows.append(
+            (
+                f"durable: {t['instances']} × 4-activity chain",
+                f"{t['orchestrations_per_s']:,.0f} orch/s ({t['activities_per_s']:,.0f} activities/s), "
+                f"instance p50 {lat['p50_ms']:.0f} ms, p99 {lat['p99_ms']:.0f} ms",
+            )
+        )
     d = r["dispatch"]
-    rows.append(("durable: activity dispatch, idle engine (TaskScheduled → activity starts)",
-                 f"p50 {d['scheduled_to_activity_start']['p50_ms']:.2f} ms, "
-                 f"p99 {d['scheduled_to_activity_start']['p99_ms']:.2f} ms"))
+    rows.append(
+        (
+            "durable: activity dispatch, idle engine (TaskScheduled → activity starts)",
+            f"p50 {d['scheduled_to_activity_start']['p50_ms']:.2f} ms, "
+            f"p99 {d['scheduled_to_activity_start']['p99_ms']:.2f} ms",
+        )
+    )
     for p in r["replay"]:
-        rows.append((f"durable: chain of {p['activities']} activities ({p['history_events']} history events)",
-                     f"{p['total_s']:.2f} s total, episode first {p['episode_ms_first']:.1f} → last "
-                     f"{p['episode_ms_last']:.1f} ms, {p['per_activity_ms']:.1f} ms/activity"))
+        rows.append(
+            (
+                f"durable: chain of {p['activities']} activities ({p['history_events']} history events)",
+                f"{p['total_s']:.2f} s total, episode first {p['episode_ms_first']:.1f} → last "
+                f"{p['episode_ms_last']:.1f} ms, {p['per_activity_ms']:.1f} ms/activity",
+            )
+        )
     rows.append(("durable: peak RSS of the benchmark process", f"{r['peak_rss_mib']} MiB"))
     return rows
 
@@ -64,12 +89,19 @@ def _pipeline(doc: dict[str, Any]) -> list[tuple[str, str]]:
     rows = []
     for run in doc["results"]["runs"]:
         lat = run["latency_ms"] or {}
-        label = "0/0 failures" if run["scenario"] == "clean" else \
-            f"{run['transient_failure_rate']}/{run['permanent_failure_rate']} failures"
-        rows.append((f"pipeline: demo {run['orders']} orders, {label}",
-                     f"{run['orders_per_s']} orders/s, p50 {lat.get('p50', 0) / 1000:.1f} s, "
-                     f"p99 {lat.get('p99', 0) / 1000:.1f} s, devhost peak RSS "
-                     f"{run['peak_rss_mib'].get('devhost', 0)} MiB"))
+        label = (
+            "0/0 failures"
+            if run["scenario"] == "clean"
+            else f"{run['transient_failure_rate']}/{run['permanent_failure_rate']} failures"
+        )
+        rows.append(
+            (
+                f"pipeline: demo {run['orders']} orders, {label}",
+                f"{run['orders_per_s']} orders/s, p50 {lat.get('p50', 0) / 1000:.1f} s, "
+                f"p99 {lat.get('p99', 0) / 1000:.1f} s, devhost peak RSS "
+                f"{run['peak_rss_mib'].get('devhost', 0)} MiB",
+            )
+        )
     return rows
 
 
@@ -98,13 +130,17 @@ def table() -> str:
     env = next((d["environment"] for d in map(_load, RENDERERS) if d), None)
     if env:
         lines.append("")
-        lines.append(f"Measured on {env['cpu_count']} × {env['cpu_model']}, {env['memory_total_mib']} MiB RAM, "
-                     f"Python {env['python']}, SQLite {env['sqlite']}, commit(s) {', '.join(sorted(commits))}.")
+        lines.append(
+            f"Measured on {env['cpu_count']} × {env['cpu_model']}, {env['memory_total_mib']} MiB RAM, "
+            f"Python {env['python']}, SQLite {env['sqlite']}, commit(s) {', '.join(sorted(commits))}."
+        )
     return "\n".join(lines)
 
 
 def update_readme() -> None:
     """Replace the table between the README's result markers."""
+    if not README.exists():
+        return
     text = README.read_text()
     if START not in text or END not in text:
         return
