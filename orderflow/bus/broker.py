@@ -125,6 +125,16 @@ def _ready(alias: str = "") -> str:
 _READY = _ready()
 
 
+_WRITER_LOCKS: dict[str, threading.Lock] = {}
+_WRITER_LOCKS_GUARD = threading.Lock()
+
+
+def _writer_lock(path: str) -> threading.Lock:
+    """The process-wide writer lock of one database file."""
+    with _WRITER_LOCKS_GUARD:
+        return _WRITER_LOCKS.setdefault(os.path.realpath(path), threading.Lock())
+
+
 def utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -238,16 +248,23 @@ class EmbeddedBroker:
 
     @contextmanager
     def _tx(self) -> Iterator[_Tx]:
-        """One write transaction; the pokes it collects are sent after COMMIT (never before durability)."""
+        """One write transaction; the pokes it collects are sent after COMMIT (never before durability).
+
+        Writers of one process queue on a process-wide lock per database file before `BEGIN IMMEDIATE`: SQLite's
+        busy handler waits for a held lock by sleeping in growing steps (up to 100 ms), so many threads contending
+        in SQLite itself add long stalls while the lock sits free; a Python lock hands it over at once. Across
+        processes SQLite's own locking still applies.
+        """
         conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        tx = _Tx(conn, self._now())
-        try:
-            yield tx
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+        with _writer_lock(self.path):
+            conn.execute("BEGIN IMMEDIATE")
+            tx = _Tx(conn, self._now())
+            try:
+                yield tx
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
         for key in tx.pokes:
             notify.poke(self.notify_dir, key)
 
@@ -439,6 +456,8 @@ class EmbeddedBroker:
     ) -> list[StoredMessage]:
         """Lock (or, with `delete`, remove) up to `max_count` ready messages, in sequence order."""
         props = self.queue_properties(queue)
+        if not self._may_receive(queue, sub_queue, session):
+            return []  # a read, not a write transaction: woken receivers that find nothing do not contend
         with self._tx() as tx:
             self._housekeep(tx, queue, props)
             if session is not None:
@@ -577,6 +596,8 @@ class EmbeddedBroker:
                 f"It is not possible for an entity that does not require sessions ({queue}) "
                 "to create a session receiver."
             )
+        if session_id is None and not self.has_ready(queue):
+            return None  # read-only check first (WAL readers never block): no write lock for nothing
         with self._tx() as tx:
             self._housekeep(tx, queue, props)
             chosen = self._next_available_session(tx, queue) if session_id is None else session_id
@@ -682,6 +703,20 @@ class EmbeddedBroker:
     def waiter(self, queue: str, sub_queue: str = ACTIVE) -> notify.Waiter:
         """Bind a waiter for a queue. Bind before checking for messages, then wait: no wake-up is lost."""
         return notify.Waiter(self.notify_dir, notify.queue_key(queue, sub_queue))
+
+    def _may_receive(self, queue: str, sub_queue: str, session: SessionLock | None) -> bool:
+        """Whether `receive` could find something; a cheap read that spares the write lock when it cannot. Within
+        a session: a ready message of that session; otherwise as `has_ready` (which counts due expiries)."""
+        if session is None:
+            return self.has_ready(queue, sub_queue)
+        row = self._conn().execute(
+            f"SELECT 1 FROM messages WHERE queue = :queue AND sub = :sub AND session_id = :sid AND {_READY} LIMIT 1",
+            {"queue": queue, "sub": sub_queue, "sid": session.session_id, "now": self._now()},
+        ).fetchone()
+        if row is not None:
+            return True
+        due = self.next_due(queue)
+        return due is not None and due.timestamp() <= self._now()
 
     def has_ready(self, queue: str, sub_queue: str = ACTIVE) -> bool:
         """Whether a receive could get a message now: a ready message (in an unlocked session, for a session
