@@ -63,7 +63,7 @@ class ClientApp:
                                                               session_id=o.order_id,
                                                               content_type="application/json") for o in batch])
 
-    async def listen(self, stop: asyncio.Event, consumers: int = 8) -> None:
+    async def listen(self, stop: asyncio.Event, consumers: int = 32) -> None:
         tasks = [asyncio.create_task(self._consume(stop)) for _ in range(consumers)]
         await stop.wait()
         for t in tasks:
@@ -75,7 +75,7 @@ class ClientApp:
             try:
                 async with self.bus.get_queue_receiver(self.reply_queue, session_id=NEXT_AVAILABLE_SESSION,
                                                        max_wait_time=5) as receiver:
-                    while batch := await receiver.receive_messages(max_message_count=20, max_wait_time=1):
+                    while batch := await receiver.receive_messages(max_message_count=20, max_wait_time=0.2):
                         for msg in batch:
                             self._record(StatusMessage.model_validate_json(b"".join(msg.body)))
                             await receiver.complete_message(msg)
