@@ -12,10 +12,9 @@ from typing import Any, Callable
 import azure.durable_functions as df
 
 from orderflow import function_names as fn
-from orderflow import telemetry
-from orderflow.messages import AlertKind, OrderStatus, StepName
-from orderflow.outbound import raise_alert, send_status
-from orderflow.records import OrderStateRecord, ProcessState, StepStatus, parse_utc
+from orderflow.messages import StepName
+from orderflow.notifications import entered_error, notify_terminal
+from orderflow.records import OrderStateRecord, StepStatus, parse_utc
 from orderflow.runtime import get_services
 from orderflow.state_machine import Fenced, complete, fail, record_step, set_step_deadline
 
@@ -72,7 +71,10 @@ async def record_step_result(request: dict[str, Any]) -> bool:
 @bp.function_name(fn.FINISH_ORDER)
 @bp.activity_trigger(input_name="request")
 async def finish_order(request: dict[str, Any]) -> bool:
-    """Processed + status `completed`, or Error + operator alert + status `failed` (fenced, idempotent)."""
+    """Processed + status `completed`, or Error + operator alert + status `failed` (fenced, idempotent).
+
+    The notification follows the state write; if it fails the activity raises and is retried by the Scheduler,
+    and the Supervisor's sweep sends whatever a terminal record still owes (orderflow/notifications.py)."""
     services = await get_services()
     now = services.clock.now()
     instance, reason = request["instanceId"], request["reason"]
@@ -84,11 +86,6 @@ async def finish_order(request: dict[str, Any]) -> bool:
     except Fenced as exc:
         log.info("finish_order fenced: %s", exc)
         return False
-    if failed and rec.process_state is ProcessState.ERROR:
-        telemetry.count_order_error()
-        await raise_alert(services.bus, services.tunables.alerts_queue, kind=AlertKind.ORDER_FAILED,
-                          order_id=rec.order_id, reason=reason, now=now, details={"attempt": rec.attempt})
-    await send_status(services.bus, rec.reply_to, order_id=rec.order_id,
-                      state=OrderStatus.FAILED if failed else OrderStatus.COMPLETED, attempt=rec.attempt,
-                      reason=reason, now=now)
+    if rec.notified_at is None:
+        await (entered_error(services, rec) if failed else notify_terminal(services, rec))
     return True

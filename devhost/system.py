@@ -34,10 +34,11 @@ class SystemConfig:
     settings: dict[str, str] = field(default_factory=dict)
     app_dir: Path = ROOT
     reply_queue: str = "app-status"
+    servicebus_config: Path = ROOT / "servicebus.config.json"
 
     @property
     def bus_connection(self) -> str:
-        return f"Endpoint=embedded://{self.work_dir / 'servicebus.db'};ConfigFile={ROOT / 'servicebus.config.json'}"
+        return f"Endpoint=embedded://{self.work_dir / 'servicebus.db'};ConfigFile={self.servicebus_config}"
 
     @property
     def store_endpoint(self) -> str:

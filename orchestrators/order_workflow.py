@@ -30,6 +30,18 @@ def _log(context: df.DurableOrchestrationContext, message: str, *args: Any) -> N
         log.info(message, *args)
 
 
+# Every activity is idempotent, so a failure (store or bus briefly unavailable) is retried here, in the Scheduler,
+# before it can cost an attempt: 3 tries, 1 s apart (the Python SDK's RetryOptions has no backoff coefficient) —
+# well inside a step's CompleteBy. A remote-service
+# failure never surfaces as an activity failure (the Agent reports it in its reply), so this does not multiply the
+# Agent's retries.
+ACTIVITY_RETRY = df.RetryOptions(first_retry_interval_in_milliseconds=1000, max_number_of_attempts=3)
+
+
+def _call(context: df.DurableOrchestrationContext, name: str, payload: dict[str, Any]) -> TaskBase:
+    return context.call_activity_with_retry(name, ACTIVITY_RETRY, payload)
+
+
 def _matches(reply: AgentReply, instance_id: str, step: StepName) -> bool:
     return reply.instance_id == instance_id and reply.step == step
 
@@ -39,11 +51,11 @@ def run_step(context: df.DurableOrchestrationContext, inp: WorkflowInput, step: 
     """One step: fenced deadline, Agent request, then the race between the timer and the reply."""
     instance_id = context.instance_id
     complete_by = context.current_utc_datetime + timedelta(seconds=inp.step_timeout_seconds)
-    fenced_ok = yield context.call_activity(fn.SET_STEP_DEADLINE, {
+    fenced_ok = yield _call(context, fn.SET_STEP_DEADLINE, {
         "orderId": inp.order_id, "instanceId": instance_id, "step": step.value, "completeBy": complete_by.isoformat()})
     if not fenced_ok:
         return Outcome.SUPERSEDED
-    yield context.call_activity(fn.SEND_AGENT_REQUEST, {
+    yield _call(context, fn.SEND_AGENT_REQUEST, {
         "instanceId": instance_id, "orderId": inp.order_id, "attempt": inp.attempt, "step": step.value,
         "idempotencyKey": idempotency_key(inp.order_id, step.value), "deadline": complete_by.isoformat(),
         "payload": order})
@@ -70,7 +82,7 @@ def run_step(context: df.DurableOrchestrationContext, inp: WorkflowInput, step: 
 def order_workflow(context: df.DurableOrchestrationContext) -> Generator[TaskBase, Any, dict[str, Any]]:
     inp = WorkflowInput.model_validate(context.get_input())
     instance_id = context.instance_id
-    order = yield context.call_activity(fn.LOAD_ORDER, {"orderId": inp.order_id, "instanceId": instance_id})
+    order = yield _call(context, fn.LOAD_ORDER, {"orderId": inp.order_id, "instanceId": instance_id})
     if order is None:
         return {"outcome": Outcome.SUPERSEDED.value}
     for step in STEPS:
@@ -83,18 +95,19 @@ def order_workflow(context: df.DurableOrchestrationContext) -> Generator[TaskBas
             # Transient failure that the Agent could not absorb within the deadline: leave the record Processing
             # with its CompleteBy; the Supervisor owns the retry (one retry owner, seed 003).
             return {"outcome": Outcome.TIMED_OUT.value, "step": step.value, "error": reply.error}
-        recorded = yield context.call_activity(fn.RECORD_STEP_RESULT, {
+        recorded = yield _call(context, fn.RECORD_STEP_RESULT, {
             "orderId": inp.order_id, "instanceId": instance_id, "step": step.value,
             "status": "succeeded" if reply.outcome is AgentOutcome.SUCCEEDED else "failed", "error": reply.error})
         if not recorded:
             return {"outcome": Outcome.SUPERSEDED.value, "step": step.value}
         if reply.outcome is AgentOutcome.FAILED:
-            yield context.call_activity(fn.FINISH_ORDER, {
+            finished = yield _call(context, fn.FINISH_ORDER, {
                 "orderId": inp.order_id, "instanceId": instance_id, "attempt": inp.attempt, "outcome": "failed",
                 "reason": f"{step.value}: {reply.error_code or 'PermanentFailure'}: {reply.error or ''}".strip()})
-            return {"outcome": Outcome.FAILED.value, "step": step.value}
-    yield context.call_activity(fn.FINISH_ORDER, {
+            outcome = Outcome.FAILED if finished else Outcome.SUPERSEDED
+            return {"outcome": outcome.value, "step": step.value}
+    finished = yield _call(context, fn.FINISH_ORDER, {
         "orderId": inp.order_id, "instanceId": instance_id, "attempt": inp.attempt, "outcome": "completed",
         "reason": "all steps succeeded"})
     context.set_custom_status({"step": None, "attempt": inp.attempt})
-    return {"outcome": Outcome.COMPLETED.value}
+    return {"outcome": (Outcome.COMPLETED if finished else Outcome.SUPERSEDED).value}

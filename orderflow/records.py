@@ -116,6 +116,9 @@ class OrderStateRecord(_Record):
     schema_version: int = Field(default=RECORD_SCHEMA_VERSION, alias="schemaVersion")
     created_at: UtcDatetime = Field(alias="createdAt")
     updated_at: UtcDatetime = Field(alias="updatedAt")
+    # When the terminal status (and, for Error, the operator alert) went out. Null on a terminal record means the
+    # notification is still owed: the Supervisor's sweep sends it (orderflow/notifications.py).
+    notified_at: UtcDatetime | None = Field(default=None, alias="notifiedAt")
 
     @classmethod
     def new(cls, order: SubmitOrder, now: datetime) -> OrderStateRecord:

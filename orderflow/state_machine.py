@@ -259,3 +259,15 @@ def recover(
         retry_at=at + backoff(failures),
         last_error=expired,
     )
+
+
+TERMINAL_STATES = frozenset({ProcessState.PROCESSED, ProcessState.ERROR})
+
+
+def mark_notified(rec: OrderStateRecord, now: datetime) -> OrderStateRecord:
+    """A terminal record's status (and alert) has been sent; repeating it is a no-op. Not a state change."""
+    if rec.process_state not in TERMINAL_STATES:
+        raise IllegalTransition(f"order {rec.order_id} is {rec.process_state.value}: nothing to notify yet")
+    if rec.notified_at is not None:
+        return rec
+    return rec.model_copy(update={"notified_at": ensure_utc(now), "updated_at": ensure_utc(now)})

@@ -8,7 +8,8 @@ empty stretches with a one-item probe. Each scan's request charge (RU) is logged
 Recovery is a conditional update that checks the expired LockedBy: FailureCount+1; below the threshold → Pending,
 LockedBy null, a retry time with backoff; at the threshold → Error + operator alert + status `failed`. Two
 Supervisors at once never double-recover: the second one's update is fenced (LockedBy is no longer the expired
-instance) or loses on the etag.
+instance) or loses on the etag. Each run ends with a sweep that sends the terminal notifications still owed
+(orderflow/notifications.py), so a failed send after a state write is repaired.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from orderflow import telemetry
-from orderflow.messages import AlertKind, OrderStatus
-from orderflow.outbound import raise_alert, send_status
+from orderflow.notifications import entered_error, sweep_unnotified
 from orderflow.records import OrderStateRecord, ProcessState, format_utc, parse_utc
 from orderflow.runtime import Services
 from orderflow.state_machine import Fenced, IllegalTransition, recover
@@ -42,6 +42,7 @@ class SupervisorRun:
     skipped: int = 0
     request_charge: float = 0.0
     position: datetime | None = None
+    notified: int = 0  # owed terminal notifications sent by this run's sweep
 
 
 async def _load_position(services: Services) -> tuple[datetime, str | None]:
@@ -83,6 +84,7 @@ async def run_supervisor(services: Services) -> SupervisorRun:
         position = first.complete_by or end
     run.position = position
     await _save_position(services, position, etag)
+    run.notified = await sweep_unnotified(services)
     log.info("supervisor scan: %d expired, %d recovered, %d escalated, %.2f RU, position %s", run.scanned,
              len(run.recovered), len(run.escalated), run.request_charge, format_utc(position))
     telemetry.record_supervisor_scan(run.request_charge, len(run.recovered), len(run.escalated))
@@ -127,11 +129,9 @@ async def _recover_one(services: Services, run: SupervisorRun, seen: OrderStateR
         return
     if rec.process_state is ProcessState.ERROR:
         run.escalated.append(rec.order_id)
-        telemetry.count_order_error()
-        await raise_alert(services.bus, t.alerts_queue, kind=AlertKind.FAILURE_THRESHOLD, order_id=rec.order_id,
-                          reason=rec.last_error or "FailureThresholdReached", now=now,
-                          details={"failureCount": rec.failure_count, "attempt": rec.attempt})
-        await send_status(services.bus, rec.reply_to, order_id=rec.order_id, state=OrderStatus.FAILED,
-                          attempt=rec.attempt, reason=rec.last_error or "FailureThresholdReached", now=now)
+        try:
+            await entered_error(services, rec)
+        except Exception:  # the record is Error with notifiedAt null: the sweep sends it on a later run
+            log.exception("escalation notice for %s failed; the sweep will send it", rec.order_id)
     else:
         run.recovered.append(rec.order_id)

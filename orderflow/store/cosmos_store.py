@@ -57,6 +57,10 @@ _CLAIMABLE_SQL = (
     "SELECT TOP @limit * FROM c WHERE c.processState = @pending AND IS_NULL(c.lockedBy)"
     " AND (IS_NULL(c.retryAt) OR c.retryAt <= @now) ORDER BY c.retryAt ASC, c.createdAt ASC"
 )
+_UNNOTIFIED_SQL = (
+    "SELECT TOP @limit * FROM c WHERE (c.processState = @processed OR c.processState = @error)"
+    " AND (NOT IS_DEFINED(c.notifiedAt) OR IS_NULL(c.notifiedAt)) AND c.updatedAt < @before"
+)
 # Keyset paging, not SDK continuation tokens: azure-cosmos does not resume cross-partition ORDER BY queries
 # from a token (Azure/azure-sdk-for-python#41434 "Invalid Continuation Token", #37230 "Incorrect
 # continuationToken returned from orderBy query"; #13953 documents tokens as single-partition only).
@@ -261,6 +265,20 @@ class CosmosStateStore(UpdateWithRetry):
         try:
             return [
                 _versioned(d) async for d in self._container.query_items(_CLAIMABLE_SQL, parameters=params)
+            ]
+        except CosmosHttpResponseError as exc:
+            raise translate(exc) from exc
+
+    async def query_unnotified(self, updated_before: datetime, limit: int) -> list[Versioned]:
+        params: list[dict[str, object]] = [
+            {"name": "@limit", "value": int(limit)},
+            {"name": "@processed", "value": ProcessState.PROCESSED.value},
+            {"name": "@error", "value": ProcessState.ERROR.value},
+            {"name": "@before", "value": format_utc(updated_before)},
+        ]
+        try:
+            return [
+                _versioned(d) async for d in self._container.query_items(_UNNOTIFIED_SQL, parameters=params)
             ]
         except CosmosHttpResponseError as exc:
             raise translate(exc) from exc

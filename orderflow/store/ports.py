@@ -87,6 +87,11 @@ class StateStore(Protocol):
         """Pending, LockedBy null, RetryAt null or <= now; ordered by retryAt (nulls first) then createdAt."""
         ...
 
+    async def query_unnotified(self, updated_before: datetime, limit: int) -> list[Versioned]:
+        """Processed or Error records whose notification is still owed (notifiedAt null), last written before
+        `updated_before`; at most `limit`."""
+        ...
+
     async def query_expired(
         self, window_start: datetime, window_end: datetime, page_size: int, continuation: str | None = None
     ) -> Page:

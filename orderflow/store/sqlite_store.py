@@ -202,6 +202,16 @@ class SqliteStateStore(UpdateWithRetry):
         rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall())
         return [_versioned(r) for r in rows]
 
+    async def query_unnotified(self, updated_before: datetime, limit: int) -> list[Versioned]:
+        sql = (
+            "SELECT doc, etag FROM order_state WHERE process_state IN (?, ?)"
+            " AND json_extract(doc, '$.notifiedAt') IS NULL AND json_extract(doc, '$.updatedAt') < ?"
+            " ORDER BY json_extract(doc, '$.updatedAt'), id LIMIT ?"
+        )
+        args = (ProcessState.PROCESSED.value, ProcessState.ERROR.value, format_utc(updated_before), limit)
+        rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall())
+        return [_versioned(r) for r in rows]
+
     async def query_expired(
         self, window_start: datetime, window_end: datetime, page_size: int, continuation: str | None = None
     ) -> Page:

@@ -249,6 +249,24 @@ async def test_query_claimable_honours_state_lock_retry_at_and_limit(stores: Sto
     assert await stores.state.get(rec.order_id) == (rec, etag)
 
 
+async def test_query_unnotified_finds_terminal_records_still_owed_a_notification(stores: Stores) -> None:
+    old, recent = T0 - LEASE, T0
+    await seed(
+        stores,
+        new_state("owed-processed", process_state=ProcessState.PROCESSED, updated_at=old),
+        new_state("owed-error", process_state=ProcessState.ERROR, last_error="x", updated_at=old),
+        new_state("sent", process_state=ProcessState.PROCESSED, updated_at=old, notified_at=old),
+        new_state("too-recent", process_state=ProcessState.ERROR, last_error="x", updated_at=recent),
+        processing("running", T0 + LEASE).model_copy(update={"updated_at": old}),
+        new_state("pending", updated_at=old),
+    )
+    found = {r.order_id for r, _ in await stores.state.query_unnotified(T0 - US, 10)}
+    assert found == {"owed-processed", "owed-error"}
+    assert len(await stores.state.query_unnotified(T0 - US, 1)) == 1
+    assert {r.order_id for r, _ in await stores.state.query_unnotified(T0 + US, 10)} == {
+        "owed-processed", "owed-error", "too-recent"}
+
+
 async def test_query_expired_window_bounds(stores: Stores) -> None:
     start, end = T0, T0 + LEASE
     await seed(

@@ -62,7 +62,7 @@ class Driver:
             out.append(action)
             if action["actionType"] == ActionType.CREATE_TIMER:
                 self.history.append(self._event(H.TIMER_CREATED, EventId=action["taskId"], FireAt=action["fireAt"]))
-            elif action["actionType"] == ActionType.CALL_ACTIVITY:
+            elif action["actionType"] in (ActionType.CALL_ACTIVITY, ActionType.CALL_ACTIVITY_WITH_RETRY):
                 self.history.append(self._event(H.TASK_SCHEDULED, EventId=action["taskId"],
                                                 Name=action["functionName"]))
         self.history.append(self._event(H.ORCHESTRATOR_COMPLETED))

@@ -40,7 +40,9 @@ def reply(step: str, outcome: str = "succeeded", *, instance: str = INSTANCE, pe
 
 
 def activity(actions: list[dict[str, Any]], name: str) -> dict[str, Any]:
-    found = [a for a in actions if a["actionType"] == ActionType.CALL_ACTIVITY and a["functionName"] == name]
+    # Every Scheduler activity is called with retry options (orchestrators/order_workflow.py ACTIVITY_RETRY).
+    found = [a for a in actions if a["actionType"] == ActionType.CALL_ACTIVITY_WITH_RETRY and a["functionName"] == name]
+    assert all(a["retryOptions"]["maxNumberOfAttempts"] == 3 for a in found)
     assert found, f"expected a call of {name}, got {actions}"
     return found[0]
 
@@ -88,7 +90,7 @@ def test_timer_first_ends_the_attempt_without_touching_the_record(driver: Driver
     driver.advance(30)
     actions = driver.episode(driver.timer_fired(timer["taskId"]))
     assert driver.done and driver.output == {"outcome": "timedOut", "step": STEPS[0].value}
-    assert not [a for a in actions if a["actionType"] == ActionType.CALL_ACTIVITY]
+    assert not [a for a in actions if a["actionType"] in (ActionType.CALL_ACTIVITY, ActionType.CALL_ACTIVITY_WITH_RETRY)]
 
 
 def test_superseded_attempt_stops_quietly_at_the_fenced_deadline(driver: Driver) -> None:
@@ -130,7 +132,7 @@ def test_transient_failure_reply_leaves_recovery_to_the_supervisor(driver: Drive
     actions = driver.episode(driver.event_raised(reply_event_name(STEPS[0].value), reply(
         STEPS[0].value, "failed", error="retries exhausted")))
     assert driver.done and driver.output["outcome"] == "timedOut"
-    assert not [a for a in actions if a["actionType"] == ActionType.CALL_ACTIVITY]
+    assert not [a for a in actions if a["actionType"] in (ActionType.CALL_ACTIVITY, ActionType.CALL_ACTIVITY_WITH_RETRY)]
 
 
 def test_reply_for_another_attempt_is_ignored_and_the_race_goes_on(driver: Driver) -> None:
@@ -140,7 +142,7 @@ def test_reply_for_another_attempt_is_ignored_and_the_race_goes_on(driver: Drive
     timer = start_step(driver, actions, step)
     actions = driver.episode(driver.event_raised(reply_event_name(step), reply(step, instance=f"{ORDER}:7")))
     assert not driver.done
-    assert not [a for a in actions if a["actionType"] == ActionType.CALL_ACTIVITY]
+    assert not [a for a in actions if a["actionType"] in (ActionType.CALL_ACTIVITY, ActionType.CALL_ACTIVITY_WITH_RETRY)]
     driver.advance(30)
     driver.episode(driver.timer_fired(timer["taskId"]))
     assert driver.done and driver.output["outcome"] == "timedOut"
@@ -158,3 +160,15 @@ def test_logs_only_when_not_replaying(driver: Driver, caplog: pytest.LogCaptureF
     messages = [r.getMessage() for r in caplog.records]
     assert sum("ignoring a reply" in m for m in messages) == 1  # logged in its episode, not again on replay
     assert sum("timed out" in m for m in messages) == 1
+
+
+def test_a_fenced_finish_reports_superseded_not_completed(driver: Driver) -> None:
+    actions = driver.episode()
+    actions = driver.episode(driver.completed(activity(actions, fn.LOAD_ORDER)["taskId"], {"orderId": ORDER}))
+    for step in STEPS:
+        start_step(driver, actions, step.value)
+        actions = driver.episode(driver.event_raised(reply_event_name(step.value), reply(step.value)))
+        actions = driver.episode(driver.completed(activity(actions, fn.RECORD_STEP_RESULT)["taskId"], True))
+    finish = activity(actions, fn.FINISH_ORDER)
+    driver.episode(driver.completed(finish["taskId"], False))  # the Supervisor recovered the record meanwhile
+    assert driver.done and driver.output == {"outcome": "superseded"}

@@ -113,6 +113,7 @@ def test_state_document_is_camel_case_with_sortable_dates() -> None:
         "schemaVersion",
         "createdAt",
         "updatedAt",
+        "notifiedAt",
     }
     assert doc["processState"] == "Pending" and doc["lockedBy"] is None
     assert (
