@@ -29,6 +29,8 @@ timed-out step from a failed one). Because the reply MessageId is stable, the fi
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 from dataclasses import dataclass
 from enum import StrEnum
@@ -127,8 +129,14 @@ class RequestHandler:
             "payload": request.payload,
         }
         return await call_with_retries(
-            self._caller, request.step.value, body, request.deadline, self._policy, self._clock
+            self._caller, request.step.value, body, request.deadline, self._policy_for(request), self._clock
         )
+
+    def _policy_for(self, request: AgentRequest) -> RetryPolicy:
+        """The Scheduler's allowance for this request caps the Agent's own retry limit (one retry budget)."""
+        if request.max_retries is None or request.max_retries >= self._policy.max_retries:
+            return self._policy
+        return dataclasses.replace(self._policy, max_retries=request.max_retries)
 
     def reply_for(self, request: AgentRequest, outcome: StepOutcome) -> AgentReply:
         return AgentReply(

@@ -58,6 +58,7 @@ def run_step(context: df.DurableOrchestrationContext, inp: WorkflowInput, step: 
     yield _call(context, fn.SEND_AGENT_REQUEST, {
         "instanceId": instance_id, "orderId": inp.order_id, "attempt": inp.attempt, "step": step.value,
         "idempotencyKey": idempotency_key(inp.order_id, step.value), "deadline": complete_by.isoformat(),
+        "maxRetries": inp.agent_retries,
         "payload": order})
     timer = context.create_timer(complete_by)
     while True:

@@ -169,6 +169,9 @@ class AgentRequest(_Model):
     step: StepName
     idempotency_key: str = Field(alias="idempotencyKey")
     deadline: datetime  # = CompleteBy of this step: no new side effect after it
+    # The retries the Scheduler allows for this request (seed 000/001, Scheduling: the request carries CompleteBy and
+    # the allowed number of retries). None = the Agent's own limit (requests from before this field).
+    max_retries: int | None = Field(default=None, alias="maxRetries", ge=0)
     reply_to: str = Field(alias="replyTo")
     payload: dict[str, Any] = Field(default_factory=dict)
 

@@ -34,6 +34,7 @@ class Tunables:
     page_size: int
     max_results: int
     failure_threshold: int
+    agent_retries: int
     backoff: Backoff = field(compare=False)
 
     @classmethod
@@ -57,6 +58,7 @@ class Tunables:
             claim_lease=timedelta(seconds=i("ClaimLeaseSeconds")), starter_batch=i("StarterBatchSize"),
             scan_window=timedelta(seconds=i("SupervisorScanWindowSeconds")), page_size=i("SupervisorPageSize"),
             max_results=i("SupervisorMaxResults"), failure_threshold=i("FailureThreshold"),
+            agent_retries=settings.get_int("AgentRetriesPerStep", env),
             backoff=exponential_backoff(float(i("RetryBackoffBaseSeconds")), float(i("RetryBackoffMaxSeconds"))))
 
     def internal_queues(self) -> frozenset[str]:

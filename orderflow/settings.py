@@ -52,6 +52,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("SupervisorPageSize", "100", "Page size of the Supervisor's query (continuation-token paging)."),
     Setting("SupervisorMaxResults", "500", "Most expired records one Supervisor run recovers."),
     Setting("FailureThreshold", "3", "FailureCount at which the Supervisor moves a record to Error."),
+    Setting("AgentRetriesPerStep", "4",
+            "Retries the Scheduler allows the Agent per request (carried in the request; the Agent uses the lower "
+            "of this and its own AGENT_MAX_RETRIES)."),
     Setting("RetryBackoffBaseSeconds", "2", "Base of the exponential backoff before a recovered order is retried."),
     Setting("RetryBackoffMaxSeconds", "300", "Cap of that backoff."),
 )

@@ -41,7 +41,8 @@ async def try_claim(services: Services, rec: OrderStateRecord, etag: str) -> Wor
     except (PreconditionFailed, IllegalTransition):
         return None
     return WorkflowInput(orderId=rec.order_id, attempt=claimed.attempt,
-                         stepTimeoutSeconds=int(services.tunables.step_timeout.total_seconds()))
+                         stepTimeoutSeconds=int(services.tunables.step_timeout.total_seconds()),
+                         agentRetries=services.tunables.agent_retries)
 
 
 async def start_claimed(start_new: StartNew, inp: WorkflowInput) -> None:

@@ -24,6 +24,7 @@ class WorkflowInput(BaseModel):
     order_id: str = Field(alias="orderId")
     attempt: int = Field(ge=1)
     step_timeout_seconds: int = Field(alias="stepTimeoutSeconds", gt=0)
+    agent_retries: int = Field(default=4, alias="agentRetries", ge=0)
 
     def to_dict(self) -> dict[str, object]:
         return self.model_dump(mode="json", by_alias=True)

@@ -105,6 +105,7 @@ var codeSettings = {
   SupervisorPageSize: '100'
   SupervisorMaxResults: '500'
   FailureThreshold: '3'
+  AgentRetriesPerStep: '4'
   RetryBackoffBaseSeconds: '2'
   RetryBackoffMaxSeconds: '300'
 }

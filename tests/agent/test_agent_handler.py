@@ -179,3 +179,16 @@ def test_a_non_data_body_is_poison() -> None:
     with pytest.raises(InvalidMessage) as err:
         message_body(Msg(42))  # an AMQP value body, not data
     assert err.value.reason == "InvalidBody"
+
+
+@pytest.mark.parametrize(("allowed", "calls"), [(0, 1), (1, 2), (None, 5), (99, 5)])
+async def test_the_requests_retry_allowance_caps_the_agents_own_limit(
+    bus: FakeBus, clock: FakeClock, allowed: int | None, calls: int
+) -> None:
+    # Seed 000/001, Scheduling: the request carries CompleteBy and the allowed number of retries. The Agent's own
+    # limit (agent_config: 4 retries → 5 calls) applies when the request allows more or says nothing.
+    busy = CallResult(Classification.TRANSIENT, 503, {}, error="HTTP 503")
+    caller = RecordingCaller([busy])
+    receiver, msg = await received(bus, request_message(make_request(max_retries=allowed)))
+    assert await handler_for(bus, clock, caller).handle(receiver, msg) is Disposition.FAILED
+    assert len(caller.calls) == calls

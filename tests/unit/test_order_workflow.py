@@ -55,6 +55,7 @@ def start_step(d: Driver, actions: list[dict[str, Any]], step: str) -> dict[str,
     send = activity(actions, fn.SEND_AGENT_REQUEST)
     request = json.loads(send["input"])
     assert request["idempotencyKey"] == f"{ORDER}:{step}" and request["instanceId"] == INSTANCE
+    assert request["maxRetries"] == 4  # the retry allowance travels with the request
     actions = d.episode(d.completed(send["taskId"], f"{INSTANCE}:{step}"))
     waits = [a for a in actions if a["actionType"] == ActionType.WAIT_FOR_EXTERNAL_EVENT]
     assert [w["externalEventName"] for w in waits] == [reply_event_name(step)]
