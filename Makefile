@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 ORDERS ?= 50
 SEED ?= 1
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo lint test test-fast bench clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,10 @@ setup: $(VENV)/.installed node_modules/.installed
 demo: setup
 	$(PY) -m devhost demo --orders $(ORDERS) --seed $(SEED)
 
-test: setup
+lint: setup
+	$(PY) -m ruff check .
+
+test: lint
 	$(PY) -m pytest
 
 test-fast: setup

@@ -7,7 +7,8 @@ Repeating a call with the same input is a no-op (the state machine treats an ide
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import azure.durable_functions as df
 

@@ -30,7 +30,6 @@ timed-out step from a failed one). Because the reply MessageId is stable, the fi
 from __future__ import annotations
 
 import dataclasses
-
 import logging
 from dataclasses import dataclass
 from enum import StrEnum

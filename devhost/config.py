@@ -1,13 +1,15 @@
-"""Host configuration: host.json, local.settings.json and `%Setting%` binding expressions, as `func start` reads them."""
+"""Host configuration: host.json, local.settings.json and `%Setting%` binding expressions, as `func start` reads
+them."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 _EXPRESSION = re.compile(r"%([^%]+)%")
 
@@ -23,14 +25,14 @@ class HostConfig:
     values: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, app_dir: Path) -> "HostConfig":
+    def load(cls, app_dir: Path) -> HostConfig:
         app_dir = app_dir.resolve()
         host_json = _read_json(app_dir / "host.json", required=False)
         local = _read_json(app_dir / "local.settings.json", required=False)
         values = {str(k): str(v) for k, v in (local.get("Values") or {}).items()}
         return cls(app_dir=app_dir, host_json=host_json, values=values)
 
-    def apply_environment(self, environ: "os._Environ[str] | dict[str, str]" = os.environ) -> None:
+    def apply_environment(self, environ: os._Environ[str] | dict[str, str] = os.environ) -> None:
         """Values become environment variables, as with `func start`; variables already set win (as in Core Tools)."""
         for key, value in self.values.items():
             environ.setdefault(key, value)
@@ -38,7 +40,7 @@ class HostConfig:
     def extension(self, name: str) -> dict[str, Any]:
         return dict((self.host_json.get("extensions") or {}).get(name) or {})
 
-    def service_bus_options(self) -> "ServiceBusOptions":
+    def service_bus_options(self) -> ServiceBusOptions:
         sb = self.extension("serviceBus")
         sessions = sb.get("sessionHandlerOptions") or {}
         return ServiceBusOptions(
@@ -48,7 +50,7 @@ class HostConfig:
             max_auto_lock_renewal_s=_duration_seconds(sb.get("maxAutoLockRenewalDuration", "00:05:00")),
         )
 
-    def durable_options(self) -> "DurableOptions":
+    def durable_options(self) -> DurableOptions:
         dt = self.extension("durableTask")
         return DurableOptions(
             hub_name=resolve(str(dt.get("hubName", "devhost")), os.environ, lenient=True),

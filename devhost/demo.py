@@ -15,7 +15,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -26,14 +26,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from orderflow.messages import TERMINAL_STATUSES, OrderStatus, StatusMessage, SubmitOrder
+from orderflow.messages import TERMINAL_STATUSES, StatusMessage, SubmitOrder
 
 from .system import ROOT, LocalSystem, SystemConfig
 
 
 def make_orders(count: int, seed: int, reply_to: str) -> list[SubmitOrder]:
     rng = random.Random(seed)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return [SubmitOrder(
         orderId=f"demo-{seed}-{i:05d}", replyTo=reply_to, customer={"id": f"c-{rng.randrange(1000)}", "name": "Demo"},
         items=[{"sku": f"SKU-{rng.randrange(100):03d}", "quantity": rng.randint(1, 5),

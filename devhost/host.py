@@ -127,10 +127,11 @@ class Host:
         return call
 
     def _start_timer(self, spec: FunctionSpec, config: HostConfig, state_dir: Path) -> None:
+        import json  # noqa: PLC0415
+
         import azure.functions as func  # noqa: PLC0415
         from azure.functions.meta import Datum  # noqa: PLC0415
         from azure.functions.timer import TimerRequestConverter  # noqa: PLC0415
-        import json  # noqa: PLC0415
 
         call = self._caller(spec)
 

@@ -1,6 +1,7 @@
 """httpTrigger: functions served under `/api/` with route templates, methods and auth levels, as the host does.
 
-Source: "Azure Functions HTTP trigger" (learn.microsoft.com/azure/azure-functions/functions-bindings-http-webhook-trigger):
+Source: "Azure Functions HTTP trigger"
+(learn.microsoft.com/azure/azure-functions/functions-bindings-http-webhook-trigger):
 default route `api/<function name>`; route templates with `{name}`, `{name:constraint}` and optional `{name?}`;
 auth level `function` needs a function or host key in the `x-functions-key` header or the `code` query parameter,
 `admin` needs the master key, `anonymous` none; a missing or wrong key answers 401.
@@ -11,9 +12,10 @@ from __future__ import annotations
 import json
 import re
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import azure.functions as func
 from aiohttp import web

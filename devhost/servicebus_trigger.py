@@ -17,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
 
 import azure.functions as func
 from azure.functions.meta import Datum
@@ -41,7 +42,7 @@ def _text(value: Any) -> Datum | None:
 
 
 def _iso(value: datetime | None) -> Datum | None:
-    return None if value is None else Datum(value.astimezone(timezone.utc).isoformat(), "string")
+    return None if value is None else Datum(value.astimezone(UTC).isoformat(), "string")
 
 
 def function_message(msg: Any) -> func.ServiceBusMessage:
@@ -177,15 +178,15 @@ class ServiceBusTriggerRunner:
             log.warning("could not settle message %s on %s: %s", msg.message_id, self.queue, exc)
 
     async def _renew_locks(self, receiver: Any, msg: Any) -> None:
-        started = datetime.now(timezone.utc)
+        started = datetime.now(UTC)
         while True:
             locked_until = getattr(msg, "locked_until_utc", None) or (
                 receiver.session.locked_until_utc if self.sessions else None)
             if locked_until is None:
                 return
-            remaining = (locked_until - datetime.now(timezone.utc)).total_seconds()
+            remaining = (locked_until - datetime.now(UTC)).total_seconds()
             await asyncio.sleep(max(0.05, remaining / 2))
-            if (datetime.now(timezone.utc) - started).total_seconds() > self.options.max_auto_lock_renewal_s:
+            if (datetime.now(UTC) - started).total_seconds() > self.options.max_auto_lock_renewal_s:
                 return
             try:
                 if self.sessions:

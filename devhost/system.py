@@ -72,7 +72,7 @@ class Process:
         self._ready = threading.Event()
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, wait_for_url: bool = True, timeout: float = 60.0) -> "Process":
+    def start(self, wait_for_url: bool = True, timeout: float = 60.0) -> Process:
         self._ready.clear()
         self.proc = subprocess.Popen(self.argv, env=self.env, cwd=ROOT, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, start_new_session=True)
@@ -163,7 +163,7 @@ class LocalSystem:
             "--state-dir", str(self.config.work_dir / "devhost")]).start()
         return self.devhost
 
-    def start(self) -> "LocalSystem":
+    def start(self) -> LocalSystem:
         self.start_simulator()
         self.start_agent()
         self.start_devhost()
@@ -174,7 +174,7 @@ class LocalSystem:
             if p is not None:
                 p.stop()
 
-    def __enter__(self) -> "LocalSystem":
+    def __enter__(self) -> LocalSystem:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

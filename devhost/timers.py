@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from croniter import croniter
 
@@ -36,9 +37,9 @@ def parse_schedule(expression: str) -> str:
 
 def next_occurrence(expression: str, after: datetime) -> datetime:
     """The first occurrence strictly after `after` (UTC)."""
-    it = croniter(expression, after.astimezone(timezone.utc), second_at_beginning=True)
+    it = croniter(expression, after.astimezone(UTC), second_at_beginning=True)
     nxt: datetime = it.get_next(datetime)
-    return nxt.astimezone(timezone.utc)
+    return nxt.astimezone(UTC)
 
 
 @dataclass
@@ -52,7 +53,7 @@ class ScheduleStatus:
                 "LastUpdated": self.last_updated.isoformat()}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "ScheduleStatus":
+    def from_json(cls, data: dict[str, Any]) -> ScheduleStatus:
         return cls(last=datetime.fromisoformat(data["Last"]) if data.get("Last") else None,
                    next=datetime.fromisoformat(data["Next"]), last_updated=datetime.fromisoformat(data["LastUpdated"]))
 
@@ -62,7 +63,7 @@ class TimerRunner:
 
     def __init__(self, name: str, expression: str, *, run_on_startup: bool, use_monitor: bool, state_dir: Path,
                  invoke: Callable[[dict[str, Any]], Awaitable[None]],
-                 now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+                 now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.name = name
         self.expression = parse_schedule(expression)
         self.run_on_startup = run_on_startup
@@ -115,7 +116,7 @@ class TimerRunner:
             try:
                 await asyncio.wait_for(stop.wait(), timeout=delay)
                 return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             late = self._now() - due > timedelta(seconds=1)
             last = await self._fire(past_due=late, last=last)

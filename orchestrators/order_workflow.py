@@ -11,8 +11,9 @@ Durable rules (seed 004): time from `context.current_utc_datetime`, no I/O, log 
 from __future__ import annotations
 
 import logging
+from collections.abc import Generator
 from datetime import timedelta
-from typing import Any, Generator
+from typing import Any
 
 import azure.durable_functions as df
 from azure.durable_functions.models.Task import TaskBase

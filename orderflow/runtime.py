@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Mapping
+from typing import Any
 
 from orderflow import settings
 from orderflow.clock import Clock, SystemClock
@@ -38,7 +39,7 @@ class Tunables:
     backoff: Backoff = field(compare=False)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Tunables":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Tunables:
         def s(name: str) -> str:
             value = settings.get(name, env)
             assert value is not None, name

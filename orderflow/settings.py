@@ -8,8 +8,8 @@ Bicep app settings are checked against it by the test suite.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ record whose lease expires: the Supervisor recovers it like any expired attempt.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from orderflow import function_names as fn
 from orderflow.records import OrderStateRecord, instance_id

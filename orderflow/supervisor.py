@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from orderflow import telemetry
 from orderflow.notifications import entered_error, sweep_unnotified
@@ -28,7 +28,7 @@ from orderflow.store.errors import Conflict, NotFound, PreconditionFailed
 log = logging.getLogger("orderflow.supervisor")
 
 CHECKPOINT = "supervisor"
-EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
+EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 # Records written by another instance with a slightly skewed clock may carry a CompleteBy a little in the past:
 # the checkpoint never moves closer to now than this, so such a record is still scanned.
 CLOCK_SKEW = timedelta(seconds=60)

@@ -3,7 +3,7 @@ an in-memory reader that tests read through the `metric_points` fixture."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 from opentelemetry import metrics

@@ -1,7 +1,8 @@
 """Crash recovery: `kill -9` of a real devhost process in the middle of 20 running orchestrations and a Service Bus
 trigger burst; after a restart every instance completes and every message is processed at least once.
 
-Sources: Durable Functions reliability (learn.microsoft.com/azure/azure-functions/durable/durable-functions-orchestrations,
+Sources: Durable Functions reliability
+(learn.microsoft.com/azure/azure-functions/durable/durable-functions-orchestrations,
 seed 004: event-sourced history, at-least-once activity execution, replay after a host crash); Service Bus peek-lock
 (a message whose lock expires after a consumer died is delivered again).
 """
@@ -12,7 +13,6 @@ import time
 
 import aiohttp
 from azure.servicebus import ServiceBusMessage
-
 from support.hosted import HostedSample, wait_until
 
 INSTANCES = [f"crash-{i:02d}" for i in range(20)]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -10,12 +9,10 @@ from collections import defaultdict
 
 import aiohttp
 import psutil
-import pytest
 from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
+from support.hosted import HostedSample, wait_until
 
 from devhost.system import ROOT
-
-from support.hosted import HostedSample, wait_until
 
 
 def test_help_documents_every_command_and_option() -> None:

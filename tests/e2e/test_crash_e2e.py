@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 from e2e_support import FAST_SETTINGS, Client, make_order, new_order_id
+from support.hosted import wait_until
 
 from devhost.system import ROOT, LocalSystem, SystemConfig
 from orderflow.messages import STEPS, TERMINAL_STATUSES, OrderStatus
 from orderflow.records import ProcessState
-from support.hosted import wait_until
 
 ORDERS = 30
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from devhost.system import ROOT, Process
 from orderflow.bus import from_connection_string
@@ -35,7 +36,7 @@ class HostedSample:
         assert self.process.url
         return self.process.url
 
-    def start(self) -> "HostedSample":
+    def start(self) -> HostedSample:
         self.process.start()
         return self
 

@@ -8,13 +8,14 @@ history on every episode, as the extension does (history event field names: azur
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from azure.durable_functions.models.actions.ActionType import ActionType
 from azure.durable_functions.models.history.HistoryEventType import HistoryEventType as H
 
-START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 class Driver:

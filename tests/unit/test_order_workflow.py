@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 from azure.durable_functions.models.actions.ActionType import ActionType
+from support.orchestration_driver import Driver
 
 from orderflow import function_names as fn
 from orderflow.messages import STEPS, reply_event_name
 
-from support.orchestration_driver import Driver
-
 ORDER = "o-1"
+CALLS = (ActionType.CALL_ACTIVITY, ActionType.CALL_ACTIVITY_WITH_RETRY)
 INSTANCE = f"{ORDER}:1"
 
 
@@ -91,7 +91,7 @@ def test_timer_first_ends_the_attempt_without_touching_the_record(driver: Driver
     driver.advance(30)
     actions = driver.episode(driver.timer_fired(timer["taskId"]))
     assert driver.done and driver.output == {"outcome": "timedOut", "step": STEPS[0].value}
-    assert not [a for a in actions if a["actionType"] in (ActionType.CALL_ACTIVITY, ActionType.CALL_ACTIVITY_WITH_RETRY)]
+    assert not [a for a in actions if a["actionType"] in CALLS]
 
 
 def test_superseded_attempt_stops_quietly_at_the_fenced_deadline(driver: Driver) -> None:
@@ -133,7 +133,7 @@ def test_transient_failure_reply_leaves_recovery_to_the_supervisor(driver: Drive
     actions = driver.episode(driver.event_raised(reply_event_name(STEPS[0].value), reply(
         STEPS[0].value, "failed", error="retries exhausted")))
     assert driver.done and driver.output["outcome"] == "timedOut"
-    assert not [a for a in actions if a["actionType"] in (ActionType.CALL_ACTIVITY, ActionType.CALL_ACTIVITY_WITH_RETRY)]
+    assert not [a for a in actions if a["actionType"] in CALLS]
 
 
 def test_reply_for_another_attempt_is_ignored_and_the_race_goes_on(driver: Driver) -> None:
@@ -143,7 +143,7 @@ def test_reply_for_another_attempt_is_ignored_and_the_race_goes_on(driver: Drive
     timer = start_step(driver, actions, step)
     actions = driver.episode(driver.event_raised(reply_event_name(step), reply(step, instance=f"{ORDER}:7")))
     assert not driver.done
-    assert not [a for a in actions if a["actionType"] in (ActionType.CALL_ACTIVITY, ActionType.CALL_ACTIVITY_WITH_RETRY)]
+    assert not [a for a in actions if a["actionType"] in CALLS]
     driver.advance(30)
     driver.episode(driver.timer_fired(timer["taskId"]))
     assert driver.done and driver.output["outcome"] == "timedOut"
