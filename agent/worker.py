@@ -52,6 +52,7 @@ class AgentWorker:
         self._config = config
         self._clock = clock or SystemClock()
         self.stats: Counter[str] = Counter()
+        self._busy: set[asyncio.Task[Any]] = set()  # slots handling a request right now
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set, then finish in-flight requests within the grace period."""
@@ -67,6 +68,9 @@ class AgentWorker:
             ]
             log.info("agent serving %s with %d session slot(s)", cfg.requests_queue, len(slots))
             await stop.wait()
+            for slot in slots:  # idle slots (waiting for a session or a message) stop at once
+                if slot not in self._busy:
+                    slot.cancel()
             await _finish(slots, cfg.shutdown_grace_ms / 1000)
         log.info("agent stopped: %s", dict(self.stats))
 
@@ -117,6 +121,9 @@ class AgentWorker:
     async def _process(self, receiver: Any, handler: RequestHandler, message: Any) -> bool:
         """Handle one request; False when it failed and was abandoned (the batch must stop to keep order)."""
         self.stats["received"] += 1
+        task = asyncio.current_task()
+        if task is not None:
+            self._busy.add(task)
         try:
             self.stats[(await handler.handle(receiver, message)).value] += 1
             return True
@@ -127,6 +134,9 @@ class AgentWorker:
             log.exception("request %s failed; abandoning", getattr(message, "message_id", "?"))
             await _abandon_all(receiver, [message])
             return False
+        finally:
+            if task is not None:
+                self._busy.discard(task)
 
     async def _keep_session_locked(self, receiver: Any) -> None:
         """Renew the session lock at half its remaining time while the slot holds the session."""

@@ -43,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds (default 600)")
     d.add_argument("--work-dir", type=Path, default=None, help="state folder (default: a fresh .demo/<timestamp>)")
     d.add_argument("--json", action="store_true", help="print one JSON object with the figures as the last line")
+
+    from .client import add_commands  # noqa: PLC0415
+    add_commands(sub)
     return p
 
 
@@ -68,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from .demo import run_demo  # noqa: PLC0415
         return run_demo(args)
+    if args.command in ("submit", "queues"):
+        from . import client  # noqa: PLC0415
+        return client.submit(args) if args.command == "submit" else client.queues(args)
     return 2
 
 

@@ -32,6 +32,12 @@ class Rejected:
 
 def validate(body: bytes, session_id: str | None, services: Services) -> SubmitOrder:
     order = parse_submit_order(body)
+    check_routing(order, session_id, services)
+    return order
+
+
+def check_routing(order: SubmitOrder, session_id: str | None, services: Services) -> None:
+    """The message's session is its order, and replyTo is an allowed reply queue (never an internal one)."""
     if session_id is not None and session_id != order.order_id:
         raise InvalidMessage("InvalidField:sessionId",
                              f"field 'sessionId' must equal orderId {order.order_id!r}, got {session_id!r}")
@@ -39,25 +45,33 @@ def validate(body: bytes, session_id: str | None, services: Services) -> SubmitO
     if order.reply_to in services.tunables.internal_queues() or order.reply_to not in allowed:
         raise InvalidMessage("InvalidField:replyTo",
                              f"field 'replyTo' {order.reply_to!r} is not an allowed reply queue")
-    return order
 
 
-async def submit(services: Services, body: bytes, session_id: str | None) -> Accepted | Rejected:
-    """Validate and store one order. The caller settles the message: complete on Accepted, dead-letter on Rejected."""
+async def submit(services: Services, body: bytes, session_id: str | None,
+                 message_id: str | None = None) -> Accepted | Rejected:
+    """Validate and store one order. The caller settles the message: complete on Accepted, dead-letter on Rejected.
+    Alerts name the message (MessageId, SessionId) and, when the body parsed, the order."""
+    where = {"messageId": message_id, "sessionId": session_id}
     try:
-        order = validate(body, session_id, services)
+        order = parse_submit_order(body)
     except InvalidMessage as exc:
-        return await _reject(services, exc.reason, exc.description, order_id=None, kind=AlertKind.POISON_MESSAGE)
+        return await _reject(services, exc.reason, exc.description, order_id=None, kind=AlertKind.POISON_MESSAGE,
+                             where=where)
+    try:
+        check_routing(order, session_id, services)
+    except InvalidMessage as exc:
+        return await _reject(services, exc.reason, exc.description, order_id=order.order_id,
+                             kind=AlertKind.POISON_MESSAGE, where=where)
     now = services.clock.now()
     stored, order_created = await services.orders.create_if_absent(OrderRecord.from_order(order, now))
     if stored.order_hash != order.immutable_hash():
         return await _reject(services, "OrderConflict",
                              f"order {order.order_id} exists with different data (hash {stored.order_hash[:12]}…)",
-                             order_id=order.order_id, kind=AlertKind.ORDER_CONFLICT)
+                             order_id=order.order_id, kind=AlertKind.ORDER_CONFLICT, where=where)
     state, state_created = await services.state.create_if_absent(OrderStateRecord.new(order, now))
     if state.order_hash != order.immutable_hash():  # a state record from another order under this id: never touch
         return await _reject(services, "OrderConflict", f"state record of {order.order_id} belongs to other data",
-                             order_id=order.order_id, kind=AlertKind.ORDER_CONFLICT)
+                             order_id=order.order_id, kind=AlertKind.ORDER_CONFLICT, where=where)
     # Sent on every acceptance (stable MessageId: duplicate detection absorbs repeats), so a crash after the writes
     # and before this send is repaired by the redelivery too.
     await send_status(services.bus, order.reply_to, order_id=order.order_id, state=OrderStatus.RECEIVED,
@@ -66,7 +80,7 @@ async def submit(services: Services, body: bytes, session_id: str | None) -> Acc
 
 
 async def _reject(services: Services, reason: str, description: str, *, order_id: str | None,
-                  kind: AlertKind) -> Rejected:
+                  kind: AlertKind, where: dict[str, str | None]) -> Rejected:
     await raise_alert(services.bus, services.tunables.alerts_queue, kind=kind, order_id=order_id, reason=reason,
-                      now=services.clock.now(), details={"description": description})
+                      now=services.clock.now(), details={"description": description, **where})
     return Rejected(reason=reason, description=description, order_id=order_id)

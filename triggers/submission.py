@@ -35,7 +35,7 @@ async def submission(message: servicebus.ServiceBusReceivedMessage,
     services = await get_services()
     body = b"".join(message.body)
     try:
-        outcome = await submit(services, body, message.session_id)
+        outcome = await submit(services, body, message.session_id, str(message.message_id))
     except Exception:
         await asyncio.to_thread(message_actions.abandon, message)
         raise

@@ -6,7 +6,7 @@ Connection strings:
   (`orderflow.bus.embedded`): queues in one SQLite file shared by every local process. Relative paths are
   resolved against the current directory. `ConfigFile` names a Service Bus emulator-style Config.json (the
   repo's `servicebus.config.json`) whose queues are declared (idempotently) when the client is created.
-  Example: `Endpoint=embedded://.devhost/bus.db;ConfigFile=servicebus.config.json`.
+  Example: `Endpoint=embedded://.devhost/servicebus.db;ConfigFile=servicebus.config.json`.
 * anything else (`Endpoint=sb://<namespace>.servicebus.windows.net/;SharedAccessKeyName=...;SharedAccessKey=...`)
   is handed to `azure.servicebus.ServiceBusClient.from_connection_string`.
 
@@ -72,6 +72,6 @@ def connection_string_from_settings(
     if not value:
         raise KeyError(
             f"no Service Bus connection: set {connection}__fullyQualifiedNamespace (Azure, identity) or "
-            f"{connection} (a connection string, e.g. Endpoint=embedded://.devhost/bus.db)"
+            f"{connection} (a connection string, e.g. Endpoint=embedded://.devhost/servicebus.db;ConfigFile=servicebus.config.json)"
         )
     return value

@@ -239,3 +239,14 @@ def test_instance_id_rejects_attempts_outside_the_range() -> None:
     for attempt in (0, MAX_ATTEMPT + 1):
         with pytest.raises(ValueError, match="attempt"):
             instance_id("o-1", attempt)
+
+
+async def test_poison_alerts_name_the_message_and_the_order_when_it_parsed(pipeline: Pipeline) -> None:
+    """An operator must be able to find the dead-lettered message from its alert."""
+    await submit(pipeline.services, encode(order_body("o-route", reply_to="nobody-status")), "o-route", "m-route")
+    await submit(pipeline.services, b"not json", "s-junk", "m-junk")
+    alerts = {a.details["messageId"]: a for a in await pipeline.alerts()}
+    route, junk = alerts["m-route"], alerts["m-junk"]
+    assert route.kind is AlertKind.POISON_MESSAGE and route.order_id == "o-route"
+    assert route.reason == "InvalidField:replyTo" and route.details["sessionId"] == "o-route"
+    assert junk.order_id is None and junk.reason == "InvalidJson" and junk.details["sessionId"] == "s-junk"
