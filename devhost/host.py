@@ -33,6 +33,16 @@ def _type_hints(fn: Any) -> dict[str, Any]:
         return dict(getattr(target, "__annotations__", {}))
 
 
+async def _close_durable_client_session() -> None:
+    """The Durable client keeps one module-level aiohttp session for the worker's lifetime
+    (azure/durable_functions/models/utils/http_utils.py); close it on the worker loop before that loop stops."""
+    from azure.durable_functions.models.utils import http_utils  # noqa: PLC0415
+
+    session = getattr(http_utils, "_client_session", None)
+    if session is not None and not session.closed:
+        await session.close()
+
+
 @dataclass
 class HostOptions:
     app_dir: Path
@@ -210,6 +220,7 @@ class Host:
         if self._settlement is not None:
             self._settlement.stop()
         if self._worker is not None:
+            await self._worker.call(_close_durable_client_session)
             self._worker.stop()
         for client in self._clients.values():
             await client.close()
