@@ -41,27 +41,52 @@ __all__ = [
 
 def from_connection_string(conn_str: str, **kwargs: Any) -> Any:
     """The embedded client for `Endpoint=embedded://...`, else the azure-servicebus client."""
-    if is_embedded(conn_str):
-        from .embedded import ServiceBusClient as EmbeddedClient
-
-        return EmbeddedClient.from_connection_string(conn_str, **kwargs)
-    from azure.servicebus import ServiceBusClient
-
-    return ServiceBusClient.from_connection_string(conn_str, **kwargs)
+    return make_client(conn_str, aio=False, **kwargs)
 
 
 def client_from_settings(
     env: Mapping[str, str] | None = None, connection: str = SERVICE_BUS_CONNECTION
 ) -> Any:
     """A client for the binding connection `connection`: identity-based namespace first, then a string."""
+    return make_client_from_settings(env, connection, aio=False)
+
+
+def make_client(conn_str: str, *, aio: bool, **kwargs: Any) -> Any:
+    """The one place that chooses the implementation (sync or aio) from a connection string."""
+    if is_embedded(conn_str):
+        if aio:
+            from .embedded_aio import ServiceBusClient as EmbeddedAio
+
+            return EmbeddedAio.from_connection_string(conn_str, **kwargs)
+        from .embedded import ServiceBusClient as Embedded
+
+        return Embedded.from_connection_string(conn_str, **kwargs)
+    client_class = _azure_client_class(aio)
+    return client_class.from_connection_string(conn_str, **kwargs)
+
+
+def make_client_from_settings(env: Mapping[str, str] | None, connection: str, *, aio: bool) -> Any:
     source = os.environ if env is None else env
     namespace = source.get(f"{connection}__fullyQualifiedNamespace")
     if namespace:
-        from azure.identity import DefaultAzureCredential
-        from azure.servicebus import ServiceBusClient
+        if aio:
+            from azure.identity.aio import DefaultAzureCredential as AioCredential
 
-        return ServiceBusClient(namespace, credential=DefaultAzureCredential())
-    return from_connection_string(connection_string_from_settings(source, connection))
+            return _azure_client_class(True)(namespace, credential=AioCredential())
+        from azure.identity import DefaultAzureCredential
+
+        return _azure_client_class(False)(namespace, credential=DefaultAzureCredential())
+    return make_client(connection_string_from_settings(source, connection), aio=aio)
+
+
+def _azure_client_class(aio: bool) -> Any:
+    if aio:
+        from azure.servicebus.aio import ServiceBusClient as AioClient
+
+        return AioClient
+    from azure.servicebus import ServiceBusClient
+
+    return ServiceBusClient
 
 
 def connection_string_from_settings(
@@ -72,6 +97,7 @@ def connection_string_from_settings(
     if not value:
         raise KeyError(
             f"no Service Bus connection: set {connection}__fullyQualifiedNamespace (Azure, identity) or "
-            f"{connection} (a connection string, e.g. Endpoint=embedded://.devhost/servicebus.db;ConfigFile=servicebus.config.json)"
+            f"{connection} (a connection string, e.g. "
+            "Endpoint=embedded://.devhost/servicebus.db;ConfigFile=servicebus.config.json)"
         )
     return value
