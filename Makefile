@@ -1,4 +1,6 @@
 # orderflow: two commands on a fresh machine — `make demo` and `make test`. Both set everything up.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -9,7 +11,8 @@ SEED ?= 1
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt -c constraints.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt -c constraints.txt 2>&1 \
+		| { grep -v "^WARNING: Location 'file://" || true; }
 	touch $@
 
 node_modules/.installed: package.json
