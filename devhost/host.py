@@ -17,7 +17,7 @@ from .app_loader import FunctionSpec, describe, index, load_app
 from .config import HostConfig, resolve
 from .http_trigger import HttpTriggers, KeyStore
 from .servicebus_trigger import Delivery, ServiceBusTriggerRunner, function_message
-from .timers import TimerRunner
+from .timers import TimerRunner, default_use_monitor
 
 log = logging.getLogger("devhost")
 
@@ -150,10 +150,11 @@ class Host:
                                                                      trigger_metadata={})
             await call({spec.trigger_param: timer})
 
-        runner = TimerRunner(spec.name, resolve(str(spec.trigger["schedule"])),
-                             run_on_startup=bool(spec.trigger.get("runOnStartup")),
-                             use_monitor=bool(spec.trigger.get("useMonitor", True)), state_dir=state_dir,
-                             invoke=invoke)
+        schedule = resolve(str(spec.trigger["schedule"]))
+        use_monitor = spec.trigger.get("useMonitor")
+        runner = TimerRunner(spec.name, schedule, run_on_startup=bool(spec.trigger.get("runOnStartup")),
+                             use_monitor=default_use_monitor(schedule) if use_monitor is None else bool(use_monitor),
+                             state_dir=state_dir, invoke=invoke)
         self.timers[spec.name] = runner
         self._tasks.append(asyncio.create_task(runner.run(self._stop), name=f"timer:{spec.name}"))
 
@@ -188,7 +189,10 @@ class Host:
         runner = ServiceBusTriggerRunner(
             spec.name, queue, client=self._service_bus_client(str(trigger.get("connection") or "ServiceBusConnection")),
             sessions=bool(trigger.get("isSessionsEnabled")),
-            auto_complete=bool(trigger.get("autoCompleteMessages", True)), options=config.service_bus_options(),
+            # The trigger's own setting, else host.json's extensions.serviceBus.autoCompleteMessages, else true.
+            auto_complete=bool(trigger.get("autoCompleteMessages",
+                                           config.extension("serviceBus").get("autoCompleteMessages", True))),
+            options=config.service_bus_options(),
             invoke=invoke, on_delivery=self._track, on_done=self._untrack)
         self.service_bus[spec.name] = runner
         self._tasks.append(asyncio.create_task(runner.run(self._stop), name=f"servicebus:{spec.name}"))

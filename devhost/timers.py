@@ -42,6 +42,14 @@ def next_occurrence(expression: str, after: datetime) -> datetime:
     return nxt.astimezone(UTC)
 
 
+def default_use_monitor(expression: str, now: datetime | None = None) -> bool:
+    """`useMonitor` when the function does not say: true for schedules whose interval is at least a minute (timer
+    trigger docs: "For schedules with a recurrence interval less than 1 minute, the default is false")."""
+    start = now or datetime.now(UTC)
+    first = next_occurrence(expression, start)
+    return (next_occurrence(expression, first) - first) >= timedelta(minutes=1)
+
+
 @dataclass
 class ScheduleStatus:
     last: datetime | None

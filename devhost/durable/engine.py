@@ -230,11 +230,16 @@ class DurableEngine:
         await self.raise_event_token(instance_id, event_name, json.dumps(df_dumps(data)))
 
     async def raise_event_token(self, instance_id: str, event_name: str, data_token: str | None) -> None:
-        row = self._existing(instance_id)
-        if row.status in TERMINAL:
-            raise InstanceGone(f"Instance with ID {instance_id} is gone: it is {row.status}.")
-        event = h.event_raised(self._clock(), event_name, token_to_serialized(data_token))
-        self.store.send(Message(instance_id, row.execution_id, event))
+        # Under the instance lock, as terminate: an episode that is committing a ContinueAsNew would otherwise give
+        # the instance a new execution id after we read the old one, and the event would be dropped as belonging to
+        # an older execution. The extension sends external events to the instance, not to an execution
+        # (DurableClient.RaiseEventInternalAsync clears the execution id).
+        async with self._lock(instance_id):
+            row = self._existing(instance_id)
+            if row.status in TERMINAL:
+                raise InstanceGone(f"Instance with ID {instance_id} is gone: it is {row.status}.")
+            event = h.event_raised(self._clock(), event_name, token_to_serialized(data_token))
+            self.store.send(Message(instance_id, row.execution_id, event))
         self._mark(instance_id)
 
     async def get_status(

@@ -428,7 +428,15 @@ class EmbeddedBroker:
     def _release_session(
         self, tx: _Tx, queue: str, props: QueueProperties, session_id: str, token: str
     ) -> None:
-        """The session lock ends (expiry or close): its unsettled messages count as failed deliveries."""
+        """The session lock ends (expiry or close): its unsettled messages count as failed deliveries.
+
+        Only the holder of `token` may end it: a receiver whose lock already expired (and was taken by another
+        consumer) must not release the new holder's messages when it closes."""
+        current = tx.conn.execute(
+            "SELECT lock_token FROM sessions WHERE queue = ? AND session_id = ?", (queue, session_id)
+        ).fetchone()
+        if current is None or current[0] != token:
+            return
         held = tx.conn.execute(
             "SELECT seq, delivery_count FROM messages WHERE queue = ? AND sub = '' AND session_id = ? "
             "AND lock_token IS NOT NULL AND locked_until IS NULL",

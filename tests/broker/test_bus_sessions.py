@@ -189,3 +189,30 @@ def test_counts_sessions_with_backlog(client, queue):
     _send(client, q, "B", "b1")
     counts = client.broker.counts(q)
     assert (counts.active, counts.sessions_with_backlog) == (3, 2)
+
+
+def test_a_stale_session_receiver_cannot_release_the_new_holders_messages(client, queue, clock) -> None:  # type: ignore[no-untyped-def]
+    # Service Bus: once a session lock expires and another receiver accepts the session, the old receiver can no
+    # longer settle or release anything in it (message-sessions docs: the lock is exclusive to its holder).
+    from azure.servicebus import NEXT_AVAILABLE_SESSION
+
+    from orderflow.bus.embedded import ServiceBusMessage
+
+    q = queue(requires_session=True, max_delivery_count=5)
+    with client.get_queue_sender(q) as sender:
+        sender.send_messages(ServiceBusMessage(b"m1", session_id="S", message_id="m1"))
+    stale = client.get_queue_receiver(q, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1)
+    stale.__enter__()
+    stale.receive_messages(max_message_count=1, max_wait_time=1)
+    clock.advance(61)  # the first holder overran its session lock (LockDuration 60 s)
+    holder = client.get_queue_receiver(q, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1)
+    holder.__enter__()
+    [message] = holder.receive_messages(max_message_count=1, max_wait_time=1)
+    try:
+        stale.close()
+    except Exception:  # noqa: BLE001 - closing a receiver whose lock is lost may report it
+        pass
+    holder.complete_message(message)  # still the holder's: no MessageLockLostError
+    holder.close()
+    with client.get_queue_receiver(q, session_id="S", max_wait_time=0.2) as check:
+        assert check.peek_messages(max_message_count=5) == []

@@ -139,3 +139,31 @@ async def test_nondeterministic_replay_fails_naming_expected_and_actual(hubs: Hu
     assert status["runtimeStatus"] == "Failed"
     assert "Non-Deterministic workflow detected" in status["output"]
     assert "CallActivity 'say_hello'" in status["output"] and "CallActivity 'shout'" in status["output"]
+
+
+async def test_event_raised_while_a_continue_as_new_episode_runs_reaches_the_new_execution(hub: Hub) -> None:
+    # Source: the extension raises external events to the instance, not to an execution
+    # (azure-functions-durable-extension DurableClient.RaiseEventInternalAsync clears the execution id: "External
+    # events are not supposed to target any particular execution ID"), so an event raised while an episode is
+    # committing a ContinueAsNew is delivered to the new execution.
+    import asyncio
+    import threading
+
+    from tests.sample_app.function_app import COUNTER_GATES
+
+    iid = f"ctr-{uuid.uuid4().hex[:6]}"
+    entered, release = threading.Event(), threading.Event()
+    COUNTER_GATES[iid] = (entered, release)
+    await hub.client.start_new("eternal_counter", iid, 0)
+    await hub.client.raise_event(iid, "add", 1)
+    assert await asyncio.to_thread(entered.wait, 10)  # the episode that will continue-as-new is running
+    second = asyncio.create_task(hub.client.raise_event(iid, "add", 10))
+    await asyncio.sleep(0.2)  # let the raise reach the engine while the episode is still in flight
+    release.set()
+    await second
+    # The execution that received 10 continued as new with 11 (history of the current execution only).
+    await hub.engine.wait_for_history(iid, lambda events: any(
+        e.get("EventType") == T.EXECUTION_STARTED and e.get("Input") == "11" for e in events), WAIT)
+    await hub.client.raise_event(iid, "add", "stop")
+    status = await hub.wait(iid)
+    assert status["output"] == 11, status

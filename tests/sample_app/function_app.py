@@ -23,6 +23,7 @@ PLAN: dict[str, str] = {"first": "say_hello"}
 PROBE = {"active": 0, "peak": 0, "calls": 0}
 _probe_lock = threading.Lock()
 GATES: dict[str, threading.Event] = {}
+COUNTER_GATES: dict[str, tuple[threading.Event, threading.Event]] = {}
 
 
 # ---- activities --------------------------------------------------------------------------------------------
@@ -197,3 +198,19 @@ def counter_entity(context: df.DurableEntityContext) -> None:
 async def http_start(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
     instance_id = await client.start_new(req.route_params["name"], None, req.get_json())
     return client.create_check_status_response(req, instance_id)
+
+
+@app.orchestration_trigger(context_name="context")
+def eternal_counter(context: df.DurableOrchestrationContext):  # type: ignore[no-untyped-def]
+    """Adds each `add` event to its total and continues as new; `stop` returns the total. The replay is slow on
+    purpose (a test gate), so that an event can arrive while an episode that continues-as-new is running."""
+    total = context.get_input() or 0
+    value = yield context.wait_for_external_event("add")
+    gate = COUNTER_GATES.get(context.instance_id)
+    if gate is not None and not context.is_replaying and value != "stop":
+        gate[0].set()  # this episode is running...
+        gate[1].wait(10)  # ...and stays in flight until the test lets it finish
+    if value == "stop":
+        return total
+    context.continue_as_new(total + int(value))
+    return None
