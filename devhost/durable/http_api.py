@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from . import history as h
+from .episode import TERMINAL
 from .errors import (
     ENTITIES_NOT_SUPPORTED,
     InstanceAlreadyExists,
@@ -114,8 +115,13 @@ class DurableHttpApi:
 
     async def raise_event(self, request: web.Request) -> web.StreamResponse:
         instance_id, event_name = request.match_info["instanceId"], request.match_info["eventName"]
-        if self.engine.store.instance(instance_id) is None:
+        # The extension checks in this order: 404 (unknown), 410 (finished), then the content type
+        # (HttpApiHandler.HandleRaiseEventRequestAsync).
+        row = self.engine.store.instance(instance_id)
+        if row is None:
             return web.Response(status=404)
+        if row.status in TERMINAL:
+            return web.Response(status=410)
         if request.content_type.lower() != "application/json":
             return error(400, "Only application/json request content is supported")
         body = await request.text()

@@ -160,3 +160,13 @@ async def test_terminate_then_gone_and_purge_rules(hub: Hub) -> None:
     assert result.instances_deleted == 1
     assert (await hub.client.purge_instance_history(instance_id)).instances_deleted == 0
     assert await hub.engine.get_status(instance_id) is None
+
+
+async def test_raise_event_on_a_finished_instance_answers_410_before_checking_the_content_type(hub: Hub) -> None:
+    # Source: HttpApiHandler.HandleRaiseEventRequestAsync checks 404, then 410, then the content type.
+    iid = f"done-{uuid.uuid4().hex[:6]}"
+    await hub.client.start_new("hello_sequence", iid, None)
+    await hub.wait(iid)
+    url = f"{hub.base}/instances/{iid}/raiseEvent/late"
+    async with hub.http.post(url, data="x", headers={"Content-Type": "text/plain"}) as response:
+        assert response.status == 410
