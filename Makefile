@@ -26,6 +26,7 @@ demo: setup
 
 lint: setup
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 test: lint
 	$(PY) -m pytest
