@@ -28,7 +28,7 @@ async def _send(bus: Any, queue: str, body: str, *, message_id: str, session_id:
 
 async def send_status(bus: Any, queue: str, *, order_id: str, state: OrderStatus, attempt: int, reason: str,
                       now: datetime) -> StatusMessage:
-    status = StatusMessage(orderId=order_id, state=state, attempt=attempt, timestamp=now, reason=reason)
+    status = StatusMessage(order_id=order_id, state=state, attempt=attempt, timestamp=now, reason=reason)
     await _send(bus, queue, status.to_json(), message_id=status.message_id(), session_id=order_id,
                 subject="OrderStatus")
     return status
@@ -37,7 +37,7 @@ async def send_status(bus: Any, queue: str, *, order_id: str, state: OrderStatus
 async def raise_alert(bus: Any, queue: str, *, kind: AlertKind, order_id: str | None, reason: str, now: datetime,
                       details: dict[str, Any] | None = None) -> OperatorAlert:
     """Raise an operator alert: a log record at ERROR, a metric, and a message on the operator-alerts queue."""
-    alert = OperatorAlert(kind=kind, orderId=order_id, reason=reason, raisedAt=now, details=details or {})
+    alert = OperatorAlert(kind=kind, order_id=order_id, reason=reason, raised_at=now, details=details or {})
     log.error("operator alert %s for order %s: %s", kind.value, order_id, reason,
               extra={"alert_kind": kind.value, "order_id": order_id})
     telemetry.count_alert(kind.value)

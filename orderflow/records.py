@@ -80,10 +80,10 @@ class OrderRecord(_Record):
     def from_order(cls, order: SubmitOrder, now: datetime) -> OrderRecord:
         return cls(
             id=order.order_id,
-            orderId=order.order_id,
+            order_id=order.order_id,
             order=order.to_dict(),
-            orderHash=order.immutable_hash(),
-            createdAt=now,
+            order_hash=order.immutable_hash(),
+            created_at=now,
         )
 
     def submit_order(self) -> SubmitOrder:
@@ -125,12 +125,12 @@ class OrderStateRecord(_Record):
         """The record the submission writes first: Pending, LockedBy null, FailureCount 0, steps pending."""
         return cls(
             id=order.order_id,
-            orderId=order.order_id,
-            replyTo=order.reply_to,
+            order_id=order.order_id,
+            reply_to=order.reply_to,
             steps=tuple(StepRecord(name=s) for s in STEPS),
-            orderHash=order.immutable_hash(),
-            createdAt=now,
-            updatedAt=now,
+            order_hash=order.immutable_hash(),
+            created_at=now,
+            updated_at=now,
         )
 
     def step(self, name: StepName) -> StepRecord:

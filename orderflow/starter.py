@@ -41,9 +41,9 @@ async def try_claim(services: Services, rec: OrderStateRecord, etag: str) -> Wor
         await services.state.replace(claimed, etag)
     except (PreconditionFailed, IllegalTransition):
         return None
-    return WorkflowInput(orderId=rec.order_id, attempt=claimed.attempt,
-                         stepTimeoutSeconds=int(services.tunables.step_timeout.total_seconds()),
-                         agentRetries=services.tunables.agent_retries)
+    return WorkflowInput(order_id=rec.order_id, attempt=claimed.attempt,
+                         step_timeout_seconds=int(services.tunables.step_timeout.total_seconds()),
+                         agent_retries=services.tunables.agent_retries)
 
 
 async def start_claimed(start_new: StartNew, inp: WorkflowInput) -> None:
