@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -325,3 +326,48 @@ class QueueRuntimeProperties:
     @classmethod
     def of(cls, name: str, counts: QueueCounts) -> QueueRuntimeProperties:
         return cls(name, counts.active, counts.scheduled, counts.dead_lettered, counts.total)
+
+
+class ClientBase:
+    """What the sync and aio embedded clients share: construction and handler creation. Subclasses name their
+    sender and receiver classes and add close / context management in their own (sync or async) style."""
+
+    sender_class: Any = None
+    receiver_class: Any = None
+
+    def __init__(self, broker: EmbeddedBroker, *, _owns_broker: bool = False) -> None:
+        self.broker = broker
+        self.fully_qualified_namespace = "embedded"
+        self._owns_broker = _owns_broker
+        # Weak, like the SDK's handler set: a long-running process that opens a receiver per session must not keep
+        # every closed receiver alive.
+        self._handlers: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    @classmethod
+    def from_connection_string(cls, conn_str: str, **kwargs: Any) -> Any:
+        """`Endpoint=embedded://<db path>[;ConfigFile=<config path>]`; `clock=` may be passed for tests."""
+        clock = kwargs.pop("clock", None)
+        return cls(broker_from_connection_string(conn_str, clock=clock), _owns_broker=True)
+
+    def get_queue_sender(self, queue_name: str, **kwargs: Any) -> Any:
+        sender = self.sender_class(self.broker, queue_name)
+        self._handlers.add(sender)
+        return sender
+
+    def get_queue_receiver(
+        self,
+        queue_name: str,
+        *,
+        session_id: str | Any = None,
+        sub_queue: ServiceBusSubQueue | str | None = None,
+        receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
+        max_wait_time: float | None = None,
+        prefetch_count: int = 0,
+        **kwargs: Any,
+    ) -> Any:
+        receiver = self.receiver_class(
+            self.broker, queue_name, session_id=session_id, sub_queue=sub_queue, receive_mode=receive_mode,
+            max_wait_time=max_wait_time, prefetch_count=prefetch_count,
+        )
+        self._handlers.add(receiver)
+        return receiver

@@ -13,10 +13,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
-
 from . import notify
 from ._core import (
+    ClientBase,
     QueueRuntimeProperties,
     ReceiverCore,
     ServiceBusMessageBatch,
@@ -42,50 +41,12 @@ def _run(func: Callable[..., T], *args: Any, **kwargs: Any) -> Awaitable[T]:
     return asyncio.to_thread(functools.partial(func, *args, **kwargs))
 
 
-class ServiceBusClient:
+class ServiceBusClient(ClientBase):
     """Entry point, like `azure.servicebus.aio.ServiceBusClient`, over an `EmbeddedBroker`."""
-
-    def __init__(self, broker: EmbeddedBroker, *, _owns_broker: bool = False) -> None:
-        self.broker = broker
-        self.fully_qualified_namespace = "embedded"
-        self._owns_broker = _owns_broker
-        self._handlers: list[ServiceBusSender | ServiceBusReceiver] = []
-
-    @classmethod
-    def from_connection_string(cls, conn_str: str, **kwargs: Any) -> ServiceBusClient:
-        clock = kwargs.pop("clock", None)
-        return cls(broker_from_connection_string(conn_str, clock=clock), _owns_broker=True)
-
-    def get_queue_sender(self, queue_name: str, **kwargs: Any) -> ServiceBusSender:
-        sender = ServiceBusSender(self.broker, queue_name)
-        self._handlers.append(sender)
-        return sender
-
-    def get_queue_receiver(
-        self,
-        queue_name: str,
-        *,
-        session_id: str | Any = None,
-        sub_queue: ServiceBusSubQueue | str | None = None,
-        receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
-        max_wait_time: float | None = None,
-        prefetch_count: int = 0,
-        **kwargs: Any,
-    ) -> ServiceBusReceiver:
-        receiver = ServiceBusReceiver(
-            self.broker,
-            queue_name,
-            session_id=session_id,
-            sub_queue=sub_queue,
-            receive_mode=receive_mode,
-            max_wait_time=max_wait_time,
-            prefetch_count=prefetch_count,
-        )
-        self._handlers.append(receiver)
-        return receiver
+    # sender_class / receiver_class are set at the end of this module, once those classes exist.
 
     async def close(self) -> None:
-        for handler in self._handlers:
+        for handler in list(self._handlers):
             await handler.close()
         self._handlers.clear()
         if self._owns_broker:
@@ -287,3 +248,7 @@ class ServiceBusAdministrationClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+ServiceBusClient.sender_class = ServiceBusSender
+ServiceBusClient.receiver_class = ServiceBusReceiver
