@@ -44,6 +44,11 @@ class SupervisorRun:
     position: datetime | None = None
     notified: int = 0  # owed terminal notifications sent by this run's sweep
 
+    @property
+    def handled(self) -> int:
+        """Expired records dealt with in this run (the result budget counts them)."""
+        return len(self.recovered) + len(self.escalated) + self.skipped
+
 
 async def _load_position(services: Services) -> tuple[datetime, str | None]:
     current = await services.state.get_checkpoint(CHECKPOINT)
@@ -66,19 +71,18 @@ async def run_supervisor(services: Services) -> SupervisorRun:
     now = services.clock.now()
     position, etag = await _load_position(services)
     run = SupervisorRun()
-    horizon = now
-    while len(run.recovered) + len(run.escalated) + run.skipped < t.max_results:
-        end = min(position + t.scan_window, horizon)
+    while run.handled < t.max_results:
+        end = min(position + t.scan_window, now)
         drained = await _scan_window(services, run, position, end)
         if not drained:
             break  # result budget used up inside this window: resume from the same position next run
-        if end >= horizon:
+        if end >= now:
             position = max(position, min(end, now - CLOCK_SKEW))
             break
-        probe = await services.state.query_expired(end, horizon, 1)
+        probe = await services.state.query_expired(end, now, 1)
         run.request_charge += probe.request_charge
         if not probe.items:
-            position = max(position, min(horizon, now - CLOCK_SKEW))
+            position = max(position, now - CLOCK_SKEW)
             break
         first, _ = probe.items[0]
         position = first.complete_by or end
@@ -98,7 +102,7 @@ async def _scan_window(services: Services, run: SupervisorRun, start: datetime, 
     set during the scan cannot shift a continuation token past others.
     """
     t = services.tunables
-    budget = t.max_results - (len(run.recovered) + len(run.escalated) + run.skipped)
+    budget = t.max_results - run.handled
     found: list[OrderStateRecord] = []
     continuation: str | None = None
     while len(found) < budget:

@@ -29,7 +29,3 @@ class WorkflowInput(BaseModel):
     def to_dict(self) -> dict[str, object]:
         return self.model_dump(mode="json", by_alias=True)
 
-
-def instance_id_for(order_id: str, attempt: int) -> str:
-    """The attempt-specific instance id `<orderId>:<attempt>` (always valid under seed 004's rules)."""
-    return f"{order_id}:{attempt}"
