@@ -256,18 +256,20 @@ class CosmosStateStore(UpdateWithRetry):
     async def replace(self, rec: OrderStateRecord, etag: str) -> str:
         return await replace_if_match(self._container, rec.to_doc(), etag)
 
+    async def _query_records(self, sql: str, params: list[dict[str, object]]) -> list[Versioned]:
+        """Run one whole (TOP-bounded) query of state records, with store errors translated."""
+        try:
+            return [_versioned(d) async for d in self._container.query_items(sql, parameters=params)]
+        except CosmosHttpResponseError as exc:
+            raise translate(exc) from exc
+
     async def query_claimable(self, now: datetime, limit: int) -> list[Versioned]:
         params: list[dict[str, object]] = [
             {"name": "@limit", "value": int(limit)},
             {"name": "@pending", "value": ProcessState.PENDING.value},
             {"name": "@now", "value": format_utc(now)},
         ]
-        try:
-            return [
-                _versioned(d) async for d in self._container.query_items(_CLAIMABLE_SQL, parameters=params)
-            ]
-        except CosmosHttpResponseError as exc:
-            raise translate(exc) from exc
+        return await self._query_records(_CLAIMABLE_SQL, params)
 
     async def query_unnotified(self, updated_before: datetime, limit: int) -> list[Versioned]:
         params: list[dict[str, object]] = [
@@ -276,12 +278,7 @@ class CosmosStateStore(UpdateWithRetry):
             {"name": "@error", "value": ProcessState.ERROR.value},
             {"name": "@before", "value": format_utc(updated_before)},
         ]
-        try:
-            return [
-                _versioned(d) async for d in self._container.query_items(_UNNOTIFIED_SQL, parameters=params)
-            ]
-        except CosmosHttpResponseError as exc:
-            raise translate(exc) from exc
+        return await self._query_records(_UNNOTIFIED_SQL, params)
 
     async def query_expired(
         self, window_start: datetime, window_end: datetime, page_size: int, continuation: str | None = None
