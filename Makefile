@@ -4,14 +4,25 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# The real worker library (azure-functions-runtime) needs Python >= 3.13: pyenv's newest 3.13, else python3.13.
+WORKER_VENV := .venv-worker
+PYTHON313 ?= $(shell PYENV_VERSION=$$(pyenv versions --bare 2>/dev/null | grep '^3\.13' | tail -1) \
+	pyenv which python3.13 2>/dev/null || command -v python3.13 2>/dev/null)
 ORDERS ?= 50
 SEED ?= 1
 
-.PHONY: setup demo lint test test-fast bench clean
+.PHONY: setup worker-env demo lint test test-fast bench clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt -c constraints.txt 2>&1 \
+		| { grep -v "^WARNING: Location 'file://" || true; }
+	touch $@
+
+$(WORKER_VENV)/.installed: requirements.txt requirements-worker.txt constraints.txt
+	@test -n "$(PYTHON313)" || { echo "Python 3.13 not found (pyenv or python3.13 on PATH): the real worker's indexing check needs it"; exit 1; }
+	$(PYTHON313) -m venv $(WORKER_VENV)
+	$(WORKER_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-worker.txt -c constraints.txt 2>&1 \
 		| { grep -v "^WARNING: Location 'file://" || true; }
 	touch $@
 
@@ -21,6 +32,8 @@ node_modules/.installed: package.json
 
 setup: $(VENV)/.installed node_modules/.installed
 
+worker-env: $(WORKER_VENV)/.installed
+
 demo: setup
 	$(PY) -m devhost demo --orders $(ORDERS) --seed $(SEED)
 
@@ -28,14 +41,14 @@ lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
-test: lint
+test: lint worker-env
 	$(PY) -m pytest
 
-test-fast: setup
+test-fast: setup worker-env
 	$(PY) -m pytest -m "not slow"
 
 bench: setup
 	$(PY) -m benchmarks
 
 clean:
-	rm -rf $(VENV) node_modules .devhost .demo .pytest_cache
+	rm -rf $(VENV) $(WORKER_VENV) node_modules .devhost .demo .pytest_cache

@@ -1,1 +1,10 @@
 """Activities: the only code the Scheduler calls. Each one is idempotent (at-least-once delivery)."""
+
+from typing import Any, Dict  # noqa: UP035
+
+# The annotation of an activity's trigger parameter. The Python worker accepts only a class or a `typing` generic
+# there: `Registry.validate_function_params` refuses a PEP 585 alias such as `dict[str, Any]` ("binding request has
+# invalid non-type annotation"), and one refused function fails the whole indexing response, so the host starts
+# with no functions (azure-functions-python-worker #1034, azure-functions-durable-python #468, both open).
+# tests/worker_indexing/test_real_worker_indexing.py indexes the app with the real worker library to keep this true.
+ActivityInput = Dict[str, Any]  # noqa: UP006

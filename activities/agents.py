@@ -5,10 +5,9 @@ The MessageId is `<instanceId>:<step>`, stable across activity retries, so dupli
 
 from __future__ import annotations
 
-from typing import Any
-
 import azure.durable_functions as df
 
+from activities import ActivityInput
 from orderflow import function_names as fn
 from orderflow.messages import AgentRequest
 from orderflow.outbound import send_agent_request
@@ -19,7 +18,7 @@ bp = df.Blueprint()
 
 @bp.function_name(fn.SEND_AGENT_REQUEST)
 @bp.activity_trigger(input_name="request")
-async def send_agent_request_activity(request: dict[str, Any]) -> str:
+async def send_agent_request_activity(request: ActivityInput) -> str:
     services = await get_services()
     message = AgentRequest.model_validate({**request, "replyTo": services.tunables.agent_replies_queue})
     await send_agent_request(services.bus, services.tunables.agent_requests_queue, message)

@@ -12,6 +12,7 @@ from typing import Any
 
 import azure.durable_functions as df
 
+from activities import ActivityInput
 from orderflow import function_names as fn
 from orderflow.messages import StepName
 from orderflow.notifications import entered_error, notify_terminal
@@ -25,7 +26,7 @@ log = logging.getLogger("orderflow.activities")
 
 @bp.function_name(fn.LOAD_ORDER)
 @bp.activity_trigger(input_name="request")
-async def load_order(request: dict[str, Any]) -> dict[str, Any] | None:
+async def load_order(request: ActivityInput) -> dict[str, Any] | None:
     """The order's data for the Agent requests, or None when this instance no longer holds the lock."""
     services = await get_services()
     current = await services.state.get(request["orderId"])
@@ -52,7 +53,7 @@ async def _fenced(order_id: str, mutate: Callable[[OrderStateRecord], OrderState
 
 @bp.function_name(fn.SET_STEP_DEADLINE)
 @bp.activity_trigger(input_name="request")
-async def set_step_deadline_activity(request: dict[str, Any]) -> bool:
+async def set_step_deadline_activity(request: ActivityInput) -> bool:
     services = await get_services()
     step, deadline = StepName(request["step"]), parse_utc(request["completeBy"])
     return await _fenced(request["orderId"], lambda r: set_step_deadline(
@@ -61,7 +62,7 @@ async def set_step_deadline_activity(request: dict[str, Any]) -> bool:
 
 @bp.function_name(fn.RECORD_STEP_RESULT)
 @bp.activity_trigger(input_name="request")
-async def record_step_result(request: dict[str, Any]) -> bool:
+async def record_step_result(request: ActivityInput) -> bool:
     services = await get_services()
     step, status = StepName(request["step"]), StepStatus(request["status"])
     return await _fenced(request["orderId"], lambda r: record_step(
@@ -71,7 +72,7 @@ async def record_step_result(request: dict[str, Any]) -> bool:
 
 @bp.function_name(fn.FINISH_ORDER)
 @bp.activity_trigger(input_name="request")
-async def finish_order(request: dict[str, Any]) -> bool:
+async def finish_order(request: ActivityInput) -> bool:
     """Processed + status `completed`, or Error + operator alert + status `failed` (fenced, idempotent).
 
     The notification follows the state write; if it fails the activity raises and is retried by the Scheduler,

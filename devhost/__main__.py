@@ -50,13 +50,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    from .app_loader import IndexError_  # noqa: PLC0415
     from .host import Host, HostOptions  # noqa: PLC0415
+    from .worker_rules import WorkerRefusal  # noqa: PLC0415
 
     host = Host(HostOptions(app_dir=args.app_dir.resolve(), port=args.port, state_dir=args.state_dir))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, host.request_stop)
-    await host.start()
+    try:
+        await host.start()
+    except (IndexError_, WorkerRefusal) as exc:  # the worker's own message; the real host would load no function
+        print(f"devhost: the app cannot be indexed: {exc}", file=sys.stderr, flush=True)
+        await host.stop()
+        return 1
     print(f"devhost listening on {host.base_url}", flush=True)
     await host.wait_stopped()
     await host.stop()

@@ -11,6 +11,8 @@ from typing import Any
 
 from azure.functions.decorators.function_app import Function, FunctionRegister
 
+from .worker_rules import check_functions
+
 
 @dataclass(frozen=True)
 class FunctionSpec:
@@ -46,16 +48,23 @@ def load_app(app_dir: Path, module_name: str = "function_app") -> FunctionRegist
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
+    # The worker's loader.index_function_app, with its messages (reported as "<ExceptionType>: <message>").
     apps = [v for v in vars(module).values() if isinstance(v, FunctionRegister)]
-    if len(apps) != 1:
-        raise IndexError_(f"{path} must define exactly one FunctionApp/DFApp object, found {len(apps)}")
+    if len(apps) > 1:
+        raise IndexError_(f"ValueError: More than one {apps[0].__class__.__name__} or other top level function app "
+                          "instances are defined.")
+    if not apps:
+        raise IndexError_(f"ValueError: Could not find top level function app instances in {module_name}.py.")
     return apps[0]
 
 
 def index(app: FunctionRegister) -> list[FunctionSpec]:
-    """Enumerate functions exactly once (the SDK's get_functions() re-validates names and may be called once)."""
+    """Enumerate functions exactly once (the SDK's get_functions() re-validates names and may be called once), and
+    refuse the app, as the real worker does, when any function would not load (devhost/worker_rules.py)."""
     specs: list[FunctionSpec] = []
-    for fn in app.get_functions():
+    functions = app.get_functions()
+    check_functions(functions)
+    for fn in functions:
         trigger = fn.get_trigger()
         if trigger is None:
             raise IndexError_(f"function {fn.get_function_name()} has no trigger")
