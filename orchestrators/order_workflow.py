@@ -47,6 +47,25 @@ def _matches(reply: AgentReply, instance_id: str, step: StepName) -> bool:
     return reply.instance_id == instance_id and reply.step == step
 
 
+def _forget_buffered_event(context: df.DurableOrchestrationContext, name: str) -> None:
+    """Drop the SDK's buffered copy of an event the Scheduler has just received, so that it is received once.
+
+    azure-functions-durable-python #507 (open): an EventRaised that arrives while nothing waits for its name is kept
+    in `context.deferred_tasks[name]` (TaskOrchestrationExecutor.set_task_value), and every later
+    `wait_for_external_event(name)` is completed from that entry, which the SDK never removes
+    (DurableOrchestrationContext._add_to_open_tasks). The wait loop below waits again on the same name after an
+    ignored reply, so without this the ignored reply would come back at once, forever (a RecursionError that fails
+    the orchestration), and the valid reply would never be read. A buffered entry, if any, is exactly the event the
+    wait just received: a wait registered while an entry exists is completed from it, and an event arriving while a
+    wait is open goes to that wait. Deterministic on replay. Only the SDK's one-callback-per-name form is removed:
+    should a fixed SDK queue several events per name, they are left alone. tests/devhost_durable/
+    test_scheduler_events.py proves it on devhost through the real SDK.
+    """
+    deferred = getattr(context, "deferred_tasks", None)
+    if isinstance(deferred, dict) and callable(deferred.get(name)):
+        del deferred[name]
+
+
 def run_step(context: df.DurableOrchestrationContext, inp: WorkflowInput, step: StepName,
              order: dict[str, Any]) -> Generator[TaskBase, Any, AgentReply | Outcome]:
     """One step: fenced deadline, Agent request, then the race between the timer and the reply."""
@@ -62,14 +81,16 @@ def run_step(context: df.DurableOrchestrationContext, inp: WorkflowInput, step: 
         "maxRetries": inp.agent_retries,
         "payload": order})
     timer = context.create_timer(complete_by)
+    event_name = reply_event_name(step.value)
     while True:
-        reply_task = context.wait_for_external_event(reply_event_name(step.value))
+        reply_task = context.wait_for_external_event(event_name)
         winner = yield context.task_any([reply_task, timer])
         if winner is timer:
             _log(context, "%s: step %s timed out at %s", instance_id, step.value, complete_by)
             return Outcome.TIMED_OUT
+        _forget_buffered_event(context, event_name)  # SDK #507: else an ignored reply comes back on the next wait
         try:
-            reply = AgentReply.model_validate(reply_task.result)
+            reply = AgentReply.from_event(reply_task.result)  # a str today (SDK #295), a dict if it is fixed
         except ValueError:
             _log(context, "%s: ignoring a malformed reply for %s", instance_id, step.value)
             continue

@@ -203,6 +203,21 @@ class AgentReply(_Model):
     def message_id(self) -> str:
         return f"{self.instance_id}:{self.step.value}:reply"
 
+    @classmethod
+    def from_event(cls, value: object) -> AgentReply:
+        """The reply carried by a Durable external event, whichever encoding it arrived in.
+
+        `DurableOrchestrationClient.raise_event` posts `json.dumps(data)` through aiohttp's `json=`, so the body is a
+        JSON *string* and the extension stores that token as it is: the orchestrator's task result is a `str`
+        (azure-functions-durable-python #295, open). Should the SDK fix that, the result becomes a `dict`. Both are
+        accepted; anything else raises a `ValueError` (pydantic's ValidationError is one).
+        """
+        if isinstance(value, str | bytes):
+            return cls.model_validate_json(value)
+        if isinstance(value, dict):
+            return cls.model_validate(value)
+        raise ValueError(f"an Agent reply event must be a JSON object or a JSON string, got {type(value).__name__}")
+
 
 class OrderStatus(StrEnum):
     RECEIVED = "received"

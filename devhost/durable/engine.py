@@ -44,11 +44,12 @@ def utcnow() -> datetime:
 
 
 def token_to_serialized(token_text: str | None) -> str | None:
-    """The serialized JSON an orchestrator or `wait_for_external_event` reads, from a posted JSON body.
+    """The serialized orchestration input that `get_input` reads, from a start request's posted JSON body.
 
-    The Python client posts `json.dumps(value)` as a JSON string, so a string token that is itself JSON is
-    taken
-    as already serialized; any other token (a curl body such as {"a": 1} or "approved") is serialized as is.
+    The Python client posts `json.dumps(value)` as a JSON string, and `get_input` sees the value (the orchestration
+    input works in Azure), so a string token that is itself JSON is taken as already serialized; any other token (a
+    curl body such as {"a": 1} or "approved") is serialized as is. Raised events are NOT treated this way: see
+    `event_token_to_serialized`.
     """
     if token_text is None or token_text == "":
         return None
@@ -60,6 +61,19 @@ def token_to_serialized(token_text: str | None) -> str | None:
         except ValueError:
             return json.dumps(token)
     return json.dumps(token)
+
+
+def event_token_to_serialized(token_text: str | None) -> str | None:
+    """A raised event's data as the extension stores it: the posted JSON token, as it is.
+
+    HttpApiHandler.HandleRaiseEventRequestAsync parses the body with `JToken.Parse` and passes the token to
+    `RaiseEventAsync`; nothing unwraps a string token. The Python client posts `json.dumps(data)` through aiohttp's
+    `json=`, a JSON string, so `wait_for_external_event` yields a `str` (azure-functions-durable-python #295, open).
+    An object body (curl, another language's client) stays an object.
+    """
+    if token_text is None or token_text == "":
+        return None
+    return json.dumps(json.loads(token_text))
 
 
 class DurableEngine:
@@ -202,7 +216,15 @@ class DurableEngine:
         return await self.start_with_token(name, instance_id, token)
 
     async def start_with_token(self, name: str, instance_id: str | None, input_token: str | None) -> str:
-        """Start with the input given as posted JSON text (the HTTP API's request body)."""
+        """Start with the input given as posted JSON text (the HTTP API's request body).
+
+        An id whose instance is Pending, Running, ContinuedAsNew or Suspended is refused with
+        InstanceAlreadyExists("An Orchestration instance with the status <status> already exists."), as
+        DurableClient.StartNewAsync does: it passes OverridableExistingInstanceStates.NonRunningStates (the default)
+        as dedupe statuses, and AzureStorageOrchestrationService.CreateTaskOrchestrationAsync throws
+        OrchestrationAlreadyExistsException with that message. A Completed, Failed, Terminated or Canceled id is
+        reused with a fresh history. The HTTP API answers this with 500 (`DurableHttpApi.start`).
+        """
         if name not in self._orchestrators:
             raise OrchestratorNotFound(
                 f"The function '{name}' doesn't exist, is disabled, or is not an "
@@ -226,7 +248,9 @@ class DurableEngine:
         return instance_id
 
     async def raise_event(self, instance_id: str, event_name: str, data: Any = None) -> None:
-        """Deliver an external event; buffered by the SDK when raised before the orchestrator waits for it."""
+        """Deliver an external event as `DurableOrchestrationClient.raise_event` does: `data` is posted as
+        `json.dumps(data)`, so the orchestrator receives that JSON text as a `str` (SDK #295). Buffered by the SDK when
+        raised before the orchestrator waits for it."""
         await self.raise_event_token(instance_id, event_name, json.dumps(df_dumps(data)))
 
     async def raise_event_token(self, instance_id: str, event_name: str, data_token: str | None) -> None:
@@ -238,7 +262,7 @@ class DurableEngine:
             row = self._existing(instance_id)
             if row.status in TERMINAL:
                 raise InstanceGone(f"Instance with ID {instance_id} is gone: it is {row.status}.")
-            event = h.event_raised(self._clock(), event_name, token_to_serialized(data_token))
+            event = h.event_raised(self._clock(), event_name, event_token_to_serialized(data_token))
             self.store.send(Message(instance_id, row.execution_id, event))
         self._mark(instance_id)
 

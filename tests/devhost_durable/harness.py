@@ -48,9 +48,11 @@ class HubFactory:
         self.db_path = db_path
         self._open: list[tuple[DurableEngine, web.AppRunner, aiohttp.ClientSession, Invoker]] = []
 
-    async def start(self, **engine_options: Any) -> Hub:
+    async def start(self, functions: list[Any] | None = None, **engine_options: Any) -> Hub:
+        """An engine serving `functions` (default: tests/sample_app's), behind the HTTP API on 127.0.0.1."""
         invoker = Invoker()
-        engine = DurableEngine(db_path=self.db_path, functions=FUNCTIONS, invoke=invoker, **engine_options)
+        engine = DurableEngine(db_path=self.db_path, functions=FUNCTIONS if functions is None else functions,
+                               invoke=invoker, **engine_options)
         web_app = web.Application()
         engine.add_routes(web_app)
         runner = web.AppRunner(web_app, access_log=None)

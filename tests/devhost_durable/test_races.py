@@ -4,17 +4,43 @@ HTTP.
 Conformance sources: azure/durable_functions/models/TaskOrchestrationExecutor.py (event buffering, replay),
 models/Task.py RetryAbleTask (retry timer after every failed attempt, the last included), and
 HttpApiHandler.cs of Azure/azure-functions-durable-extension (raiseEvent 202/404/410).
+
+Raised through the SDK client, event data reaches the orchestrator as the JSON text the client posted, a `str`:
+`DurableOrchestrationClient.raise_event` posts `json.dumps(data)` through aiohttp's `json=` and the extension stores
+that JSON-string token as it is (azure-functions-durable-python #295, open). Raised over HTTP with an object or string
+body, the orchestrator gets that value.
+
+Each race is ordered by what the test waits for, never by a sleep: timers run on an injected clock that the test moves
+(DurableEngine(clock=...), then engine.poke()), and "while an episode runs" is held open by a gate in the orchestrator.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from azure.durable_functions.models.history import HistoryEventType as T
 
 from tests.devhost_durable.harness import WAIT, Hub, HubFactory
-from tests.sample_app.function_app import PLAN
+from tests.sample_app.function_app import COUNTER_GATES, PLAN
+
+
+class ManualClock:
+    """The engine's clock; durable timers fire only when the test moves it (and pokes the engine)."""
+
+    def __init__(self) -> None:
+        self.now = datetime.now(UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, hub: Hub, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+        hub.engine.poke()
 
 
 def new_id(prefix: str) -> str:
@@ -40,7 +66,7 @@ async def test_event_before_timer_wins_through_the_client(hub: Hub) -> None:
     await started_waiting(hub, instance_id)
     await hub.client.raise_event(instance_id, "Approval", {"by": "ann"})
     status = await hub.wait(instance_id)
-    assert status["output"] == "approved:{'by': 'ann'}"
+    assert status["output"] == 'approved:{"by": "ann"}'  # the JSON text, a str (SDK #295)
 
 
 async def test_event_before_timer_wins_through_http(hub: Hub) -> None:
@@ -60,23 +86,35 @@ async def test_timer_before_event_then_a_late_raise_is_gone(hub: Hub) -> None:
         await hub.client.raise_event(instance_id, "Approval", "too late")
 
 
-async def test_event_raised_before_the_wait_is_buffered(hub: Hub) -> None:
+async def test_event_raised_before_the_wait_is_buffered(hubs: HubFactory) -> None:
+    clock = ManualClock()
+    hub = await hubs.start(clock=clock)
     instance_id = await hub.client.start_new("late_waiter", new_id("buf"), 0.3)
-    await hub.client.raise_event(instance_id, "Go", {"n": 1})  # the orchestrator is still on its timer
+    await started_waiting(hub, instance_id)  # on its timer, which cannot fire until the clock moves
+    await hub.client.raise_event(instance_id, "Go", {"n": 1})
     history = await hub.engine.wait_for_history(instance_id, lambda h: count(h, T.EVENT_RAISED) == 1, WAIT)
     assert count(history, T.TIMER_FIRED) == 0  # the event really came before the wait
+    assert (await hub.engine.get_status(instance_id) or {})["runtimeStatus"] == "Running"
+    clock.advance(hub, 1)
     status = await hub.wait(instance_id)
-    assert status["output"] == {"got": {"n": 1}}
+    assert status["output"] == {"got": '{"n": 1}'}  # the buffered event, as the JSON text the client posted (#295)
 
 
-async def test_cancelled_timer_firing_late_is_tolerated(hub: Hub) -> None:
+async def test_cancelled_timer_firing_late_is_tolerated(hubs: HubFactory) -> None:
+    clock = ManualClock()
+    hub = await hubs.start(clock=clock)
     instance_id = await hub.client.start_new("approval", new_id("cancel"), {"timeout": 0.2, "after": 0.6})
     await started_waiting(hub, instance_id)
-    await hub.client.raise_event(instance_id, "Approval", "ok")
+    await hub.client.raise_event(instance_id, "Approval", "ok")  # the event wins: no timer can fire yet
+    # The orchestrator cancelled its deadline and now waits on the 0.6 s timer.
+    await hub.engine.wait_for_history(instance_id, lambda h: count(h, T.TIMER_CREATED) == 2, WAIT)
+    clock.advance(hub, 0.3)  # the cancelled 0.2 s timer fires during that wait...
+    await hub.engine.wait_for_history(instance_id, lambda h: count(h, T.TIMER_FIRED) == 1, WAIT)
+    assert (await hub.engine.get_status(instance_id) or {})["runtimeStatus"] == "Running"  # ...and is ignored
+    clock.advance(hub, 1)
     status = await hub.wait(instance_id)
-    assert status["runtimeStatus"] == "Completed" and status["output"] == "approved:ok"
-    history = hub.engine.store.history(instance_id)
-    assert count(history, T.TIMER_FIRED) == 2  # the cancelled 0.2 s timer fired during the 0.6 s wait
+    assert status["runtimeStatus"] == "Completed" and status["output"] == 'approved:"ok"'  # JSON text (#295)
+    assert count(hub.engine.store.history(instance_id), T.TIMER_FIRED) == 2
 
 
 async def test_retry_succeeds_after_failures(hub: Hub) -> None:
@@ -146,24 +184,33 @@ async def test_event_raised_while_a_continue_as_new_episode_runs_reaches_the_new
     # (azure-functions-durable-extension DurableClient.RaiseEventInternalAsync clears the execution id: "External
     # events are not supposed to target any particular execution ID"), so an event raised while an episode is
     # committing a ContinueAsNew is delivered to the new execution.
-    import asyncio
-    import threading
-
-    from tests.sample_app.function_app import COUNTER_GATES
-
     iid = f"ctr-{uuid.uuid4().hex[:6]}"
     entered, release = threading.Event(), threading.Event()
     COUNTER_GATES[iid] = (entered, release)
+    # Know when the second raise has reached the engine: it then waits for the instance lock that the running
+    # episode holds (DurableEngine._step keeps it across the replay).
+    reached = asyncio.Event()
+    raise_event_token = hub.engine.raise_event_token
+
+    async def observed_raise(instance_id: str, event_name: str, data_token: str | None) -> Any:
+        reached.set()
+        return await raise_event_token(instance_id, event_name, data_token)
+
+    hub.engine.raise_event_token = observed_raise  # type: ignore[method-assign]
     await hub.client.start_new("eternal_counter", iid, 0)
-    await hub.client.raise_event(iid, "add", 1)
-    assert await asyncio.to_thread(entered.wait, 10)  # the episode that will continue-as-new is running
+    await hub.client.raise_event(iid, "add", 1)  # arrives as the str "1" (#295); the orchestrator int()s it
+    assert await asyncio.to_thread(entered.wait, WAIT)  # the episode that will continue-as-new is running
+    reached.clear()
     second = asyncio.create_task(hub.client.raise_event(iid, "add", 10))
-    await asyncio.sleep(0.2)  # let the raise reach the engine while the episode is still in flight
+    await asyncio.wait_for(reached.wait(), WAIT)
+    # In the same step as `reached.set()` the raise ran up to the instance lock and queued on it.
+    assert not second.done() and hub.engine._lock(iid).locked()  # the raise is waiting on the running episode
     release.set()
     await second
     # The execution that received 10 continued as new with 11 (history of the current execution only).
     await hub.engine.wait_for_history(iid, lambda events: any(
         e.get("EventType") == T.EXECUTION_STARTED and e.get("Input") == "11" for e in events), WAIT)
-    await hub.client.raise_event(iid, "add", "stop")
+    # "stop" through the client would arrive as the JSON text '"stop"' (#295); the raw HTTP body "stop" is the str.
+    assert await raise_http(hub, iid, "add", '"stop"') == 202
     status = await hub.wait(iid)
     assert status["output"] == 11, status

@@ -205,3 +205,33 @@ def test_invalid_inputs_are_dead_lettered_with_their_reason(client: Client) -> N
         dead = client.wait_dead_letter(f"{sent[kind]}:bad")
         assert dead.reason == reason, kind
         assert client.state(sent[kind]) is None and client.order(sent[kind]) is None
+
+
+def test_agent_replies_reach_the_scheduler_as_json_strings_and_the_order_completes(client: Client) -> None:
+    """The `agent_replies` trigger raises each reply through the real `DurableOrchestrationClient.raise_event`,
+    which posts `json.dumps(data)` through aiohttp's `json=`: the body is a JSON *string*, the extension stores
+    that token as it is (HttpApiHandler.HandleRaiseEventRequestAsync: `JToken.Parse(body)`), and the SDK hands the
+    orchestrator `df_loads(EventRaised.Input)` (TaskOrchestrationExecutor, EVENT_RAISED): a `str`
+    (azure-functions-durable-python #295). The Scheduler copes (AgentReply.from_event). If devhost unwrapped the
+    string, the inputs below would decode to dicts and this test would fail."""
+    from azure.durable_functions.models.history import HistoryEventType
+    from azure.durable_functions.models.utils.df_serialization import df_loads
+
+    from devhost.durable.store import Store
+
+    order_id = new_order_id("strreply")
+    client.submit(make_order(order_id))
+    client.wait_status(order_id, OrderStatus.COMPLETED)
+    assert_processed_by(client, order_id, attempt=1, failure_count=0)
+
+    store = Store(client.system.config.work_dir / "devhost" / "durable.db")
+    try:
+        history = store.history(f"{order_id}:1")
+    finally:
+        store.close()
+    received = [df_loads(e["Input"]) for e in history if e["EventType"] == HistoryEventType.EVENT_RAISED]
+    assert len(received) == len(STEPS)
+    assert all(isinstance(value, str) for value in received), [type(v).__name__ for v in received]
+    replies = [AgentReply.from_event(value) for value in received]
+    assert [(r.instance_id, r.step, r.outcome) for r in replies] == [
+        (f"{order_id}:1", step, AgentOutcome.SUCCEEDED) for step in STEPS]

@@ -173,3 +173,35 @@ def test_a_fenced_finish_reports_superseded_not_completed(driver: Driver) -> Non
     finish = activity(actions, fn.FINISH_ORDER)
     driver.episode(driver.completed(finish["taskId"], False))  # the Supervisor recovered the record meanwhile
     assert driver.done and driver.output == {"outcome": "superseded"}
+
+
+@pytest.mark.parametrize("as_str", [True, False], ids=["str (SDK #295)", "dict"])
+def test_bad_replies_buffered_before_the_wait_are_taken_once_and_the_valid_one_after_them(
+        driver: Driver, as_str: bool) -> None:
+    # azure-functions-durable-python #507: an event raised before its wait is buffered in `deferred_tasks` and, in
+    # SDK 1.7.0, handed again to every later wait of its name; the wait loop must not spin on it (a RecursionError
+    # in one episode) and must still take the valid reply raised after it. On devhost: tests/devhost_durable/
+    # test_scheduler_events.py.
+    def encoded(body: dict[str, Any]) -> Any:
+        return json.dumps(body) if as_str else body
+
+    step = STEPS[0].value
+    name = reply_event_name(step)
+    actions = driver.episode()
+    load = activity(actions, fn.LOAD_ORDER)
+    actions = driver.episode(driver.completed(load["taskId"], {"orderId": ORDER}),
+                             driver.event_raised(name, encoded({"instanceId": INSTANCE, "step": step})),
+                             driver.event_raised(name, encoded(reply(step, instance=f"{ORDER}:7"))))
+    actions = driver.episode(driver.completed(activity(actions, fn.SET_STEP_DEADLINE)["taskId"], True))
+    actions = driver.episode(driver.completed(activity(actions, fn.SEND_AGENT_REQUEST)["taskId"], "id"))
+    assert not driver.done and "error" not in driver.result
+    # One wait per buffered reply taken (the SDK keeps only the last one buffered per name) and one left open: each
+    # bad reply is taken at most once, where a spin would take one again and again.
+    waits = [a for a in actions if a["actionType"] == ActionType.WAIT_FOR_EXTERNAL_EVENT]
+    assert 2 <= len(waits) <= 3 and {w["externalEventName"] for w in waits} == {name}, waits
+    timer = next(a for a in actions if a["actionType"] == ActionType.CREATE_TIMER)
+    actions = driver.episode(driver.event_raised(name, encoded(reply(step))))
+    timers = [a for group in driver.result["actions"] for a in group if a.get("fireAt") == timer["fireAt"]]
+    assert timers and all(t["isCanceled"] for t in timers)  # one timer, listed with each task_any of the loop
+    record = activity(actions, fn.RECORD_STEP_RESULT)
+    assert json.loads(record["input"])["step"] == step and json.loads(record["input"])["status"] == "succeeded"
