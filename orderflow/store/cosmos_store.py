@@ -5,11 +5,11 @@ are created by Bicep (identity-based data-plane access cannot create containers)
 creates them for tests. The state container needs the composite index in `STATE_INDEXING_POLICY` for the
 Starter's query.
 
-Point reads answer 404 for a missing item on Cosmos DB. The local protocol server used by the contract tests
-(`@vercel/cosmosdb-server` 1.0.1, read-document.js) crashes with 500 instead. Decision: on a 500 from a point
-read the adapter asks again with a single-partition query by id (`_read_by_query`). That is correct on real
-Cosmos DB too, where a 500 is a transient server error and the query is a second attempt by another path; it
-costs one query only on that error path, and any error from the query propagates.
+A point read answers 404 for a missing item (https://learn.microsoft.com/rest/api/cosmos-db/get-a-document),
+which `read_doc` returns as None. Any other error is an error: a 5xx or 408 has already been through the
+azure-cosmos retry policy when it reaches the adapter, and it propagates as a TransientStoreError. (The local
+protocol server of the contract tests answers 500 for a missing item; the test harness fixes that, see
+docs/stores.md.)
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from azure.core import MatchConditions
 from azure.cosmos import PartitionKey
 from azure.cosmos.aio import ContainerProxy, CosmosClient
-from azure.cosmos.exceptions import CosmosHttpResponseError
+from azure.cosmos.exceptions import CosmosHttpResponseError, CosmosResourceNotFoundError
 
 from orderflow import settings
 from orderflow.records import OrderRecord, OrderStateRecord, ProcessState, format_utc
@@ -72,9 +72,6 @@ _EXPIRED_SQL = (
     " AND (c.completeBy > @afterCompleteBy OR (c.completeBy = @afterCompleteBy AND c.id > @afterId))"
     " ORDER BY c.completeBy ASC, c.id ASC"
 )
-# The partition key path must appear literally in the filter: the protocol server refuses a partition-scoped
-# query without it. `{field}` is one of the constant partition paths above, never input.
-_BY_ID_SQL = "SELECT * FROM c WHERE c.id = @id AND c.{field} = @pk"
 
 
 @dataclass(frozen=True)
@@ -138,34 +135,14 @@ def _strip(doc: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in doc.items() if not k.startswith("_")}
 
 
-async def _read_by_query(
-    container: ContainerProxy, item_id: str, partition: str, partition_path: str
-) -> dict[str, Any] | None:
-    field = partition_path.lstrip("/")
-    if not field.isidentifier():
-        raise ValueError(f"unsupported partition key path {partition_path!r}")
-    params: list[dict[str, object]] = [{"name": "@id", "value": item_id}, {"name": "@pk", "value": partition}]
-    items = container.query_items(_BY_ID_SQL.format(field=field), parameters=params, partition_key=partition)
-    async for doc in items:
-        return dict(doc)
-    return None
-
-
-async def read_doc(
-    container: ContainerProxy, item_id: str, partition: str, partition_path: str = ORDER_PARTITION_PATH
-) -> dict[str, Any] | None:
-    """Point read; None when missing. A 500 gets one query-by-id fallback (see the module docstring)."""
+async def read_doc(container: ContainerProxy, item_id: str, partition: str) -> dict[str, Any] | None:
+    """Point read; None when the item is missing (404). Every other error propagates, translated."""
     try:
         return dict(await container.read_item(item_id, partition_key=partition))
+    except CosmosResourceNotFoundError:
+        return None
     except CosmosHttpResponseError as exc:
-        if exc.status_code == 404:
-            return None
-        if exc.status_code != 500:
-            raise translate(exc) from exc
-        try:
-            return await _read_by_query(container, item_id, partition, partition_path)
-        except CosmosHttpResponseError:
-            raise translate(exc) from exc
+        raise translate(exc) from exc
 
 
 async def create_or_read(
@@ -308,7 +285,7 @@ class CosmosStateStore(UpdateWithRetry):
         )
 
     async def get_checkpoint(self, name: str) -> tuple[dict[str, Any], str] | None:
-        doc = await read_doc(self._checkpoints, name, name, CHECKPOINT_PARTITION_PATH)
+        doc = await read_doc(self._checkpoints, name, name)
         return None if doc is None else (dict(doc["data"]), str(doc["_etag"]))
 
     async def put_checkpoint(self, name: str, data: dict[str, Any], etag: str | None) -> str:

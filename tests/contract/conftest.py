@@ -1,32 +1,25 @@
 """Contract-test fixtures: store backends (embedded SQLite; azure-cosmos against a Cosmos protocol server).
 
-The Cosmos backend talks to `@vercel/cosmosdb-server` (node_modules, `make setup`), started once per session
-on a free 127.0.0.1 port over HTTPS with its self-signed certificate. azure-cosmos skips certificate
-verification for 127.0.0.1/localhost itself (azure/cosmos/aio/_asynchronous_request.py: "We are disabling the
-SSL verification for local emulator(localhost/127.0.0.1)"), so no `connection_verify=False` is needed.
+The Cosmos backend talks to `@vercel/cosmosdb-server` (node_modules, `make setup`) through the harness's wrapper
+`tests/support/cosmosdb_server.js`, started once per session (`tests/support/cosmos_server.py`). The wrapper
+answers a point read of a missing document with 404 as Cosmos DB does, where the package itself answers 500: the
+quirk is fixed in the harness, not in the product. It also gives tests a fault hook and a request log.
 """
 
 from __future__ import annotations
 
-import re
-import shutil
-import subprocess
-import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support.cosmos_server import CosmosServer, missing_prerequisite, run_cosmos_server
 
 from orderflow.store import Stores
 from orderflow.store.cosmos_store import CosmosNames, CosmosStateStore, open_cosmos_with_key
 from orderflow.store.sqlite_store import open_sqlite_stores
 
-REPO = Path(__file__).resolve().parents[2]
-COSMOS_CLI = REPO / "node_modules" / "@vercel" / "cosmosdb-server" / "lib" / "cli.js"
-READY = re.compile(r"Ready to accept HTTPS? connections at (\S+):(\d+)")
-START_TIMEOUT_SECONDS = 20.0
 ANY_KEY = "dGVzdC1rZXktbm90LWEtc2VjcmV0"  # the protocol server accepts any key
 
 
@@ -41,55 +34,18 @@ class Backend:
     charges_request_units: bool
 
 
-def _wait_ready(proc: subprocess.Popen[str]) -> str:
-    """Read the server's stdout until its ready line (bounded by a timer that kills a silent server)."""
-    assert proc.stdout is not None
-    timer = threading.Timer(START_TIMEOUT_SECONDS, proc.kill)
-    timer.start()
-    try:
-        for line in proc.stdout:
-            match = READY.search(line)
-            if match:
-                return f"https://127.0.0.1:{match.group(2)}"
-    finally:
-        timer.cancel()
-    raise RuntimeError(f"cosmosdb-server exited (code {proc.poll()}) before it was ready")
+@pytest.fixture(scope="session")
+def cosmos_server() -> Iterator[CosmosServer]:
+    problem = missing_prerequisite()
+    if problem is not None:
+        pytest.fail(problem)
+    with run_cosmos_server() as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
-def cosmos_endpoint() -> Iterator[str]:
-    node = shutil.which("node")
-    if node is None or not COSMOS_CLI.exists():
-        pytest.fail(
-            "the Cosmos contract tests need node and node_modules/@vercel/cosmosdb-server (run `make setup`)"
-        )
-    proc = subprocess.Popen(
-        [node, str(COSMOS_CLI), "--host", "127.0.0.1", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    drain = threading.Thread(target=_drain, args=(proc,), daemon=True)
-    try:
-        endpoint = _wait_ready(proc)
-        drain.start()  # keep reading so a chatty server never blocks on a full pipe
-        yield endpoint
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if drain.is_alive():
-            drain.join(timeout=10)
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-
-def _drain(proc: subprocess.Popen[str]) -> None:
-    for _ in proc.stdout or ():
-        pass
+def cosmos_endpoint(cosmos_server: CosmosServer) -> str:
+    return cosmos_server.endpoint
 
 
 def fresh_cosmos_names() -> CosmosNames:
@@ -152,3 +108,26 @@ async def cosmos_state(cosmos_endpoint: str) -> AsyncIterator[CosmosStateStore]:
         yield state
     finally:
         await state.aclose()
+
+
+@dataclass
+class CosmosUnderTest:
+    """The Cosmos adapters on fresh databases, with the protocol server they talk to (its fault hook and log)."""
+
+    server: CosmosServer
+    names: CosmosNames
+    stores: Stores
+
+    def state_doc_path(self, order_id: str) -> str:
+        """The REST path of a state record's point read (https://learn.microsoft.com/rest/api/cosmos-db/get-a-document)."""
+        return f"/dbs/{self.names.state_database}/colls/{self.names.state_container}/docs/{order_id}"
+
+
+@pytest.fixture
+async def cosmos(cosmos_server: CosmosServer) -> AsyncIterator[CosmosUnderTest]:
+    names = fresh_cosmos_names()
+    opened = Stores(*await open_cosmos_with_key(cosmos_server.endpoint, ANY_KEY, names))
+    try:
+        yield CosmosUnderTest(cosmos_server, names, opened)
+    finally:
+        await opened.aclose()

@@ -14,6 +14,8 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import pytest
+from azure.cosmos.exceptions import CosmosResourceNotFoundError
+from support.cosmos_server import SeenRequest
 
 from orderflow.messages import StepName, SubmitOrder
 from orderflow.records import OrderRecord, OrderStateRecord, ProcessState, StepStatus, instance_id
@@ -25,11 +27,11 @@ from orderflow.state_machine import (
     record_step,
     recover,
 )
-from orderflow.store import Conflict, NotFound, PreconditionFailed, Stores
+from orderflow.store import Conflict, NotFound, PreconditionFailed, Stores, TransientStoreError
 from orderflow.store.cosmos_store import CosmosStateStore
 
 if TYPE_CHECKING:
-    from tests.contract.conftest import Backend
+    from tests.contract.conftest import Backend, CosmosUnderTest
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 LEASE = timedelta(seconds=60)
@@ -94,6 +96,9 @@ async def test_orders_create_conflict_returns_the_stored_order(stores: Stores) -
 
 
 async def test_get_missing_returns_none(stores: Stores) -> None:
+    # Cosmos DB answers a point read of a missing item 404 (https://learn.microsoft.com/rest/api/cosmos-db/
+    # get-a-document#status-codes); the ports return None. On the cosmos backend this holds only because the test
+    # server answers 404 too (tests/support/cosmosdb_server.js); the adapter maps nothing else to None.
     assert await stores.orders.get("nope") is None
     assert await stores.state.get("nope") is None
     assert await stores.state.get_checkpoint("nope") is None
@@ -355,20 +360,56 @@ async def test_checkpoint_put_is_conditional(stores: Stores) -> None:
     assert await stores.state.get_checkpoint("supervisor") == ({"windowStart": "c"}, second)
 
 
-# --- Cosmos protocol server quirks (cosmos only) --------------------------------------------------
+# --- Cosmos point reads: 404 is missing, every other status is an error (cosmos only) ---------------
 
 
 @pytest.mark.cosmos
-@pytest.mark.xfail(
-    strict=True,
-    reason="@vercel/cosmosdb-server 1.0.1 answers a point read of a missing item "
-    "with 500 (TypeError in read-document.js), real Cosmos DB with 404; the adapter falls back "
-    "to a query by id on 500 (orderflow/store/cosmos_store.py)",
-)
-async def test_cosmos_point_read_of_missing_item_is_404(cosmos_state: CosmosStateStore) -> None:
-    # Real Cosmos: GET .../docs/{id} of a missing item → 404 NotFound
-    # (https://learn.microsoft.com/rest/api/cosmos-db/get-a-document#status-codes).
-    from azure.cosmos.exceptions import CosmosResourceNotFoundError
+async def test_cosmos_point_read_of_a_missing_item_is_404(cosmos_state: CosmosStateStore) -> None:
+    """Conformance of the test server (through tests/support/cosmosdb_server.js) with Cosmos DB.
 
-    with pytest.raises(CosmosResourceNotFoundError):
-        await cosmos_state._container.read_item("missing", partition_key="missing")  # the raw SDK container
+    Cosmos DB: GET .../docs/{id} of an item that is not in the given partition → 404 Not Found
+    (https://learn.microsoft.com/rest/api/cosmos-db/get-a-document#status-codes), which azure-cosmos raises as
+    CosmosResourceNotFoundError; substatus 0 (not 1002 ReadSessionNotAvailable, which the SDK would retry).
+    @vercel/cosmosdb-server 1.0.1 alone answers both reads below with 500.
+    """
+    container = cosmos_state._container  # the raw SDK container
+    await container.create_item({"id": "present", "orderId": "present"})
+    for item_id, partition in [("missing", "missing"), ("present", "another-partition")]:
+        with pytest.raises(CosmosResourceNotFoundError) as info:
+            await container.read_item(item_id, partition_key=partition)
+        assert info.value.status_code == 404
+        assert info.value.sub_status in (None, 0)
+
+
+@pytest.mark.cosmos
+async def test_cosmos_server_error_on_a_point_read_propagates(cosmos: CosmosUnderTest) -> None:
+    """A 500 is an error, not "missing": the adapter neither returns None nor asks again by another path."""
+    await seed(cosmos.stores, new_state("o-1"))
+    path = cosmos.state_doc_path("o-1")
+    cosmos.server.clear_requests()
+    with cosmos.server.fault("GET", path, 500):
+        with pytest.raises(TransientStoreError) as info:
+            await cosmos.stores.state.get("o-1")
+    assert info.value.status_code == 500
+    seen = cosmos.server.requests()
+    assert SeenRequest("GET", path, query=False) in seen
+    assert not [r for r in seen if r.query or r.path != path], seen  # no query by id, no other request
+    assert (await cosmos.stores.state.get("o-1")) is not None  # the record was there all along
+
+
+@pytest.mark.cosmos
+async def test_cosmos_sdk_retries_a_single_500_on_a_point_read(cosmos: CosmosUnderTest) -> None:
+    """The SDK's retry policy owns a 500, so the adapter has no retry of its own.
+
+    azure-cosmos retries a read that fails with 408 or 5xx once more even on a single-region account
+    (azure/cosmos/aio/_retry_utility_async.py → _timeout_failover_retry_policy.py: "If an account only has 1
+    region, then we still want to retry once on the same region").
+    """
+    await seed(cosmos.stores, new_state("o-1"))
+    path = cosmos.state_doc_path("o-1")
+    cosmos.server.clear_requests()
+    with cosmos.server.fault("GET", path, 500, times=1):
+        got = await cosmos.stores.state.get("o-1")
+    assert got is not None and got[0] == new_state("o-1")
+    seen = cosmos.server.requests()
+    assert seen == [SeenRequest("GET", path, query=False)] * 2  # the faulted read and the SDK's retry
