@@ -43,10 +43,21 @@ class HostConfig:
     def service_bus_options(self) -> ServiceBusOptions:
         sb = self.extension("serviceBus")
         sessions = sb.get("sessionHandlerOptions") or {}
+        # ServiceBusOptions.SessionIdleTimeout (Microsoft.Azure.WebJobs.Extensions.ServiceBus): "If not specified, the
+        # ServiceBusRetryOptions.TryTimeout will be used", and clientRetryOptions.tryTimeout defaults to one minute.
+        retry = sb.get("clientRetryOptions") or {}
+        try_timeout = retry.get("tryTimeout", "00:01:00")
+        # ServiceBusRetryMode is an enum {Fixed, Exponential}; the configuration binder parses enum names ignoring
+        # case, so "exponential" (the host.json schema's spelling) and "Exponential" both bind, anything else fails.
+        if str(retry.get("mode", "exponential")).lower() not in {"fixed", "exponential"}:
+            raise ConfigError(f"host.json: clientRetryOptions.mode {retry['mode']!r} is not 'exponential' or 'fixed'")
+        for key in ("tryTimeout", "delay", "maxDelay"):
+            if key in retry:
+                _duration_seconds(retry[key])
         return ServiceBusOptions(
             max_concurrent_calls=int(sb.get("maxConcurrentCalls", 16)),
             max_concurrent_sessions=int(sb.get("maxConcurrentSessions", sessions.get("maxConcurrentSessions", 8))),
-            session_idle_timeout_s=_duration_seconds(sb.get("sessionIdleTimeout", "00:00:01")),
+            session_idle_timeout_s=_duration_seconds(sb.get("sessionIdleTimeout", try_timeout)),
             max_auto_lock_renewal_s=_duration_seconds(sb.get("maxAutoLockRenewalDuration", "00:05:00")),
         )
 
@@ -86,20 +97,29 @@ def resolve(value: str, env: Mapping[str, str] = os.environ, *, lenient: bool = 
     return _EXPRESSION.sub(sub, value)
 
 
+# .NET `TimeSpan.Parse` invariant format, which the host's configuration binder uses for every TimeSpan option in
+# host.json: `[-]d` (whole days) or `[-][d.]hh:mm[:ss[.fffffff]]`, with hh < 24, mm < 60, ss < 60
+# (learn.microsoft.com/dotnet/api/system.timespan.parse). Note that "00:30" is 30 minutes, not 30 seconds.
+_TIMESPAN = re.compile(r"^\s*(-)?(?:(\d+)|(?:(\d+)\.)?(\d{1,2}):(\d{1,2})(?::(\d{1,2})(?:\.(\d{1,7}))?)?)\s*$")
+
+
 def _duration_seconds(value: Any) -> float:
-    """host.json TimeSpan ("hh:mm:ss" or "d.hh:mm:ss") to seconds."""
-    if isinstance(value, (int, float)):
-        return float(value)
-    days = 0
-    text = str(value)
-    if "." in text.split(":")[0]:
-        d, text = text.split(".", 1)
-        days = int(d)
-    parts = [float(p) for p in text.split(":")]
-    while len(parts) < 3:
-        parts.insert(0, 0.0)
-    h, m, s = parts
-    return days * 86400 + h * 3600 + m * 60 + s
+    """A host.json TimeSpan to seconds, as `TimeSpan.Parse` reads it; anything else is a ConfigError (the host
+    fails to start on a value it cannot bind)."""
+    # The JSON configuration provider hands the binder every value as text: a number 5 is "5", i.e. five days.
+    match = _TIMESPAN.match(str(value)) if isinstance(value, (str, int, float)) else None
+    if match is None:
+        raise ConfigError(f"host.json: {value!r} is not a TimeSpan ([d.]hh:mm[:ss[.fffffff]])")
+    sign, whole_days, days, hours, minutes, seconds, fraction = match.groups()
+    if whole_days is not None:
+        total = int(whole_days) * 86400.0
+    else:
+        h, m, s = int(hours), int(minutes), int(seconds or 0)
+        if h > 23 or m > 59 or s > 59:
+            raise ConfigError(f"host.json: {value!r} is out of range for a TimeSpan (hh < 24, mm < 60, ss < 60)")
+        fraction_s = int(fraction) / 10 ** len(fraction) if fraction else 0.0
+        total = int(days or 0) * 86400 + h * 3600 + m * 60 + s + fraction_s
+    return float(-total if sign else total)
 
 
 def _read_json(path: Path, *, required: bool) -> dict[str, Any]:

@@ -30,6 +30,7 @@ class StarterRun:
     claimed: list[str] = field(default_factory=list)
     lost_race: int = 0
     start_failed: list[str] = field(default_factory=list)
+    already_running: list[str] = field(default_factory=list)  # start_new found this attempt's instance running
 
 
 async def try_claim(services: Services, rec: OrderStateRecord, etag: str) -> WorkflowInput | None:
@@ -77,11 +78,32 @@ async def start_one(services: Services, start_new: StartNew, order_id: str) -> S
     return result
 
 
+def is_already_running(exc: BaseException) -> bool:
+    """Whether start_new failed because an instance with that id is still Pending/Running/ContinuedAsNew/Suspended.
+
+    The extension answers such a start with HTTP 500 and the body of HttpRequestMessageExtensions.CreateErrorResponse
+    (HttpApiHandler.HandleRequestAsync's generic catch of OrchestrationAlreadyExistsException, whose message is
+    "An Orchestration instance with the status <status> already exists."), and the Python client's
+    DurableOrchestrationClient.start_new raises Exception(<that body as a dict>).
+    """
+    body = exc.args[0] if exc.args else None
+    message = body.get("ExceptionMessage") if isinstance(body, dict) else None
+    return isinstance(message, str) and message.startswith("An Orchestration instance with the status") \
+        and message.rstrip().endswith("already exists.")
+
+
 async def _start(start_new: StartNew, inp: WorkflowInput, result: StarterRun) -> None:
     instance = instance_id(inp.order_id, inp.attempt)
     try:
         await start_claimed(start_new, inp)
         result.claimed.append(instance)
-    except Exception:  # the claim stands; its lease expires and the Supervisor recovers it
+    except Exception as exc:
+        if is_already_running(exc):
+            # This attempt's orchestration exists and runs (an earlier start_new reached the host although its
+            # caller saw an error): it drives the record; nothing to recover.
+            log.info("start_new for %s: the instance is already running; leaving it to run", instance)
+            result.already_running.append(instance)
+            return
+        # The claim stands; its lease expires and the Supervisor recovers it.
         log.exception("start_new failed for %s after the claim; the Supervisor will recover it", instance)
         result.start_failed.append(instance)

@@ -13,6 +13,6 @@ bp = df.Blueprint()
 
 
 @bp.function_name(fn.SUPERVISOR)
-@bp.timer_trigger(arg_name="timer", schedule="%SupervisorSchedule%", run_on_startup=False, use_monitor=True)
+@bp.timer_trigger(arg_name="timer", schedule="%SupervisorSchedule%", run_on_startup=False, use_monitor=False)
 async def supervisor(timer: func.TimerRequest) -> None:
     await run_supervisor(await get_services())

@@ -14,8 +14,8 @@ class OrchestratorNotFound(DurableError, ValueError):
 
 
 class InstanceAlreadyExists(DurableError):
-    """start_new on an id whose instance is Pending or Running (HTTP 409,
-    OrchestrationAlreadyExistsException).
+    """start_new on an id whose instance is Pending, Running, ContinuedAsNew or Suspended
+    (OrchestrationAlreadyExistsException; the HTTP API answers 500, as the extension does: see docs/devhost.md).
     """
 
 

@@ -2,9 +2,9 @@
 names).
 
 Routes, status codes and bodies follow the extension's HttpApiHandler.cs and the "HTTP API reference" page:
-start 202 (+Location) / 400 / 409; status 200 / 202 / 404; query 200 with x-ms-continuation-token; raiseEvent
-202 / 400 / 404 / 410; terminate 202 / 404 / 410; purge 200 / 404 / 412. Entities, suspend/resume, rewind and
-restart answer 501 "not supported by devhost".
+start 202 (+Location) / 400 / 500 (an id still running); status 200 / 202 / 404; query 200 with
+x-ms-continuation-token; raiseEvent 202 / 400 / 404 / 410; terminate 202 / 404 / 410; purge 200 / 404 / 412.
+Entities, suspend/resume, rewind and restart answer 501 "not supported by devhost".
 """
 
 from __future__ import annotations
@@ -39,6 +39,27 @@ CONTINUATION = "x-ms-continuation-token"
 def error(status: int, message: str) -> web.Response:
     """The extension's CreateErrorResponse body; the Python client reads ExceptionMessage on 400."""
     return web.json_response({"Message": message, "ExceptionMessage": message}, status=status)
+
+
+def already_exists(exc: InstanceAlreadyExists) -> web.Response:
+    """start on an id whose instance is still Pending/Running/ContinuedAsNew/Suspended: 500, not 409.
+
+    Conformance (Azure/azure-functions-durable-extension): HttpApiHandler.HandleStartOrchestratorRequestAsync catches
+    only JsonReaderException; DurableClient.StartNewAsync lets OrchestrationAlreadyExistsException (an
+    InvalidOperationException, not an ArgumentException) through, so HttpApiHandler.HandleRequestAsync's generic
+    `catch (Exception e)` answers CreateErrorResponse(InternalServerError, "Something went wrong while processing your
+    request", e) (HttpRequestMessageExtensions.CreateErrorResponse: Message, ExceptionMessage, ExceptionType,
+    StackTrace). The Python client's start_new then raises Exception(<that body>).
+    """
+    return web.json_response(
+        {
+            "Message": "Something went wrong while processing your request",
+            "ExceptionMessage": str(exc),
+            "ExceptionType": "DurableTask.Core.Exceptions.OrchestrationAlreadyExistsException",
+            "StackTrace": "   at devhost.durable.engine.DurableEngine.start_with_token (devhost has no .NET stack)",
+        },
+        status=500,
+    )
 
 
 def _flag(request: web.Request, name: str, default: bool) -> bool:
@@ -76,7 +97,7 @@ class DurableHttpApi:
                 return error(400, str(exc))
             return error(400, "Invalid JSON content")
         except InstanceAlreadyExists as exc:
-            return error(409, str(exc))
+            return already_exists(exc)
         payload = self.engine.management_payload(instance_id)
         return web.json_response(
             payload, status=202, headers={"Location": payload["statusQueryGetUri"], "Retry-After": "10"}

@@ -64,6 +64,10 @@ var hostSettings = {
   AzureWebJobsStorage__clientId: identityClientId
   APPLICATIONINSIGHTS_CONNECTION_STRING: applicationInsightsConnectionString
   APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identityClientId};Authorization=AAD'
+  // host.json has telemetryMode OpenTelemetry and the app calls configure_azure_monitor itself (orderflow/telemetry.py):
+  // the worker only reports the OpenTelemetry capability and propagates the host's trace context. Not
+  // PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY, with which the worker would configure Azure Monitor a second time.
+  PYTHON_ENABLE_OPENTELEMETRY: 'true'
   // The Service Bus extension's identity-based connection (the triggers' connection="ServiceBusConnection").
   ServiceBusConnection__credential: 'managedidentity'
   ServiceBusConnection__clientId: identityClientId
@@ -72,7 +76,9 @@ var hostSettings = {
 }
 
 // The Durable Task Scheduler replaces the Azure Storage backend through host.json overrides; its connection string
-// names an endpoint and an identity, never a secret.
+// names an endpoint and an identity, never a secret. An override adds keys and removes none, so host.json declares no
+// storageProvider (the default is Azure Storage on AzureWebJobsStorage): the effective section is exactly
+// { type: azureManaged, connectionStringName }, with no stray connectionName.
 var durableTaskSchedulerSettings = useDurableTaskScheduler ? {
   DURABLE_TASK_SCHEDULER_CONNECTION_STRING: 'Endpoint=${durableTaskSchedulerEndpoint};Authentication=ManagedIdentity;ClientID=${identityClientId}'
   AzureFunctionsJobHost__extensions__durableTask__storageProvider__type: 'azureManaged'

@@ -2,7 +2,7 @@
 
 Conformance source: Azure/azure-functions-durable-extension
 src/WebJobs.Extensions.DurableTask/HttpApiHandler.cs
-(HandleStartOrchestratorRequestAsync 202/400/409, HandleGetStatusRequestAsync 200/202/404, raise event
+(HandleStartOrchestratorRequestAsync 202/400, 500 on a running id, HandleGetStatusRequestAsync 200/202/404, raise event
 400/404/410,
 terminate 202/404/410, purge 200/404/412, x-ms-continuation-token) and the "HTTP API reference" docs page;
 the client's expectations: azure/durable_functions/models/DurableOrchestrationClient.py.
@@ -59,20 +59,58 @@ async def test_unknown_orchestrator_is_400_and_a_clean_client_exception(hub: Hub
         await hub.client.start_new("no_such_orchestrator")
 
 
-async def test_start_on_a_running_id_is_409_and_a_terminal_id_is_reusable(hub: Hub) -> None:
+async def test_start_on_a_running_id_is_500_and_a_terminal_id_is_reusable(hub: Hub) -> None:
+    # Conformance: Azure/azure-functions-durable-extension DurableClient.StartNewAsync passes the default
+    # OverridableExistingInstanceStates.NonRunningStates as dedupe statuses; Azure/durabletask
+    # AzureStorageOrchestrationService.CreateTaskOrchestrationAsync throws OrchestrationAlreadyExistsException
+    # ("An Orchestration instance with the status Running already exists.", an InvalidOperationException);
+    # HttpApiHandler.HandleStartOrchestratorRequestAsync does not catch it, so HttpApiHandler.HandleRequestAsync's
+    # generic catch answers 500 with HttpRequestMessageExtensions.CreateErrorResponse's body. No 409.
     instance_id = new_id("dup")
     await hub.client.start_new("approval", instance_id, {"timeout": 30})
-    status, _, body = await start_http(hub, "approval", instance_id, '{"timeout": 30}')
-    assert status == 409 and "already exists" in body["Message"]
+    await hub.wait(instance_id, "Running")
+    status, headers, body = await start_http(hub, "approval", instance_id, '{"timeout": 30}')
+    assert status == 500 and headers["Content-Type"].startswith("application/json")
+    assert body == {
+        "Message": "Something went wrong while processing your request",
+        "ExceptionMessage": "An Orchestration instance with the status Running already exists.",
+        "ExceptionType": "DurableTask.Core.Exceptions.OrchestrationAlreadyExistsException",
+        "StackTrace": body["StackTrace"],
+    }
     with pytest.raises(InstanceAlreadyExists):
         await hub.engine.start_new("approval", instance_id, {"timeout": 30})
-    with pytest.raises(Exception, match="already exists"):
+    # DurableOrchestrationClient.start_new: neither 2xx nor 400, so it raises Exception(<the response body>).
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - the client raises a bare Exception
         await hub.client.start_new("approval", instance_id, {"timeout": 30})
+    assert type(raised.value) is Exception and raised.value.args == (body,)
     await hub.client.terminate(instance_id, "make room")
     assert (await hub.wait(instance_id))["runtimeStatus"] == "Terminated"
     await hub.client.start_new("hello_sequence", instance_id, ["Again"])  # fresh history under the same id
     status_after = await hub.wait(instance_id, "Completed")
     assert status_after["output"] == ["Hello Again!", "DONE"]
+
+
+async def test_starter_treats_a_running_instance_as_started_not_as_a_failure(hub: Hub) -> None:
+    # What the real Python client raises for a running id (above) must not make the Starter report a failed start:
+    # the instance is this attempt's own orchestration (the id is `<orderId>:<attempt>`), and it runs.
+    from orderflow.starter import StarterRun, _start, is_already_running
+    from orderflow.workflow import WorkflowInput
+
+    inp = WorkflowInput(order_id=new_id("o"), attempt=1, step_timeout_seconds=30, agent_retries=1)
+    instance_id = f"{inp.order_id}:1"
+
+    async def start_new(name: str, iid: str, client_input: object) -> str:
+        return await hub.client.start_new("approval", iid, {"timeout": 30})
+
+    first, second = StarterRun(), StarterRun()
+    await _start(start_new, inp, first)
+    await hub.wait(instance_id, "Running")
+    await _start(start_new, inp, second)
+    assert first.claimed == [instance_id] and second.claimed == []
+    assert second.already_running == [instance_id] and second.start_failed == []
+    assert not is_already_running(ConnectionError("host unreachable"))
+    assert not is_already_running(Exception({"Message": "Something went wrong", "ExceptionMessage": "boom"}))
+    await hub.client.terminate(instance_id, "done")
 
 
 async def test_status_codes_follow_the_runtime_status(hub: Hub) -> None:

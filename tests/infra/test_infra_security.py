@@ -41,6 +41,7 @@ CHECKED_TEXT = [
     INFRA / "main.parameters.json",
     REPO / "host.json",
     REPO / "local.settings.sample.json",
+    REPO / "local.settings.func.sample.json",
     REPO / "azure.yaml",
 ]
 

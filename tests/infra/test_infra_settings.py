@@ -7,7 +7,8 @@ The rule, written once here:
     host-owned: AzureWebJobsStorage__*, APPLICATIONINSIGHTS_*, AzureFunctionsJobHost__* (host.json
         overrides), the Service Bus extension's identity keys of the binding connection
         (ServiceBusConnection__credential, ServiceBusConnection__clientId), the Durable Task Scheduler
-        connection string, and every %Setting% that host.json references.
+        connection string, PYTHON_ENABLE_OPENTELEMETRY (read by the Python worker), and every %Setting% that
+        host.json references.
     local-only: settings whose registry doc says "Local only" (ServiceBusConnection, the embedded broker's
         connection string; Azure uses ServiceBusConnection__fullyQualifiedNamespace instead).
 FUNCTIONS_WORKER_RUNTIME and FUNCTIONS_EXTENSION_VERSION are not app settings on Flex Consumption (the
@@ -31,10 +32,12 @@ HOST_OWNED_NAMES = {
     "ServiceBusConnection__credential",
     "ServiceBusConnection__clientId",
     "DURABLE_TASK_SCHEDULER_CONNECTION_STRING",
+    "PYTHON_ENABLE_OPENTELEMETRY",
 }
 LOCAL_ONLY = {s.name for s in settings.SETTINGS if s.doc.startswith("Local only")}
 HOST_JSON = json.loads((REPO / "host.json").read_text())
-SAMPLE = json.loads((REPO / "local.settings.sample.json").read_text())
+SAMPLE = json.loads((REPO / "local.settings.sample.json").read_text())  # devhost's
+FUNC_SAMPLE = json.loads((REPO / "local.settings.func.sample.json").read_text())  # `func start`'s
 AGENT_ENV = {
     "AgentRequestsQueueName",
     "AgentRepliesQueueName",
@@ -154,6 +157,7 @@ def test_host_json_references_are_set_in_bicep_and_in_the_sample() -> None:
     assert references == {"TaskHubName"}
     assert references <= set(bicep_app_settings())
     assert references <= set(SAMPLE["Values"])
+    assert references <= set(FUNC_SAMPLE["Values"])
 
 
 def test_host_json() -> None:
@@ -165,7 +169,9 @@ def test_host_json() -> None:
     }
     durable = HOST_JSON["extensions"]["durableTask"]
     assert durable["hubName"] == "%TaskHubName%"
-    assert durable["storageProvider"]["type"] == "azureStorage"
+    # No storageProvider: the default provider (Azure Storage) on the default connection (AzureWebJobsStorage); see
+    # test_durable_task_scheduler_override_leaves_no_stray_connection_name.
+    assert "storageProvider" not in durable
     service_bus = HOST_JSON["extensions"]["serviceBus"]
     # Per-function settlement: the submission trigger passes auto_complete_messages=False and settles with
     # ServiceBusMessageActions; triggers that do not settle explicitly rely on the host completing on success.
@@ -174,9 +180,13 @@ def test_host_json() -> None:
     assert "logLevel" in HOST_JSON["logging"]
 
 
+def _dts_overrides() -> dict[str, Node]:
+    return {k: n for obj in _object_nodes(app("function.bicep").variables["durableTaskSchedulerSettings"])
+            for k, n in object_items(obj)}
+
+
 def test_durable_task_scheduler_switch_overrides_host_json() -> None:
-    dts = _object_nodes(app("function.bicep").variables["durableTaskSchedulerSettings"])
-    keys = {k: n for obj in dts for k, n in object_items(obj)}
+    keys = _dts_overrides()
     assert (
         evaluate(
             keys["AzureFunctionsJobHost__extensions__durableTask__storageProvider__type"], _function_scope()
@@ -187,13 +197,58 @@ def test_durable_task_scheduler_switch_overrides_host_json() -> None:
     assert "Authentication=ManagedIdentity" in connection and "ClientID=${identityClientId}" in connection
 
 
+def effective_storage_provider(host_json: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """host.json's durableTask.storageProvider with the AzureFunctionsJobHost__ app settings applied, as the host's
+    configuration does: an environment key `AzureFunctionsJobHost__a__b` sets `a:b` over host.json and removes
+    nothing (Microsoft.Extensions.Configuration layering; "host.json settings can be overridden by app settings",
+    Functions host.json reference)."""
+    section = dict(((host_json.get("extensions") or {}).get("durableTask") or {}).get("storageProvider") or {})
+    prefix = "AzureFunctionsJobHost__extensions__durableTask__storageProvider__"
+    section.update({k[len(prefix):]: v for k, v in overrides.items() if k.startswith(prefix)})
+    return section
+
+
+def test_durable_task_scheduler_override_leaves_no_stray_connection_name() -> None:
+    overrides = {k: evaluate(n, _function_scope()) for k, n in _dts_overrides().items()}
+    # The Durable Task Scheduler docs configure the provider as exactly { type: azureManaged, connectionStringName }.
+    assert effective_storage_provider(HOST_JSON, overrides) == {
+        "type": "azureManaged",
+        "connectionStringName": "DURABLE_TASK_SCHEDULER_CONNECTION_STRING",
+    }
+    # The merge keeps what host.json says: a host.json connectionName would survive the override.
+    stray = {"extensions": {"durableTask": {"storageProvider": {"connectionName": "AzureWebJobsStorage"}}}}
+    assert "connectionName" in effective_storage_provider(stray, overrides)
+
+
+def test_python_worker_opentelemetry_is_enabled_where_the_app_configures_it() -> None:
+    # host.json telemetryMode OpenTelemetry + the app's own configure_azure_monitor (orderflow/telemetry.py, called from
+    # function_app.py): the Python worker needs PYTHON_ENABLE_OPENTELEMETRY=true to report the OpenTelemetry
+    # capability and carry the host's trace context (azure-functions-python-worker, worker init request), and must
+    # not get PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY, with which it calls configure_azure_monitor a second time.
+    assert HOST_JSON["telemetryMode"] == "OpenTelemetry"
+    assert "telemetry.configure_from_env()" in (REPO / "function_app.py").read_text()
+    assert "configure_azure_monitor(" in (REPO / "orderflow" / "telemetry.py").read_text()
+    names = bicep_app_settings()
+    assert evaluate(names["PYTHON_ENABLE_OPENTELEMETRY"], _function_scope()) == "true"
+    assert "PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY" not in names
+    for sample in (SAMPLE, FUNC_SAMPLE):
+        assert sample["Values"]["PYTHON_ENABLE_OPENTELEMETRY"] == "true"
+        assert "PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY" not in sample["Values"]
+
+
 def test_sample_lists_every_registered_setting() -> None:
-    values, azure_only = SAMPLE["Values"], SAMPLE["//AzureIdentityBasedValues"]
+    for values in (SAMPLE["Values"], FUNC_SAMPLE["Values"]):
+        for setting in settings.SETTINGS:
+            if setting.default is not None and setting.name in values:
+                assert values[setting.name] == setting.default, setting.name
     for setting in settings.SETTINGS:
         if setting.default is not None:
-            assert values.get(setting.name) == setting.default, setting.name
+            assert setting.name in SAMPLE["Values"], setting.name
+        elif setting.name in {"CosmosDb__clientId", "AZURE_CLIENT_ID"}:
+            # A user-assigned identity's client id: Azure only (infra); locally `az login` is the credential.
+            assert setting.name not in SAMPLE["Values"] and setting.name not in FUNC_SAMPLE["Values"]
         else:
-            assert setting.name in values or setting.name in azure_only, setting.name
+            assert setting.name in SAMPLE["Values"] or setting.name in FUNC_SAMPLE["Values"], setting.name
 
 
 def test_sample_runs_locally_with_zero_cloud() -> None:
@@ -205,12 +260,29 @@ def test_sample_runs_locally_with_zero_cloud() -> None:
     )
     assert values["CosmosDb__accountEndpoint"] == "embedded://.devhost/store.db"
     assert all(value != "" for value in values.values()), "an empty value would shadow a default"
+    # One sample per host: no block of `func start` values to move around (local.settings.func.sample.json has them).
+    assert set(SAMPLE) == {"//", "IsEncrypted", "Values"} == set(FUNC_SAMPLE)
 
 
-def test_sample_azure_block_mirrors_bicep_identity_settings() -> None:
-    azure_only = set(SAMPLE["//AzureIdentityBasedValues"])
-    identity_settings = {n for n in bicep_app_settings() if n.endswith(("__credential", "__clientId"))}
-    assert identity_settings <= azure_only
+def test_func_start_sample_uses_azurite_and_identity_based_azure_connections() -> None:
+    values = FUNC_SAMPLE["Values"]
+    assert values["FUNCTIONS_WORKER_RUNTIME"] == "python"
+    assert values["AzureWebJobsStorage"] == "UseDevelopmentStorage=true"  # Azurite: host storage and task hub
+    # The real host's Service Bus extension cannot use the embedded broker: no ServiceBusConnection string, but the
+    # identity-based form (Functions docs, "identity-based connections": <CONNECTION>__fullyQualifiedNamespace;
+    # locally the credential is DefaultAzureCredential, i.e. `az login`, so no __credential=managedidentity).
+    assert "ServiceBusConnection" not in values
+    assert values["ServiceBusConnection__fullyQualifiedNamespace"].endswith(".servicebus.windows.net")
+    assert values["CosmosDb__accountEndpoint"].startswith("https://")
+    assert not [k for k in values if k.endswith(("__credential", "__clientId"))]
+    assert not re.search(r"AccountKey|SharedAccessKey|embedded://", json.dumps(values))
+    assert all(value != "" for value in values.values()), "an empty value would shadow a default"
+    # The two samples differ exactly in the connections; every tunable is the same.
+    connections = {"ServiceBusConnection", "ServiceBusConnection__fullyQualifiedNamespace", "CosmosDb__accountEndpoint",
+                   "CosmosDb__credential"}
+    devhost = {k: v for k, v in SAMPLE["Values"].items() if k not in connections}
+    func = {k: v for k, v in values.items() if k not in connections}
+    assert devhost == func
 
 
 def test_agent_environment() -> None:
