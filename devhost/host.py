@@ -151,9 +151,12 @@ class Host:
             await call({spec.trigger_param: timer})
 
         schedule = resolve(str(spec.trigger["schedule"]))
+        # TimerTriggerAttribute.UseMonitor defaults to true, and TimerSchedule.Create turns it off for a sub-minute
+        # schedule even when the function asks for it (azure-webjobs-sdk-extensions, `if (attribute.UseMonitor &&
+        # ShouldDisableScheduleMonitor(...)) attribute.UseMonitor = false`).
         use_monitor = spec.trigger.get("useMonitor")
         runner = TimerRunner(spec.name, schedule, run_on_startup=bool(spec.trigger.get("runOnStartup")),
-                             use_monitor=default_use_monitor(schedule) if use_monitor is None else bool(use_monitor),
+                             use_monitor=(use_monitor is None or bool(use_monitor)) and default_use_monitor(schedule),
                              state_dir=state_dir, invoke=invoke)
         self.timers[spec.name] = runner
         self._tasks.append(asyncio.create_task(runner.run(self._stop), name=f"timer:{spec.name}"))

@@ -42,12 +42,22 @@ def next_occurrence(expression: str, after: datetime) -> datetime:
     return nxt.astimezone(UTC)
 
 
-def default_use_monitor(expression: str, now: datetime | None = None) -> bool:
-    """`useMonitor` when the function does not say: true for schedules whose interval is at least a minute (timer
-    trigger docs: "For schedules with a recurrence interval less than 1 minute, the default is false")."""
-    start = now or datetime.now(UTC)
+def should_disable_schedule_monitor(expression: str, now: datetime | None = None) -> bool:
+    """The timer extension's rule for turning `useMonitor` off (azure-webjobs-sdk-extensions,
+    TimerSchedule.ShouldDisableScheduleMonitor, applied by TimerSchedule.Create): only when every field from minutes up
+    is a wildcard and more than one occurrence falls within the next minute, i.e. a sub-minute schedule."""
+    fields = parse_schedule(expression).split()
+    if any(field not in ("*", "*/1") for field in fields[1:]):  # NCrontab prints a full range as "*"
+        return False
+    start = (now or datetime.now(UTC)).astimezone(UTC)
     first = next_occurrence(expression, start)
-    return (next_occurrence(expression, first) - first) >= timedelta(minutes=1)
+    return next_occurrence(expression, first) < start + timedelta(minutes=1)
+
+
+def default_use_monitor(expression: str, now: datetime | None = None) -> bool:
+    """`useMonitor` when the function does not say: true, unless the extension turns it off for a sub-minute schedule
+    (timer trigger docs: "For schedules with a recurrence interval less than 1 minute, the default is false")."""
+    return not should_disable_schedule_monitor(expression, now)
 
 
 @dataclass
@@ -118,13 +128,22 @@ class TimerRunner:
             last = await self._fire(past_due=False, last=None)
         elif self.use_monitor and previous is None:
             self._save_status(ScheduleStatus(None, next_occurrence(self.expression, self._now()), self._now()))
+        # The next occurrence counts from when the previous invocation started, not from when it ended: the timer
+        # extension restarts its timer after the invocation with `Next = GetNextOccurrence(invocation time)`, and an
+        # interval that is already negative becomes one tick (TimerListener.HandleTimerEvent / InvokeJobFunction /
+        # GetNextTimerInterval in azure-webjobs-sdk-extensions). So an execution that outlasts its period is followed
+        # by one immediate invocation, not by one per missed occurrence, and never overlaps it (the awaited `_fire`
+        # here is the listener's `_invocationLock`). A scheduled invocation that fired early counts from its due time.
+        anchor = last or self._now()
         while not stop.is_set():
-            due = next_occurrence(self.expression, self._now())
+            due = next_occurrence(self.expression, anchor)
             delay = max(0.0, (due - self._now()).total_seconds())
             try:
                 await asyncio.wait_for(stop.wait(), timeout=delay)
                 return
             except TimeoutError:
                 pass
-            late = self._now() - due > timedelta(seconds=1)
-            last = await self._fire(past_due=late, last=last)
+            # A scheduled invocation is never past due, however late it starts: only the start-up invocation of a
+            # missed occurrence is (TimerListener.HandleTimerEvent calls InvokeJobFunction(now, isPastDue: false)).
+            last = await self._fire(past_due=False, last=last)
+            anchor = max(last, due)

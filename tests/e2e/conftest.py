@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from e2e_support import FAST_SETTINGS, Client
+from e2e_support import FAST_SETTINGS, Client, running_client
 
-from devhost.system import LocalSystem, SystemConfig
+from devhost.system import SystemConfig
 
 
 @pytest.fixture(scope="module")
@@ -19,10 +19,5 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
         latency_ms_mean=2.0,
         settings=dict(FAST_SETTINGS),
     )
-    system = LocalSystem(config).start()
-    c = Client(system)
-    try:
+    with running_client(config) as c:
         yield c
-    finally:
-        c.close()
-        system.stop()

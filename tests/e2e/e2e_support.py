@@ -14,13 +14,15 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode, ServiceBusSubQueue
 from support.hosted import wait_until
 
-from devhost.system import LocalSystem
+from devhost.system import LocalSystem, SystemConfig
 from orderflow.bus import from_connection_string
 from orderflow.messages import AgentReply, OperatorAlert, OrderStatus, StatusMessage, SubmitOrder
 from orderflow.records import OrderRecord, OrderStateRecord
@@ -200,3 +202,15 @@ class Client:
 
     def close(self) -> None:
         self.bus.close()
+
+
+@contextmanager
+def running_client(config: SystemConfig) -> Iterator[Client]:
+    """The whole local system (devhost, Agent, simulator) on `config`, and a client app of it; stopped after."""
+    system = LocalSystem(config).start()
+    client = Client(system)
+    try:
+        yield client
+    finally:
+        client.close()
+        system.stop()

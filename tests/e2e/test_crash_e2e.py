@@ -2,24 +2,42 @@
 
 Seed 000/001, "Issues and considerations": the Scheduler's state is durable (Durable history, the state store),
 messages are peek-locked, side effects are idempotent by key; after a restart every order reaches a terminal state,
-none is lost and no remote side effect is applied twice.
+none is lost and no remote side effect is applied twice. And the orders in flight at the kill finish through Durable
+resumption (devhost runs the work it had persisted), not through the Supervisor's second attempt.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_support import FAST_SETTINGS, Client, make_order, new_order_id
+from e2e_support import FAST_SETTINGS, Client, make_order, new_order_id, running_client
 from support.hosted import wait_until
 
-from devhost.system import ROOT, LocalSystem, SystemConfig
+from devhost.system import ROOT, SystemConfig
 from orderflow.messages import STEPS, TERMINAL_STATUSES, OrderStatus
 from orderflow.records import ProcessState
 
 ORDERS = 30
+# Longer than the restart gap (devhost and the Agent start again, the dead Agent's 5 s session locks expire): an order
+# in flight at the kill can then finish in attempt 1 through Durable resumption (devhost runs the activity work items
+# left unfinished, its timers and inbox: DurableEngine.start), and needs a second attempt only when resumption fails.
+# With the 3 s of FAST_SETTINGS the restart gap alone expires most in-flight steps, and the Supervisor's second
+# attempts mask a devhost that resumes nothing.
+CRASH_TIMEOUT_SECONDS = "20"
+# Orders that may need a second attempt although devhost resumes its work: the kill can fall between a claim and its
+# start_new (the Supervisor recovers that claim by design), or a restart on a loaded machine can outlast a step.
+# Measured on the 2-core machine, shared with other runs, with these settings: 0 of 30 in each of 4 runs with
+# resumption (and 3 more passing runs). With devhost's resumption of unfinished activity work items removed
+# (DurableEngine.start), exactly the orders whose instance had work in flight at the kill needed a second attempt:
+# 15, 13 and 14 of 30 in 3 runs; the kill waits for at least 3 such instances (above this bound), and the exact check
+# on those instances fails from the first one. (With the 3 s timeouts of FAST_SETTINGS, issue 7 reports 12 of 30 with
+# resumption and 24 without: the Supervisor masked the difference.)
+MAX_SECOND_ATTEMPTS = 2
 
 
 def _short_locks(work: Path) -> Path:
@@ -38,14 +56,11 @@ def _short_locks(work: Path) -> Path:
 def crash_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
     work = tmp_path_factory.mktemp("crash")
     config = SystemConfig(work_dir=work, seed=11, latency_ms_mean=40.0, servicebus_config=_short_locks(work),
-                          settings={**FAST_SETTINGS, "FailureThreshold": "10"})
-    system = LocalSystem(config).start()
-    client = Client(system)
-    try:
+                          settings={**FAST_SETTINGS, "FailureThreshold": "10",
+                                    "StepTimeoutSeconds": CRASH_TIMEOUT_SECONDS,
+                                    "ClaimLeaseSeconds": CRASH_TIMEOUT_SECONDS})
+    with running_client(config) as client:
         yield client
-    finally:
-        client.close()
-        system.stop()
 
 
 def _applied(client: Client) -> int:
@@ -56,18 +71,31 @@ def _terminal(client: Client, order_id: str) -> bool:
     return any(s.state in TERMINAL_STATUSES for s in client.statuses(order_id))
 
 
+def _unfinished_activities(client: Client) -> set[str]:
+    """Instances whose activity work items devhost had persisted and not finished when it was killed
+    (devhost/durable/store.py, table `work`: a work item is removed with the commit of its result)."""
+    path = client.system.config.work_dir / "devhost" / "durable.db"
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        return {row[0] for row in db.execute("SELECT DISTINCT instance_id FROM work")}
+
+
+@pytest.mark.slow
 def test_kill_9_of_devhost_and_agent_mid_burst_loses_and_duplicates_nothing(crash_client: Client) -> None:
     client = crash_client
     system = client.system
     order_ids = [new_order_id("crash") for _ in range(ORDERS)]
     for order_id in order_ids:
         client.submit(make_order(order_id))
-    # Kill once some remote side effects happened (one cheap read of the simulator's ledger), far from all 90.
-    wait_until(lambda: _applied(client) >= 10, timeout=60, what="work under way")
+    # Kill once some remote side effects happened (one cheap read of the simulator's ledger), far from all 90, and
+    # while devhost holds unfinished activity work items: those instances can only go on through resumption.
+    wait_until(lambda: _applied(client) >= 10 and len(_unfinished_activities(client)) >= 3, timeout=60,
+               what="work under way, with activities in flight")
     assert system.devhost and system.agent
     system.devhost.kill()
     system.agent.kill()
     assert _applied(client) < ORDERS * len(STEPS), "every order finished before the crash: the test proves nothing"
+    unfinished = _unfinished_activities(client)
+    assert unfinished, "no activity was in flight at the kill: the test proves nothing about resumption"
 
     system.start_devhost()
     system.start_agent()
@@ -79,3 +107,9 @@ def test_kill_9_of_devhost_and_agent_mid_burst_loses_and_duplicates_nothing(cras
         assert [s.state for s in client.statuses(order_id)].count(OrderStatus.COMPLETED) >= 1
         effects = client.effects(order_id)
         assert effects == {step.value: 1 for step in STEPS}, (order_id, effects)
+
+    # In-flight orders finish through Durable resumption, not through the Supervisor's second attempt.
+    attempts = {o: r.attempt for o in order_ids if (r := client.state(o)) is not None}
+    retried_after_resume = sorted(i for i in unfinished if attempts[i.rsplit(":", 1)[0]] > 1)
+    assert retried_after_resume == [], (retried_after_resume, Counter(attempts.values()))
+    assert sum(1 for a in attempts.values() if a > 1) <= MAX_SECOND_ATTEMPTS, Counter(attempts.values())

@@ -39,7 +39,7 @@ async def shout(text: str) -> str:
 
 
 @app.activity_trigger(input_name="request")
-def flaky(request: dict[str, Any]) -> dict[str, Any]:
+def flaky(request: dict) -> dict[str, Any]:
     """Fails until it has been called more than `fail_times` times for `key`."""
     key = request["key"]
     ATTEMPTS[key] = ATTEMPTS.get(key, 0) + 1
@@ -140,6 +140,23 @@ def retrying_pair(context: df.DurableOrchestrationContext):
     plain = context.call_activity("say_hello", "pair")
     results = yield context.task_all([first, second, plain])
     return [results[0]["attempts"], results[1]["attempts"], results[2]]
+
+
+@app.orchestration_trigger(context_name="context")
+def flaky_child(context: df.DurableOrchestrationContext):
+    """A sub-orchestration that fails while its `flaky` activity does (the activity keeps the attempt count, so the
+    orchestrator itself stays deterministic)."""
+    return (yield context.call_activity("flaky", context.get_input()))
+
+
+@app.orchestration_trigger(context_name="context")
+def retrying_parent(context: df.DurableOrchestrationContext):
+    """Calls flaky_child with CallSubOrchestratorWithRetry; does not catch, so exhausted retries fail it."""
+    spec = context.get_input()
+    options = df.RetryOptions(
+        first_retry_interval_in_milliseconds=spec["interval_ms"], max_number_of_attempts=spec["max_attempts"]
+    )
+    return (yield context.call_sub_orchestrator_with_retry("flaky_child", options, spec))
 
 
 @app.orchestration_trigger(context_name="context")
