@@ -77,6 +77,22 @@ async def test_event_before_timer_wins_through_http(hub: Hub) -> None:
     assert status["output"] == "approved:yes"
 
 
+@pytest.mark.parametrize(("body", "received"), [
+    ('{"by": "ann"}', "approved:{'by': 'ann'}"),  # an object token stays an object: the orchestrator gets a dict
+    ('"{\\"by\\": \\"ann\\"}"', 'approved:{"by": "ann"}'),  # a string token stays a string, JSON inside or not
+    ("[1, 2]", "approved:[1, 2]"),
+])
+async def test_a_raised_event_is_the_posted_json_token_as_it_is(hub: Hub, body: str, received: str) -> None:
+    """Conformance: HttpApiHandler.HandleRaiseEventRequestAsync (Azure/azure-functions-durable-extension) parses the
+    body with `JToken.Parse` and raises that token; nothing unwraps a string that holds JSON. The Python client's
+    `raise_event` posts such a string (`json.dumps(data)` through aiohttp's `json=`), hence #295."""
+    instance_id = await hub.client.start_new("approval", new_id("tok"), {"timeout": 30})
+    await started_waiting(hub, instance_id)
+    assert await raise_http(hub, instance_id, "Approval", body) == 202
+    status = await hub.wait(instance_id)
+    assert status["output"] == received
+
+
 async def test_timer_before_event_then_a_late_raise_is_gone(hub: Hub) -> None:
     instance_id = await hub.client.start_new("approval", new_id("late"), {"timeout": 0.2})
     status = await hub.wait(instance_id)
