@@ -6,6 +6,8 @@ releases the session when it has been idle for `receive_wait_ms`, so one order n
 (seed 002, Sequential Convoy: FIFO per session, parallel across sessions). The session lock is renewed while
 a slot holds it: for a session queue the message lock *is* the session lock (Service Bus docs, "Message
 sessions": "the lock on the session is held ... messages in a session are locked by the session lock").
+`agent-requests` has a 5 s LockDuration so that an Agent killed while it holds an order's session blocks that
+order for at most 5 s (`orderflow/session_locks.py`); the live Agent renews every 2.5 s.
 
 Written against the azure-servicebus aio API only (the client comes by injection), so the same code runs on
 Azure Service Bus and on the embedded broker. A bus failure while handling a request abandons it and the
@@ -24,6 +26,7 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
+from datetime import datetime
 from typing import Any
 
 import aiohttp
@@ -34,13 +37,14 @@ from agent.config import AgentConfig
 from agent.handler import Outbox, RequestHandler
 from agent.remote import HttpRemoteCaller, RemoteCaller
 from agent.retry import Clock, SystemClock
+from orderflow.session_locks import MIN_LOCK_DURATION, renew_delay
 
 SESSION_ACCEPT_WAIT_SECONDS = 10.0
 log = logging.getLogger("agent")
 
 BATCH_SIZE = 10
 ERROR_PAUSE_SECONDS = 1.0
-DEFAULT_RENEW_SECONDS = 10.0
+RENEW_RETRY_SECONDS = 0.2  # pause before retrying a failed renewal (the lock is still valid)
 
 
 class AgentWorker:
@@ -139,17 +143,34 @@ class AgentWorker:
                 self._busy.discard(task)
 
     async def _keep_session_locked(self, receiver: Any) -> None:
-        """Renew the session lock at half its remaining time while the slot holds the session."""
+        """Renew the session lock while the slot holds the session: at half its remaining time, so a renewal is
+        never later than the expiry (`orderflow.session_locks.renew_delay`). With the 5 s LockDuration of
+        `agent-requests` that is every 2.5 s. A failed renewal is retried while the lock is still valid; once the
+        lock is lost (SessionLockLostError, or its expiry passed) renewing stops, and the slot's next receive or
+        settlement raises SessionLockLostError, which ends the session (the request is redelivered; its
+        idempotency key absorbs the repeat)."""
         session = receiver.session
+        expires = getattr(session, "locked_until_utc", None) or self._clock.now() + MIN_LOCK_DURATION
+        delay = renew_delay((expires - self._clock.now()).total_seconds())
         while True:
-            until = getattr(session, "locked_until_utc", None)
-            left = (until - self._clock.now()).total_seconds() if until else 2 * DEFAULT_RENEW_SECONDS
-            await self._clock.sleep(max(0.5, left / 2))
-            try:
-                await session.renew_lock()
-            except Exception:  # noqa: BLE001 - settling will report the lost lock; stop renewing
-                log.warning("could not renew the lock of session %s", getattr(session, "session_id", "?"))
+            await self._clock.sleep(delay)
+            if self._clock.now() >= expires:
+                log.warning("could not renew the lock of session %s before it expired",
+                            getattr(session, "session_id", "?"))
                 return
+            try:
+                renewed = await session.renew_lock()
+            except SessionLockLostError:
+                log.warning("lost the lock of session %s", getattr(session, "session_id", "?"))
+                return
+            except Exception as exc:  # noqa: BLE001 - a transient failure: retry while the lock lasts
+                log.warning("renewing the lock of session %s failed, retrying: %s",
+                            getattr(session, "session_id", "?"), exc)
+                delay = RENEW_RETRY_SECONDS
+                continue
+            fallback = renewed if isinstance(renewed, datetime) else self._clock.now() + MIN_LOCK_DURATION
+            expires = getattr(session, "locked_until_utc", None) or fallback
+            delay = renew_delay((expires - self._clock.now()).total_seconds())
 
 
 async def _abandon_all(receiver: Any, messages: Sequence[Any]) -> None:

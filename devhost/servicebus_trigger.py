@@ -9,7 +9,13 @@ Semantics copied from the Functions Service Bus extension
 - sessions: one session is locked by one consumer at a time and its messages are processed one after another (FIFO);
   up to `maxConcurrentSessions` sessions at once; a session is released after `sessionIdleTimeout` without messages;
 - without sessions, up to `maxConcurrentCalls` messages at once;
-- the message lock is renewed while the function runs, up to `maxAutoLockRenewalDuration`.
+- locks are renewed up to `maxAutoLockRenewalDuration`, at half their remaining time (at once below 0.4 s): without
+  sessions the message lock, from when the message is received until it is settled (ReceiverManager
+  `RenewMessageLock`); with sessions the session lock, from when the session is accepted until it is released,
+  also while the consumer waits for the session's next message (SessionReceiverManager `RenewSessionLock`, started
+  by `CreateAndInitializeSessionReceiver`, cancelled after `MaxAutoLockRenewalDuration`; Azure.Messaging.ServiceBus
+  in azure-sdk-for-net, which the extension's processors are). With the 5 s LockDuration of `agent-replies`
+  (orderflow/session_locks.py) a held session would otherwise be lost between two messages.
 """
 
 from __future__ import annotations
@@ -20,13 +26,20 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import azure.functions as func
 from azure.functions.meta import Datum
 from azure.functions.servicebus import ServiceBusMessageInConverter
 from azure.servicebus import NEXT_AVAILABLE_SESSION
-from azure.servicebus.exceptions import OperationTimeoutError, ServiceBusError
+from azure.servicebus.exceptions import (
+    MessageLockLostError,
+    OperationTimeoutError,
+    ServiceBusError,
+    SessionLockLostError,
+)
+
+from orderflow.session_locks import MIN_LOCK_DURATION, renew_delay
 
 from .config import ServiceBusOptions
 
@@ -35,6 +48,23 @@ log = logging.getLogger("devhost.servicebus")
 # How long one receive call waits before the loop re-checks for shutdown. The wait itself is woken by the broker's
 # notification, so this bound costs nothing while idle.
 RECEIVE_WAIT_S = 30.0
+RENEW_RETRY_S = 0.2  # pause before retrying a failed renewal while the lock is still valid
+
+
+class Clock(Protocol):
+    """Time for lock renewal (injectable, so tests move time instead of waiting)."""
+
+    def now(self) -> datetime: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
 
 
 def _text(value: Any) -> Datum | None:
@@ -93,7 +123,7 @@ class ServiceBusTriggerRunner:
     def __init__(self, name: str, queue: str, *, client: Any, sessions: bool, auto_complete: bool,
                  options: ServiceBusOptions, invoke: Callable[[Delivery], Awaitable[None]],
                  on_delivery: Callable[[Delivery], None] | None = None,
-                 on_done: Callable[[Delivery], None] | None = None) -> None:
+                 on_done: Callable[[Delivery], None] | None = None, clock: Clock | None = None) -> None:
         self.name = name
         self.queue = queue
         self.client = client
@@ -103,6 +133,7 @@ class ServiceBusTriggerRunner:
         self._invoke = invoke
         self._on_delivery = on_delivery or (lambda d: None)
         self._on_done = on_done or (lambda d: None)
+        self.clock: Clock = clock or SystemClock()
         self.processed = 0
         self.failed = 0
 
@@ -136,13 +167,21 @@ class ServiceBusTriggerRunner:
                 receiver = self.client.get_queue_receiver(self.queue, session_id=NEXT_AVAILABLE_SESSION,
                                                           max_wait_time=RECEIVE_WAIT_S)
                 async with receiver:
-                    while not stop.is_set():
-                        batch = await receiver.receive_messages(
-                            max_message_count=1, max_wait_time=self.options.session_idle_timeout_s)
-                        if not batch:
-                            break  # session idle: release it so other consumers can take it
-                        for msg in batch:
-                            await self._handle(receiver, msg)
+                    # The session lock is renewed for as long as the session is held, idle waits included.
+                    session = receiver.session
+                    renewer = asyncio.create_task(
+                        self._renew_until(session.renew_lock, lambda s=session: s.locked_until_utc))
+                    try:
+                        while not stop.is_set():
+                            batch = await receiver.receive_messages(
+                                max_message_count=1, max_wait_time=self.options.session_idle_timeout_s)
+                            if not batch:
+                                break  # session idle: release it so other consumers can take it
+                            for msg in batch:
+                                await self._handle(receiver, msg)
+                    finally:
+                        renewer.cancel()
+                        await asyncio.gather(renewer, return_exceptions=True)
             except OperationTimeoutError:
                 continue  # no session with messages within the wait: try again
             except asyncio.CancelledError:
@@ -154,7 +193,10 @@ class ServiceBusTriggerRunner:
     async def _handle(self, receiver: Any, msg: Any) -> None:
         delivery = Delivery(message=msg, receiver=receiver)
         self._on_delivery(delivery)
-        renewer = asyncio.create_task(self._renew_locks(receiver, msg))
+        # Without sessions the message's own lock is renewed while the function has it; a session's messages are
+        # locked by the session lock, which `_session_loop` renews.
+        renewer = None if self.sessions else asyncio.create_task(
+            self._renew_until(lambda: receiver.renew_message_lock(msg), lambda: msg.locked_until_utc))
         try:
             await self._invoke(delivery)
         except Exception as exc:
@@ -168,7 +210,8 @@ class ServiceBusTriggerRunner:
             if self.auto_complete and not delivery.settled:
                 await self._settle(receiver.complete_message, msg)
         finally:
-            renewer.cancel()
+            if renewer is not None:
+                renewer.cancel()
             self._on_done(delivery)
 
     async def _settle(self, action: Callable[[Any], Awaitable[None]], msg: Any) -> None:
@@ -177,21 +220,29 @@ class ServiceBusTriggerRunner:
         except ServiceBusError as exc:  # lock lost: the broker redelivers; at-least-once
             log.warning("could not settle message %s on %s: %s", msg.message_id, self.queue, exc)
 
-    async def _renew_locks(self, receiver: Any, msg: Any) -> None:
-        started = datetime.now(UTC)
+    async def _renew_until(self, renew: Callable[[], Awaitable[Any]],
+                           locked_until: Callable[[], datetime | None]) -> None:
+        """Renew a lock at half its remaining time (`renew_delay`) until cancelled, for at most
+        maxAutoLockRenewalDuration; a failed renewal is retried while the lock is still valid, and renewing stops
+        once it is lost (the settlement or the next receive then reports the lost lock, and the broker
+        redelivers: at-least-once)."""
+        clock = self.clock
+        started = clock.now()
+        expires = locked_until() or started + MIN_LOCK_DURATION
+        delay = renew_delay((expires - started).total_seconds())
         while True:
-            locked_until = getattr(msg, "locked_until_utc", None) or (
-                receiver.session.locked_until_utc if self.sessions else None)
-            if locked_until is None:
-                return
-            remaining = (locked_until - datetime.now(UTC)).total_seconds()
-            await asyncio.sleep(max(0.05, remaining / 2))
-            if (datetime.now(UTC) - started).total_seconds() > self.options.max_auto_lock_renewal_s:
+            await clock.sleep(delay)
+            now = clock.now()
+            if now >= expires or (now - started).total_seconds() >= self.options.max_auto_lock_renewal_s:
                 return
             try:
-                if self.sessions:
-                    await receiver.session.renew_lock()
-                else:
-                    await receiver.renew_message_lock(msg)
-            except ServiceBusError:
+                renewed = await renew()
+            except (MessageLockLostError, SessionLockLostError):
                 return
+            except ServiceBusError as exc:
+                log.warning("renewing a lock on %s failed, retrying: %s", self.queue, exc)
+                delay = RENEW_RETRY_S
+                continue
+            fallback = renewed if isinstance(renewed, datetime) else clock.now() + MIN_LOCK_DURATION
+            expires = locked_until() or fallback
+            delay = renew_delay((expires - clock.now()).total_seconds())

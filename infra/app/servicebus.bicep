@@ -14,9 +14,14 @@ param statusQueueNames array
 param logAnalyticsWorkspaceId string
 
 // Queue properties: the same values as servicebus.config.json, which the embedded broker runs locally (a test keeps
-// the two equal). Common to every queue: a 1-minute peek lock (the host and the Agent renew it while they work) and
-// a 10-minute duplicate-detection window on MessageId.
+// the two equal). Common to every queue: a 10-minute duplicate-detection window on MessageId, and a 1-minute peek lock
+// (the host and the Agent renew it while they work) except on the Agent queues (below).
 var lockDuration = 'PT1M'
+// The Agent queues lock for 5 s, the Service Bus minimum: a consumer that dies holding an order's session (SessionId
+// = orderId) blocks that order's requests or replies only until its lock expires, and 5 s + 5 s stay well inside
+// one step (StepTimeoutSeconds), so a crash never costs the order an attempt (orderflow/session_locks.py; checked by
+// tests/infra/test_crash_budget.py). Live consumers renew every 2.5 s.
+var agentLockDuration = 'PT5S'
 var duplicateDetectionWindow = 'PT10M'
 
 // The pattern's queues carry one order per session (SessionId = orderId: FIFO per order, Sequential Convoy) and a
@@ -35,7 +40,7 @@ var patternQueue = {
 // Orders wait up to 14 days (an outage of the app must not lose them); requests and replies are stale after a day
 // (each step's CompleteBy is minutes; the Supervisor recovers the order).
 var ordersQueueProperties = union(patternQueue, { defaultMessageTimeToLive: 'P14D' })
-var agentQueueProperties = union(patternQueue, { defaultMessageTimeToLive: 'P1D' })
+var agentQueueProperties = union(patternQueue, { defaultMessageTimeToLive: 'P1D', lockDuration: agentLockDuration })
 
 // Operator alerts: not per order (no sessions); kept 14 days; dead-lettered on expiry so an unread alert stays.
 var operatorAlertsQueueProperties = {
