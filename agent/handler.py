@@ -13,8 +13,8 @@
 Crash anywhere before `complete` and the request is redelivered: the remote service absorbs the repeated
 call (same idempotency key → same result, no new effect) and Service Bus duplicate detection absorbs the
 repeated reply (same MessageId). The alert is sent before the dead-letter for the same reason: its MessageId
-is stable too (`PoisonMessage:<queue>:<request MessageId>`; `OperatorAlert.message_id()` keys by
-order and reason only, which would swallow a second poison request of the same order within the window).
+is stable too (`OperatorAlert.message_id()` hashes the kind, the reason and the exact queue, MessageId,
+SessionId and SequenceNumber of the request), and differs for any other poisoned request.
 
 When the deadline passes with no answer, the Agent sends a *failed* reply (errorCode DeadlineExceeded,
 permanent = false) rather than none. Why: (1) the request must be settled either way, and a reply is the
@@ -153,17 +153,13 @@ class RequestHandler:
 
     async def _dead_letter(self, receiver: Settler, message: Any, poison: InvalidMessage) -> None:
         alert = self.poison_alert(message, poison)
-        await self._outbox.alerts.send_messages(alert_message(alert, self._alert_id(message)))
+        await self._outbox.alerts.send_messages(alert_message(alert))
         await receiver.dead_letter_message(
             message,
             reason=poison.reason[:DEAD_LETTER_REASON_MAX],
             error_description=poison.description[:DEAD_LETTER_REASON_MAX],
         )
         log.warning("request %s dead-lettered: %s", message.message_id, poison)
-
-    def _alert_id(self, message: Any) -> str:
-        """Stable per poisoned message (a redelivery re-sends the same id), distinct across messages."""
-        return f"{AlertKind.POISON_MESSAGE.value}:{self._outbox.requests_queue}:{message.message_id}"[:128]
 
     def poison_alert(self, message: Any, poison: InvalidMessage) -> OperatorAlert:
         return OperatorAlert(
@@ -173,6 +169,8 @@ class RequestHandler:
             details={
                 "queue": self._outbox.requests_queue,
                 "messageId": message.message_id,
+                "sessionId": message.session_id,
+                "sequenceNumber": getattr(message, "sequence_number", None),
                 "description": poison.description,
                 "source": "agent",
             },
@@ -190,10 +188,10 @@ def reply_message(reply: AgentReply) -> ServiceBusMessage:
     )
 
 
-def alert_message(alert: OperatorAlert, message_id: str | None = None) -> ServiceBusMessage:
+def alert_message(alert: OperatorAlert) -> ServiceBusMessage:
     return ServiceBusMessage(
         alert.to_json(),
-        message_id=message_id or alert.message_id(),
+        message_id=alert.message_id(),
         content_type="application/json",
         subject=alert.type,
     )

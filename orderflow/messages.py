@@ -263,4 +263,19 @@ class OperatorAlert(_Model):
     raised_at: datetime = Field(alias="raisedAt")
 
     def message_id(self) -> str:
-        return f"{self.kind.value}:{self.order_id}:{self.reason}"[:128]
+        """`<kind>:<sha256 of what the alert is about>`: the same for a repeat of the same alert (a redelivered
+        message, the Supervisor's sweep re-sending an owed alert), different for any other message or order.
+
+        What it is about: the kind, the reason, the order and, from `details`, the source message (`queue`,
+        `messageId`, `sessionId`, `sequenceNumber`, exact, whatever characters they hold) and the `attempt`. Free
+        text (`description`, `error`) is left out, so a reworded description does not make a repeat look new. At most
+        23 + 1 + 64 characters, inside Service Bus's 128.
+        """
+        about = [self.kind.value, self.reason, self.order_id,
+                 *(self.details.get(key) for key in ALERT_IDENTITY_DETAILS)]
+        canonical = json.dumps(about, separators=(",", ":"), default=str)
+        return f"{self.kind.value}:{hashlib.sha256(canonical.encode()).hexdigest()}"
+
+
+# The `details` keys that say which message or attempt an alert is about (OperatorAlert.message_id).
+ALERT_IDENTITY_DETAILS = ("queue", "messageId", "sessionId", "sequenceNumber", "attempt")

@@ -34,11 +34,31 @@ async def send_status(bus: Any, queue: str, *, order_id: str, state: OrderStatus
     return status
 
 
+def about_message(queue: str, message_id: object, session_id: object, sequence_number: object) -> dict[str, Any]:
+    """The `details` that name the message an alert is about: its queue, MessageId, SessionId and SequenceNumber, as
+    the trigger received them, whole (JSON escapes a NUL or any other control character; nothing here cuts them).
+
+    A dead-lettered message keeps its SequenceNumber, so it matches the alert even where a binding could not hand the
+    function the whole MessageId/SessionId (README, Messages: the SDK-type binding's decoder stops at a NUL).
+    """
+    return {
+        "queue": queue,
+        "messageId": None if message_id is None else str(message_id),
+        "sessionId": None if session_id is None else str(session_id),
+        "sequenceNumber": None if sequence_number is None else int(str(sequence_number)),
+    }
+
+
 async def raise_alert(bus: Any, queue: str, *, kind: AlertKind, order_id: str | None, reason: str, now: datetime,
                       details: dict[str, Any] | None = None) -> OperatorAlert:
-    """Raise an operator alert: a log record at ERROR, a metric, and a message on the operator-alerts queue."""
+    """Raise an operator alert: a log record at ERROR, a metric, and a message on the operator-alerts queue.
+
+    The alert's MessageId is `OperatorAlert.message_id()`: one per source message (or order attempt) and reason, the
+    same when a redelivery raises it again.
+    """
     alert = OperatorAlert(kind=kind, order_id=order_id, reason=reason, raised_at=now, details=details or {})
-    log.error("operator alert %s for order %s: %s", kind.value, order_id, reason,
+    # %r: an id from a message may hold control characters (a NUL, a newline); repr keeps them whole and visible.
+    log.error("operator alert %s for order %r: %s", kind.value, order_id, reason,
               extra={"alert_kind": kind.value, "order_id": order_id})
     telemetry.count_alert(kind.value)
     await _send(bus, queue, alert.to_json(), message_id=alert.message_id(), session_id=None, subject="OperatorAlert")

@@ -10,9 +10,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from orderflow.messages import AlertKind, InvalidMessage, OrderStatus, SubmitOrder, parse_submit_order
-from orderflow.outbound import raise_alert, send_status
+from orderflow.outbound import about_message, raise_alert, send_status
 from orderflow.records import OrderRecord, OrderStateRecord
 from orderflow.runtime import Services
 
@@ -48,10 +49,11 @@ def check_routing(order: SubmitOrder, session_id: str | None, services: Services
 
 
 async def submit(services: Services, body: bytes, session_id: str | None,
-                 message_id: str | None = None) -> Accepted | Rejected:
+                 message_id: str | None = None, sequence_number: int | None = None) -> Accepted | Rejected:
     """Validate and store one order. The caller settles the message: complete on Accepted, dead-letter on Rejected.
-    Alerts name the message (MessageId, SessionId) and, when the body parsed, the order."""
-    where = {"messageId": message_id, "sessionId": session_id}
+    Alerts name the message (queue, MessageId, SessionId, SequenceNumber, whole) and, when the body parsed, the
+    order."""
+    where = about_message(services.tunables.orders_queue, message_id, session_id, sequence_number)
     try:
         order = parse_submit_order(body)
     except InvalidMessage as exc:
@@ -80,7 +82,7 @@ async def submit(services: Services, body: bytes, session_id: str | None,
 
 
 async def _reject(services: Services, reason: str, description: str, *, order_id: str | None,
-                  kind: AlertKind, where: dict[str, str | None]) -> Rejected:
+                  kind: AlertKind, where: dict[str, Any]) -> Rejected:
     await raise_alert(services.bus, services.tunables.alerts_queue, kind=kind, order_id=order_id, reason=reason,
                       now=services.clock.now(), details={"description": description, **where})
     return Rejected(reason=reason, description=description, order_id=order_id)

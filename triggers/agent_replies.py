@@ -1,9 +1,17 @@
 """Agent replies trigger: agent-replies (sessions) → `raise_event` to the named Scheduler instance.
 
-The event name is stable per step (`AgentReply:<step>`). An unknown or completed instance (the Durable HTTP API's 404
-or 410, raised by the client as an exception) means a late reply — for example attempt 1 answering after the
-Supervisor started attempt 2 — and is logged and completed, never retried in a loop. A reply that is not valid JSON
-of the AgentReply schema is a poison message: an operator alert, then completed.
+The event name is stable per step (`AgentReply:<step>`). Every reply ends in exactly one of three ways:
+
+- **Raised** (the Durable HTTP API answers 202).
+- **Completed without raising**, because it can never be used: the message is completed (never retried into the
+  dead-letter queue) and an operator alert names the field (`orderflow.replies.check_reply`): a body that is not an
+  AgentReply (`InvalidAgentReply:<field>`), an `instanceId` that breaks the Durable instance-id rules or is not
+  `<orderId>:<attempt>` of the reply (`InvalidAgentReply:instanceId`, checked before any HTTP call), a SessionId that
+  is not the reply's order (`InvalidAgentReply:sessionId`), or a raise the extension refuses for good (400:
+  `RaiseEventRejected:400`). An unknown or completed instance (404 / 410) is a late reply — for example attempt 1
+  answering after the Supervisor started attempt 2 — and is logged and completed without an alert.
+- **Retried** (the function raises; the message is redelivered): only a failure that may pass — the host
+  unreachable, a timeout, a 5xx, 408 or 429 — or an answer whose status the client could not read.
 """
 
 from __future__ import annotations
@@ -12,18 +20,15 @@ import logging
 
 import azure.durable_functions as df
 import azure.functions as func
-from pydantic import ValidationError
 
 from orderflow import function_names as fn
-from orderflow.messages import AgentReply, AlertKind, reply_event_name
-from orderflow.outbound import raise_alert
+from orderflow.messages import AlertKind, reply_event_name
+from orderflow.outbound import about_message, raise_alert
+from orderflow.replies import RaiseOutcome, UnusableReply, check_reply, classify_raise_error
 from orderflow.runtime import get_services
 
 bp = df.Blueprint()
 log = logging.getLogger("orderflow.agent_replies")
-
-# The real client's messages for 410 and 404 (azure/durable_functions/models/DurableOrchestrationClient.py raise_event).
-LATE_REPLY_MARKERS = ("is gone: either completed or failed", "No instance with ID")
 
 
 @bp.function_name(fn.AGENT_REPLIES)
@@ -32,17 +37,30 @@ LATE_REPLY_MARKERS = ("is gone: either completed or failed", "No instance with I
 @bp.durable_client_input(client_name="client")
 async def agent_replies(message: func.ServiceBusMessage, client: df.DurableOrchestrationClient) -> None:
     try:
-        reply = AgentReply.model_validate_json(message.get_body())
-    except ValidationError as exc:
+        reply = check_reply(message.get_body(), message.session_id)
+        await raise_event_outcome(client, reply.instance_id, reply_event_name(reply.step.value), reply.to_dict())
+    except UnusableReply as unusable:
         services = await get_services()
+        where = about_message(services.tunables.agent_replies_queue, message.message_id, message.session_id,
+                              message.sequence_number)
+        log.warning("agent reply %r completed without raising: %s: %s", message.message_id, unusable.reason,
+                    unusable.description)
         await raise_alert(services.bus, services.tunables.alerts_queue, kind=AlertKind.POISON_MESSAGE,
-                          order_id=message.session_id, reason="InvalidAgentReply", now=services.clock.now(),
-                          details={"messageId": message.message_id, "error": str(exc.errors()[0])})
-        return
+                          order_id=message.session_id, reason=unusable.reason, now=services.clock.now(),
+                          details={"description": unusable.description, **where})
+
+
+async def raise_event_outcome(client: df.DurableOrchestrationClient, instance_id: str, event_name: str,
+                              data: object) -> RaiseOutcome:
+    """Raise the event through the real client and say how it ended (raised or late); raise UnusableReply for an
+    answer that can never succeed, and re-raise everything that may pass on a redelivery."""
     try:
-        await client.raise_event(reply.instance_id, reply_event_name(reply.step.value), reply.to_dict())
-    except Exception as exc:  # the client raises a plain Exception for 404/410
-        if any(marker in str(exc) for marker in LATE_REPLY_MARKERS):
-            log.info("late reply for %s step %s ignored: %s", reply.instance_id, reply.step.value, exc)
-            return
-        raise
+        await client.raise_event(instance_id, event_name, data)
+    except Exception as exc:  # the client raises a plain Exception per status (see classify_raise_error)
+        outcome = classify_raise_error(exc)  # raises UnusableReply for an answer that can never succeed
+        if outcome is RaiseOutcome.LATE:
+            log.info("late reply for %r (%s) ignored: %s", instance_id, event_name, exc)
+            return outcome
+        raise  # RaiseOutcome.TRANSIENT: the message is redelivered
+    return RaiseOutcome.RAISED
+

@@ -35,7 +35,10 @@ async def submission(message: servicebus.ServiceBusReceivedMessage,
     services = await get_services()
     body = b"".join(message.body)
     try:
-        outcome = await submit(services, body, message.session_id, str(message.message_id))
+        # MessageId/SessionId as the binding decoded them, and the SequenceNumber (exact: the dead-lettered message
+        # keeps it) for the alert. None stays None (str(None) would name a message "None").
+        message_id = None if message.message_id is None else str(message.message_id)
+        outcome = await submit(services, body, message.session_id, message_id, message.sequence_number)
     except Exception:
         await asyncio.to_thread(message_actions.abandon, message)
         raise

@@ -3,7 +3,8 @@ names).
 
 Routes, status codes and bodies follow the extension's HttpApiHandler.cs and the "HTTP API reference" page:
 start 202 (+Location) / 400 / 500 (an id still running); status 200 / 202 / 404; query 200 with
-x-ms-continuation-token; raiseEvent 202 / 400 / 404 / 410; terminate 202 / 404 / 410; purge 200 / 404 / 412.
+x-ms-continuation-token; raiseEvent 202 / 400 / 404 / 410; terminate 202 / 404 / 410; purge 200 / 404 / 412; any
+path or method no route takes, 404 with no body (HandleRequestAsync's last `CreateResponse(HttpStatusCode.NotFound)`).
 Entities, suspend/resume, rewind and restart answer 501 "not supported by devhost".
 """
 
@@ -39,6 +40,20 @@ CONTINUATION = "x-ms-continuation-token"
 def error(status: int, message: str) -> web.Response:
     """The extension's CreateErrorResponse body; the Python client reads ExceptionMessage on 400."""
     return web.json_response({"Message": message, "ExceptionMessage": message}, status=status)
+
+
+def exception_error(status: int, message: str, exception_type: str, exc: BaseException) -> web.Response:
+    """CreateErrorResponse(status, message, e) (HttpRequestMessageExtensions.cs): Message, ExceptionMessage,
+    ExceptionType, StackTrace."""
+    return web.json_response(
+        {
+            "Message": message,
+            "ExceptionMessage": str(exc),
+            "ExceptionType": exception_type,
+            "StackTrace": "   at devhost.durable.http_api (devhost has no .NET stack)",
+        },
+        status=status,
+    )
 
 
 def already_exists(exc: InstanceAlreadyExists) -> web.Response:
@@ -144,7 +159,8 @@ class DurableHttpApi:
         if row.status in TERMINAL:
             return web.Response(status=410)
         if request.content_type.lower() != "application/json":
-            return error(400, "Only application/json request content is supported")
+            # CreateErrorResponse(BadRequest, message) without an exception: the body is {"Message": ...} only.
+            return web.json_response({"Message": "Only application/json request content is supported"}, status=400)
         body = await request.text()
         try:
             json.loads(body or "null")
@@ -153,9 +169,18 @@ class DurableHttpApi:
             return web.Response(status=410)
         except InstanceNotFound:
             return web.Response(status=404)
-        except ValueError:
-            return error(400, "Invalid JSON content")
+        except ValueError as exc:
+            return exception_error(400, "Invalid JSON content", "Newtonsoft.Json.JsonReaderException", exc)
         return web.Response(status=202)
+
+    async def not_found(self, request: web.Request) -> web.StreamResponse:
+        """Every path (or method) no route of the extension takes: 404 with no body, as HandleRequestAsync's last
+        `return request.CreateResponse(HttpStatusCode.NotFound)` (no content). That covers an instance id with '/'
+        (an extra path segment), '?' or '#' (the client's URL ends the path there, leaving POST /instances/<id>),
+        '..' (the client's URL normalization leaves the instances/ segment) and an empty id (devhost answers 404:
+        no instance has an empty id; see docs/devhost.md). aiohttp's own answer would be a text/plain "404: Not
+        Found" or a 405, which the Python client fails to read as JSON (`response.json(content_type=None)`)."""
+        return web.Response(status=404)
 
     async def terminate(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -210,6 +235,8 @@ def add_routes(app: web.Application, engine: DurableEngine) -> None:
         ("POST", "/instances/{instanceId}/terminate", api.terminate),
         ("POST", "/instances/{instanceId}/{operation:suspend|resume|rewind|restart}", api.unsupported),
         ("*", "/entities/{tail:.*}", api.entities),
+        # Last: whatever no route above takes (an unknown path, or a known path with another method).
+        ("*", "/{tail:.*}", api.not_found),
     ]
     for method, path, handler in routes:
         app.router.add_route(method, prefix + path, handler)

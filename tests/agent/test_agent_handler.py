@@ -142,11 +142,27 @@ async def test_poison_request_is_dead_lettered_with_an_alert(
     alert = OperatorAlert.model_validate_json(alert_msg.raw)
     assert (alert.kind, alert.reason, alert.order_id) == ("PoisonMessage", reason, "order-1")
     assert alert.details["messageId"] == "poison-1" and alert.details["queue"] == REQUESTS
-    assert alert_msg.message_id == f"PoisonMessage:{REQUESTS}:poison-1"
+    assert alert.details["sessionId"] == msg.session_id  # the exact ids of the request the alert is about
+    assert alert_msg.message_id == alert.message_id()  # unique per source message (OperatorAlert.message_id)
     assert caller.calls == [] and bus.queue(REPLIES).active == []
     assert bus.events.index(f"send:{ALERTS}:{alert_msg.message_id}") < bus.events.index(
         f"dead-letter:{REQUESTS}:poison-1"
     )  # alert first: a crash in between re-sends it (deduplicated)
+
+
+async def test_two_poison_requests_of_one_order_raise_two_alerts(bus: FakeBus, clock: FakeClock) -> None:
+    """An alert's MessageId is unique per source message: operator-alerts could get duplicate detection one day,
+    and two poisoned requests of the same order with the same reason must then still raise two alerts."""
+    handler = handler_for(bus, clock, RecordingCaller([]))
+    await bus.send(REQUESTS, raw_message("{not json", message_id="poison-1"))
+    receiver, first_msg = await received(bus, raw_message("{not json", message_id="poison-2"))
+    [second_msg] = await receiver.receive_messages(1, 0.1)
+    for msg in (first_msg, second_msg):
+        assert await handler.handle(receiver, msg) is Disposition.DEAD_LETTERED
+    first, second = bus.queue(ALERTS).active
+    assert first.message_id != second.message_id
+    assert [OperatorAlert.model_validate_json(m.raw).details["messageId"] for m in (first, second)] == [
+        "poison-1", "poison-2"]
 
 
 async def test_request_in_another_session_is_poison(bus: FakeBus, clock: FakeClock) -> None:
