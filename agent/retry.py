@@ -16,28 +16,14 @@ Time comes from an injected `Clock`, so tests drive the loop without sleeping.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, Protocol
+from datetime import datetime
+from typing import Any
 
 from agent.errors import Classification, ErrorCode
 from agent.remote import CallResult, RemoteCaller
-
-
-class Clock(Protocol):
-    def now(self) -> datetime: ...
-
-    async def sleep(self, seconds: float) -> None: ...
-
-
-class SystemClock:
-    def now(self) -> datetime:
-        return datetime.now(UTC)
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
+from orderflow.clock import WaitingClock as Clock
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ from azure.servicebus.exceptions import OperationTimeoutError, SessionLockLostEr
 from agent.config import AgentConfig
 from agent.handler import Outbox, RequestHandler
 from agent.remote import HttpRemoteCaller, RemoteCaller
-from agent.retry import Clock, SystemClock
+from orderflow.clock import SystemClock
+from orderflow.clock import WaitingClock as Clock
 from orderflow.session_locks import MIN_LOCK_DURATION, renew_delay
 
 SESSION_ACCEPT_WAIT_SECONDS = 10.0

@@ -46,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
 
     from .client import add_commands  # noqa: PLC0415
     add_commands(sub)
+    from .drill import add_command as add_drill  # noqa: PLC0415
+    add_drill(sub)
     return p
 
 
@@ -78,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from .demo import run_demo  # noqa: PLC0415
         return run_demo(args)
+    if args.command == "drill":
+        from .drill import run_drill_command  # noqa: PLC0415
+        return run_drill_command(args)
     if args.command in ("submit", "queues"):
         from . import client  # noqa: PLC0415
         return client.submit(args) if args.command == "submit" else client.queues(args)

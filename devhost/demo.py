@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -31,11 +34,12 @@ from orderflow.messages import TERMINAL_STATUSES, StatusMessage, SubmitOrder
 from .system import ROOT, LocalSystem, SystemConfig
 
 
-def make_orders(count: int, seed: int, reply_to: str) -> list[SubmitOrder]:
+def make_orders(count: int, seed: int, reply_to: str, prefix: str = "demo") -> list[SubmitOrder]:
     rng = random.Random(seed)
     now = datetime.now(UTC)
     return [SubmitOrder(
-        orderId=f"demo-{seed}-{i:05d}", replyTo=reply_to, customer={"id": f"c-{rng.randrange(1000)}", "name": "Demo"},
+        orderId=f"{prefix}-{seed}-{i:05d}", replyTo=reply_to,
+        customer={"id": f"c-{rng.randrange(1000)}", "name": "Demo"},
         items=[{"sku": f"SKU-{rng.randrange(100):03d}", "quantity": rng.randint(1, 5),
                 "unitPrice": Decimal(rng.randrange(100, 10000)) / 100} for _ in range(rng.randint(1, 3))],
         currency="EUR", submittedAt=now) for i in range(count)]
@@ -51,8 +55,13 @@ class ClientApp:
     sent_at: dict[str, float] = field(default_factory=dict)
     statuses: dict[str, list[StatusMessage]] = field(default_factory=dict)
     terminal_at: dict[str, float] = field(default_factory=dict)
+    # Set when every submitted order has its terminal status (what `wait_terminal` and the drills wait on).
+    all_terminal: asyncio.Event = field(default_factory=asyncio.Event)
+    _expected: set[str] = field(default_factory=set)
 
     async def submit(self, orders: list[SubmitOrder]) -> None:
+        self._expected.update(o.order_id for o in orders)
+        self.all_terminal.clear()
         async with self.bus.get_queue_sender(self.orders_queue) as sender:
             for chunk in range(0, len(orders), 50):
                 batch = orders[chunk:chunk + 50]
@@ -86,6 +95,46 @@ class ClientApp:
         self.statuses.setdefault(status.order_id, []).append(status)
         if status.state in TERMINAL_STATUSES and status.order_id not in self.terminal_at:
             self.terminal_at[status.order_id] = time.monotonic()
+            if self._expected and self._expected.issubset(self.terminal_at):
+                self.all_terminal.set()
+
+    def lost(self, order_ids: list[str], missing_records: int) -> int:
+        """Submitted orders without a terminal status message, plus those without a state record."""
+        return sum(1 for o in order_ids if o not in self.terminal_at) + missing_records
+
+    def latencies_ms(self) -> list[float]:
+        return [(self.terminal_at[o] - self.sent_at[o]) * 1000 for o in self.terminal_at if o in self.sent_at]
+
+
+@asynccontextmanager
+async def client_app(system: LocalSystem) -> AsyncIterator[ClientApp]:
+    """A `ClientApp` on a started system's broker, listening on its reply queue until the block ends."""
+    from orderflow.bus.aio import from_connection_string  # noqa: PLC0415
+
+    env = system.env()
+    bus = from_connection_string(system.config.bus_connection)
+    client = ClientApp(bus, env.get("OrdersQueueName", "orders-inbound"), system.config.reply_queue)
+    stop = asyncio.Event()
+    listener = asyncio.create_task(client.listen(stop))
+    try:
+        yield client
+    finally:
+        stop.set()
+        await listener
+        await bus.close()
+
+
+async def wait_terminal(client: ClientApp, total: int, started: float, timeout: float, console: Console,
+                        transient: bool) -> None:
+    """A progress bar until every order has its terminal status or `timeout` seconds from `started`."""
+    with Progress(TextColumn("orders"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=transient) as progress:
+        bar = progress.add_task("orders", total=total)
+        while not client.all_terminal.is_set() and time.monotonic() - started < timeout:
+            progress.update(bar, completed=len(client.terminal_at))
+            with contextlib.suppress(TimeoutError):  # wakes on the event; the timeout only refreshes the display
+                await asyncio.wait_for(client.all_terminal.wait(), 0.25)
+        progress.update(bar, completed=len(client.terminal_at))
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -95,33 +144,48 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-async def _read_effects(url: str) -> dict[str, Any]:
+async def read_effects(system: LocalSystem) -> dict[str, Any]:
+    """The simulator's ledger (`GET /effects`): effects per order and step, duplicates, calls; {} if it is down."""
     import aiohttp  # noqa: PLC0415
 
-    async with aiohttp.ClientSession() as s, s.get(f"{url}/effects") as r:
+    if system.simulator is None or not system.simulator.url:
+        return {}
+    async with aiohttp.ClientSession() as s, s.get(f"{system.simulator.url}/effects") as r:
         return await r.json()  # type: ignore[no-any-return]
 
 
-async def _state_counts(env: dict[str, str], order_ids: list[str]) -> tuple[Counter[str], int, int, Counter[str]]:
+@dataclass
+class StateSummary:
+    """The state store's view of a set of orders at the end of a run."""
+
+    counts: Counter[str]  # by ProcessState value
+    missing: int  # orders without a state record
+    errors_without_reason: int
+    error_reasons: Counter[str]
+    attempts: dict[str, int]  # orderId -> the record's attempt
+    state_of: dict[str, str]  # orderId -> the record's ProcessState value
+
+
+async def read_states(env: dict[str, str], order_ids: list[str]) -> StateSummary:
     from orderflow.store import open_stores  # noqa: PLC0415
 
     stores = open_stores(env)
-    counts: Counter[str] = Counter()
-    reasons: Counter[str] = Counter()
-    missing = errors_without_reason = 0
+    summary = StateSummary(Counter(), 0, 0, Counter(), {}, {})
     for oid in order_ids:
         found = await stores.state.get(oid)
         if found is None:
-            missing += 1
+            summary.missing += 1
             continue
         rec = found[0]
-        counts[rec.process_state.value] += 1
+        summary.counts[rec.process_state.value] += 1
+        summary.attempts[oid] = rec.attempt
+        summary.state_of[oid] = rec.process_state.value
         if rec.process_state.value == "Error":
             if not rec.last_error:
-                errors_without_reason += 1
-            reasons[_reason_kind(rec.last_error or "")] += 1
+                summary.errors_without_reason += 1
+            summary.error_reasons[_reason_kind(rec.last_error or "")] += 1
     await stores.aclose()
-    return counts, missing, errors_without_reason, reasons
+    return summary
 
 
 def _reason_kind(error: str) -> str:
@@ -131,11 +195,13 @@ def _reason_kind(error: str) -> str:
                                                           "arrange-shipping"} else parts[0]
 
 
-async def _run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
-    from orderflow.bus.aio import from_connection_string  # noqa: PLC0415
+def default_work_dir(prefix: str = "") -> Path:
+    """A fresh folder under .demo/ (git-ignored), e.g. .demo/drill-20261130-061733-123456 for prefix "drill-"."""
+    return ROOT / ".demo" / (prefix + datetime.now().strftime("%Y%m%d-%H%M%S-%f"))
 
-    work = args.work_dir or ROOT / ".demo" / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    config = SystemConfig(work_dir=Path(work).resolve(), seed=args.seed,
+
+async def _run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    config = SystemConfig(work_dir=Path(args.work_dir or default_work_dir()).resolve(), seed=args.seed,
                           transient_failure_rate=args.transient_failure_rate,
                           permanent_failure_rate=args.permanent_failure_rate, hang_rate=args.hang_rate)
     system = LocalSystem(config)
@@ -143,34 +209,25 @@ async def _run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     with console.status("starting devhost, the Agent and the simulator…"):
         system.start()
     env = system.env()
-    bus = from_connection_string(config.bus_connection)
-    client = ClientApp(bus, env.get("OrdersQueueName", "orders-inbound"), config.reply_queue)
-    stop = asyncio.Event()
-    started = time.monotonic()
     try:
-        listener = asyncio.create_task(client.listen(stop))
-        await client.submit(orders)
-        with Progress(TextColumn("orders"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=args.json) as progress:
-            bar = progress.add_task("orders", total=len(orders))
-            while len(client.terminal_at) < len(orders) and time.monotonic() - started < args.timeout:
-                progress.update(bar, completed=len(client.terminal_at))
-                await asyncio.sleep(0.25)  # display refresh only; processing is event-driven
-            progress.update(bar, completed=len(client.terminal_at))
-        elapsed = time.monotonic() - started
-        effects = await _read_effects(system.simulator.url) if system.simulator and system.simulator.url else {}
+        async with client_app(system) as client:
+            started = time.monotonic()
+            await client.submit(orders)
+            await wait_terminal(client, len(orders), started, args.timeout, console, transient=args.json)
+            elapsed = time.monotonic() - started
+            effects = await read_effects(system)
     finally:
-        stop.set()
-        await listener
-        await bus.close()
         system.stop()
-    counts, missing, errors_without_reason, reasons = await _state_counts(env, [o.order_id for o in orders])
-    latencies = [(client.terminal_at[o] - client.sent_at[o]) * 1000 for o in client.terminal_at if o in client.sent_at]
-    lost = sum(1 for o in orders if o.order_id not in client.terminal_at) + missing
+    order_ids = [o.order_id for o in orders]
+    states = await read_states(env, order_ids)
+    latencies = client.latencies_ms()
+    counts = states.counts
     return {
         "submitted": len(orders), "processed": counts.get("Processed", 0), "error": counts.get("Error", 0),
-        "pending": counts.get("Pending", 0), "processing": counts.get("Processing", 0), "lost": lost,
-        "errors_without_reason": errors_without_reason, "error_reasons": dict(reasons.most_common()),
+        "pending": counts.get("Pending", 0), "processing": counts.get("Processing", 0),
+        "lost": client.lost(order_ids, states.missing),
+        "errors_without_reason": states.errors_without_reason,
+        "error_reasons": dict(states.error_reasons.most_common()),
         "duplicate_side_effects": int(effects.get("duplicates", -1)),
         "status_messages": sum(len(v) for v in client.statuses.values()),
         "elapsed_s": round(elapsed, 3), "orders_per_s": round(len(orders) / elapsed, 2) if elapsed else 0.0,
@@ -179,8 +236,8 @@ async def _run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     }
 
 
-def _table(summary: dict[str, Any]) -> Table:
-    table = Table(title="orderflow demo")
+def summary_table(summary: dict[str, Any], title: str) -> Table:
+    table = Table(title=title)
     table.add_column("figure")
     table.add_column("value", justify="right")
     for key, value in summary.items():
@@ -193,7 +250,7 @@ def _table(summary: dict[str, Any]) -> Table:
 def run_demo(args: argparse.Namespace) -> int:
     console = Console(stderr=args.json)
     summary = asyncio.run(_run(args, console))
-    console.print(_table(summary))
+    console.print(summary_table(summary, "orderflow demo"))
     if args.json:
         print(json.dumps(summary), flush=True)
     ok = summary["lost"] == 0 and summary["duplicate_side_effects"] == 0 and \

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 import azure.functions as func
 from azure.functions.meta import Datum
@@ -39,6 +39,8 @@ from azure.servicebus.exceptions import (
     SessionLockLostError,
 )
 
+from orderflow.clock import SystemClock
+from orderflow.clock import WaitingClock as Clock
 from orderflow.session_locks import MIN_LOCK_DURATION, renew_delay
 
 from .config import ServiceBusOptions
@@ -49,22 +51,6 @@ log = logging.getLogger("devhost.servicebus")
 # notification, so this bound costs nothing while idle.
 RECEIVE_WAIT_S = 30.0
 RENEW_RETRY_S = 0.2  # pause before retrying a failed renewal while the lock is still valid
-
-
-class Clock(Protocol):
-    """Time for lock renewal (injectable, so tests move time instead of waiting)."""
-
-    def now(self) -> datetime: ...
-
-    async def sleep(self, seconds: float) -> None: ...
-
-
-class SystemClock:
-    def now(self) -> datetime:
-        return datetime.now(UTC)
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
 
 
 def _text(value: Any) -> Datum | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
@@ -15,6 +16,12 @@ class Clock(Protocol):
         ...
 
 
+class WaitingClock(Clock, Protocol):
+    """A clock that can also wait (the Agent's retries, lock renewal); tests move time instead of waiting."""
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
 def ensure_utc(value: datetime) -> datetime:
     """Return `value` in UTC; a naive datetime is a programming error (its zone is unknowable)."""
     if value.tzinfo is None or value.utcoffset() is None:
@@ -23,10 +30,13 @@ def ensure_utc(value: datetime) -> datetime:
 
 
 class SystemClock:
-    """The wall clock (UTC)."""
+    """The wall clock (UTC), and real waiting."""
 
     def now(self) -> datetime:
         return datetime.now(UTC)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
 
 
 class FakeClock:

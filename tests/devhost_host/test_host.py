@@ -25,6 +25,8 @@ COMMANDS = {
              "--work-dir", "--json"},
     "submit": {"--app-dir", "--connection", "--order-id", "--file", "--reply-to", "--wait"},
     "queues": {"--app-dir", "--connection", "--peek"},
+    "drill": {"--orders", "--kills", "--min-gap", "--max-gap", "--seed", "--settings", "--servicebus-config",
+              "--timeout", "--work-dir", "--json"},
 }
 
 

@@ -41,8 +41,9 @@ MAX_SECOND_ATTEMPTS = 2
 
 
 def _short_locks(work: Path) -> Path:
-    """The product's queues with 5 s locks: after a kill -9 the dead Agent's session lock on an order's requests
-    expires after LockDuration (1 min in production), and the test should not wait that long."""
+    """Every queue with 5 s locks. The Agent queues already lock 5 s in the product (the crash budget of
+    orderflow/session_locks.py); `orders-inbound` and `app-status` lock 1 minute, so a submission or a status that the
+    killed host or client held would make the test wait that long, although it costs no attempt."""
     config = json.loads((ROOT / "servicebus.config.json").read_text())
     for namespace in config["UserConfig"]["Namespaces"]:
         for queue in namespace["Queues"]:
