@@ -12,6 +12,7 @@ from typing import Any
 
 from agent.config import config_from_args
 from agent.worker import serve
+from orderflow import telemetry
 
 
 def create_client(connection: str | None, env: Mapping[str, str]) -> Any:
@@ -38,6 +39,9 @@ async def _run(argv: Sequence[str] | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Application Insights via OpenTelemetry when APPLICATIONINSIGHTS_CONNECTION_STRING is set (Azure: agent.bicep
+    # sets it, with Entra ID ingestion as the Agent's identity); locally nothing is exported.
+    telemetry.configure_from_env()
     return asyncio.run(_run(argv))
 
 

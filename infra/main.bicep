@@ -4,6 +4,9 @@
 // secret-bearing connection string is created, read or output anywhere. Every resource name is overridable.
 targetScope = 'subscription'
 
+// Types of the array parameters (app/types.bicep): a malformed entry fails at compile time, not at deploy time.
+import { submittingApp, alwaysReadyEntry } from 'app/types.bicep'
+
 @minLength(1)
 @maxLength(64)
 @description('azd environment name: part of every generated resource name.')
@@ -28,6 +31,7 @@ param functionAppName string = ''
 param containerAppsEnvironmentName string = ''
 param agentContainerAppName string = ''
 param durableTaskSchedulerName string = ''
+param virtualNetworkName string = ''
 
 // ---------- the pattern's queues, databases and containers (defaults = orderflow/settings.py) ----------
 param ordersQueueName string = 'orders-inbound'
@@ -42,8 +46,9 @@ param checkpointContainerName string = 'supervisorCheckpoints'
 
 @description('''Submitting applications. Each gets its own status queue "<name>-status" (listed in AllowedReplyQueues);
 its principal (when not empty) may send to orders-inbound and receive from its own status queue only.
-principalType: ServicePrincipal (default), User or Group.''')
-param submittingApps array = [
+principalType: ServicePrincipal (default), User or Group; main.parameters.json passes azd's AZURE_PRINCIPAL_TYPE
+(User or ServicePrincipal, whichever is logged in), so a CI service principal deploys as well as a user.''')
+param submittingApps submittingApp[] = [
   {
     name: 'app'
     principalId: ''
@@ -94,17 +99,25 @@ param functionMaximumInstanceCount int = 100
 ])
 param functionInstanceMemoryMB int = 2048
 @description('Always-ready instances, e.g. [{ name: \'durable\', instanceCount: 1 }, { name: \'function:supervisor\', instanceCount: 1 }].')
-param functionAlwaysReady array = []
+param functionAlwaysReady alwaysReadyEntry[] = []
 @description('Tunables to change from their defaults, e.g. { StepTimeoutSeconds: \'45\' } (names as in orderflow/settings.py).')
 param appSettingOverrides object = {}
 
 // ---------- the Agent ----------
 @description('Base URL of the remote service the Agent calls.')
 param agentRemoteUrl string = 'https://example.invalid/orderflow-remote'
-@minValue(0)
-param agentMinReplicas int = 1
+@description('Agent replicas, always running: fixed, no scale rule (docs/deploy.md, "Agent telemetry and scaling").')
 @minValue(1)
-param agentMaxReplicas int = 10
+param agentReplicas int = 2
+
+// ---------- network posture ----------
+@description('''Private posture (azd env VNET_ENABLED): a VNet (app/network.bicep) with the function app's integration
+subnet, the Agent's Container Apps environment subnet and a private-endpoint subnet; private endpoints and privatelink
+DNS zones for Storage (blob, queue, table), Service Bus and Cosmos DB, whose public network access is disabled;
+Service Bus becomes Premium (the only tier with private endpoints). The Durable Task Scheduler stays public (identity
+only). Off (default): nothing of this is deployed. Set it before the first `azd up` of an environment: neither the
+Service Bus tier nor a Container Apps environment's network changes in place. See docs/deploy.md, "Production posture".''')
+param vnetEnabled bool = false
 
 // ---------- alerts ----------
 @description('E-mail address for operator alerts; empty for none.')
@@ -156,6 +169,7 @@ module storage 'app/storage.bicep' = {
     tags: tags
     storageAccountName: !empty(storageAccountName) ? storageAccountName : '${abbrs.storageStorageAccounts}${resourceToken}'
     deploymentContainerName: 'app-package-${take(resourceToken, 7)}'
+    vnetEnabled: vnetEnabled
   }
 }
 
@@ -172,6 +186,7 @@ module serviceBus 'app/servicebus.bicep' = {
     operatorAlertsQueueName: operatorAlertsQueueName
     statusQueueNames: statusQueueNames
     logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
+    vnetEnabled: vnetEnabled
   }
 }
 
@@ -190,6 +205,7 @@ module cosmos 'app/cosmos.bicep' = {
     stateContainerName: stateContainerName
     checkpointContainerName: checkpointContainerName
     logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
+    vnetEnabled: vnetEnabled
   }
 }
 
@@ -219,6 +235,7 @@ module rbac 'app/rbac.bicep' = {
     agentRepliesQueueName: agentRepliesQueueName
     operatorAlertsQueueName: operatorAlertsQueueName
     storageAccountName: storage.outputs.storageAccountName
+    durableBackend: durableBackend
     applicationInsightsName: monitoring.outputs.applicationInsightsName
     cosmosAccountName: cosmos.outputs.accountName
     ordersDatabaseName: ordersDatabaseName
@@ -278,6 +295,7 @@ module functionApp 'app/function.bicep' = {
     instanceMemoryMB: functionInstanceMemoryMB
     alwaysReady: functionAlwaysReady
     appSettingOverrides: appSettingOverrides
+    virtualNetworkSubnetId: vnetEnabled ? network.outputs.appSubnetId : ''
   }
 }
 
@@ -296,14 +314,101 @@ module agent 'app/agent.bicep' = {
     identityId: identity.outputs.agentIdentityId
     identityClientId: identity.outputs.agentClientId
     logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
-    serviceBusNamespaceName: serviceBus.outputs.namespaceName
+    applicationInsightsConnectionString: monitoring.outputs.applicationInsightsConnectionString
     serviceBusFullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
     agentRequestsQueueName: agentRequestsQueueName
     agentRepliesQueueName: agentRepliesQueueName
     operatorAlertsQueueName: operatorAlertsQueueName
     agentRemoteUrl: agentRemoteUrl
-    minReplicas: agentMinReplicas
-    maxReplicas: agentMaxReplicas
+    replicas: agentReplicas
+    infrastructureSubnetId: vnetEnabled ? network.outputs.agentSubnetId : ''
+  }
+}
+
+// ---------- private posture (vnetEnabled only): the VNet and one private endpoint per data service ----------
+module network 'app/network.bicep' = if (vnetEnabled) {
+  name: 'network'
+  scope: rg
+  params: {
+    location: location
+    tags: tags
+    virtualNetworkName: !empty(virtualNetworkName) ? virtualNetworkName : 'vnet-${resourceToken}'
+  }
+}
+
+// The privatelink zones of the public cloud's host names (Storage's from environment(), so other clouds work too).
+module storageBlobPrivateEndpoint 'app/private-endpoint.bicep' = if (vnetEnabled) {
+  name: 'pe-storage-blob'
+  scope: rg
+  params: {
+    location: location
+    tags: tags
+    name: 'pe-blob-${resourceToken}'
+    targetResourceId: storage.outputs.storageAccountId
+    groupId: 'blob'
+    privateDnsZoneName: 'privatelink.blob.${environment().suffixes.storage}'
+    subnetId: vnetEnabled ? network.outputs.privateEndpointsSubnetId : ''
+    virtualNetworkId: vnetEnabled ? network.outputs.virtualNetworkId : ''
+  }
+}
+
+module storageQueuePrivateEndpoint 'app/private-endpoint.bicep' = if (vnetEnabled) {
+  name: 'pe-storage-queue'
+  scope: rg
+  params: {
+    location: location
+    tags: tags
+    name: 'pe-queue-${resourceToken}'
+    targetResourceId: storage.outputs.storageAccountId
+    groupId: 'queue'
+    privateDnsZoneName: 'privatelink.queue.${environment().suffixes.storage}'
+    subnetId: vnetEnabled ? network.outputs.privateEndpointsSubnetId : ''
+    virtualNetworkId: vnetEnabled ? network.outputs.virtualNetworkId : ''
+  }
+}
+
+module storageTablePrivateEndpoint 'app/private-endpoint.bicep' = if (vnetEnabled) {
+  name: 'pe-storage-table'
+  scope: rg
+  params: {
+    location: location
+    tags: tags
+    name: 'pe-table-${resourceToken}'
+    targetResourceId: storage.outputs.storageAccountId
+    groupId: 'table'
+    privateDnsZoneName: 'privatelink.table.${environment().suffixes.storage}'
+    subnetId: vnetEnabled ? network.outputs.privateEndpointsSubnetId : ''
+    virtualNetworkId: vnetEnabled ? network.outputs.virtualNetworkId : ''
+  }
+}
+
+module serviceBusPrivateEndpoint 'app/private-endpoint.bicep' = if (vnetEnabled) {
+  name: 'pe-servicebus'
+  scope: rg
+  params: {
+    location: location
+    tags: tags
+    name: 'pe-sb-${resourceToken}'
+    targetResourceId: serviceBus.outputs.namespaceId
+    groupId: 'namespace'
+    privateDnsZoneName: 'privatelink.servicebus.windows.net'
+    subnetId: vnetEnabled ? network.outputs.privateEndpointsSubnetId : ''
+    virtualNetworkId: vnetEnabled ? network.outputs.virtualNetworkId : ''
+  }
+}
+
+module cosmosPrivateEndpoint 'app/private-endpoint.bicep' = if (vnetEnabled) {
+  name: 'pe-cosmos'
+  scope: rg
+  params: {
+    location: location
+    tags: tags
+    name: 'pe-cosmos-${resourceToken}'
+    targetResourceId: cosmos.outputs.accountId
+    groupId: 'Sql'
+    privateDnsZoneName: 'privatelink.documents.azure.com'
+    subnetId: vnetEnabled ? network.outputs.privateEndpointsSubnetId : ''
+    virtualNetworkId: vnetEnabled ? network.outputs.virtualNetworkId : ''
   }
 }
 

@@ -1,10 +1,11 @@
 // Concern: the Agent worker (`python -m agent`) hosted on Azure Container Apps: a long-running process, not a
-// function, so it runs as a container with its own user-assigned identity and a KEDA `azure-servicebus` scale
-// rule on agent-requests that authenticates with that identity (no connection string). The image is built by azd
-// from infra/agent/Dockerfile and pulled (with the identity's AcrPull grant) from registry.bicep's registry.
-// minReplicas defaults to 1: KEDA's azure-servicebus scaler reads the queue length through the Service Bus
-// management API, which needs the Manage right (Data Owner) that this design grants nobody; without it the scale
-// rule cannot add replicas, and one replica always runs (see docs/deploy.md, "Agent hosting").
+// function, so it runs as a container with its own user-assigned identity. The image is built by azd from
+// infra/agent/Dockerfile and pulled (with the identity's AcrPull grant) from registry.bicep's registry.
+// Fixed replicas (minReplicas == maxReplicas == replicas), no scale rule: KEDA's azure-servicebus scaler reads the
+// queue length through the Service Bus management API, which needs the Manage right (Data Owner) that this design
+// grants nobody, so a queue-length rule would never add a replica (docs/deploy.md, "Agent telemetry and scaling").
+// Telemetry: the Agent exports to Application Insights like the function app, with Entra ID ingestion as its own
+// identity (Monitoring Metrics Publisher in rbac.bicep); agent/__main__.py calls telemetry.configure_from_env().
 param location string
 param tags object = {}
 @description('Login server of the registry the Agent image is pulled from (AcrPull granted in rbac.bicep).')
@@ -14,21 +15,21 @@ param containerAppName string
 param identityId string
 param identityClientId string
 param logAnalyticsWorkspaceId string
-param serviceBusNamespaceName string
+@description('Locates the Application Insights ingestion endpoint; with local auth disabled it grants nothing (not a secret).')
+param applicationInsightsConnectionString string
 param serviceBusFullyQualifiedNamespace string
 param agentRequestsQueueName string
 param agentRepliesQueueName string
 param operatorAlertsQueueName string
 @description('Base URL of the remote service the Agent calls for each step.')
 param agentRemoteUrl string
-@minValue(0)
-param minReplicas int = 1
+@description('Agent replicas, always running (no scale rule: see the header).')
 @minValue(1)
-param maxReplicas int = 10
-@description('Active messages on agent-requests per replica before KEDA adds one.')
-param messagesPerReplica int = 20
+param replicas int = 2
 @description('Image to start with; azd deploy replaces it with the built Agent image.')
 param image string = 'mcr.microsoft.com/azuredocs/containerapps-helloworld:latest'
+@description('Private posture (main.bicep vnetEnabled): the Container Apps environment\'s subnet; empty for none.')
+param infrastructureSubnetId string = ''
 
 // Logs go to Azure Monitor through a diagnostic setting: the 'log-analytics' destination would need the
 // workspace shared key.
@@ -40,6 +41,14 @@ resource environment 'Microsoft.App/managedEnvironments@2025-01-01' = {
     appLogsConfiguration: {
       destination: 'azure-monitor'
     }
+    // Private posture: the environment joins the VNet's 'agent' subnet (a /23, not delegated: this is a
+    // Consumption-only environment), so the Agent reaches Service Bus through its private endpoint. Internal: the
+    // Agent has no ingress, so the environment gets no public IP. A VNet can only be set when the environment is
+    // created. Null, as if absent, otherwise.
+    vnetConfiguration: !empty(infrastructureSubnetId) ? {
+      infrastructureSubnetId: infrastructureSubnetId
+      internal: true
+    } : null
   }
 }
 
@@ -106,26 +115,16 @@ resource agent 'Microsoft.App/containerApps@2025-01-01' = {
             { name: 'ServiceBusConnection__fullyQualifiedNamespace', value: serviceBusFullyQualifiedNamespace }
             { name: 'AZURE_CLIENT_ID', value: identityClientId }
             { name: 'AGENT_REMOTE_URL', value: agentRemoteUrl }
+            // Telemetry, as the function app gets it (function.bicep): Entra ID ingestion as the Agent's identity.
+            { name: 'APPLICATIONINSIGHTS_CONNECTION_STRING', value: applicationInsightsConnectionString }
+            { name: 'APPLICATIONINSIGHTS_AUTHENTICATION_STRING', value: 'ClientId=${identityClientId};Authorization=AAD' }
+            { name: 'OTEL_SERVICE_NAME', value: 'orderflow-agent' }
           ]
         }
       ]
       scale: {
-        minReplicas: minReplicas
-        maxReplicas: maxReplicas
-        rules: [
-          {
-            name: 'agent-requests'
-            custom: {
-              type: 'azure-servicebus'
-              identity: identityId
-              metadata: {
-                namespace: serviceBusNamespaceName
-                queueName: agentRequestsQueueName
-                messageCount: string(messagesPerReplica)
-              }
-            }
-          }
-        ]
+        minReplicas: replicas
+        maxReplicas: replicas
       }
     }
   }

@@ -19,6 +19,8 @@ param stateDatabaseName string
 param stateContainerName string
 param checkpointContainerName string
 param logAnalyticsWorkspaceId string
+@description('Private posture (main.bicep vnetEnabled): no public network access; reached through a private endpoint (Sql).')
+param vnetEnabled bool = false
 
 var databaseOptions = capacityMode == 'autoscale' ? { autoscaleSettings: { maxThroughput: autoscaleMaxThroughput } } : {}
 
@@ -32,7 +34,7 @@ resource account 'Microsoft.DocumentDB/databaseAccounts@2024-05-15' = {
     disableLocalAuth: true
     disableKeyBasedMetadataWriteAccess: true
     minimalTlsVersion: 'Tls12'
-    publicNetworkAccess: 'Enabled'
+    publicNetworkAccess: vnetEnabled ? 'Disabled' : 'Enabled'
     // Session consistency: a writer reads its own etag-guarded writes, which the fenced updates rely on.
     consistencyPolicy: {
       defaultConsistencyLevel: 'Session'

@@ -23,7 +23,10 @@ resource scheduler 'Microsoft.DurableTask/schedulers@2025-11-01' = {
     sku: {
       name: skuName
     }
-    // An empty list denies all traffic; access is still Entra ID (RBAC) only.
+    // An empty list denies all traffic; access is still Entra ID (RBAC) only. The private posture (vnetEnabled)
+    // leaves the scheduler public: this API version (2025-11-01) has no publicNetworkAccess, and its private
+    // endpoints (API 2026-02-01, group 'scheduler', zone privatelink.durabletask.io) were in limited preview when
+    // this was written (docs/deploy.md, "Production posture").
     ipAllowlist: [
       '0.0.0.0/0'
     ]

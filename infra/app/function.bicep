@@ -2,6 +2,8 @@
 // 3.11, running as one user-assigned identity. Every connection is identity-based: no key, SAS or secret-bearing
 // connection string appears in its settings. The app settings are exactly the ones the code reads
 // (orderflow/settings.py SETTINGS) plus the ones the Functions host owns; tests/infra checks both sets.
+import { alwaysReadyEntry } from 'types.bicep'
+
 param location string
 param tags object = {}
 param planName string
@@ -49,9 +51,11 @@ param maximumInstanceCount int = 100
 ])
 param instanceMemoryMB int = 2048
 @description('Always-ready instances per group, e.g. [{ name: \'durable\', instanceCount: 1 }, { name: \'function:supervisor\', instanceCount: 1 }].')
-param alwaysReady array = []
+param alwaysReady alwaysReadyEntry[] = []
 @description('Extra or changed app settings (tunables such as StepTimeoutSeconds), merged over the defaults.')
 param appSettingOverrides object = {}
+@description('Private posture (main.bicep vnetEnabled): the \'app\' subnet (delegated to Microsoft.App/environments) the app integrates with; empty for none.')
+param virtualNetworkSubnetId string = ''
 
 var useDurableTaskScheduler = durableBackend == 'DurableTaskScheduler'
 
@@ -144,6 +148,9 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
   properties: {
     serverFarmId: plan.id
     httpsOnly: true
+    // Regional VNet integration (private posture): Storage, Service Bus and Cosmos DB are reached through their
+    // private endpoints. Null, as if absent, otherwise.
+    virtualNetworkSubnetId: !empty(virtualNetworkSubnetId) ? virtualNetworkSubnetId : null
     siteConfig: {
       minTlsVersion: '1.2'
       ftpsState: 'Disabled'

@@ -5,23 +5,27 @@
 //  principal              | grant                                   | scope
 //  function app           | Service Bus Data Receiver               | orders-inbound, agent-replies
 //  function app           | Service Bus Data Sender                 | agent-requests, operator-alerts, each status queue
-//  function app           | Storage Blob Data Owner, Queue and Table Data Contributor | host/task hub storage account
+//  function app           | Storage Blob Data Owner                 | host storage account (host, deployment package)
+//  function app           | Storage Queue and Table Data Contributor | the same account, Azure Storage Durable backend only
 //  function app           | Monitoring Metrics Publisher            | Application Insights (AAD ingestion)
 //  function app           | Cosmos DB Built-in Data Contributor     | databases orders and state
 //  Agent                  | Service Bus Data Receiver               | agent-requests
 //  Agent                  | Service Bus Data Sender                 | agent-replies, operator-alerts
 //  Agent                  | AcrPull                                 | container registry
+//  Agent                  | Monitoring Metrics Publisher            | Application Insights (AAD ingestion)
 //  submitting application | Service Bus Data Sender                 | orders-inbound
 //  submitting application | Service Bus Data Receiver               | its own status queue only
 //  operators (optional)   | Service Bus Data Receiver               | operator-alerts
 // The Agent never touches Cosmos DB, so it has no Cosmos grant. The Durable Task Scheduler grant (when chosen) is in
 // durable-task-scheduler.bicep, beside the task hub it is scoped to.
 
+import { submittingApp } from 'types.bicep'
+
 @description('Principal ids: the user-assigned identities of the function app and of the Agent.')
 param appPrincipalId string
 param agentPrincipalId string
 @description('Submitting applications: [{ name, principalId, principalType }] (principalId may be empty: no grant).')
-param submittingApps array
+param submittingApps submittingApp[]
 @description('Status queue of each submitting application, index-aligned with submittingApps.')
 param statusQueueNames array
 @description('Optional principal (a group, typically) that reads operator-alerts; empty for none.')
@@ -39,6 +43,12 @@ param agentRequestsQueueName string
 param agentRepliesQueueName string
 param operatorAlertsQueueName string
 param storageAccountName string
+@allowed([
+  'AzureStorage'
+  'DurableTaskScheduler'
+])
+@description('Durable backend: the storage queue and table roles are granted for AzureStorage only.')
+param durableBackend string = 'AzureStorage'
 param applicationInsightsName string
 param cosmosAccountName string
 param ordersDatabaseName string
@@ -57,6 +67,7 @@ var roles = {
 }
 // Cosmos DB data-plane built-in role (sqlRoleDefinitions): Cosmos DB Built-in Data Contributor.
 var cosmosDataContributor = '00000000-0000-0000-0000-000000000002'
+var useAzureStorageDurableBackend = durableBackend == 'AzureStorage'
 
 resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' existing = {
   name: serviceBusNamespaceName
@@ -147,7 +158,9 @@ resource appSendsStatus 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
   }
 }]
 
-// ---- function app: host storage and Durable task hub (Azure Storage backend) ----
+// ---- function app: host storage (Blob: AzureWebJobsStorage and the Flex deployment package, either backend) and
+// the Durable task hub's queues and tables (Azure Storage backend only: the Durable Task Scheduler keeps the task
+// hub in the scheduler, so that backend needs neither role) ----
 resource appOwnsBlobs 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   name: guid(storage.id, appPrincipalId, roles.storageBlobDataOwner)
   scope: storage
@@ -158,7 +171,7 @@ resource appOwnsBlobs 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   }
 }
 
-resource appUsesQueues 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+resource appUsesQueues 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (useAzureStorageDurableBackend) {
   name: guid(storage.id, appPrincipalId, roles.storageQueueDataContributor)
   scope: storage
   properties: {
@@ -168,7 +181,7 @@ resource appUsesQueues 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   }
 }
 
-resource appUsesTables 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+resource appUsesTables 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (useAzureStorageDurableBackend) {
   name: guid(storage.id, appPrincipalId, roles.storageTableDataContributor)
   scope: storage
   properties: {
@@ -200,9 +213,14 @@ resource appOrdersData 'Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments
   }
 }
 
+// Serialised after appOrdersData: concurrent sqlRoleAssignments writes on one account fail with 412 "another
+// operation is in progress" (docs/deploy.md, "Deployment fixes"). A further grant on this account depends on this one.
 resource appStateData 'Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments@2024-05-15' = {
   parent: cosmosAccount
   name: guid(cosmosAccount.id, appPrincipalId, cosmosDataContributor, stateDatabaseName)
+  dependsOn: [
+    appOrdersData
+  ]
   properties: {
     roleDefinitionId: '${cosmosAccount.id}/sqlRoleDefinitions/${cosmosDataContributor}'
     principalId: appPrincipalId
@@ -236,6 +254,17 @@ resource agentSendsOperatorAlerts 'Microsoft.Authorization/roleAssignments@2022-
   scope: namespace::operatorAlertsQueue
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataSender)
+    principalId: agentPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// Telemetry (Application Insights with local auth disabled): ingestion with the Agent's own Entra ID token.
+resource agentPublishesTelemetry 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(applicationInsights.id, agentPrincipalId, roles.monitoringMetricsPublisher)
+  scope: applicationInsights
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.monitoringMetricsPublisher)
     principalId: agentPrincipalId
     principalType: 'ServicePrincipal'
   }

@@ -1,5 +1,6 @@
 // Concern: the Service Bus namespace and its queues, configured as the Scheduler Agent Supervisor pattern needs.
-// Standard tier (sessions and duplicate detection need it), Entra ID only (disableLocalAuth), TLS 1.2.
+// Standard tier (sessions and duplicate detection need it), Entra ID only (disableLocalAuth), TLS 1.2. The private
+// posture (vnetEnabled) raises it to Premium, the only tier with private endpoints (docs/deploy.md, "Production posture").
 // requiresSession and requiresDuplicateDetection cannot be changed on an existing queue: changing them here means
 // deleting and recreating the queue.
 param location string
@@ -12,6 +13,20 @@ param operatorAlertsQueueName string
 @description('One status (reply) queue per submitting application.')
 param statusQueueNames array
 param logAnalyticsWorkspaceId string
+@description('Private posture (main.bicep vnetEnabled): Premium tier, no public network access, a private endpoint.')
+param vnetEnabled bool = false
+@description('Messaging units of the Premium namespace (private posture only): 1, 2, 4, 8 or 16.')
+@allowed([
+  1
+  2
+  4
+  8
+  16
+])
+param premiumMessagingUnits int = 1
+
+// Private endpoints exist on Premium only; Standard is billed per operation, Premium per messaging unit and hour.
+var skuName = vnetEnabled ? 'Premium' : 'Standard'
 
 // Queue properties: the same values as servicebus.config.json, which the embedded broker runs locally (a test keeps
 // the two equal). Common to every queue: a 10-minute duplicate-detection window on MessageId, and a 1-minute peek lock
@@ -73,13 +88,15 @@ resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' = {
   location: location
   tags: tags
   sku: {
-    name: 'Standard'
-    tier: 'Standard'
+    name: skuName
+    tier: skuName
+    // Messaging units exist on Premium only (null, as if absent, on Standard).
+    capacity: vnetEnabled ? premiumMessagingUnits : null
   }
   properties: {
     disableLocalAuth: true
     minimumTlsVersion: '1.2'
-    publicNetworkAccess: 'Enabled'
+    publicNetworkAccess: vnetEnabled ? 'Disabled' : 'Enabled'
   }
 
   resource ordersQueue 'queues' = {

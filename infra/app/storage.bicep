@@ -5,6 +5,8 @@ param location string
 param tags object = {}
 param storageAccountName string
 param deploymentContainerName string
+@description('Private posture (main.bicep vnetEnabled): no public network access; reached through private endpoints.')
+param vnetEnabled bool = false
 
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' = {
   name: storageAccountName
@@ -21,9 +23,11 @@ resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' = {
     defaultToOAuthAuthentication: true
     minimumTlsVersion: 'TLS1_2'
     supportsHttpsTrafficOnly: true
-    publicNetworkAccess: 'Enabled'
+    // Private posture: public access off and the firewall denies by default; blob, queue and table are reached
+    // through private endpoints (main.bicep). Otherwise public, identity only, as before.
+    publicNetworkAccess: vnetEnabled ? 'Disabled' : 'Enabled'
     networkAcls: {
-      defaultAction: 'Allow'
+      defaultAction: vnetEnabled ? 'Deny' : 'Allow'
       bypass: 'AzureServices'
     }
   }

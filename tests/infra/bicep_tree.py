@@ -8,7 +8,7 @@ value where it can (literals, objects, arrays, variables, parameter defaults or 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -79,8 +79,9 @@ def object_get(obj: Node | None, *path: str) -> Node | None:
     return node
 
 
-def string_value(node: Node) -> str | None:
-    """The literal value of a `string` node, or None if it interpolates."""
+def string_parts(node: Node, interpolation: Callable[[Node], str | None]) -> str | None:
+    """A `string` node's text: literal parts as they read, each `${...}` as `interpolation(its expression node)`;
+    None as soon as `interpolation` gives None."""
     parts: list[str] = []
     for child in node.named_children:
         if child.type == "string_content":
@@ -88,8 +89,16 @@ def string_value(node: Node) -> str | None:
         elif child.type == "escape_sequence":
             parts.append(_ESCAPES.get(text(child), text(child)))
         else:
-            return None
+            part = interpolation(child)
+            if part is None:
+                return None
+            parts.append(part)
     return "".join(parts)
+
+
+def string_value(node: Node) -> str | None:
+    """The literal value of a `string` node, or None if it interpolates."""
+    return string_parts(node, lambda _: None)
 
 
 def unwrap(node: Node) -> tuple[Node, bool, Node | None]:
@@ -264,6 +273,8 @@ def evaluate(node: Node | None, scope: Scope) -> Any:
         return _identifier(text(node), scope, node)
     if kind == "call_expression":
         return _call(node, scope)
+    if kind == "ternary_expression":
+        return _ternary(node, scope)
     return Opaque(text(node))
 
 
@@ -287,3 +298,108 @@ def _call(node: Node, scope: Scope) -> Any:
             merged.update(arg)
         return merged
     return Opaque(text(node))
+
+
+def _ternary(node: Node, scope: Scope) -> Any:
+    """`c ? a : b` when `c` reduces to a boolean (a bool parameter such as vnetEnabled, as passed or defaulted);
+    Opaque otherwise (a comparison or a function call is not evaluated)."""
+    condition, when_true, when_false = code_children(node)
+    chosen = evaluate(condition, scope)
+    if isinstance(chosen, bool):
+        return evaluate(when_true if chosen else when_false, scope)
+    return Opaque(text(node))
+
+
+def literal(source: str) -> Node:
+    """The expression node of a Bicep literal, e.g. literal('true'): a value to bind in a Scope's `passed`."""
+    declaration = parse(f"var v = {source}\n".encode()).named_children[0]
+    return declaration.named_children[-1]
+
+
+def with_params(scope: Scope, **values: str) -> Scope:
+    """`scope` with parameters bound to Bicep literals, as if passed: with_params(Scope(main()), vnetEnabled='true')."""
+    bound = tuple((name, literal(source), scope) for name, source in values.items())
+    return Scope(scope.file, bound + scope.passed)
+
+
+# ---------------------------------------------------------------- declarations: types, decorators, property paths
+
+_RESOURCE_META = {"parent", "scope", "dependsOn"}
+
+
+def param_type(bfile: BicepFile, name: str) -> str:
+    """The declared type of parameter `name` as written ('string', 'submittingApp[]', ...)."""
+    for decl in code_children(bfile.root):
+        if decl.type == "parameter_declaration" and text(decl.named_children[0]) == name:
+            return text(decl.named_children[1])
+    raise KeyError(f"{bfile.name}: no parameter {name!r}")
+
+
+def type_declarations(bfile: BicepFile) -> dict[str, Node]:
+    """Each `type X = <value>` of the file: name -> the value node (an `object`, a union, ...)."""
+    found: dict[str, Node] = {}
+    for decl in code_children(bfile.root):
+        if decl.type == "type_declaration":
+            found[text(decl.named_children[0])] = decl.named_children[-1]
+    return found
+
+
+def imported_types(bfile: BicepFile) -> dict[str, BicepFile]:
+    """Symbols brought in by `import { a, b } from 'file.bicep'`: symbol -> the file that declares it."""
+    found: dict[str, BicepFile] = {}
+    for decl in code_children(bfile.root):
+        if decl.type == "import_functionality":
+            source = next(c for c in decl.named_children if c.type == "string")
+            target = load(str((bfile.path.parent / (string_value(source) or "")).resolve()))
+            for symbol in decl.named_children:
+                if symbol.type == "identifier":
+                    found[text(symbol)] = target
+    return found
+
+
+def resolve_type(bfile: BicepFile, name: str) -> Node | None:
+    """The declaration value of user-defined type `name`, declared in the file or imported into it."""
+    if name in type_declarations(bfile):
+        return type_declarations(bfile)[name]
+    source = imported_types(bfile).get(name)
+    return type_declarations(source).get(name) if source is not None else None
+
+
+def decorators(resource: Resource) -> list[str]:
+    """The decorators written above a resource declaration, as text ('@batchSize(1)', ...)."""
+    decl: Node | None = resource.body
+    while decl is not None and decl.type != "resource_declaration":
+        decl = decl.parent
+    previous = decl.prev_named_sibling if decl is not None else None
+    if previous is None or previous.type != "decorators":
+        return []
+    return [text(d) for d in previous.named_children if d.type == "decorator"]
+
+
+def depends_on(resource: Resource) -> set[str]:
+    """The symbols listed in a resource's explicit dependsOn."""
+    value = resource.get("dependsOn")
+    return {text(item) for item in code_children(value)} if value is not None and value.type == "array" else set()
+
+
+def property_paths(resource: Resource) -> set[str]:
+    """Every property path a resource body sets, '/'-joined ('properties/anonymousPullEnabled'): through object
+    literals and the objects inside array literals and loops; a computed key (a dictionary entry) ends the path.
+    Bicep's own keys (parent, scope, dependsOn) are not resource properties and are left out."""
+
+    def walk(node: Node, prefix: str) -> set[str]:
+        node = unwrap(node)[0] if node.type in {"for_statement", "if_statement"} else node
+        found: set[str] = set()
+        if node.type == "object":
+            for key, value in object_items(node):
+                if key is None or (not prefix and key in _RESOURCE_META):
+                    continue
+                path = f"{prefix}/{key}" if prefix else key
+                found.add(path)
+                found |= walk(value, path)
+        elif node.type == "array":
+            for item in code_children(node):
+                found |= walk(item, prefix)
+        return found
+
+    return walk(resource.body, "")

@@ -1,5 +1,6 @@
 """Cosmos DB containers and indexes (the code's query contract), the function app's Flex Consumption shape,
-the Agent's scale rule, diagnostic settings, and the alert rules that mean an operator must act.
+diagnostic settings, and the alert rules that mean an operator must act. (The Agent's scaling and telemetry:
+test_infra_telemetry.py.)
 """
 
 from __future__ import annotations
@@ -79,19 +80,6 @@ def test_function_app_is_flex_consumption_python_311_with_scale_parameters() -> 
     assert {"functionMaximumInstanceCount", "functionAlwaysReady"} <= set(main().params)
 
 
-def test_agent_scales_on_agent_requests_with_its_identity() -> None:
-    scope = module_scope(Scope(main()), main().module("agent"))
-    scale = evaluate(scope.file.resource("agent").get("properties", "template", "scale"), scope)
-    (rule,) = scale["rules"]
-    assert rule["custom"]["type"] == "azure-servicebus"
-    assert rule["custom"]["metadata"]["queueName"] == settings.get("AgentRequestsQueueName", env={})
-    assert (
-        isinstance(rule["custom"]["identity"], Opaque)
-        and rule["custom"]["identity"].text == "identity.outputs.agentIdentityId"
-    )
-    assert "auth" not in rule["custom"], "no connection-string secret for the scaler"
-
-
 @pytest.mark.parametrize(
     ("file", "target"),
     [
@@ -137,7 +125,8 @@ def test_orders_in_error_alert_reads_the_metric_and_the_alert_log() -> None:
     assert evaluate(alerts.variables["ordersErrorMetric"], Scope(alerts)) == "orderflow.orders.error"
     (criterion,) = alerts.resource("ordersInError").get("properties", "criteria", "allOf").named_children
     query = text(criterion)
-    assert "${ordersErrorMetric}" in query and "OperatorAlert" in query
+    assert "${ordersErrorMetric}" in query and "${operatorAlertLogPrefix}" in query
+    assert evaluate(alerts.variables["operatorAlertLogPrefix"], Scope(alerts)) == "operator alert "
 
 
 def test_supervisor_silence_alert() -> None:

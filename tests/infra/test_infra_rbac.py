@@ -35,6 +35,7 @@ EXPECTED = Counter(
         ("namespace::agentRepliesQueue", "Service Bus Data Sender", "agentPrincipalId"),
         ("namespace::operatorAlertsQueue", "Service Bus Data Sender", "agentPrincipalId"),
         ("registry", "AcrPull", "agentPrincipalId"),
+        ("applicationInsights", "Monitoring Metrics Publisher", "agentPrincipalId"),
         ("namespace::ordersQueue", "Service Bus Data Sender", "app.principalId"),
         ("statusQueues[i]", "Service Bus Data Receiver", "app.principalId"),
         ("namespace::operatorAlertsQueue", "Service Bus Data Receiver", "operatorPrincipalId"),

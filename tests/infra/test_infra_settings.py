@@ -45,6 +45,10 @@ AGENT_ENV = {
     "ServiceBusConnection__fullyQualifiedNamespace",
     "AZURE_CLIENT_ID",
     "AGENT_REMOTE_URL",
+    # Telemetry (orderflow.telemetry.configure_from_env): as the function app's, Entra ID ingestion.
+    "APPLICATIONINSIGHTS_CONNECTION_STRING",
+    "APPLICATIONINSIGHTS_AUTHENTICATION_STRING",
+    "OTEL_SERVICE_NAME",
 }
 
 
