@@ -11,7 +11,7 @@ PYTHON313 ?= $(shell PYENV_VERSION=$$(pyenv versions --bare 2>/dev/null | grep '
 ORDERS ?= 50
 SEED ?= 1
 
-.PHONY: setup worker-env demo lint test test-fast bench clean
+.PHONY: setup worker-env demo up down lint test test-fast bench clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,13 @@ worker-env: $(WORKER_VENV)/.installed
 
 demo: setup
 	$(PY) -m devhost demo --orders $(ORDERS) --seed $(SEED)
+
+# The local system in the background (devhost, the Agent, the simulator; logs under .devhost/logs); see README.
+up: setup
+	$(PY) -m devhost up
+
+down: setup
+	$(PY) -m devhost down
 
 lint: setup
 	$(PY) -m ruff check .

@@ -125,7 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m agent",
         description="The Agent worker: receives AgentRequests from the session queue, calls the remote "
         "service "
-        "with retries inside each request's deadline, replies on the replies queue.",
+        "with retries inside each request's deadline, replies on the replies queue. Each flag overrides the "
+        "app setting (environment variable) it names; without either, the default shown applies.",
+        epilog="The remote service's address must match AGENT_REMOTE_URL (or --remote-url): locally, the "
+        f"simulator started with `python -m agent.simulator --port 8765` serves the default "
+        f"{_AGENT_DEFAULTS['AGENT_REMOTE_URL']}; with another --port, set AGENT_REMOTE_URL=http://127.0.0.1:<port>. "
+        "A mismatch shows in the Agent's log as `Cannot connect to host`, and orders end in Error.",
     )
     parser.add_argument(
         "--connection",
@@ -133,8 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
         "ServiceBusConnection; `Endpoint=embedded://...` = embedded broker)",
     )
     for flag, (dest, kind, setting) in _FLAGS.items():
-        parser.add_argument(flag, dest=dest, type=kind, default=None, help=f"default: app setting {setting}")
-    parser.add_argument("--log-level", default="INFO")
+        default = _AGENT_DEFAULTS[setting] if setting in _AGENT_DEFAULTS else settings.get(setting, {})
+        parser.add_argument(
+            flag, dest=dest, type=kind, default=None, help=f"default: app setting {setting}, else {default}"
+        )
+    parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
     return parser
 
 

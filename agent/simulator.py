@@ -171,6 +171,7 @@ class EffectStore:
     """Side effects by idempotency key in SQLite; each method is one short transaction (multi-process)."""
 
     def __init__(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)  # `--db .devhost/simulator.db` on a fresh clone
         self._db = sqlite3.connect(str(path), isolation_level=None, timeout=30)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(_SCHEMA)

@@ -1,11 +1,13 @@
 """`python -m benchmarks`: run the benchmarks (each in its own process, so peak RSS is its own), write
 benchmarks/results/<name>.json (or <name>.quick.json with --quick) and refresh the README's results table.
 
-    python -m benchmarks                      # everything, full sizes (~6 minutes on 2 cores)
-    python -m benchmarks --quick              # short run of everything (~1.5 minutes)
+    python -m benchmarks                      # everything, full sizes (several times --quick; see README)
+    python -m benchmarks --quick              # short run of everything (~2.25 minutes on 2 cores)
     python -m benchmarks bus durable          # pick benchmarks: bus, durable, pipeline, idle
     python -m benchmarks pipeline --profile   # also record devhost and the Agent with py-spy
     python -m benchmarks --table              # print the results table from the committed JSON
+
+After a run it prints the table of what it measured, labelled: a quick run's comes from <name>.quick.json.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     from . import report  # noqa: PLC0415
 
     if args.table:
-        print(report.table())
+        print(report.labelled_table(args.names or None, quick=args.quick, results_dir=args.out))
         return 0
     names = args.names or list(NAMES)
     unknown = sorted(set(names) - set(NAMES))
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"   {name} took {time.monotonic() - started:.0f} s", flush=True)
     if not args.quick and args.out == RESULTS_DIR:
         report.update_readme()
-    print(report.table())
+    print(report.labelled_table(names, quick=args.quick, results_dir=args.out))  # what this run measured
     return 1 if failed else 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,8 @@ README = Path(__file__).resolve().parent / "README.md"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 
-def _load(name: str) -> dict[str, Any] | None:
-    path = RESULTS_DIR / f"{name}.json"
+def _load(name: str, quick: bool = False, results_dir: Path = RESULTS_DIR) -> dict[str, Any] | None:
+    path = results_dir / f"{name}{'.quick' if quick else ''}.json"
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -118,16 +119,17 @@ def _idle(doc: dict[str, Any]) -> list[tuple[str, str]]:
 RENDERERS = {"bus": _bus, "durable": _durable, "pipeline": _pipeline, "idle": _idle}
 
 
-def table() -> str:
+def table(names: Sequence[str] | None = None, *, quick: bool = False, results_dir: Path = RESULTS_DIR) -> str:
+    """The results table of `names` (default all) from `<name>.json`, or `<name>.quick.json` with `quick`."""
     lines = ["| benchmark | result |", "|---|---|"]
     commits = set()
-    for name, render in RENDERERS.items():
-        doc = _load(name)
+    docs = {n: _load(n, quick, results_dir) for n in RENDERERS if names is None or n in names}
+    for name, doc in docs.items():
         if doc is None:
             continue
         commits.add(doc["environment"]["git_commit"][:7])
-        lines.extend(f"| {label} | {value} |" for label, value in render(doc))
-    env = next((d["environment"] for d in map(_load, RENDERERS) if d), None)
+        lines.extend(f"| {label} | {value} |" for label, value in RENDERERS[name](doc))
+    env = next((d["environment"] for d in docs.values() if d), None)
     if env:
         lines.append("")
         lines.append(
@@ -135,6 +137,18 @@ def table() -> str:
             f"Python {env['python']}, SQLite {env['sqlite']}, commit(s) {', '.join(sorted(commits))}."
         )
     return "\n".join(lines)
+
+
+def labelled_table(names: Sequence[str] | None = None, *, quick: bool = False, results_dir: Path = RESULTS_DIR) -> str:
+    """`table` under a heading that says which run and which files it shows (a quick run's figures come from small
+    sizes and are not comparable with the full run's)."""
+    files = ", ".join(f"{n}{'.quick' if quick else ''}.json" for n in RENDERERS if names is None or n in names)
+    where = f"{results_dir}: {files}"
+    if quick:
+        heading = f"QUICK run (small sizes; not comparable with the full-run table in benchmarks/README.md), {where}"
+    else:
+        heading = f"Full run, {where}"
+    return f"{heading}\n\n{table(names, quick=quick, results_dir=results_dir)}"
 
 
 def update_readme() -> None:

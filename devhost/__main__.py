@@ -48,12 +48,15 @@ def _parser() -> argparse.ArgumentParser:
     add_commands(sub)
     from .drill import add_command as add_drill  # noqa: PLC0415
     add_drill(sub)
+    from .up import add_commands as add_up  # noqa: PLC0415
+    add_up(sub)
     return p
 
 
 async def _serve(args: argparse.Namespace) -> int:
     from .app_loader import IndexError_  # noqa: PLC0415
-    from .host import Host, HostOptions  # noqa: PLC0415
+    from .config import ConfigError  # noqa: PLC0415
+    from .host import Host, HostOptions, PortInUse  # noqa: PLC0415
     from .worker_rules import WorkerRefusal  # noqa: PLC0415
 
     host = Host(HostOptions(app_dir=args.app_dir.resolve(), port=args.port, state_dir=args.state_dir))
@@ -66,16 +69,35 @@ async def _serve(args: argparse.Namespace) -> int:
         print(f"devhost: the app cannot be indexed: {exc}", file=sys.stderr, flush=True)
         await host.stop()
         return 1
+    except (PortInUse, ConfigError) as exc:  # expected mistakes: one line, no traceback
+        print(f"devhost: {exc}", file=sys.stderr, flush=True)
+        await host.stop()
+        return 1
     print(f"devhost listening on {host.base_url}", flush=True)
     await host.wait_stopped()
     await host.stop()
     return 0
 
 
+# Third-party loggers that are chatty at INFO. `uamqp.c_uamqp`: the Functions Service Bus SDK-type binding
+# (azurefunctions-extensions-bindings-servicebus) decodes each message with uamqp, whose C library logs about eight
+# INFO lines per decode ("Bad arguments: value = (nil)", "Type is not described or composite") that are not errors.
+# The Azure SDK's HTTP and AMQP layers log every request/frame at INFO. At --log-level DEBUG they are left alone.
+NOISY_LOGGERS = ("uamqp", "azure.core.pipeline.policies.http_logging_policy", "azure.servicebus._pyamqp",
+                 "azure.identity")
+
+
+def _quiet_third_party_loggers() -> None:
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        for name in NOISY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "start":
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        _quiet_third_party_loggers()
         return asyncio.run(_serve(args))
     if args.command == "demo":
         from .demo import run_demo  # noqa: PLC0415
@@ -83,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "drill":
         from .drill import run_drill_command  # noqa: PLC0415
         return run_drill_command(args)
+    if args.command in ("up", "down"):
+        from . import up  # noqa: PLC0415
+        return up.up(args) if args.command == "up" else up.down(args)
     if args.command in ("submit", "queues"):
         from . import client  # noqa: PLC0415
         return client.submit(args) if args.command == "submit" else client.queues(args)

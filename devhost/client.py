@@ -10,10 +10,14 @@ import argparse
 import hashlib
 import json
 import os
+import socket
+import sys
+import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
 from azure.servicebus.exceptions import MessagingEntityNotFoundError, OperationTimeoutError
@@ -21,7 +25,14 @@ from rich.console import Console
 from rich.table import Table
 
 from orderflow.bus import from_connection_string
-from orderflow.messages import TERMINAL_STATUSES, InvalidMessage, OperatorAlert, StatusMessage, parse_submit_order
+from orderflow.messages import (
+    TERMINAL_STATUSES,
+    InvalidMessage,
+    OperatorAlert,
+    OrderStatus,
+    StatusMessage,
+    parse_submit_order,
+)
 
 from .config import HostConfig
 
@@ -43,6 +54,9 @@ def add_commands(sub: Any) -> None:
     s.add_argument("--file", type=Path, default=None, help="JSON file with the order (default: a sample order)")
     s.add_argument("--reply-to", default=None, help="reply queue (default: the order's, else app-status)")
     s.add_argument("--wait", type=float, default=30.0, help="seconds to wait for a terminal status (default 30)")
+    s.add_argument("--host-port", type=int, default=None,
+                   help="devhost's HTTP port, checked when no terminal status comes (default: the one `devhost up` "
+                        "recorded, else 7071)")
 
     q = sub.add_parser("queues", help="queue counts, dead-letter reasons and operator alerts (embedded broker)",
                        description="For every queue: active, scheduled and dead-lettered messages and sessions with "
@@ -71,8 +85,26 @@ def _client(args: argparse.Namespace) -> Any:
     return from_connection_string(conn)
 
 
+def _read_order_file(path: Path) -> dict[str, Any]:
+    """The order in `path`, or SystemExit(2) with one line saying what is wrong (no traceback)."""
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as exc:
+        _usage_error(f"cannot read --file {path}: {exc.strerror or exc}")
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        _usage_error(f"--file {path} is not JSON: {exc}")
+    if not isinstance(raw, dict):
+        _usage_error(f"--file {path} must hold one JSON object (a SubmitOrder), not {type(raw).__name__}")
+    return raw
+
+
+def _usage_error(message: str) -> Any:
+    print(f"devhost submit: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def submit(args: argparse.Namespace) -> int:
-    raw = json.loads(args.file.read_text()) if args.file else dict(SAMPLE_ORDER)
+    raw = _read_order_file(args.file) if args.file else dict(SAMPLE_ORDER)
     raw.setdefault("orderId", args.order_id or f"order-{uuid.uuid4().hex[:10]}")
     if args.order_id:
         raw["orderId"] = args.order_id
@@ -83,37 +115,171 @@ def submit(args: argparse.Namespace) -> int:
     order_id, reply_to = str(raw["orderId"]), str(raw.get("replyTo", "app-status"))
     message_id = f"{order_id}:{hashlib.sha256(body.encode()).hexdigest()[:12]}"
     console = Console()
+    known_rejection: InvalidMessage | None = None
     try:
         parse_submit_order(body)
     except InvalidMessage as exc:  # still sent: the system dead-letters it with the reason; say so here too
+        known_rejection = exc
         console.print(f"[yellow]note: the system will reject this order: {exc}[/]")
+    orders_queue = os.environ.get("OrdersQueueName", "orders-inbound")
     with _client(args) as client:
-        with client.get_queue_sender(os.environ.get("OrdersQueueName", "orders-inbound")) as sender:
+        with client.get_queue_sender(orders_queue) as sender:
             sender.send_messages(ServiceBusMessage(body, session_id=order_id, message_id=message_id,
                                                    content_type="application/json"))
         console.print(f"sent order [bold]{order_id}[/] (MessageId {message_id}); statuses from {reply_to}:")
-        return _follow(client, reply_to, order_id, args.wait, console)
+        if known_rejection is not None:  # no status will come: the rejection is known, say it and stop
+            console.print(f"[red]rejected: {known_rejection.reason}: the order is dead-lettered on {orders_queue}, "
+                          f"no status follows (python -m devhost queues)[/]")
+            return 1
+        watch = _Watch(client, orders_queue, message_id)
+        code, statuses = _follow(client, reply_to, order_id, args.wait, console, watch)
+        if code is None:
+            console.print(f"[yellow]no terminal status within {args.wait:g} s.[/] What the client found:")
+            for line in _diagnose(args, watch, statuses):
+                console.print(f"  - {line}")
+            code = 1
+        return code
 
 
-def _follow(client: Any, reply_to: str, order_id: str, wait: float, console: Console) -> int:
+class _Watch:
+    """What the client can see of the system while it waits: whether its message was dead-lettered (peeked from
+    the orders queue's dead-letter sub-queue, from where the last look ended) and, on the embedded broker, the
+    backlog of orders-inbound and agent-requests when the wait began."""
+
+    def __init__(self, client: Any, orders_queue: str, message_id: str) -> None:
+        self.client, self.orders_queue, self.message_id = client, orders_queue, message_id
+        self.next_seq = 0
+        self.checked = False  # the dead-letter queue could be read at least once
+        broker = getattr(client, "broker", None)
+        self.broker = broker
+        self.agent_queue = os.environ.get("AgentRequestsQueueName", "agent-requests")
+        self.agent_backlog_before = self._active(self.agent_queue)
+
+    def _active(self, queue: str) -> int | None:
+        if self.broker is None or queue not in self.broker.queue_names():
+            return None
+        return int(self.broker.counts(queue).active)
+
+    def dead_lettered(self) -> Any:
+        """The dead-lettered copy of the sent message, or None (so far)."""
+        try:
+            with self.client.get_queue_receiver(self.orders_queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+                while True:
+                    page = dlq.peek_messages(max_message_count=100, sequence_number=self.next_seq)
+                    for m in page:
+                        self.next_seq = max(self.next_seq, int(m.sequence_number) + 1)
+                        if m.message_id == self.message_id:
+                            return m
+                    if len(page) < 100:
+                        break
+        except Exception:  # noqa: BLE001 - a diagnosis aid only; the wait goes on without it
+            return None
+        self.checked = True
+        return None
+
+
+def _follow(client: Any, reply_to: str, order_id: str, wait: float, console: Console,
+            watch: _Watch) -> tuple[int | None, list[StatusMessage]]:
+    """Print the order's statuses until a terminal one (0) or a known rejection (1); None when `wait` ran out."""
+    statuses: list[StatusMessage] = []
+    deadline = time.monotonic() + wait
     try:
         with client.get_queue_receiver(reply_to, session_id=order_id, max_wait_time=wait) as receiver:
-            for message in receiver:
-                status = StatusMessage.model_validate_json(b"".join(message.body))
-                receiver.complete_message(message)
-                console.print(f"  {status.timestamp.isoformat()}  {status.state.value:<10} attempt "
-                              f"{status.attempt}  {status.reason}")
-                if status.state in TERMINAL_STATUSES:
-                    return 0
+            while (remaining := deadline - time.monotonic()) > 0:
+                for message in receiver.receive_messages(max_message_count=10, max_wait_time=min(1.0, remaining)):
+                    status = StatusMessage.model_validate_json(b"".join(message.body))
+                    receiver.complete_message(message)
+                    statuses.append(status)
+                    console.print(f"  {status.timestamp.isoformat()}  {status.state.value:<10} attempt "
+                                  f"{status.attempt}  {status.reason}")
+                    if status.state in TERMINAL_STATUSES:
+                        return 0, statuses
+                if not statuses and (dead := watch.dead_lettered()) is not None:
+                    console.print(f"[red]rejected: {dead.dead_letter_reason}: "
+                                  f"{dead.dead_letter_error_description or ''} (dead-lettered on "
+                                  f"{watch.orders_queue}; python -m devhost queues)[/]")
+                    return 1, statuses
     except OperationTimeoutError:
         pass
     except MessagingEntityNotFoundError:
-        console.print(f"[yellow]there is no reply queue {reply_to!r} (the order is dead-lettered: "
-                      f"python -m devhost queues)[/]")
-        return 1
-    console.print(f"[yellow]no terminal status within {wait:g} s (rejected orders are dead-lettered: "
-                  f"python -m devhost queues)[/]")
-    return 1
+        console.print(f"[yellow]there is no reply queue {reply_to!r}: the system cannot answer this order "
+                      f"(replyTo must be an existing, allowed reply queue)[/]")
+        return 1, statuses
+    return None, statuses
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def _started_by_up(app_dir: Path) -> dict[str, dict[str, Any]]:
+    """The processes `devhost up` recorded in <app-dir>/.devhost/up.json, by name ({} when there is none)."""
+    try:
+        data = json.loads((app_dir / ".devhost" / "up.json").read_text())
+        return {str(p["name"]): dict(p) for p in data["processes"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def _diagnose(args: argparse.Namespace, watch: _Watch, statuses: list[StatusMessage]) -> list[str]:
+    """Why a terminal status may not have come, from what the client can check; never a rejection it did not see."""
+    found: list[str] = []
+    if any(s.state is OrderStatus.RECEIVED for s in statuses):
+        found.append("the order was accepted (status received), so it was not rejected: it is being processed "
+                     "or waiting for a retry")
+    elif watch.checked:
+        found.append(f"no status at all, and the message is not dead-lettered on {watch.orders_queue}")
+    else:
+        found.append("no status at all")
+    inbound = watch._active(watch.orders_queue)
+    if inbound:
+        found.append(f"{watch.orders_queue} holds {inbound} message(s) nobody has taken: is devhost "
+                     f"(python -m devhost start) running?")
+    started = _started_by_up(args.app_dir)  # `python -m devhost up` records URLs and pids in .devhost/up.json
+    host_url = urlsplit(str(started.get("devhost", {}).get("url") or ""))
+    host = host_url.hostname if args.host_port is None and host_url.hostname else "127.0.0.1"
+    host_port = args.host_port or (host_url.port if host_url.hostname else None) or 7071
+    found.append(f"devhost on {host}:{host_port}: "
+                 + ("reachable" if _reachable(host, host_port) else
+                    "not reachable (python -m devhost up, or start; or --host-port)"))
+    agent = started.get("agent", {})
+    if isinstance(agent.get("pid"), int):
+        found.append(f"the Agent (pid {agent['pid']}, started by devhost up): "
+                     + ("running" if _alive(agent["pid"]) else "not running")
+                     + (f"; its log: {agent['log']}" if agent.get("log") else ""))
+    values = HostConfig.load(args.app_dir.resolve()).values if args.app_dir.exists() else {}
+    remote = (str(started.get("simulator", {}).get("url") or "") or os.environ.get("AGENT_REMOTE_URL")
+              or values.get("AGENT_REMOTE_URL") or "http://127.0.0.1:8765")
+    url = urlsplit(remote)
+    if url.hostname:
+        port = url.port or (443 if url.scheme == "https" else 80)
+        found.append(f"the remote service (simulator) at {remote}, the Agent's AGENT_REMOTE_URL: "
+                     + ("reachable" if _reachable(url.hostname, port) else
+                        "not reachable: start it (python -m agent.simulator --port "
+                        f"{port}) or set AGENT_REMOTE_URL; the Agent retries, then the order fails"))
+    backlog = watch._active(watch.agent_queue)
+    if backlog:
+        draining = watch.agent_backlog_before is not None and backlog < watch.agent_backlog_before
+        found.append(f"{watch.agent_queue} holds {backlog} request(s)"
+                     + (" (draining)" if draining else " and is not draining: is the Agent (python -m agent) "
+                        "running? see its log"))
+    elif backlog == 0:
+        found.append(f"{watch.agent_queue} is empty: the Agent has taken every request (or none was sent yet)")
+    return found
 
 
 def queues(args: argparse.Namespace) -> int:

@@ -92,7 +92,8 @@ def resolve(value: str, env: Mapping[str, str] = os.environ, *, lenient: bool = 
             return env[name]
         if lenient:
             return match.group(0)
-        raise ConfigError(f"binding expression %{name}% names an app setting that is not set")
+        raise ConfigError(f"binding expression %{name}% names an app setting that is not set: set {name} in "
+                          f"local.settings.json (Values) or in the environment")
 
     return _EXPRESSION.sub(sub, value)
 

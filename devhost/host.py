@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import inspect
 import logging
 import os
@@ -20,6 +21,11 @@ from .servicebus_trigger import Delivery, ServiceBusTriggerRunner, function_mess
 from .timers import TimerRunner, default_use_monitor
 
 log = logging.getLogger("devhost")
+
+
+class PortInUse(Exception):
+    """The HTTP port is taken: an expected mistake, reported in one line by `devhost start`."""
+
 
 DURABLE_TRIGGERS = {"orchestrationTrigger", "activityTrigger", "entityTrigger"}
 
@@ -110,7 +116,12 @@ class Host:
         self._runner = web.AppRunner(web_app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, opts.bind, opts.port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUse(f"port {opts.port} on {opts.bind} is in use (another devhost or func start?)") from exc
+            raise
         port = self._runner.addresses[0][1]
         self.base_url = f"http://{opts.bind}:{port}"
         self.engine.set_base_url(self.base_url)

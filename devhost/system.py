@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -20,6 +21,43 @@ from orderflow.settings import SETTINGS
 
 ROOT = Path(__file__).resolve().parent.parent
 _LISTENING = re.compile(r"listening on (http://\S+)")
+# What each process prints when it is ready (shared with `python -m devhost up`, devhost/up.py): devhost and the
+# simulator print "... listening on URL"; the Agent logs "agent serving QUEUE ..." once its senders are open.
+READY = {"devhost": _LISTENING, "simulator": _LISTENING, "agent": re.compile(r"agent serving \S+")}
+
+
+def simulator_args(port: int, db: Path, *extra: str) -> list[str]:
+    """`python -m agent.simulator` arguments (after the interpreter)."""
+    return ["-m", "agent.simulator", "--port", str(port), *extra, "--db", str(db)]
+
+
+def devhost_args(app_dir: Path, port: int, state_dir: Path) -> list[str]:
+    """`python -m devhost start` arguments (after the interpreter)."""
+    return ["-m", "devhost", "start", "--app-dir", str(app_dir), "--port", str(port), "--state-dir", str(state_dir)]
+
+
+def agent_args(*extra: str) -> list[str]:
+    """`python -m agent` arguments (after the interpreter)."""
+    return ["-m", "agent", *extra]
+
+
+def terminate_group(pid: int, alive: Callable[[], bool], timeout: float) -> bool:
+    """SIGTERM the process group led by `pid`, wait up to `timeout` s for `alive()` to turn false, then SIGKILL.
+    True when it stopped on SIGTERM. Every process here runs in its own session (start_new_session)."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return True
+    deadline = time.monotonic() + timeout
+    while alive():
+        if time.monotonic() > deadline:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return False
+        time.sleep(0.05)
+    return True
 
 
 @dataclass
@@ -106,12 +144,9 @@ class Process:
             self.proc.wait()
 
     def stop(self, timeout: float = 20.0) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        proc = self.proc
+        if proc and proc.poll() is None and not terminate_group(proc.pid, lambda: proc.poll() is None, timeout):
+            proc.wait()
 
     @property
     def running(self) -> bool:
@@ -147,23 +182,21 @@ class LocalSystem:
 
     def start_simulator(self) -> Process:
         c = self.config
-        self.simulator = self._process("simulator", [
-            "-m", "agent.simulator", "--port", "0", "--seed", str(c.seed),
+        self.simulator = self._process("simulator", simulator_args(
+            0, c.work_dir / "simulator.db", "--seed", str(c.seed),
             "--transient-failure-rate", str(c.transient_failure_rate),
             "--permanent-failure-rate", str(c.permanent_failure_rate), "--hang-rate", str(c.hang_rate),
-            "--hang-seconds", str(c.hang_seconds), "--latency-ms-mean", str(c.latency_ms_mean),
-            "--db", str(c.work_dir / "simulator.db")]).start()
+            "--hang-seconds", str(c.hang_seconds), "--latency-ms-mean", str(c.latency_ms_mean))).start()
         return self.simulator
 
     def start_agent(self) -> Process:
-        self.agent = self._process("agent", ["-m", "agent", "--jitter-seed", str(self.config.seed)])
+        self.agent = self._process("agent", agent_args("--jitter-seed", str(self.config.seed)))
         self.agent.start(wait_for_url=False)
         return self.agent
 
     def start_devhost(self) -> Process:
-        self.devhost = self._process("devhost", [
-            "-m", "devhost", "start", "--app-dir", str(self.config.app_dir), "--port", "0",
-            "--state-dir", str(self.config.work_dir / "devhost")]).start()
+        self.devhost = self._process("devhost", devhost_args(
+            self.config.app_dir, 0, self.config.work_dir / "devhost")).start()
         return self.devhost
 
     def start(self) -> LocalSystem:

@@ -23,18 +23,38 @@ log = logging.getLogger("orderflow.notifications")
 THRESHOLD_PREFIX = "FailureThresholdReached"
 
 
+COMPLETED_REASON = "all steps succeeded"
+
+
+def terminal_status(rec: OrderStateRecord) -> tuple[OrderStatus, str]:
+    """The status a terminal record announces and its reason: `completed` always with the success (never an error
+    of an earlier attempt, which a record written before `previousErrors` existed may still hold in lastError),
+    `failed` with the error that ended the order."""
+    if rec.process_state is ProcessState.ERROR:
+        return OrderStatus.FAILED, rec.last_error or "failed"
+    if rec.process_state is ProcessState.PROCESSED:
+        return OrderStatus.COMPLETED, COMPLETED_REASON
+    raise IllegalTransition(f"order {rec.order_id} is {rec.process_state.value}: it has no terminal status")
+
+
+async def send_terminal_status(services: Services, rec: OrderStateRecord) -> None:
+    """(Re)send a terminal record's status: same state, reason, attempt and so MessageId every time, so duplicate
+    detection on the reply queue absorbs a repeat inside its window. Used by `notify_terminal` and by the
+    submission when an order that is already terminal is submitted again."""
+    state, reason = terminal_status(rec)
+    await send_status(services.bus, rec.reply_to, order_id=rec.order_id, state=state, attempt=rec.attempt,
+                      reason=reason, now=services.clock.now())
+
+
 async def notify_terminal(services: Services, rec: OrderStateRecord) -> None:
     """Send what a terminal record owes, then record that it was sent. Raises if a send fails."""
     now = services.clock.now()
-    failed = rec.process_state is ProcessState.ERROR
-    reason = rec.last_error or ("all steps succeeded" if not failed else "failed")
-    if failed:
+    state, reason = terminal_status(rec)
+    if state is OrderStatus.FAILED:
         kind = AlertKind.FAILURE_THRESHOLD if reason.startswith(THRESHOLD_PREFIX) else AlertKind.ORDER_FAILED
         await raise_alert(services.bus, services.tunables.alerts_queue, kind=kind, order_id=rec.order_id,
                           reason=reason, now=now, details={"attempt": rec.attempt, "failureCount": rec.failure_count})
-    await send_status(services.bus, rec.reply_to, order_id=rec.order_id,
-                      state=OrderStatus.FAILED if failed else OrderStatus.COMPLETED, attempt=rec.attempt,
-                      reason=reason, now=now)
+    await send_terminal_status(services, rec)
     await services.state.update_with_retry(rec.order_id, lambda r: mark_notified(r, services.clock.now()))
 
 

@@ -110,7 +110,12 @@ class OrderStateRecord(_Record):
     attempt: int = Field(default=0, ge=0, le=MAX_ATTEMPT)
     reply_to: str = Field(alias="replyTo")
     steps: tuple[StepRecord, ...] = ()
+    # The current error: of the attempt in progress, or the one that ended the order in Error. An error that a later
+    # one replaces, or that a successful attempt leaves behind (complete clears lastError), moves to
+    # `previous_errors` (oldest first): a Processed record never shows an old error as if it were current. A record
+    # without `previousErrors` (written before the field existed) reads as ().
     last_error: str | None = Field(default=None, alias="lastError")
+    previous_errors: tuple[str, ...] = Field(default=(), alias="previousErrors")
     retry_at: UtcDatetime | None = Field(default=None, alias="retryAt")
     order_hash: str = Field(alias="orderHash")
     schema_version: int = Field(default=RECORD_SCHEMA_VERSION, alias="schemaVersion")

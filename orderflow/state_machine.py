@@ -117,6 +117,13 @@ def _fence(rec: OrderStateRecord, instance: str) -> None:
         raise Fenced(rec.order_id, instance, rec.locked_by)
 
 
+def _error_changes(rec: OrderStateRecord, error: str | None) -> dict[str, object]:
+    """`last_error` becomes `error`; the error it replaces is kept, oldest first, in `previous_errors`."""
+    replaced = rec.last_error
+    history = rec.previous_errors if replaced is None or replaced == error else (*rec.previous_errors, replaced)
+    return {"last_error": error, "previous_errors": history}
+
+
 def _move(rec: OrderStateRecord, event: Event, now: datetime, **changes: object) -> OrderStateRecord:
     target = next_state(rec.process_state, event)
     return rec.model_copy(update={"process_state": target, "updated_at": ensure_utc(now), **changes})
@@ -202,16 +209,19 @@ def record_step(
         return rec
     changes: dict[str, object] = {"steps": _with_step(rec, step, status, now)}
     if error is not None:
-        changes["last_error"] = error
+        changes.update(_error_changes(rec, error))
     return _move(rec, Event.RECORD_STEP, now, **changes)
 
 
 def complete(rec: OrderStateRecord, instance: str, now: datetime) -> OrderStateRecord:
-    """Scheduler (fenced): Processing → Processed. LockedBy stays as the record of who finished it."""
+    """Scheduler (fenced): Processing → Processed. LockedBy stays as the record of who finished it.
+
+    An error left by an earlier attempt (or a failed step that later succeeded) is history, not the outcome: it
+    moves to `previous_errors` and `last_error` is cleared."""
     _fence(rec, instance)
     if rec.process_state is ProcessState.PROCESSED:
         return rec
-    return _move(rec, Event.COMPLETE, now, complete_by=None)
+    return _move(rec, Event.COMPLETE, now, complete_by=None, **_error_changes(rec, None))
 
 
 def fail(rec: OrderStateRecord, instance: str, error: str, now: datetime) -> OrderStateRecord:
@@ -219,7 +229,7 @@ def fail(rec: OrderStateRecord, instance: str, error: str, now: datetime) -> Ord
     _fence(rec, instance)
     if rec.process_state is ProcessState.ERROR and rec.last_error == error:
         return rec
-    return _move(rec, Event.FAIL, now, complete_by=None, last_error=error)
+    return _move(rec, Event.FAIL, now, complete_by=None, **_error_changes(rec, error))
 
 
 def recover(
@@ -247,7 +257,7 @@ def recover(
             locked_by=None,
             complete_by=None,
             retry_at=None,
-            last_error=f"FailureThresholdReached: {expired}",
+            **_error_changes(rec, f"FailureThresholdReached: {expired}"),
         )
     return _move(
         rec,
@@ -257,7 +267,7 @@ def recover(
         locked_by=None,
         complete_by=None,
         retry_at=at + backoff(failures),
-        last_error=expired,
+        **_error_changes(rec, expired),
     )
 
 

@@ -3,7 +3,8 @@
 - Invalid input (not JSON, missing or ill-typed field, unknown type, bad orderId, SessionId ≠ orderId, a replyTo that
   is not an allowed reply queue) → `Rejected` with a reason naming the field; nothing is written.
 - Same orderId with the same immutable data (stable hash) → accepted again (a redelivery or a client retry); a crash
-  between the two writes is repaired by the redelivery, because each write is create-if-absent.
+  between the two writes is repaired by the redelivery, because each write is create-if-absent. `received` is sent
+  on every acceptance; when the order is already terminal (Processed/Error), its terminal status follows, again.
 - Same orderId with other data → `Rejected("OrderConflict")`; the stored order is never overwritten.
 """
 
@@ -13,9 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from orderflow.messages import AlertKind, InvalidMessage, OrderStatus, SubmitOrder, parse_submit_order
+from orderflow.notifications import send_terminal_status
 from orderflow.outbound import about_message, raise_alert, send_status
 from orderflow.records import OrderRecord, OrderStateRecord
 from orderflow.runtime import Services
+from orderflow.state_machine import TERMINAL_STATES
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,11 @@ async def submit(services: Services, body: bytes, session_id: str | None,
     # and before this send is repaired by the redelivery too.
     await send_status(services.bus, order.reply_to, order_id=order.order_id, state=OrderStatus.RECEIVED,
                       attempt=0, reason="order accepted", now=now)
+    if state.process_state in TERMINAL_STATES:
+        # A resubmission of a finished order (a client retrying after a timeout, past the duplicate window): answer
+        # with its terminal status again — same state, reason, attempt and MessageId as the original, so a repeat
+        # inside the window is absorbed. No operator alert: that was raised when the order ended.
+        await send_terminal_status(services, state)
     return Accepted(order=order, created=order_created or state_created)
 
 

@@ -23,10 +23,12 @@ COMMANDS = {
     "start": {"--app-dir", "--port", "--state-dir", "--log-level"},
     "demo": {"--orders", "--seed", "--transient-failure-rate", "--permanent-failure-rate", "--hang-rate", "--timeout",
              "--work-dir", "--json"},
-    "submit": {"--app-dir", "--connection", "--order-id", "--file", "--reply-to", "--wait"},
+    "submit": {"--app-dir", "--connection", "--order-id", "--file", "--reply-to", "--wait", "--host-port"},
     "queues": {"--app-dir", "--connection", "--peek"},
     "drill": {"--orders", "--kills", "--min-gap", "--max-gap", "--seed", "--settings", "--servicebus-config",
               "--timeout", "--work-dir", "--json"},
+    "up": {"--app-dir", "--state-dir", "--port", "--simulator-port", "--timeout"},
+    "down": {"--app-dir", "--state-dir", "--timeout"},
 }
 
 

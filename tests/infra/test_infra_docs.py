@@ -1,9 +1,11 @@
 """README.md "Deploy" section: azd up, the az deployment alternative, adding a submitting application, an
-identity-based send/receive snippet that is valid Python and uses the real message schema, and teardown."""
+identity-based client (examples/client.py) that uses the real message schema, and teardown."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import json
 import re
 
 from orderflow.messages import SubmitOrder
@@ -11,16 +13,13 @@ from orderflow.messages import SubmitOrder
 from .bicep_tree import REPO, main
 
 DOC = (REPO / "README.md").read_text()
+CLIENT = REPO / "examples" / "client.py"
 
 
 def _deploy_section() -> str:
     match = re.search(r"^## Deploy\n(.*?)(?=^## |\Z)", DOC, re.MULTILINE | re.DOTALL)
     assert match, "README.md has no '## Deploy' section"
     return match.group(1)
-
-
-def _python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", _deploy_section(), re.DOTALL)
 
 
 def test_deploy_section_covers_every_step() -> None:
@@ -44,31 +43,29 @@ def test_cli_parameters_exist_in_main_bicep() -> None:
     assert used and used <= set(main().params), used - set(main().params)
 
 
-def test_snippet_is_identity_based_python() -> None:
-    (snippet,) = _python_blocks()
-    ast.parse(snippet)
-    assert "DefaultAzureCredential()" in snippet and "ServiceBusClient(namespace" in snippet
-    assert "session_id=order_id" in snippet
-    assert not re.search(r"from_connection_string|SharedAccessKey|conn_str", snippet)
+def test_client_is_identity_based_python() -> None:
+    """The Deploy section runs examples/client.py with the namespace only; the script's Azure path is
+    DefaultAzureCredential, with no key."""
+    section = _deploy_section()
+    assert "examples/client.py" in section and "SERVICEBUS_FULLY_QUALIFIED_NAMESPACE" in section
+    assert not re.search(r"SharedAccessKey|conn_str", section)
+    script = CLIENT.read_text()
+    tree = ast.parse(script)
+    assert "ServiceBusClient(namespace, DefaultAzureCredential())" in script
+    assert 'os.environ.get("SERVICEBUS_FULLY_QUALIFIED_NAMESPACE")' in script
+    assert "session_id=order_id" in script
+    assert not re.search(r"SharedAccessKey=\w", script)
+    assert any(isinstance(n, ast.FunctionDef) and n.name == "sample_order" for n in ast.walk(tree))
 
 
-def test_snippet_order_is_a_valid_submit_order() -> None:
-    (snippet,) = _python_blocks()
-    tree = ast.parse(snippet)
-    order = next(
-        node.value
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "order"
-    )
-    literal = {k.value: v for k, v in zip(order.keys, order.values, strict=True)}  # type: ignore[union-attr]
-    fields = {
-        key: ast.literal_eval(value)
-        for key, value in literal.items()
-        if key not in ("orderId", "replyTo", "submittedAt")
-    }  # computed in the snippet
-    SubmitOrder.model_validate(
-        {**fields, "orderId": "order-1", "replyTo": "app-status", "submittedAt": "2025-01-01T00:00:00Z"}
-    )
+def test_client_sample_orders_are_valid_submit_orders() -> None:
+    spec = importlib.util.spec_from_file_location("example_client", CLIENT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    SubmitOrder.model_validate({**module.sample_order("order-1"), "submittedAt": "2025-01-01T00:00:00Z"})
+    mine = json.loads((REPO / "examples" / "my-order.json").read_text())
+    SubmitOrder.model_validate({**mine, "submittedAt": "2025-01-01T00:00:00Z"})
 
 
 def test_outputs_table_names_real_outputs() -> None:

@@ -108,6 +108,7 @@ def test_state_document_is_camel_case_with_sortable_dates() -> None:
         "replyTo",
         "steps",
         "lastError",
+        "previousErrors",
         "retryAt",
         "orderHash",
         "schemaVersion",
@@ -129,6 +130,16 @@ def test_round_trip_drops_store_system_properties_and_keeps_unknown_fields() -> 
     back = OrderStateRecord.from_doc(stored)
     assert back.to_doc() == {**rec.to_doc(), "addedByNewerVersion": {"a": 1}}
     assert "_etag" not in back.to_doc()
+
+
+def test_previous_errors_default_empty_and_round_trip() -> None:
+    """A record written before `previousErrors` existed reads as no history; the history survives a round trip."""
+    doc = OrderStateRecord.new(order(), NOW).to_doc()
+    del doc["previousErrors"]
+    assert OrderStateRecord.from_doc(doc).previous_errors == ()
+    rec = OrderStateRecord.new(order(), NOW).model_copy(update={"previous_errors": ("attempt 1 expired",)})
+    assert rec.to_doc()["previousErrors"] == ["attempt 1 expired"]
+    assert OrderStateRecord.from_doc(rec.to_doc()).previous_errors == ("attempt 1 expired",)
 
 
 def test_records_are_immutable() -> None:

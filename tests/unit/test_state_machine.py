@@ -253,9 +253,36 @@ def test_complete_clears_the_deadline_and_keeps_the_lock() -> None:
     assert (rec.process_state, rec.locked_by, rec.complete_by) == (ProcessState.PROCESSED, FIRST, None)
 
 
+def test_complete_moves_an_earlier_error_into_the_history() -> None:
+    """A success after a failed attempt: the old error is history (previousErrors), not the current lastError."""
+    retried = recover(in_state(ProcessState.PROCESSING), FIRST, NOW, THRESHOLD, BACKOFF)
+    second = instance_id(ORDER, 2)
+    rec = claim(retried, second, NOW + LEASE * 10, NOW + LEASE * 5)
+    rec = record_step(set_step_deadline(rec, second, STEP, NOW + LEASE * 10, NOW + LEASE * 5), second, STEP,
+                      StepStatus.FAILED, NOW + LEASE * 5, error="timeout, retried")
+    expired = retried.last_error
+    assert expired is not None and "expired" in expired
+    done = complete(rec, second, NOW + LEASE * 6)
+    assert (done.process_state, done.last_error) == (ProcessState.PROCESSED, None)
+    assert done.previous_errors == (expired, "timeout, retried")
+    assert complete(done, second, NOW + LEASE * 7) == done  # the repeat stays a no-op
+
+
+def test_complete_without_an_error_leaves_the_history_empty() -> None:
+    done = complete(in_state(ProcessState.PROCESSING), FIRST, NOW)
+    assert (done.last_error, done.previous_errors) == (None, ())
+
+
 def test_fail_records_the_error() -> None:
     rec = fail(in_state(ProcessState.PROCESSING), FIRST, "card declined", NOW)
     assert (rec.process_state, rec.last_error, rec.complete_by) == (ProcessState.ERROR, "card declined", None)
+
+
+def test_fail_keeps_the_error_it_replaces_in_the_history() -> None:
+    rec = record_step(set_step_deadline(in_state(ProcessState.PROCESSING), FIRST, STEP, NOW + LEASE, NOW), FIRST,
+                      STEP, StepStatus.FAILED, NOW, error="timeout")
+    out = fail(rec, FIRST, "card declined", NOW)
+    assert (out.last_error, out.previous_errors) == ("card declined", ("timeout",))
 
 
 # --- recover --------------------------------------------------------------------------------------
@@ -344,6 +371,9 @@ def _check_invariants(before: OrderStateRecord, after: OrderStateRecord) -> None
         assert after.locked_by == instance_id(ORDER, after.attempt) and after.complete_by is not None
     if before.process_state in (ProcessState.PROCESSED, ProcessState.ERROR):
         assert after.process_state is before.process_state  # terminal
+    if after.process_state is ProcessState.PROCESSED:
+        assert after.last_error is None  # an old error is history (previousErrors), never the current one
+    assert after.previous_errors[: len(before.previous_errors)] == before.previous_errors  # history only grows
 
 
 @settings(max_examples=200, deadline=None)
