@@ -6,8 +6,8 @@ characters). The extension enforces the same characters in `DurableClient.StartN
 `IsInvalidCharacter`: '/', '\\', '?', '#' or `char.IsControl`, i.e. Unicode category Cc) but allows up to
 `MaxInstanceIdLength` = 256 characters; we keep the documented, stricter 100. An empty id there means "make a GUID";
 an id we *address* (raise an event to) must not be empty.
-devhost's Durable emulator (devhost/durable/ids.py) keeps its own copy of these rules, because devhost's emulator is
-not product code; tests/unit/test_instance_ids.py checks that the two agree on every generated id.
+devhost's Durable emulator applies the same function (devhost/durable/ids.py `validate_instance_id`), so the product
+and devhost cannot drift apart (orderflow may not import devhost; devhost may import orderflow).
 
 Product rule: the Scheduler instance of one attempt is `<orderId>:<attempt>` (`orderflow.records.instance_id`).
 """

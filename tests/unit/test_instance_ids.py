@@ -1,8 +1,7 @@
-"""Instance-id rules: orderflow's copy (orderflow/instance_ids.py, used before any HTTP call) and devhost's Durable
-emulator (devhost/durable/ids.py) accept exactly the same ids; orderflow may not import devhost, so this keeps them
-equal. The rules: seed 004 "Orchestration identity" (1-100 characters, no leading '@', none of / \\ # ?, no control
-characters); the characters as the extension checks them: DurableClient.cs `IsInvalidCharacter`
-(Azure/azure-functions-durable-extension).
+"""Instance-id rules: orderflow/instance_ids.py (used before any HTTP call) and devhost's Durable emulator
+(devhost/durable/ids.py, which applies it) accept exactly the same ids. The rules: seed 004 "Orchestration
+identity" (1-100 characters, no leading '@', none of / \\ # ?, no control characters); the characters as the
+extension checks them: DurableClient.cs `IsInvalidCharacter` (Azure/azure-functions-durable-extension).
 """
 
 from __future__ import annotations
