@@ -26,7 +26,6 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
-from datetime import datetime
 from typing import Any
 
 import aiohttp
@@ -38,14 +37,13 @@ from agent.handler import Outbox, RequestHandler
 from agent.remote import HttpRemoteCaller, RemoteCaller
 from orderflow.clock import SystemClock
 from orderflow.clock import WaitingClock as Clock
-from orderflow.session_locks import MIN_LOCK_DURATION, renew_delay
+from orderflow.session_locks import keep_lock_renewed
 
 SESSION_ACCEPT_WAIT_SECONDS = 10.0
 log = logging.getLogger("agent")
 
 BATCH_SIZE = 10
 ERROR_PAUSE_SECONDS = 1.0
-RENEW_RETRY_SECONDS = 0.2  # pause before retrying a failed renewal (the lock is still valid)
 
 
 class AgentWorker:
@@ -151,27 +149,9 @@ class AgentWorker:
         settlement raises SessionLockLostError, which ends the session (the request is redelivered; its
         idempotency key absorbs the repeat)."""
         session = receiver.session
-        expires = getattr(session, "locked_until_utc", None) or self._clock.now() + MIN_LOCK_DURATION
-        delay = renew_delay((expires - self._clock.now()).total_seconds())
-        while True:
-            await self._clock.sleep(delay)
-            if self._clock.now() >= expires:
-                log.warning("could not renew the lock of session %s before it expired",
-                            getattr(session, "session_id", "?"))
-                return
-            try:
-                renewed = await session.renew_lock()
-            except SessionLockLostError:
-                log.warning("lost the lock of session %s", getattr(session, "session_id", "?"))
-                return
-            except Exception as exc:  # noqa: BLE001 - a transient failure: retry while the lock lasts
-                log.warning("renewing the lock of session %s failed, retrying: %s",
-                            getattr(session, "session_id", "?"), exc)
-                delay = RENEW_RETRY_SECONDS
-                continue
-            fallback = renewed if isinstance(renewed, datetime) else self._clock.now() + MIN_LOCK_DURATION
-            expires = getattr(session, "locked_until_utc", None) or fallback
-            delay = renew_delay((expires - self._clock.now()).total_seconds())
+        await keep_lock_renewed(session.renew_lock, lambda: getattr(session, "locked_until_utc", None), self._clock,
+                                lost=(SessionLockLostError,), transient=(Exception,), log=log,
+                                what=f"session {getattr(session, 'session_id', '?')}")
 
 
 async def _abandon_all(receiver: Any, messages: Sequence[Any]) -> None:

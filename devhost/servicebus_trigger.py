@@ -41,7 +41,7 @@ from azure.servicebus.exceptions import (
 
 from orderflow.clock import SystemClock
 from orderflow.clock import WaitingClock as Clock
-from orderflow.session_locks import MIN_LOCK_DURATION, renew_delay
+from orderflow.session_locks import keep_lock_renewed
 
 from .config import ServiceBusOptions
 
@@ -50,7 +50,6 @@ log = logging.getLogger("devhost.servicebus")
 # How long one receive call waits before the loop re-checks for shutdown. The wait itself is woken by the broker's
 # notification, so this bound costs nothing while idle.
 RECEIVE_WAIT_S = 30.0
-RENEW_RETRY_S = 0.2  # pause before retrying a failed renewal while the lock is still valid
 
 
 def _text(value: Any) -> Datum | None:
@@ -208,27 +207,7 @@ class ServiceBusTriggerRunner:
 
     async def _renew_until(self, renew: Callable[[], Awaitable[Any]],
                            locked_until: Callable[[], datetime | None]) -> None:
-        """Renew a lock at half its remaining time (`renew_delay`) until cancelled, for at most
-        maxAutoLockRenewalDuration; a failed renewal is retried while the lock is still valid, and renewing stops
-        once it is lost (the settlement or the next receive then reports the lost lock, and the broker
-        redelivers: at-least-once)."""
-        clock = self.clock
-        started = clock.now()
-        expires = locked_until() or started + MIN_LOCK_DURATION
-        delay = renew_delay((expires - started).total_seconds())
-        while True:
-            await clock.sleep(delay)
-            now = clock.now()
-            if now >= expires or (now - started).total_seconds() >= self.options.max_auto_lock_renewal_s:
-                return
-            try:
-                renewed = await renew()
-            except (MessageLockLostError, SessionLockLostError):
-                return
-            except ServiceBusError as exc:
-                log.warning("renewing a lock on %s failed, retrying: %s", self.queue, exc)
-                delay = RENEW_RETRY_S
-                continue
-            fallback = renewed if isinstance(renewed, datetime) else clock.now() + MIN_LOCK_DURATION
-            expires = locked_until() or fallback
-            delay = renew_delay((expires - clock.now()).total_seconds())
+        """Renew a lock until cancelled, for at most maxAutoLockRenewalDuration (orderflow.session_locks)."""
+        await keep_lock_renewed(renew, locked_until, self.clock, lost=(MessageLockLostError, SessionLockLostError),
+                                transient=(ServiceBusError,), log=log, what=f"a message or session on {self.queue}",
+                                max_duration_s=self.options.max_auto_lock_renewal_s)

@@ -45,11 +45,13 @@ host.json) and on the demo's `devhost/system.py` LOCAL_DEFAULTS with `servicebus
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from orderflow import settings
+from orderflow.clock import WaitingClock
 from orderflow.state_machine import exponential_backoff
 
 # The smallest LockDuration Service Bus accepts (see the module docstring); also what a consumer assumes when it
@@ -59,6 +61,7 @@ CRASH_HEADROOM_SECONDS = 5.0
 # A lock with less than this left is renewed at once (Azure.Messaging.ServiceBus ServiceBusProcessor
 # `CalculateRenewDelay`: "if (remainingTime < TimeSpan.FromMilliseconds(400)) return TimeSpan.Zero").
 RENEW_AT_ONCE_BELOW_SECONDS = 0.4
+RENEW_RETRY_SECONDS = 0.2  # pause before retrying a failed renewal while the lock is still valid
 
 
 def renew_delay(remaining_seconds: float) -> float:
@@ -67,6 +70,48 @@ def renew_delay(remaining_seconds: float) -> float:
     if remaining_seconds < RENEW_AT_ONCE_BELOW_SECONDS:
         return 0.0
     return remaining_seconds / 2
+
+
+async def keep_lock_renewed(
+    renew: Callable[[], Awaitable[object]],
+    locked_until: Callable[[], datetime | None],
+    clock: WaitingClock,
+    *,
+    lost: tuple[type[BaseException], ...],
+    transient: tuple[type[BaseException], ...],
+    log: logging.Logger,
+    what: str,
+    max_duration_s: float | None = None,
+) -> None:
+    """Renew a lock at `renew_delay` of its remaining time until cancelled: the one renewal loop of the Agent and of
+    devhost's Service Bus trigger. A `transient` failure is retried every RENEW_RETRY_SECONDS while the lock is still
+    valid; renewing stops (returns) once the lock is `lost`, once its expiry has passed, and after `max_duration_s`
+    (host.json maxAutoLockRenewalDuration) when given. The holder's next receive or settlement then reports the lost
+    lock, and the broker redelivers (at-least-once). A lock whose expiry is unknown is taken to last
+    MIN_LOCK_DURATION."""
+    started = clock.now()
+    expires = locked_until() or started + MIN_LOCK_DURATION
+    delay = renew_delay((expires - started).total_seconds())
+    while True:
+        await clock.sleep(delay)
+        now = clock.now()
+        if now >= expires:
+            log.warning("could not renew the lock of %s before it expired", what)
+            return
+        if max_duration_s is not None and (now - started).total_seconds() >= max_duration_s:
+            return
+        try:
+            renewed = await renew()
+        except lost:
+            log.warning("lost the lock of %s", what)
+            return
+        except transient as exc:
+            log.warning("renewing the lock of %s failed, retrying: %s", what, exc)
+            delay = RENEW_RETRY_SECONDS
+            continue
+        fallback = renewed if isinstance(renewed, datetime) else clock.now() + MIN_LOCK_DURATION
+        expires = locked_until() or fallback
+        delay = renew_delay((expires - clock.now()).total_seconds())
 
 
 @dataclass(frozen=True)
