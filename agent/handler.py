@@ -49,6 +49,7 @@ from orderflow.messages import (
     InvalidMessage,
     OperatorAlert,
 )
+from orderflow.outbound import about_message
 
 log = logging.getLogger("agent")
 
@@ -167,10 +168,8 @@ class RequestHandler:
             order_id=message.session_id,
             reason=poison.reason,
             details={
-                "queue": self._outbox.requests_queue,
-                "messageId": message.message_id,
-                "sessionId": message.session_id,
-                "sequenceNumber": getattr(message, "sequence_number", None),
+                **about_message(self._outbox.requests_queue, message.message_id, message.session_id,
+                                getattr(message, "sequence_number", None)),
                 "description": poison.description,
                 "source": "agent",
             },
