@@ -34,7 +34,7 @@ async def _run(argv: Sequence[str] | None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with create_client(args.connection, os.environ) as client:
-        await serve(client, config, stop)
+        await serve(client, config, stop, env=os.environ)  # opens the circuit breaker's store, closes it on exit
     return 0
 
 

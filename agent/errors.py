@@ -14,6 +14,8 @@ from enum import StrEnum
 
 import aiohttp
 
+from orderflow.breaker import CIRCUIT_OPEN as _CIRCUIT_OPEN
+
 
 class Classification(StrEnum):
     SUCCESS = "success"
@@ -27,6 +29,7 @@ class ErrorCode(StrEnum):
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     RETRIES_EXHAUSTED = "RetriesExhausted"
     REMOTE_REJECTED = "RemoteRejected"
+    CIRCUIT_OPEN = _CIRCUIT_OPEN  # the breaker refused before any call: "not now" (result.retryAfterSeconds)
 
 
 _TRANSIENT_STATUSES = frozenset({408, 429})

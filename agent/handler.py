@@ -4,7 +4,8 @@
       │
     deadline passed? ─► failed reply, DeadlineExceeded, no remote call
       │
-    call the remote service with retries inside the deadline (agent.retry)
+    call the remote service with retries inside the deadline (agent.retry), each call through the shared
+    circuit breaker: open before any call ─► failed reply, CircuitOpen, result.retryAfterSeconds, no remote call
       │
     send the AgentReply (SessionId = orderId, MessageId = `<instanceId>:<step>:reply`)
       │
@@ -25,6 +26,12 @@ replies (seed: "the Scheduler must ignore late replies"), and `permanent = false
 timeout-class failure, which leaves recovery to the Supervisor (the state store deliberately does not tell a
 timed-out step from a failed one). Because the reply MessageId is stable, the first reply sent for an
 (instance, step) is the only one the Scheduler can see.
+
+The breaker's transitions are alerted on here too (`circuit_alerter`): `CircuitOpened` when it opens from closed,
+`CircuitClosed` when it closes; none for half-open or a re-open after a failed probe (still the same outage). The
+alert's MessageId hashes the service and the transition's `changedAt`, so every transition is its own alert. Sending
+it is best effort (a failure is logged): the breaker's state is durable in its document and in the gauge
+`orderflow.circuit.state`, which infra alerts on.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -40,7 +48,9 @@ from azure.servicebus import ServiceBusMessage
 from agent.errors import ErrorCode
 from agent.remote import RemoteCaller
 from agent.request_parsing import message_body, parse_agent_request
-from agent.retry import Clock, RetryPolicy, StepOutcome, call_with_retries
+from agent.retry import CallGate, RetryPolicy, StepOutcome, call_with_retries
+from orderflow.breaker import OnTransition, Transition
+from orderflow.clock import WaitingClock as Clock
 from orderflow.messages import (
     AgentOutcome,
     AgentReply,
@@ -50,6 +60,7 @@ from orderflow.messages import (
     OperatorAlert,
 )
 from orderflow.outbound import about_message
+from orderflow.records import format_utc
 
 log = logging.getLogger("agent")
 
@@ -87,11 +98,19 @@ class Outbox:
 
 
 class RequestHandler:
-    def __init__(self, caller: RemoteCaller, outbox: Outbox, policy: RetryPolicy, clock: Clock) -> None:
+    def __init__(
+        self,
+        caller: RemoteCaller,
+        outbox: Outbox,
+        policy: RetryPolicy,
+        clock: Clock,
+        breaker: CallGate | None = None,
+    ) -> None:
         self._caller = caller
         self._outbox = outbox
         self._policy = policy
         self._clock = clock
+        self._breaker = breaker
 
     async def handle(self, receiver: Settler, message: Any) -> Disposition:
         """Process and settle one received request message; bus errors propagate (the caller abandons)."""
@@ -129,7 +148,13 @@ class RequestHandler:
             "payload": request.payload,
         }
         return await call_with_retries(
-            self._caller, request.step.value, body, request.deadline, self._policy_for(request), self._clock
+            self._caller,
+            request.step.value,
+            body,
+            request.deadline,
+            self._policy_for(request),
+            self._clock,
+            self._breaker,
         )
 
     def _policy_for(self, request: AgentRequest) -> RetryPolicy:
@@ -175,6 +200,48 @@ class RequestHandler:
             },
             raised_at=self._clock.now(),
         )
+
+
+def circuit_alert(transition: Transition, raised_at: datetime) -> OperatorAlert | None:
+    """The operator alert of a breaker transition: CircuitOpened (closed → open), CircuitClosed (→ closed), else
+    None (→ half-open, or half-open → open again: a probe failed, the outage goes on)."""
+    if transition.opened:
+        kind = AlertKind.CIRCUIT_OPENED
+    elif transition.closed:
+        kind = AlertKind.CIRCUIT_CLOSED
+    else:
+        return None
+    return OperatorAlert(
+        kind=kind,
+        reason=transition.reason,
+        details={
+            "service": transition.service,
+            "before": transition.before.value,
+            "after": transition.after.value,
+            "changedAt": format_utc(transition.changed_at),
+            "source": "agent",
+        },
+        raised_at=raised_at,
+    )
+
+
+def circuit_alerter(alerts: Sender, clock: Clock) -> OnTransition:
+    """The breaker's `on_transition`: send the transition's alert (if any) on `alerts`; a send failure is logged,
+    never raised (the call the breaker was deciding on goes ahead either way)."""
+
+    async def on_transition(transition: Transition) -> None:
+        alert = circuit_alert(transition, clock.now())
+        if alert is None:
+            return
+        try:
+            await alerts.send_messages(alert_message(alert))
+        except Exception:  # noqa: BLE001 - an alert must not fail the request; the state is in the gauge too
+            log.exception("could not send the %s alert of %s", alert.kind.value, transition.service)
+            return
+        log.warning("alert %s: circuit of %s %s (%s)", alert.kind.value, transition.service,
+                    transition.after.value, transition.reason)
+
+    return on_transition
 
 
 def reply_message(reply: AgentReply) -> ServiceBusMessage:

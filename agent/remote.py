@@ -1,9 +1,9 @@
 """The remote call: one HTTP POST of one step to the remote service, behind a one-method protocol.
 
-`RemoteCaller.call(...)` is the single seam between the retry loop and the network, and the hook point for a
-circuit breaker (a later issue): a breaker is a `RemoteCaller` that wraps another one, fails fast with a
-transient `CallResult` while open, and records each result it passes through. Nothing else in the Agent talks
-HTTP.
+`RemoteCaller.call(...)` is the single seam between the retry loop and the network. The circuit breaker is not
+a wrapper here: the retry loop asks it before each call and reports each result to it (`agent.retry.CallGate`),
+because only the loop knows whether a refusal comes before any call of the request (`CircuitOpen`, "not now") or
+after some (an ordinary transient failure). Nothing else in the Agent talks HTTP.
 """
 
 from __future__ import annotations

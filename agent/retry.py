@@ -9,7 +9,12 @@ once the deadline has passed (work already in flight may finish). So:
 - no backoff sleep runs past the deadline: if the next attempt could not start in time we stop at once;
 - the body (idempotency key included) is built once and sent unchanged on every attempt;
 - `max_retries` bounds the calls, so the Agent's retries stay a small, known factor of the Scheduler's
-  end-to-end budget (style brief: retries have one owner; other layers are configured not to multiply it).
+  end-to-end budget (style brief: retries have one owner; other layers are configured not to multiply it);
+- with a `gate` (the shared circuit breaker, `orderflow.breaker.SharedBreaker`), every call is asked for first
+  (`acquire`) and reported after (`record`: ok when the remote answered, success or permanent failure; not ok when
+  transient). A refusal before any call ends the request as `CircuitOpen` ("not now": no call was made, the
+  Scheduler defers the order); a refusal after calls ends it as an ordinary transient failure, `RetriesExhausted`
+  with the last error (calls were made, so this attempt counts).
 
 Time comes from an injected `Clock`, so tests drive the loop without sleeping.
 """
@@ -19,11 +24,14 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from agent.errors import Classification, ErrorCode
 from agent.remote import CallResult, RemoteCaller
+from orderflow.breaker import BreakerState, Permit, Refusal
 from orderflow.clock import WaitingClock as Clock
+
+__all__ = ["CallGate", "Clock", "RetryPolicy", "StepOutcome", "backoff_delay", "call_with_retries", "unit_hash"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,16 @@ def backoff_delay(policy: RetryPolicy, key: str, retry: int, retry_after: float 
     return max(delay, retry_after or 0.0)
 
 
+class CallGate(Protocol):
+    """What the retry loop asks before each call and tells after it: the circuit breaker of `service`."""
+
+    service: str
+
+    async def acquire(self) -> Permit | Refusal: ...
+
+    async def record(self, permit: Permit, ok: bool) -> None: ...
+
+
 @dataclass(frozen=True)
 class StepOutcome:
     """The end of one request's calls: success with the service's result, or a failure and why."""
@@ -71,18 +89,53 @@ async def call_with_retries(
     deadline: datetime,
     policy: RetryPolicy,
     clock: Clock,
+    gate: CallGate | None = None,
 ) -> StepOutcome:
-    """Call `step` until success, a permanent failure, `max_retries` or the deadline, whichever is first."""
+    """Call `step` until success, a permanent failure, `max_retries`, the deadline or the `gate`'s refusal,
+    whichever is first.
+
+    What the breaker counts: a *request* whose calls all failed transiently (its retries did not absorb the
+    failures) is one failure; calls whose failures the retries absorbed count for nothing, so a remote that fails
+    30 % of calls but answers every request keeps the breaker closed. A half-open probe is one call: its own outcome
+    closes or re-opens the breaker."""
+    calls: list[Permit] = []
+    outcome = await _calls(caller, step, body, deadline, policy, clock, gate, calls)
+    if gate is not None and calls and not calls[-1].probe and not outcome.succeeded and not outcome.permanent:
+        await gate.record(calls[-1], False)
+    return outcome
+
+
+async def _calls(
+    caller: RemoteCaller,
+    step: str,
+    body: dict[str, Any],
+    deadline: datetime,
+    policy: RetryPolicy,
+    clock: Clock,
+    gate: CallGate | None,
+    calls: list[Permit],
+) -> StepOutcome:
     key = str(body.get("idempotencyKey", ""))
     last: CallResult | None = None
     attempts = policy.max_retries + 1
     for attempt in range(1, attempts + 1):
         if attempt > 1 and not await _backoff(policy, key, attempt - 1, last, deadline, clock):
             return _deadline_outcome(attempt - 1, last)
+        permit = Permit()
+        if gate is not None:
+            admitted = await gate.acquire()
+            if isinstance(admitted, Refusal):
+                return _refused_outcome(gate.service, admitted, attempt - 1, last)
+            permit = admitted
+        # Measured after `acquire` (it may read the breaker's store). Should that read have used up the time left, a
+        # half-open probe taken here goes unused; the breaker gives it back after its lease.
         remaining = _remaining(deadline, clock)
         if remaining < policy.min_call_budget:
             return _deadline_outcome(attempt - 1, last)
         last = await caller.call(step, body, min(remaining, policy.call_timeout))
+        calls.append(permit)
+        if gate is not None and permit.probe:
+            await gate.record(permit, last.classification is not Classification.TRANSIENT)
         if last.classification is not Classification.TRANSIENT:
             return _final_outcome(attempt, last)
     assert last is not None
@@ -124,13 +177,29 @@ def _final_outcome(attempts: int, result: CallResult) -> StepOutcome:
     )
 
 
+def _refused_outcome(service: str, refusal: Refusal, calls: int, last: CallResult | None) -> StepOutcome:
+    """The breaker refused the next call: `CircuitOpen` when no call was made for this request, else an ordinary
+    transient failure (retries stopped early; the last call's error)."""
+    if calls == 0:
+        state = "" if refusal.state is BreakerState.OPEN else f" ({refusal.state.value}, its probes taken)"
+        return StepOutcome(
+            False,
+            0,
+            {"retryAfterSeconds": refusal.retry_after.total_seconds()},
+            permanent=False,
+            error_code=ErrorCode.CIRCUIT_OPEN,
+            error=f"the circuit of {service} is open{state}; remote not called",
+        )
+    return _transient_outcome(calls, ErrorCode.RETRIES_EXHAUSTED,
+                              f"{calls} attempt(s) failed transiently, then the circuit of {service} opened", last)
+
+
 def _deadline_outcome(attempts: int, last: CallResult | None) -> StepOutcome:
+    return _transient_outcome(attempts, ErrorCode.DEADLINE_EXCEEDED, f"deadline reached after {attempts} attempt(s)",
+                              last)
+
+
+def _transient_outcome(attempts: int, code: ErrorCode, what: str, last: CallResult | None) -> StepOutcome:
+    """A failure that may pass (permanent = false): the Supervisor owns the retry; `what` plus the last call's error."""
     detail = f"; last: {last.error}" if last and last.error else ""
-    return StepOutcome(
-        False,
-        attempts,
-        {},
-        permanent=False,
-        error_code=ErrorCode.DEADLINE_EXCEEDED,
-        error=f"deadline reached after {attempts} attempt(s){detail}",
-    )
+    return StepOutcome(False, attempts, {}, permanent=False, error_code=code, error=f"{what}{detail}")

@@ -20,6 +20,14 @@ object) or, on a running simulator, `POST /script` (merged into the current scri
 Still deterministic: the behaviour is a pure function of (script, seed, key, call number). `GET /effects` also
 reports the calls per idempotency key (`callsByKey`).
 
+Outage switch: `POST /outage {"down": true}` takes the whole service down: from then on every call answers 503
+(`ServiceUnavailable`, `retry-after-ms`) at once and applies nothing, whatever the seed or the script say, until
+`POST /outage {"down": false}`; `GET /outage` shows the switch and the outages so far. `--down-after S --down-for D`
+schedules one outage from the command line (D 0: down until switched back). Such a call still counts in `callsByKey`
+(the remote service received it); `GET /effects` also reports `callsWhileDown` (total and `callsWhileDownByKey`), and
+`GET /calls` lists every call with its arrival time (Unix seconds), key, HTTP status and whether the service was down,
+so a drill can tell which calls arrived while a circuit breaker was open.
+
 Side effects live in SQLite by idempotency key: the first successful call for a key applies the effect and
 stores its result; every later call with that key returns the stored result (`replayed: true`) and applies
 nothing. `applied_effects` counts effects per (orderId, step); `GET /effects` reports them and the number of
@@ -37,6 +45,7 @@ import json
 import math
 import signal
 import sqlite3
+import time
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -161,6 +170,8 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, count INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS effects (key TEXT PRIMARY KEY, order_id TEXT NOT NULL, step TEXT NOT NULL,
                                     result TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS call_log (at REAL NOT NULL, key TEXT NOT NULL, status INTEGER NOT NULL,
+                                     down INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS applied_effects (order_id TEXT NOT NULL, step TEXT NOT NULL,
                                             count INTEGER NOT NULL,
                                             PRIMARY KEY (order_id, step));
@@ -187,6 +198,17 @@ class EffectStore:
             (key,),
         ).fetchone()
         return int(row[0])
+
+    def log_call(self, at: float, key: str, status: int, down: bool) -> None:
+        """Keep one call's arrival time (Unix seconds), key, answer and whether the service was down."""
+        self._db.execute("INSERT INTO call_log (at, key, status, down) VALUES (?, ?, ?, ?)", (at, key, status, down))
+
+    def calls(self, since: float = 0.0) -> list[dict[str, Any]]:
+        """The call log from `since` on, in arrival order."""
+        rows = self._db.execute(
+            "SELECT at, key, status, down FROM call_log WHERE at >= ? ORDER BY at", (since,)
+        ).fetchall()
+        return [{"at": at, "key": key, "status": status, "down": bool(down)} for at, key, status, down in rows]
 
     def apply(self, key: str, order_id: str, step: str) -> tuple[dict[str, Any], bool]:
         """Apply the effect of `key` once; returns (result, replayed). Raises KeyConflict on key reuse."""
@@ -226,12 +248,16 @@ class EffectStore:
             "SELECT order_id, step, count FROM applied_effects ORDER BY order_id, step"
         ).fetchall()
         by_key = dict(self._db.execute("SELECT key, count FROM calls ORDER BY key").fetchall())
+        down_by_key = dict(self._db.execute(
+            "SELECT key, COUNT(*) FROM call_log WHERE down GROUP BY key ORDER BY key").fetchall())
         return {
             "effects": [{"orderId": o, "step": s, "applied": c} for o, s, c in rows],
             "totalApplied": sum(c for _, _, c in rows),
             "duplicates": sum(c - 1 for _, _, c in rows if c > 1),
             "calls": sum(by_key.values()),
             "callsByKey": by_key,
+            "callsWhileDown": sum(down_by_key.values()),
+            "callsWhileDownByKey": down_by_key,
         }
 
 
@@ -260,6 +286,22 @@ class Simulator:
         self._closing = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self.url = ""
+        self.outages: list[list[float | None]] = []  # [start, end] in Unix seconds; end None while down
+
+    @property
+    def down(self) -> bool:
+        return bool(self.outages) and self.outages[-1][1] is None
+
+    def set_down(self, down: bool) -> dict[str, Any]:
+        """The outage switch: down, every call answers 503 and applies nothing; up, calls behave as configured."""
+        if down and not self.down:
+            self.outages.append([time.time(), None])
+        elif not down and self.down:
+            self.outages[-1][1] = time.time()
+        return self.outage_report()
+
+    def outage_report(self) -> dict[str, Any]:
+        return {"down": self.down, "outages": [{"start": s, "end": e} for s, e in self.outages]}
 
     async def __aenter__(self) -> Simulator:
         await self.start()
@@ -291,7 +333,31 @@ class Simulator:
         app.router.add_get("/health", self._health)
         app.router.add_get("/script", self._get_script)
         app.router.add_post("/script", self._post_script)
+        app.router.add_get("/outage", self._get_outage)
+        app.router.add_post("/outage", self._post_outage)
+        app.router.add_get("/calls", self._calls)
         return app
+
+    async def _get_outage(self, _: web.Request) -> web.Response:
+        return web.json_response(self.outage_report())
+
+    async def _post_outage(self, request: web.Request) -> web.Response:
+        """`{"down": true|false}`: switch the outage on or off."""
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or not isinstance(body.get("down"), bool):
+            return _error(400, "InvalidRequest", 'expected {"down": true|false}')
+        return web.json_response(self.set_down(body["down"]))
+
+    async def _calls(self, request: web.Request) -> web.Response:
+        """The call log (`?since=UNIX_SECONDS` for the calls from then on)."""
+        try:
+            since = float(request.query.get("since", "0"))
+        except ValueError:
+            return _error(400, "InvalidRequest", "since must be a number of Unix seconds")
+        return web.json_response({"calls": self.store.calls(since)})
 
     async def _get_script(self, _: web.Request) -> web.Response:
         return web.json_response({t: [_NAMES[f] for f in fs] for t, fs in self.script.items()})
@@ -318,7 +384,12 @@ class Simulator:
         if isinstance(parsed, web.Response):
             return parsed
         order_id, key = parsed
-        decision = decide_call(self.config, self.script, key, order_id, self.store.next_call(key))
+        at, number = time.time(), self.store.next_call(key)
+        if self.down:
+            self.store.log_call(at, key, 503, down=True)
+            return self._transient(503)
+        decision = decide_call(self.config, self.script, key, order_id, number)
+        self.store.log_call(at, key, decision.status, down=False)
         await self._pause(decision.latency)
         if decision.fault is Fault.TRANSIENT:
             return self._transient(decision.status)
@@ -379,6 +450,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--fail-first-calls", type=int, default=0, help="every key fails transiently N times first"
     )
     p.add_argument("--retry-after-ms", type=int, default=100)
+    p.add_argument("--down-after", type=float, default=None, metavar="S",
+                   help="take the service down S seconds after start (every call 503, no effect); see POST /outage")
+    p.add_argument("--down-for", type=float, default=0.0, metavar="D",
+                   help="with --down-after: bring it back after D seconds (default 0: down until POST /outage)")
     p.add_argument("--db", default=".simulator.sqlite", help="SQLite file of the side effects")
     p.add_argument("--script", default=None, help="JSON file {idempotencyKey or orderId: [ok|transient|...]}")
     return p
@@ -409,7 +484,21 @@ async def _serve(args: argparse.Namespace) -> None:
     script = script_from_args(args)
     async with Simulator(config_from_args(args), args.db, args.host, args.port, script) as sim:
         print(f"simulator listening on {sim.url}", flush=True)
+        outage = None
+        if args.down_after is not None:
+            outage = asyncio.create_task(_scheduled_outage(sim, args.down_after, args.down_for))
         await stop.wait()
+        if outage is not None:
+            outage.cancel()
+
+
+async def _scheduled_outage(sim: Simulator, after: float, duration: float) -> None:
+    """`--down-after S --down-for D`: down from S seconds after start, for D seconds (0: until switched back)."""
+    await asyncio.sleep(max(0.0, after))
+    sim.set_down(True)
+    if duration > 0:
+        await asyncio.sleep(duration)
+        sim.set_down(False)
 
 
 def main(argv: list[str] | None = None) -> None:

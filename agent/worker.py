@@ -16,6 +16,13 @@ rest of its batch, so order is kept and the request is redelivered (MaxDeliveryC
 Shutdown (SIGTERM/SIGINT set `stop`): slots take no new session or message; a request in flight gets
 `shutdown_grace_ms` to finish, the rest of a batch is abandoned; past the grace, in-flight work is cancelled
 unsettled and redelivered later — safe, because every step is idempotent by its key.
+
+Circuit breaker: `serve` opens the breaker documents (`orderflow.store.open_breaker_documents`: Cosmos container
+`CircuitBreakerContainerName` at `CosmosDb__accountEndpoint`, the embedded store locally) and gives every request
+the one `SharedBreaker` of `RemoteServiceName`, shared through its document with every other Agent instance. Its
+transitions raise operator alerts on `operator-alerts` (`agent.handler.circuit_alerter`). With
+`CircuitBreakerFailureThreshold` 0 the breaker is off and no store is opened; with it on and no
+`CosmosDb__accountEndpoint`, the Agent refuses to start (a breaker each Agent kept to itself would not be shared).
 """
 
 from __future__ import annotations
@@ -23,8 +30,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -33,11 +41,14 @@ from azure.servicebus import NEXT_AVAILABLE_SESSION
 from azure.servicebus.exceptions import OperationTimeoutError, SessionLockLostError
 
 from agent.config import AgentConfig
-from agent.handler import Outbox, RequestHandler
+from agent.handler import Outbox, RequestHandler, circuit_alerter
 from agent.remote import HttpRemoteCaller, RemoteCaller
+from agent.retry import CallGate
+from orderflow.breaker import BreakerConfig, OnTransition, shared_breaker
 from orderflow.clock import SystemClock
 from orderflow.clock import WaitingClock as Clock
 from orderflow.session_locks import keep_lock_renewed
+from orderflow.store import DocumentStore, open_breaker_documents
 
 SESSION_ACCEPT_WAIT_SECONDS = 10.0
 log = logging.getLogger("agent")
@@ -45,15 +56,24 @@ log = logging.getLogger("agent")
 BATCH_SIZE = 10
 ERROR_PAUSE_SECONDS = 1.0
 
+# Builds the circuit breaker once the alerts sender is open: given the `on_transition` that alerts on it.
+BreakerFactory = Callable[[OnTransition], CallGate]
+
 
 class AgentWorker:
     def __init__(
-        self, client: Any, caller: RemoteCaller, config: AgentConfig, clock: Clock | None = None
+        self,
+        client: Any,
+        caller: RemoteCaller,
+        config: AgentConfig,
+        clock: Clock | None = None,
+        breaker: BreakerFactory | None = None,
     ) -> None:
         self._client = client
         self._caller = caller
         self._config = config
         self._clock = clock or SystemClock()
+        self._make_breaker = breaker
         self.stats: Counter[str] = Counter()
         self._busy: set[asyncio.Task[Any]] = set()  # slots handling a request right now
 
@@ -64,7 +84,10 @@ class AgentWorker:
             replies = await stack.enter_async_context(self._client.get_queue_sender(cfg.replies_queue))
             alerts = await stack.enter_async_context(self._client.get_queue_sender(cfg.alerts_queue))
             outbox = Outbox(replies, alerts, cfg.replies_queue, cfg.requests_queue)
-            handler = RequestHandler(self._caller, outbox, cfg.retry_policy(), self._clock)
+            breaker = None
+            if self._make_breaker is not None:
+                breaker = self._make_breaker(circuit_alerter(alerts, self._clock))
+            handler = RequestHandler(self._caller, outbox, cfg.retry_policy(), self._clock, breaker)
             slots = [
                 asyncio.create_task(self._slot(handler, stop), name=f"agent-slot-{i}")
                 for i in range(cfg.max_concurrent_sessions)
@@ -172,12 +195,52 @@ async def _finish(tasks: list[asyncio.Task[None]], grace: float) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def open_breaker_store(env: Mapping[str, str]) -> DocumentStore | None:
+    """The breaker documents, or None when the breaker is off (`CircuitBreakerFailureThreshold` 0). Raises
+    ValueError on invalid breaker settings, or when it is on and `CosmosDb__accountEndpoint` is not set."""
+    config = BreakerConfig.from_env(env)
+    if not config.enabled:
+        log.info("circuit breaker off (CircuitBreakerFailureThreshold=0)")
+        return None
+    try:
+        return open_breaker_documents(env)
+    except KeyError as exc:
+        raise ValueError(
+            "the circuit breaker needs the store every Agent instance shares: set CosmosDb__accountEndpoint "
+            "(embedded://PATH locally), or CircuitBreakerFailureThreshold=0 to run without a breaker"
+        ) from exc
+
+
+def breaker_factory(documents: DocumentStore, clock: Clock, env: Mapping[str, str]) -> BreakerFactory:
+    """The configured `SharedBreaker` over `documents`, alerting through the `on_transition` it is given."""
+
+    def make(on_transition: OnTransition) -> CallGate:
+        breaker = shared_breaker(documents, clock, env, on_transition)
+        log.info("circuit breaker of %s: %s", breaker.service, breaker.config)
+        return breaker
+
+    return make
+
+
 async def serve(
-    client: Any, config: AgentConfig, stop: asyncio.Event, clock: Clock | None = None
+    client: Any,
+    config: AgentConfig,
+    stop: asyncio.Event,
+    clock: Clock | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Counter[str]:
-    """Run the Agent with an aiohttp connection to `config.remote_url` until `stop`; returns the stats."""
-    connector = aiohttp.TCPConnector(limit=2 * config.max_concurrent_sessions)
-    async with aiohttp.ClientSession(connector=connector) as http:
-        worker = AgentWorker(client, HttpRemoteCaller(http, config.remote_url), config, clock)
-        await worker.run(stop)
-        return worker.stats
+    """Run the Agent with an aiohttp connection to `config.remote_url` and the shared circuit breaker (app settings
+    from `env`, default the environment) until `stop`; returns the stats."""
+    source = os.environ if env is None else env
+    wall = clock or SystemClock()
+    documents = open_breaker_store(source)
+    try:
+        factory = None if documents is None else breaker_factory(documents, wall, source)
+        connector = aiohttp.TCPConnector(limit=2 * config.max_concurrent_sessions)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            worker = AgentWorker(client, HttpRemoteCaller(http, config.remote_url), config, wall, factory)
+            await worker.run(stop)
+            return worker.stats
+    finally:
+        if documents is not None:
+            await documents.aclose()

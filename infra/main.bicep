@@ -43,6 +43,8 @@ param ordersContainerName string = 'orders'
 param stateDatabaseName string = 'state'
 param stateContainerName string = 'orderState'
 param checkpointContainerName string = 'supervisorCheckpoints'
+@description('Container (state database, partition key /id) of the circuit-breaker documents; the Agent\'s only Cosmos DB scope.')
+param circuitBreakerContainerName string = 'circuitBreakers'
 
 @description('''Submitting applications. Each gets its own status queue "<name>-status" (listed in AllowedReplyQueues);
 its principal (when not empty) may send to orders-inbound and receive from its own status queue only.
@@ -100,7 +102,8 @@ param functionMaximumInstanceCount int = 100
 param functionInstanceMemoryMB int = 2048
 @description('Always-ready instances, e.g. [{ name: \'durable\', instanceCount: 1 }, { name: \'function:supervisor\', instanceCount: 1 }].')
 param functionAlwaysReady alwaysReadyEntry[] = []
-@description('Tunables to change from their defaults, e.g. { StepTimeoutSeconds: \'45\' } (names as in orderflow/settings.py).')
+@description('''Tunables to change from their defaults, e.g. { StepTimeoutSeconds: '45' } (names as in orderflow/settings.py).
+The Agent takes RemoteServiceName and the CircuitBreaker* values from here too, so both read the breaker alike.''')
 param appSettingOverrides object = {}
 
 // ---------- the Agent ----------
@@ -204,6 +207,7 @@ module cosmos 'app/cosmos.bicep' = {
     stateDatabaseName: stateDatabaseName
     stateContainerName: stateContainerName
     checkpointContainerName: checkpointContainerName
+    circuitBreakerContainerName: circuitBreakerContainerName
     logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
     vnetEnabled: vnetEnabled
   }
@@ -240,6 +244,7 @@ module rbac 'app/rbac.bicep' = {
     cosmosAccountName: cosmos.outputs.accountName
     ordersDatabaseName: ordersDatabaseName
     stateDatabaseName: stateDatabaseName
+    circuitBreakerContainerName: circuitBreakerContainerName
     registryName: registry.outputs.registryName
   }
 }
@@ -288,6 +293,7 @@ module functionApp 'app/function.bicep' = {
     stateDatabaseName: stateDatabaseName
     stateContainerName: stateContainerName
     checkpointContainerName: checkpointContainerName
+    circuitBreakerContainerName: circuitBreakerContainerName
     durableBackend: durableBackend
     taskHubName: taskHubName
     durableTaskSchedulerEndpoint: useDurableTaskScheduler ? durableTaskScheduler.outputs.endpoint : ''
@@ -319,6 +325,10 @@ module agent 'app/agent.bicep' = {
     agentRequestsQueueName: agentRequestsQueueName
     agentRepliesQueueName: agentRepliesQueueName
     operatorAlertsQueueName: operatorAlertsQueueName
+    cosmosEndpoint: cosmos.outputs.endpoint
+    stateDatabaseName: stateDatabaseName
+    circuitBreakerContainerName: circuitBreakerContainerName
+    settingOverrides: appSettingOverrides
     agentRemoteUrl: agentRemoteUrl
     replicas: agentReplicas
     infrastructureSubnetId: vnetEnabled ? network.outputs.agentSubnetId : ''

@@ -224,6 +224,7 @@ class OrderStatus(StrEnum):
     PROCESSING = "processing"
     COMPLETED = "completed"
     FAILED = "failed"
+    REJECTED = "rejected"  # admission control: not accepted (`backlog full`); nothing was written
 
 
 TERMINAL_STATUSES = frozenset({OrderStatus.COMPLETED, OrderStatus.FAILED})
@@ -249,6 +250,8 @@ class AlertKind(StrEnum):
     ORDER_CONFLICT = "OrderConflict"
     ORDER_FAILED = "OrderFailed"
     FAILURE_THRESHOLD = "FailureThresholdReached"
+    CIRCUIT_OPENED = "CircuitOpened"
+    CIRCUIT_CLOSED = "CircuitClosed"
 
 
 class OperatorAlert(_Model):
@@ -278,4 +281,4 @@ class OperatorAlert(_Model):
 
 
 # The `details` keys that say which message or attempt an alert is about (OperatorAlert.message_id).
-ALERT_IDENTITY_DETAILS = ("queue", "messageId", "sessionId", "sequenceNumber", "attempt")
+ALERT_IDENTITY_DETAILS = ("queue", "messageId", "sessionId", "sequenceNumber", "attempt", "service", "changedAt")

@@ -52,3 +52,32 @@ def record_supervisor_scan(request_charge: float, recovered: int, escalated: int
                        description="Request charge of one Supervisor scan").record(request_charge)
     m.create_counter("orderflow.supervisor.recovered", unit="1").add(recovered)
     m.create_counter("orderflow.supervisor.escalated", unit="1").add(escalated)
+
+
+# The last known state of each remote service's circuit breaker (0 closed, 1 half-open, 2 open), reported by one
+# observable gauge: infra/app/alerts.bicep alerts when it reads 2 (open).
+_circuit_states: dict[str, int] = {}
+_circuit_gauge_registered = False
+
+
+def _observe_circuits(_options: metrics.CallbackOptions) -> list[metrics.Observation]:
+    return [metrics.Observation(value, {"service": service}) for service, value in sorted(_circuit_states.items())]
+
+
+def set_circuit_state(service: str, value: int) -> None:
+    global _circuit_gauge_registered  # noqa: PLW0603 - one gauge per process, registered on first use
+    _circuit_states[service] = value
+    if not _circuit_gauge_registered:
+        _meter().create_observable_gauge("orderflow.circuit.state", callbacks=[_observe_circuits], unit="1",
+                                         description="Circuit breaker state per remote service: 0 closed, "
+                                                     "1 half-open, 2 open")
+        _circuit_gauge_registered = True
+
+
+def circuit_states() -> dict[str, int]:
+    return dict(_circuit_states)
+
+
+def count_rejected(reason: str) -> None:
+    _meter().create_counter("orderflow.admission.rejected", unit="1",
+                            description="Orders refused by admission control").add(1, {"reason": reason})

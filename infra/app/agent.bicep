@@ -6,6 +6,10 @@
 // grants nobody, so a queue-length rule would never add a replica (docs/deploy.md, "Agent telemetry and scaling").
 // Telemetry: the Agent exports to Application Insights like the function app, with Entra ID ingestion as its own
 // identity (Monitoring Metrics Publisher in rbac.bicep); agent/__main__.py calls telemetry.configure_from_env().
+// Circuit breaker (issue 11): every Agent replica shares one breaker document per remote service in Cosmos DB
+// (container CircuitBreakerContainerName of the state database), reached with the Agent's identity, whose only Cosmos
+// grant is a custom role on that container (read, create, replace items: rbac.bicep). Its tunables are the function
+// app's (the registered defaults, or appSettingOverrides), so the Starter and the Agent read the breaker alike.
 param location string
 param tags object = {}
 @description('Login server of the registry the Agent image is pulled from (AcrPull granted in rbac.bicep).')
@@ -21,6 +25,12 @@ param serviceBusFullyQualifiedNamespace string
 param agentRequestsQueueName string
 param agentRepliesQueueName string
 param operatorAlertsQueueName string
+@description('Cosmos DB account endpoint (no key): the Agent opens the circuit-breaker container only.')
+param cosmosEndpoint string
+param stateDatabaseName string
+param circuitBreakerContainerName string
+@description('The function app\'s appSettingOverrides: the Agent takes RemoteServiceName and CircuitBreaker* from it.')
+param settingOverrides object = {}
 @description('Base URL of the remote service the Agent calls for each step.')
 param agentRemoteUrl string
 @description('Agent replicas, always running (no scale rule: see the header).')
@@ -30,6 +40,17 @@ param replicas int = 2
 param image string = 'mcr.microsoft.com/azuredocs/containerapps-helloworld:latest'
 @description('Private posture (main.bicep vnetEnabled): the Container Apps environment\'s subnet; empty for none.')
 param infrastructureSubnetId string = ''
+
+// The breaker's settings, as the function app gets them (function.bicep codeSettings: the registered defaults of
+// orderflow/settings.py), with the same overrides applied.
+var breakerSettings = union({
+  RemoteServiceName: 'fulfilment'
+  CircuitBreakerFailureThreshold: '10'
+  CircuitBreakerWindowSeconds: '30'
+  CircuitBreakerCooldownSeconds: '15'
+  CircuitBreakerMaxCooldownSeconds: '300'
+  CircuitBreakerProbes: '2'
+}, settingOverrides)
 
 // Logs go to Azure Monitor through a diagnostic setting: the 'log-analytics' destination would need the
 // workspace shared key.
@@ -42,9 +63,9 @@ resource environment 'Microsoft.App/managedEnvironments@2025-01-01' = {
       destination: 'azure-monitor'
     }
     // Private posture: the environment joins the VNet's 'agent' subnet (a /23, not delegated: this is a
-    // Consumption-only environment), so the Agent reaches Service Bus through its private endpoint. Internal: the
-    // Agent has no ingress, so the environment gets no public IP. A VNet can only be set when the environment is
-    // created. Null, as if absent, otherwise.
+    // Consumption-only environment), so the Agent reaches Service Bus and Cosmos DB through their private
+    // endpoints. Internal: the Agent has no ingress, so the environment gets no public IP. A VNet can only be set
+    // when the environment is created. Null, as if absent, otherwise.
     vnetConfiguration: !empty(infrastructureSubnetId) ? {
       infrastructureSubnetId: infrastructureSubnetId
       internal: true
@@ -115,6 +136,17 @@ resource agent 'Microsoft.App/containerApps@2025-01-01' = {
             { name: 'ServiceBusConnection__fullyQualifiedNamespace', value: serviceBusFullyQualifiedNamespace }
             { name: 'AZURE_CLIENT_ID', value: identityClientId }
             { name: 'AGENT_REMOTE_URL', value: agentRemoteUrl }
+            // The circuit-breaker documents: identity-based (CosmosDb__clientId, as orderflow.store reads it).
+            { name: 'CosmosDb__accountEndpoint', value: cosmosEndpoint }
+            { name: 'CosmosDb__clientId', value: identityClientId }
+            { name: 'StateDatabaseName', value: stateDatabaseName }
+            { name: 'CircuitBreakerContainerName', value: circuitBreakerContainerName }
+            { name: 'RemoteServiceName', value: breakerSettings.RemoteServiceName }
+            { name: 'CircuitBreakerFailureThreshold', value: breakerSettings.CircuitBreakerFailureThreshold }
+            { name: 'CircuitBreakerWindowSeconds', value: breakerSettings.CircuitBreakerWindowSeconds }
+            { name: 'CircuitBreakerCooldownSeconds', value: breakerSettings.CircuitBreakerCooldownSeconds }
+            { name: 'CircuitBreakerMaxCooldownSeconds', value: breakerSettings.CircuitBreakerMaxCooldownSeconds }
+            { name: 'CircuitBreakerProbes', value: breakerSettings.CircuitBreakerProbes }
             // Telemetry, as the function app gets it (function.bicep): Entra ID ingestion as the Agent's identity.
             { name: 'APPLICATIONINSIGHTS_CONNECTION_STRING', value: applicationInsightsConnectionString }
             { name: 'APPLICATIONINSIGHTS_AUTHENTICATION_STRING', value: 'ClientId=${identityClientId};Authorization=AAD' }

@@ -1,5 +1,6 @@
 // Concern: Cosmos DB for the orders (immutable) and the state store (ProcessState, LockedBy, CompleteBy,
-// FailureCount), with indexes that serve the Starter's and the Supervisor's queries. Entra ID only
+// FailureCount), with indexes that serve the Starter's and the Supervisor's queries, plus the circuit-breaker
+// documents the Agent instances share (issue 11). Entra ID only
 // (disableLocalAuth); data-plane grants are in rbac.bicep. Containers are created here, never by the app
 // (disableKeyBasedMetadataWriteAccess), so the app needs data access only.
 param location string
@@ -18,6 +19,8 @@ param ordersContainerName string
 param stateDatabaseName string
 param stateContainerName string
 param checkpointContainerName string
+@description('Container of the circuit-breaker documents (CircuitBreakerContainerName), in the state database.')
+param circuitBreakerContainerName string
 param logAnalyticsWorkspaceId string
 @description('Private posture (main.bicep vnetEnabled): no public network access; reached through a private endpoint (Sql).')
 param vnetEnabled bool = false
@@ -166,6 +169,28 @@ resource checkpointContainer 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases
   properties: {
     resource: {
       id: checkpointContainerName
+      partitionKey: {
+        paths: [
+          '/id'
+        ]
+        kind: 'Hash'
+        version: 2
+      }
+    }
+  }
+}
+
+// The circuit breakers (orderflow/breaker.py): one small document per remote service (id = RemoteServiceName), read
+// by id and replaced with its etag (If-Match) by every Agent instance, read by the Starter, written by the operator
+// command. Not per order, so its partition key is its id, like the checkpoints. It is the only container the Agent's
+// identity can reach, through the custom role in rbac.bicep (read, create, replace items; nothing else); the function
+// app reaches it through its Data Contributor grant on the state database.
+resource circuitBreakerContainer 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers@2024-05-15' = {
+  parent: stateDatabase
+  name: circuitBreakerContainerName
+  properties: {
+    resource: {
+      id: circuitBreakerContainerName
       partitionKey: {
         paths: [
           '/id'

@@ -31,6 +31,8 @@ param ordersContainerName string
 param stateDatabaseName string
 param stateContainerName string
 param checkpointContainerName string
+@description('Container of the circuit-breaker documents (state database): the Starter reads them, the operator command writes them.')
+param circuitBreakerContainerName string
 
 @allowed([
   'AzureStorage'
@@ -118,6 +120,20 @@ var codeSettings = {
   AgentRetriesPerStep: '4'
   RetryBackoffBaseSeconds: '2'
   RetryBackoffMaxSeconds: '300'
+  // Issue 11: the retry budget (AgentRequestsMaxDeliveryCount must equal agent-requests' maxDeliveryCount in
+  // servicebus.bicep; tests/infra/test_infra_servicebus.py), the circuit breaker (the Agent gets the same values:
+  // agent.bicep) and admission control.
+  RemoteCallBudgetPerStep: '75'
+  AgentRequestsMaxDeliveryCount: '5'
+  CircuitBreakerFailureThreshold: '10'
+  CircuitBreakerWindowSeconds: '30'
+  CircuitBreakerCooldownSeconds: '15'
+  CircuitBreakerMaxCooldownSeconds: '300'
+  CircuitBreakerProbes: '2'
+  CircuitBreakerContainerName: circuitBreakerContainerName
+  RemoteServiceName: 'fulfilment'
+  MaxOrdersInProcessing: '100'
+  MaxPendingOrders: '5000'
 }
 
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {

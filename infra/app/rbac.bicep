@@ -1,5 +1,5 @@
 // Concern: every data-plane grant, in one place, least privilege. Each principal gets exactly the roles it needs,
-// scoped to the one resource (queue, account, database, registry) it uses. No Service Bus Data Owner, no
+// scoped to the one resource (queue, account, database, container, registry) it uses. No Service Bus Data Owner, no
 // Contributor, no key. Role assignment names are guid(scope, principal, role): stable across redeployments.
 //
 //  principal              | grant                                   | scope
@@ -13,10 +13,14 @@
 //  Agent                  | Service Bus Data Sender                 | agent-replies, operator-alerts
 //  Agent                  | AcrPull                                 | container registry
 //  Agent                  | Monitoring Metrics Publisher            | Application Insights (AAD ingestion)
+//  Agent                  | orderflow circuit breaker (custom)      | container circuitBreakers of database state
 //  submitting application | Service Bus Data Sender                 | orders-inbound
 //  submitting application | Service Bus Data Receiver               | its own status queue only
 //  operators (optional)   | Service Bus Data Receiver               | operator-alerts
-// The Agent never touches Cosmos DB, so it has no Cosmos grant. The Durable Task Scheduler grant (when chosen) is in
+// The Agent touches one Cosmos DB container, the circuit-breaker documents (issue 11): a custom data-plane role lets it
+// read, create and replace items there and nothing else (no delete, upsert, query or change feed; no other container;
+// not the orders or the order state). The function app reads and writes the breakers through its Data Contributor
+// grant on the state database, which holds that container. The Durable Task Scheduler grant (when chosen) is in
 // durable-task-scheduler.bicep, beside the task hub it is scoped to.
 
 import { submittingApp } from 'types.bicep'
@@ -53,6 +57,8 @@ param applicationInsightsName string
 param cosmosAccountName string
 param ordersDatabaseName string
 param stateDatabaseName string
+@description('Container of the circuit-breaker documents (in the state database): the Agent\'s only Cosmos DB scope.')
+param circuitBreakerContainerName string
 param registryName string
 
 // Built-in role definition ids (https://learn.microsoft.com/azure/role-based-access-control/built-in-roles).
@@ -67,6 +73,18 @@ var roles = {
 }
 // Cosmos DB data-plane built-in role (sqlRoleDefinitions): Cosmos DB Built-in Data Contributor.
 var cosmosDataContributor = '00000000-0000-0000-0000-000000000002'
+// The Agent's custom Cosmos DB data-plane role: exactly the data actions the circuit breaker uses (orderflow/store/
+// cosmos_store.py: read_item, create_item, If-Match replace_item). Names as in "Azure Cosmos DB for NoSQL data plane
+// actions reference" (https://learn.microsoft.com/azure/cosmos-db/nosql/security/reference-data-plane-actions):
+// readMetadata (account metadata every SDK client reads), items/read (point read), items/create, items/replace.
+// Left out on purpose: items/delete, items/upsert, containers/executeQuery, containers/readChangeFeed, and any `*`.
+// (Cosmos DB's native RBAC has no notDataActions: what is not listed is denied.)
+var circuitBreakerDataActions = [
+  'Microsoft.DocumentDB/databaseAccounts/readMetadata'
+  'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers/items/read'
+  'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers/items/create'
+  'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers/items/replace'
+]
 var useAzureStorageDurableBackend = durableBackend == 'AzureStorage'
 
 resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' existing = {
@@ -228,7 +246,42 @@ resource appStateData 'Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments@
   }
 }
 
-// ---- Agent ----
+// ---- Agent: the circuit-breaker container only (Cosmos DB data plane, custom role) ----
+// A data-plane scope is a path under the account: /dbs/<database>/colls/<container>. The definition may only be
+// assigned there (assignableScopes), and the one assignment is there. Role definitions and assignments on one account
+// are written one at a time (the 412 above): the definition follows appStateData, the assignment follows the
+// definition (it references its id).
+resource circuitBreakerRole 'Microsoft.DocumentDB/databaseAccounts/sqlRoleDefinitions@2024-05-15' = {
+  parent: cosmosAccount
+  name: guid(cosmosAccount.id, stateDatabaseName, circuitBreakerContainerName, 'orderflow-circuit-breaker')
+  dependsOn: [
+    appStateData
+  ]
+  properties: {
+    roleName: 'orderflow circuit breaker (${stateDatabaseName}/${circuitBreakerContainerName}): read, create, replace items'
+    type: 'CustomRole'
+    assignableScopes: [
+      '${cosmosAccount.id}/dbs/${stateDatabaseName}/colls/${circuitBreakerContainerName}'
+    ]
+    permissions: [
+      {
+        dataActions: circuitBreakerDataActions
+      }
+    ]
+  }
+}
+
+resource agentCircuitBreakerData 'Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments@2024-05-15' = {
+  parent: cosmosAccount
+  name: guid(cosmosAccount.id, agentPrincipalId, circuitBreakerRole.id, circuitBreakerContainerName)
+  properties: {
+    roleDefinitionId: circuitBreakerRole.id
+    principalId: agentPrincipalId
+    scope: '${cosmosAccount.id}/dbs/${stateDatabaseName}/colls/${circuitBreakerContainerName}'
+  }
+}
+
+// ---- Agent: Service Bus, telemetry, image ----
 resource agentReceivesRequests 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   name: guid(namespace::agentRequestsQueue.id, agentPrincipalId, roles.serviceBusDataReceiver)
   scope: namespace::agentRequestsQueue

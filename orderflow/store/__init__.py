@@ -21,12 +21,13 @@ from orderflow.store.errors import (
     TransientStoreError,
     is_transient,
 )
-from orderflow.store.ports import OrdersDb, Page, StateStore, Versioned
+from orderflow.store.ports import DocumentStore, OrdersDb, Page, StateStore, Versioned
 
 EMBEDDED_SCHEME = "embedded://"
 
 __all__ = [
     "Conflict",
+    "DocumentStore",
     "EMBEDDED_SCHEME",
     "NotFound",
     "OrdersDb",
@@ -38,6 +39,7 @@ __all__ = [
     "TransientStoreError",
     "Versioned",
     "is_transient",
+    "open_breaker_documents",
     "open_stores",
 ]
 
@@ -72,6 +74,28 @@ def open_stores(env: Mapping[str, str] | None = None) -> Stores:
 
         return Stores(*open_sqlite_stores(endpoint[len(EMBEDDED_SCHEME) :]))
     return Stores(*_open_cosmos_with_identity(endpoint, source))
+
+
+def open_breaker_documents(env: Mapping[str, str] | None = None) -> DocumentStore:
+    """The circuit-breaker documents (`CircuitBreakerContainerName`), as configured by `CosmosDb__accountEndpoint`:
+    what the Agent opens (it needs nothing else of the store) and what the Starter reads."""
+    source = os.environ if env is None else env
+    endpoint = settings.get("CosmosDb__accountEndpoint", source)
+    if not endpoint:
+        raise KeyError("app setting CosmosDb__accountEndpoint is not set (use embedded://PATH locally)")
+    collection = settings.get("CircuitBreakerContainerName", source) or "circuitBreakers"
+    if endpoint.startswith(EMBEDDED_SCHEME):
+        from orderflow.store.sqlite_store import open_sqlite_documents
+
+        return open_sqlite_documents(endpoint[len(EMBEDDED_SCHEME) :], collection)
+    from azure.cosmos.aio import CosmosClient
+    from azure.identity.aio import DefaultAzureCredential
+
+    from orderflow.store.cosmos_store import CosmosNames, cosmos_breaker_documents
+
+    credential = DefaultAzureCredential(managed_identity_client_id=settings.get("CosmosDb__clientId", source))
+    return cosmos_breaker_documents(CosmosClient(endpoint, credential=credential), CosmosNames.from_env(source),
+                                    credential)
 
 
 def _open_cosmos_with_identity(endpoint: str, env: Mapping[str, str]) -> tuple[OrdersDb, StateStore]:

@@ -81,6 +81,7 @@ class CosmosNames:
     state_database: str
     state_container: str
     checkpoint_container: str
+    breaker_container: str = "circuitBreakers"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CosmosNames:
@@ -95,6 +96,7 @@ class CosmosNames:
             name("StateDatabaseName"),
             name("StateContainerName"),
             name("CheckpointContainerName"),
+            name("CircuitBreakerContainerName"),
         )
 
 
@@ -168,6 +170,23 @@ async def replace_if_match(container: ContainerProxy, doc: dict[str, Any], etag:
     except CosmosHttpResponseError as exc:
         raise translate(exc) from exc
     return str(stored["_etag"])
+
+
+async def get_data(container: ContainerProxy, name: str) -> tuple[dict[str, Any], str] | None:
+    """The `data` of document {id: name, data} (partition key /id) and its etag, or None."""
+    doc = await read_doc(container, name, name)
+    return None if doc is None else (dict(doc["data"]), str(doc["_etag"]))
+
+
+async def put_data(container: ContainerProxy, name: str, data: dict[str, Any], etag: str | None) -> str:
+    """Create (etag None; Conflict when present) or If-Match replace of {id: name, data}; the new etag."""
+    doc = {"id": name, "data": data}
+    if etag is not None:
+        return await replace_if_match(container, doc, etag)
+    try:
+        return str((await container.create_item(doc))["_etag"])
+    except CosmosHttpResponseError as exc:
+        raise translate(exc) from exc
 
 
 class AsyncClosable(Protocol):
@@ -284,18 +303,21 @@ class CosmosStateStore(UpdateWithRetry):
             items=items, continuation=next_cursor(items, len(rows) > page_size), request_charge=meter.total
         )
 
-    async def get_checkpoint(self, name: str) -> tuple[dict[str, Any], str] | None:
-        doc = await read_doc(self._checkpoints, name, name)
-        return None if doc is None else (dict(doc["data"]), str(doc["_etag"]))
-
-    async def put_checkpoint(self, name: str, data: dict[str, Any], etag: str | None) -> str:
-        doc = {"id": name, "data": data}
-        if etag is not None:
-            return await replace_if_match(self._checkpoints, doc, etag)
+    async def count_in_state(self, state: ProcessState) -> int:
+        sql = "SELECT VALUE COUNT(1) FROM c WHERE c.processState = @state"
+        params: list[dict[str, object]] = [{"name": "@state", "value": state.value}]
         try:
-            return str((await self._checkpoints.create_item(doc))["_etag"])
+            # A cross-partition aggregate: the SDK sums the partial counts of every partition.
+            counts = [int(n) async for n in self._container.query_items(sql, parameters=params)]  # type: ignore[call-overload]
         except CosmosHttpResponseError as exc:
             raise translate(exc) from exc
+        return sum(counts)
+
+    async def get_checkpoint(self, name: str) -> tuple[dict[str, Any], str] | None:
+        return await get_data(self._checkpoints, name)
+
+    async def put_checkpoint(self, name: str, data: dict[str, Any], etag: str | None) -> str:
+        return await put_data(self._checkpoints, name, data, etag)
 
     async def aclose(self) -> None:
         await self._connection.aclose()
@@ -316,6 +338,9 @@ async def ensure_containers(client: CosmosClient, names: CosmosNames) -> None:
     await state_db.create_container_if_not_exists(
         names.checkpoint_container, partition_key=PartitionKey(CHECKPOINT_PARTITION_PATH)
     )
+    await state_db.create_container_if_not_exists(
+        names.breaker_container, partition_key=PartitionKey(CHECKPOINT_PARTITION_PATH)
+    )
 
 
 def cosmos_stores(
@@ -335,6 +360,30 @@ def cosmos_stores(
             state_db.get_container_client(names.checkpoint_container),
         ),
     )
+
+
+class CosmosDocuments:
+    """`DocumentStore` over one container of {id, data} documents (partition key /id): the circuit breakers."""
+
+    def __init__(self, connection: CosmosConnection, container: ContainerProxy) -> None:
+        self._connection = connection
+        self._container = container
+
+    async def get(self, name: str) -> tuple[dict[str, Any], str] | None:
+        return await get_data(self._container, name)
+
+    async def put(self, name: str, data: dict[str, Any], etag: str | None) -> str:
+        return await put_data(self._container, name, data, etag)
+
+    async def aclose(self) -> None:
+        await self._connection.aclose()
+
+
+def cosmos_breaker_documents(client: CosmosClient, names: CosmosNames,
+                             credential: AsyncClosable | None = None) -> CosmosDocuments:
+    """The breaker container only: all the Agent's identity may touch (infra: a custom role on that container)."""
+    container = client.get_database_client(names.state_database).get_container_client(names.breaker_container)
+    return CosmosDocuments(CosmosConnection(client, credential), container)
 
 
 async def open_cosmos_with_key(

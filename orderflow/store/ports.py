@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from orderflow.records import OrderRecord, OrderStateRecord, format_utc
+from orderflow.records import OrderRecord, OrderStateRecord, ProcessState, format_utc
 from orderflow.store.errors import NotFound, PreconditionFailed
 
 Versioned = tuple[OrderStateRecord, str]
@@ -98,6 +98,11 @@ class StateStore(Protocol):
         """Processing with window_start <= CompleteBy < window_end, ordered by CompleteBy, one page."""
         ...
 
+    async def count_in_state(self, state: ProcessState) -> int:
+        """How many records are in `state` (a cross-partition count: the Starter's admission refresh only, never
+        the submission path)."""
+        ...
+
     async def get_checkpoint(self, name: str) -> tuple[dict[str, Any], str] | None: ...
 
     async def put_checkpoint(self, name: str, data: dict[str, Any], etag: str | None) -> str:
@@ -105,6 +110,20 @@ class StateStore(Protocol):
         ...
 
     async def update_with_retry(self, order_id: str, mutate: Mutate, attempts: int = 5) -> Versioned: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class DocumentStore(Protocol):
+    """Small shared documents with etags (one per id), e.g. the circuit breakers: every process that can reach the
+    container sees the same document, and a write is create-if-absent or If-Match."""
+
+    async def get(self, name: str) -> tuple[dict[str, Any], str] | None: ...
+
+    async def put(self, name: str, data: dict[str, Any], etag: str | None) -> str:
+        """Create (etag None; Conflict if present) or If-Match replace (PreconditionFailed); the new etag."""
+        ...
 
     async def aclose(self) -> None: ...
 

@@ -36,6 +36,8 @@ CREATE INDEX IF NOT EXISTS ix_state_claimable ON order_state (process_state, ret
 CREATE INDEX IF NOT EXISTS ix_state_expired ON order_state (process_state, complete_by, id);
 CREATE TABLE IF NOT EXISTS checkpoints (
     id TEXT PRIMARY KEY, etag TEXT NOT NULL, doc TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS documents (
+    collection TEXT NOT NULL, id TEXT NOT NULL, etag TEXT NOT NULL, doc TEXT NOT NULL, PRIMARY KEY (collection, id));
 """
 
 _STATE_COLUMNS = "id, etag, doc, process_state, locked_by, retry_at, complete_by, created_at"
@@ -235,25 +237,72 @@ class SqliteStateStore(UpdateWithRetry):
         items = [_versioned(r) for r in rows[:page_size]]
         return Page(items=items, continuation=next_cursor(items, len(rows) > page_size), request_charge=0.0)
 
+    async def count_in_state(self, state: ProcessState) -> int:
+        sql = "SELECT COUNT(*) FROM order_state WHERE process_state = ?"
+        row = await self._db.read(lambda conn: conn.execute(sql, (state.value,)).fetchone())
+        return int(row[0])
+
     async def get_checkpoint(self, name: str) -> tuple[dict[str, Any], str] | None:
-        found = await self._db.read(lambda conn: _select_doc(conn, "checkpoints", name))
-        return None if found is None else (found[0]["data"], found[1])
+        return await _get_data(self._db, "checkpoints", name)
 
     async def put_checkpoint(self, name: str, data: dict[str, Any], etag: str | None) -> str:
-        row = {"id": name, "etag": new_etag(), "doc": _dumps({"id": name, "data": data})}
-
-        def run(conn: sqlite3.Connection) -> None:
-            if etag is None:
-                if not _insert_if_absent(conn, "checkpoints", row):
-                    raise Conflict(f"checkpoint {name!r} already exists")
-                return
-            _conditional_update(conn, "checkpoints", name, etag, {"etag": row["etag"], "doc": row["doc"]})
-
-        await self._db.write(run)
-        return str(row["etag"])
+        return await _put_data(self._db, "checkpoints", name, data, etag)
 
     async def aclose(self) -> None:
         await self._db.aclose()
+
+
+async def _get_data(db: SqliteFile, table: str, name: str, **key: str) -> tuple[dict[str, Any], str] | None:
+    where = " AND ".join(f"{k} = :{k}" for k in {"id": name, **key})
+    sql = f"SELECT doc, etag FROM {table} WHERE {where}"
+    row = await db.read(lambda conn: conn.execute(sql, {"id": name, **key}).fetchone())
+    return None if row is None else (json.loads(row[0])["data"], row[1])
+
+
+async def _put_data(db: SqliteFile, table: str, name: str, data: dict[str, Any], etag: str | None,
+                    **key: str) -> str:
+    """Create-if-absent (etag None; Conflict) or If-Match replace (PreconditionFailed/NotFound) of {id, data}."""
+    new = new_etag()
+    doc = _dumps({"id": name, "data": data})
+    ids = {"id": name, **key}
+    where = " AND ".join(f"{k} = :{k}" for k in ids)
+
+    def run(conn: sqlite3.Connection) -> None:
+        if etag is None:
+            if not _insert_if_absent(conn, table, {**ids, "etag": new, "doc": doc}):
+                raise Conflict(f"{table} {name!r} already exists")
+            return
+        cur = conn.execute(f"UPDATE {table} SET etag = :_new, doc = :_doc WHERE {where} AND etag = :_etag",
+                           {**ids, "_new": new, "_doc": doc, "_etag": etag})
+        if cur.rowcount == 1:
+            return
+        if conn.execute(f"SELECT 1 FROM {table} WHERE {where}", ids).fetchone() is None:
+            raise NotFound(f"{table} {name!r} does not exist")
+        raise PreconditionFailed(f"{table} {name!r} changed since etag {etag}")
+
+    await db.write(run)
+    return new
+
+
+class SqliteDocuments:
+    """`DocumentStore` over the embedded file: one named collection of the `documents` table."""
+
+    def __init__(self, db: SqliteFile, collection: str) -> None:
+        self._db = db
+        self._collection = collection
+
+    async def get(self, name: str) -> tuple[dict[str, Any], str] | None:
+        return await _get_data(self._db, "documents", name, collection=self._collection)
+
+    async def put(self, name: str, data: dict[str, Any], etag: str | None) -> str:
+        return await _put_data(self._db, "documents", name, data, etag, collection=self._collection)
+
+    async def aclose(self) -> None:
+        await self._db.aclose()
+
+
+def open_sqlite_documents(path: str | Path, collection: str) -> SqliteDocuments:
+    return SqliteDocuments(SqliteFile(path), collection)
 
 
 def open_sqlite_stores(path: str | Path) -> tuple[SqliteOrdersDb, SqliteStateStore]:

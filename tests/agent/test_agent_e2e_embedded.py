@@ -64,6 +64,11 @@ async def client(conn_str: str) -> AsyncIterator[Any]:
         yield c
 
 
+def store_env(tmp_path: Path, **settings: str) -> dict[str, str]:
+    """App settings of the Agent's circuit breaker: its documents in an embedded store (default rules)."""
+    return {"CosmosDb__accountEndpoint": f"embedded://{tmp_path / 'store.sqlite'}", **settings}
+
+
 def deadline(seconds: float = 60) -> datetime:
     return datetime.now(UTC) + timedelta(seconds=seconds)
 
@@ -105,8 +110,11 @@ async def test_agent_through_the_embedded_broker(client: Any, tmp_path: Path) ->
                 raw_message('{"type": "AgentRequest"}', session_id="e-bad", message_id="bad")
             )
         stop = asyncio.Event()
+        # Seed 5 fails more than 10 calls transiently within 30 s: a threshold above that keeps this test about the
+        # fault mix, not the breaker (test_agent_breaker covers it).
+        env = store_env(tmp_path, CircuitBreakerFailureThreshold="1000")
         worker = asyncio.create_task(
-            serve(client, agent_config(remote_url=sim.url, max_concurrent_sessions=3), stop)
+            serve(client, agent_config(remote_url=sim.url, max_concurrent_sessions=3), stop, env=env)
         )
         replies = await collect_replies(client, 18)
         stop.set()
@@ -168,7 +176,7 @@ async def test_agent_process_serves_and_stops_on_sigterm(client: Any, conn_str: 
             "200",
             "--backoff-base-ms",
             "10",
-            env={"AGENT_MAX_CONCURRENT_SESSIONS": "2"},
+            env={"AGENT_MAX_CONCURRENT_SESSIONS": "2", **store_env(tmp_path)},
         )
         await send_requests(client, 2)
         replies = await collect_replies(client, 6)
@@ -194,7 +202,9 @@ async def test_hang_past_the_deadline_then_a_new_attempt_replays_the_effect(
     async with Simulator(FaultConfig(seed=1, hang_rate=1.0, hang_seconds=30), db) as sim:
         stop = asyncio.Event()
         worker = asyncio.create_task(
-            serve(client, agent_config(remote_url=sim.url, max_concurrent_sessions=1), stop)
+            serve(
+                client, agent_config(remote_url=sim.url, max_concurrent_sessions=1), stop, env=store_env(tmp_path)
+            )
         )
         async with client.get_queue_sender(REQUESTS) as sender:
             await sender.send_messages(request_message(make_request("h-1", deadline=deadline(0.4))))
@@ -204,7 +214,8 @@ async def test_hang_past_the_deadline_then_a_new_attempt_replays_the_effect(
     assert first.outcome == "failed" and first.error_code == "DeadlineExceeded" and not first.permanent
     async with Simulator(FaultConfig(seed=1), db) as sim:  # the service recovered; attempt 2 is scheduled
         stop = asyncio.Event()
-        worker = asyncio.create_task(serve(client, agent_config(remote_url=sim.url), stop))
+        env = store_env(tmp_path)
+        worker = asyncio.create_task(serve(client, agent_config(remote_url=sim.url), stop, env=env))
         async with client.get_queue_sender(REQUESTS) as sender:
             await sender.send_messages(request_message(make_request("h-1", attempt=2, deadline=deadline())))
         [(message_id, second)] = await collect_replies(client, 1)

@@ -3,7 +3,7 @@
 No bicep CLI and no network: the tests read the tree. `BicepFile` indexes a file's params, variables,
 resources (nested ones get their full type), modules and outputs; `evaluate` reduces an expression to a Python
 value where it can (literals, objects, arrays, variables, parameter defaults or the values a caller passes,
-`union`), and to `Opaque` (its source text) where the value only exists at deployment time.
+`union`, `obj.key` of a known object), and to `Opaque` (its source text) where the value only exists at deployment time.
 """
 
 from __future__ import annotations
@@ -275,6 +275,20 @@ def evaluate(node: Node | None, scope: Scope) -> Any:
         return _call(node, scope)
     if kind == "ternary_expression":
         return _ternary(node, scope)
+    if kind == "member_expression":
+        return _member(node, scope)
+    return Opaque(text(node))
+
+
+def _member(node: Node, scope: Scope) -> Any:
+    """`obj.key` when `obj` reduces to an object that has `key` (e.g. a variable built with union()); Opaque
+    otherwise (a module output, a resource property, a missing key)."""
+    target, key = node.named_children[0], node.named_children[-1]
+    if key.type != "property_identifier":
+        return Opaque(text(node))
+    value = evaluate(target, scope)
+    if isinstance(value, dict) and text(key) in value:
+        return value[text(key)]
     return Opaque(text(node))
 
 

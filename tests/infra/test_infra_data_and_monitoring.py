@@ -29,6 +29,9 @@ def _container(symbol: str) -> dict:
         ("ordersContainer", "OrdersContainerName", cosmos_store.ORDER_PARTITION_PATH),
         ("stateContainer", "StateContainerName", cosmos_store.ORDER_PARTITION_PATH),
         ("checkpointContainer", "CheckpointContainerName", cosmos_store.CHECKPOINT_PARTITION_PATH),
+        # Issue 11: one document per remote service (id = RemoteServiceName), partition key /id like the checkpoints
+        # (cosmos_store.ensure_containers creates it with CHECKPOINT_PARTITION_PATH for the emulator).
+        ("circuitBreakerContainer", "CircuitBreakerContainerName", "/id"),
     ],
 )
 def test_containers_and_partition_keys_match_the_adapter(symbol: str, setting: str, path: str) -> None:

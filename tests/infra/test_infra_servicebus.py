@@ -93,3 +93,17 @@ def test_status_queue_properties_equal_config() -> None:
     expected = _config_queues()[settings.get("AllowedReplyQueues", env={}).split(",")[0]]
     assert {key: properties.get(CONFIG_TO_BICEP[key]) for key in expected} == expected
     assert properties["requiresSession"] is True  # StatusMessage: SessionId = orderId
+
+
+def test_agent_requests_max_delivery_count_is_the_budget_setting() -> None:
+    # Issue 11, the retry budget: a redelivered Agent request (after an Agent crash) calls the remote service again,
+    # so the budget arithmetic multiplies by AgentRequestsMaxDeliveryCount; it must be the queue's real property, in
+    # Azure (servicebus.bicep) and locally (servicebus.config.json, the embedded broker).
+    expected = int(settings.get("AgentRequestsMaxDeliveryCount", env={}) or "0")
+    name, properties = _queue("agentRequestsQueue")
+    assert properties["maxDeliveryCount"] == expected
+    assert _config_queues()[name]["MaxDeliveryCount"] == expected
+    # The function app gets the same value as a setting (function.bicep codeSettings).
+    function = app("function.bicep")
+    settings_ = evaluate(function.variables["codeSettings"], Scope(function))
+    assert settings_["AgentRequestsMaxDeliveryCount"] == str(properties["maxDeliveryCount"])

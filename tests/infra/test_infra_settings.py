@@ -25,7 +25,7 @@ from tree_sitter import Node
 
 from orderflow import settings
 
-from .bicep_tree import REPO, Opaque, Scope, app, evaluate, main, module_scope, object_items, text
+from .bicep_tree import REPO, Opaque, Scope, app, evaluate, main, module_scope, object_items, text, with_params
 
 HOST_OWNED_PREFIXES = ("AzureWebJobsStorage__", "APPLICATIONINSIGHTS_", "AzureFunctionsJobHost__")
 HOST_OWNED_NAMES = {
@@ -38,6 +38,15 @@ LOCAL_ONLY = {s.name for s in settings.SETTINGS if s.doc.startswith("Local only"
 HOST_JSON = json.loads((REPO / "host.json").read_text())
 SAMPLE = json.loads((REPO / "local.settings.sample.json").read_text())  # devhost's
 FUNC_SAMPLE = json.loads((REPO / "local.settings.func.sample.json").read_text())  # `func start`'s
+# The settings the Starter (function app) and the Agent must both read alike: they share the breaker documents.
+BREAKER_TUNABLES = (
+    "RemoteServiceName",
+    "CircuitBreakerFailureThreshold",
+    "CircuitBreakerWindowSeconds",
+    "CircuitBreakerCooldownSeconds",
+    "CircuitBreakerMaxCooldownSeconds",
+    "CircuitBreakerProbes",
+)
 AGENT_ENV = {
     "AgentRequestsQueueName",
     "AgentRepliesQueueName",
@@ -49,6 +58,12 @@ AGENT_ENV = {
     "APPLICATIONINSIGHTS_CONNECTION_STRING",
     "APPLICATIONINSIGHTS_AUTHENTICATION_STRING",
     "OTEL_SERVICE_NAME",
+    # The circuit-breaker documents (issue 11): Cosmos DB with the Agent's identity, and the breaker's tunables.
+    "CosmosDb__accountEndpoint",
+    "CosmosDb__clientId",
+    "StateDatabaseName",
+    "CircuitBreakerContainerName",
+    *BREAKER_TUNABLES,
 }
 
 
@@ -299,6 +314,41 @@ def test_agent_environment() -> None:
     for name in AGENT_ENV & settings.SETTING_NAMES - {
         "ServiceBusConnection__fullyQualifiedNamespace",
         "AZURE_CLIENT_ID",
+        "CosmosDb__accountEndpoint",
+        "CosmosDb__clientId",
     }:
-        assert env[name] == settings.get(name, env={})
+        assert env[name] == settings.get(name, env={}), name
     assert evaluate(container, scope)["command"] == ["python", "-m", "agent"]
+
+
+def _agent_env(scope: Scope) -> dict[str, Any]:
+    (container,) = app("agent.bicep").resource("agent").get("properties", "template", "containers").named_children
+    return {item["name"]: item["value"] for item in evaluate(container, scope)["env"]}
+
+
+def test_agent_reaches_the_breaker_container_with_its_own_identity() -> None:
+    scope = module_scope(Scope(main()), main().module("agent"))
+    env = _agent_env(scope)
+    assert isinstance(env["CosmosDb__accountEndpoint"], Opaque)
+    assert env["CosmosDb__accountEndpoint"].text == "cosmos.outputs.endpoint"
+    # orderflow.store opens Cosmos DB with DefaultAzureCredential(managed_identity_client_id=CosmosDb__clientId).
+    for name in ("CosmosDb__clientId", "AZURE_CLIENT_ID"):
+        assert isinstance(env[name], Opaque) and env[name].text == "identity.outputs.agentClientId", name
+    # The same database and container names as the function app and the Cosmos module (main.bicep's parameters).
+    agent, function, cosmos = (main().module(m).params() for m in ("agent", "functionApp", "cosmos"))
+    for key in ("stateDatabaseName", "circuitBreakerContainerName"):
+        assert text(agent[key]) == text(function[key]) == text(cosmos[key]) == key
+
+
+def test_agent_breaker_settings_equal_the_function_apps_with_the_same_overrides() -> None:
+    function = {name: evaluate(node, _function_scope()) for name, node in bicep_app_settings().items()}
+    agent = _agent_env(module_scope(Scope(main()), main().module("agent")))
+    for name in BREAKER_TUNABLES:
+        assert agent[name] == function[name] == settings.get(name, env={}), name
+    # appSettingOverrides reaches both: the function app through union(...), the Agent through breakerSettings.
+    assert text(main().module("agent").params()["settingOverrides"]) == "appSettingOverrides"
+    assert text(main().module("functionApp").params()["appSettingOverrides"]) == "appSettingOverrides"
+    overridden = with_params(Scope(main()), appSettingOverrides="{ CircuitBreakerProbes: '5' }")
+    agent = _agent_env(module_scope(overridden, main().module("agent")))
+    assert agent["CircuitBreakerProbes"] == "5"
+    assert agent["CircuitBreakerFailureThreshold"] == settings.get("CircuitBreakerFailureThreshold", env={})

@@ -7,6 +7,8 @@
   namespace (an explicit allow-list below) or an OpenTelemetry instrument created in orderflow/ or agent/; a
   scheduled-query rule's customMetrics names are such instruments, its traces filters match a log line the code
   writes, and its requests names are registered functions.
+- The circuit-open alert (issue 11) reads the breaker's state gauge `orderflow.circuit.state`, which the code
+  creates, fires at 2 (open), per remote service.
 - The Agent runs fixed replicas and has no azure-servicebus scale rule: KEDA's scaler needs the Manage right
   (Data Owner), which this design grants nobody, so such a rule could never add a replica.
 """
@@ -184,13 +186,43 @@ def test_scheduled_query_rules_read_only_what_the_code_emits() -> None:
     assert checked
 
 
-def test_no_circuit_open_alert_until_the_breaker_emits_its_metric() -> None:
-    # Issue 11 adds the circuit breaker and its metric, and then the alert; docs/deploy.md says so.
-    if not any("circuit" in name for name in emitted_metric_names()):
-        alerts_source = (REPO / "infra" / "app" / "alerts.bicep").read_text()
-        assert not re.search(r"circuit_open|circuitOpen", alerts_source)
-    section = _docs_section("Agent telemetry and scaling").lower()
-    assert "issue 11" in section and "circuit-open alert" in section
+# The breaker's state gauge (design of issue 11; orderflow/telemetry.py set_circuit_state, with orderflow.breaker
+# STATE_VALUES): 0 closed, 1 half-open, 2 open, one time series per remote service (attribute `service`).
+CIRCUIT_STATE_METRIC = "orderflow.circuit.state"
+CIRCUIT_OPEN = 2
+
+
+def test_circuit_open_alert_watches_the_breaker_state_the_code_emits() -> None:
+    assert CIRCUIT_STATE_METRIC in emitted_metric_names(), "the Agent must create the gauge the alert reads"
+    from orderflow import breaker  # here, not at the top: the other telemetry checks do not need it
+
+    assert breaker.STATE_VALUES[breaker.BreakerState.OPEN] == CIRCUIT_OPEN, "the value the alert fires on"
+    assert sorted(breaker.STATE_VALUES.values()) == [0, 1, 2]
+    alerts = app("alerts.bicep")
+    scope = Scope(alerts)
+    assert evaluate(alerts.variables["circuitStateMetric"], scope) == CIRCUIT_STATE_METRIC
+    rule = alerts.resource("circuitOpen")
+    assert rule.type == "Microsoft.Insights/scheduledQueryRules"
+    properties = evaluate(rule.get("properties"), scope)
+    assert properties["enabled"] is True and properties["severity"] <= 1
+    assert isinstance(properties["actions"]["actionGroups"], Opaque)  # the same action group as the other rules
+    assert text(rule.get("properties", "actions", "actionGroups")) == "actions"
+    (criterion,) = rule.get("properties", "criteria", "allOf").named_children
+    query = interpolate(object_get(criterion, "query"), scope)
+    assert [table for table, _ in _segments(query)] == ["customMetrics"]
+    assert re.search(rf'\bname\s*==\s*"{re.escape(CIRCUIT_STATE_METRIC)}"', query), query
+    assert 'customDimensions["service"]' in query and "by service" in query  # one alert per remote service
+    values = evaluate(criterion, scope)
+    # Fires when the state reached 2 (open): >= 2, or > 1 (half-open, 1, must not fire).
+    assert (values["operator"], values["threshold"]) in {("GreaterThanOrEqual", CIRCUIT_OPEN),
+                                                          ("GreaterThan", CIRCUIT_OPEN - 1)}
+    assert values["timeAggregation"] == "Maximum"
+    assert values["metricMeasureColumn"] in re.findall(r"summarize\s+(\w+)\s*=", query)
+    assert values["dimensions"] == [{"name": "service", "operator": "Include", "values": ["*"]}]
+    section = _docs_section("Agent telemetry and scaling")
+    assert "circuit-open" in section.lower() and CIRCUIT_STATE_METRIC in section
+    assert "no circuit-open alert" not in section.lower().replace("**", "")
+    assert CIRCUIT_STATE_METRIC in _docs_section("Alerts")
 
 
 def _agent_env() -> dict[str, object]:

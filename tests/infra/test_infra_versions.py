@@ -59,6 +59,10 @@ API_VERSIONS: dict[str, str] = {
     + "cosmos-db/microsoft.documentdb/2024-05-15/types.json",
     "Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments@2024-05-15": _BT
     + "cosmos-db/microsoft.documentdb/2024-05-15/types.json",
+    # Issue 11 (the Agent's circuit-breaker role), checked at commit 00e6e94 of the same generated directory (types.md:
+    # "Resource Microsoft.DocumentDB/databaseAccounts/sqlRoleDefinitions@2024-05-15", body SqlRoleDefinitionResource).
+    "Microsoft.DocumentDB/databaseAccounts/sqlRoleDefinitions@2024-05-15": _BT
+    + "cosmos-db/microsoft.documentdb/2024-05-15/types.json",
     "Microsoft.DurableTask/schedulers@2025-11-01": _BT + "durabletask_0/microsoft.durabletask/2025-11-01/types.json",
     "Microsoft.DurableTask/schedulers/taskHubs@2025-11-01": _BT
     + "durabletask_0/microsoft.durabletask/2025-11-01/types.json",
@@ -131,6 +135,17 @@ VERIFIED_PROPERTIES: dict[str, set[str]] = {
         "properties/roleDefinitionId",
         "properties/principalId",
         "properties/scope",
+    },
+    # SqlRoleDefinitionResource: assignableScopes (string[]), permissions (Permission[]: dataActions, notDataActions),
+    # roleName, type ('BuiltInRole' | 'CustomRole').
+    "Microsoft.DocumentDB/databaseAccounts/sqlRoleDefinitions@2024-05-15": {
+        "name",
+        "properties",
+        "properties/roleName",
+        "properties/type",
+        "properties/assignableScopes",
+        "properties/permissions",
+        "properties/permissions/dataActions",
     },
     "Microsoft.Web/serverfarms@2024-04-01": _COMMON
     | {"kind", "sku", "sku/name", "sku/tier", "properties", "properties/reserved"},
@@ -261,13 +276,25 @@ def test_the_deployers_principal_type_is_azds() -> None:
 
 # ---------------------------------------------------------------- (c) Cosmos role assignments are serialised
 
+# The account's data-plane RBAC writes: role assignments and (issue 11) the custom role definition they may use.
+COSMOS_RBAC_TYPES = (
+    "Microsoft.DocumentDB/databaseAccounts/sqlRoleDefinitions",
+    "Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments",
+)
+
+
+def _cosmos_rbac_writes(bicep) -> list[Resource]:
+    """Role definitions and assignments of the file, in declaration order."""
+    return sorted((r for t in COSMOS_RBAC_TYPES for r in bicep.resources_of(t) if not r.existing),
+                  key=lambda r: r.body.start_byte)
+
 
 def test_cosmos_role_assignments_on_one_account_are_serialised() -> None:
-    files = {f.name for f in all_files() if f.resources_of("Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments")}
-    assert len(files) <= 1, f"sqlRoleAssignments in several modules can run concurrently: {sorted(files)}"
+    files = {f.name for f in all_files() if _cosmos_rbac_writes(f)}
+    assert len(files) <= 1, f"Cosmos RBAC writes in several modules can run concurrently: {sorted(files)}"
     for bicep in all_files():
         by_account: dict[str, list[Resource]] = {}
-        for grant in bicep.resources_of("Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments"):
+        for grant in _cosmos_rbac_writes(bicep):
             account = grant.parent.symbol if grant.parent is not None else text(grant.get("parent"))
             by_account.setdefault(account, []).append(grant)
             if grant.loop:
@@ -279,15 +306,45 @@ def test_cosmos_role_assignments_on_one_account_are_serialised() -> None:
                 )
 
 
+def _references(resource: Resource) -> set[str]:
+    """The file's resource symbols a resource's body names (`x.id`, ...): Bicep's implicit dependencies."""
+    symbols = {r.symbol for r in resource.file.resources} - {resource.symbol}
+    found: set[str] = set()
+    stack = [resource.body]
+    while stack:
+        node = stack.pop()
+        is_key = node.parent is not None and node.parent.type == "object_property" and node.prev_sibling is None
+        if node.type == "identifier" and text(node) in symbols and not is_key:
+            found.add(text(node))
+        stack.extend(node.named_children)
+    return found
+
+
+def _direct_dependencies(resource: Resource) -> set[str]:
+    # `parent: cosmosAccount` (an existing resource) is a reference too, harmless: it writes nothing.
+    return depends_on(resource) | _references(resource)
+
+
 def _transitive_depends_on(resource: Resource) -> set[str]:
     seen: set[str] = set()
-    todo = list(depends_on(resource))
+    todo = list(_direct_dependencies(resource))
     while todo:
         symbol = todo.pop()
         if symbol not in seen:
             seen.add(symbol)
-            todo += [d for r in resource.file.resources if r.symbol == symbol for d in depends_on(r)]
+            todo += [d for r in resource.file.resources if r.symbol == symbol for d in _direct_dependencies(r)]
     return seen
+
+
+def test_an_implicit_dependency_counts_and_a_missing_one_is_caught() -> None:
+    rbac = app("rbac.bicep")
+    writes = [r.symbol for r in _cosmos_rbac_writes(rbac)]
+    assert writes == ["appOrdersData", "appStateData", "circuitBreakerRole", "agentCircuitBreakerData"]
+    # The assignment names the definition's id (implicit); the definition lists appStateData (explicit).
+    assert "circuitBreakerRole" in _references(rbac.resource("agentCircuitBreakerData"))
+    assert {"circuitBreakerRole", "appStateData", "appOrdersData"} <= _transitive_depends_on(
+        rbac.resource("agentCircuitBreakerData"))
+    assert "agentCircuitBreakerData" not in _transitive_depends_on(rbac.resource("circuitBreakerRole"))
 
 
 # ---------------------------------------------------------------- (d) storage roles per Durable backend

@@ -1,0 +1,397 @@
+"""The shared circuit breaker (seed 003, "circuit breaker"): one per remote service, shared by every Agent instance
+and read by the Starter.
+
+State lives in one JSON document per remote service (id = `RemoteServiceName`) in a store that every Agent instance
+and the function app reach (`orderflow.store.open_breaker_documents`: Cosmos container `CircuitBreakerContainerName`,
+the embedded store's `documents` table locally). Every write is create-if-absent or If-Match on the etag; a writer
+that loses re-reads and re-applies its change, so two Agents counting failures at once lose no count.
+
+    closed ──(failures in the rolling window ≥ threshold)──► open ──(cool-down over: lazily, on read)──► half-open
+      ▲                                                       ▲                                              │
+      └──────────────(a probe succeeded)──────────────────────┼──────────(a probe failed: cool-down × 2)──────┘
+
+- closed: calls go through. A failure appends its time to the document's window; the Agent reports one per request
+  whose calls all failed transiently (its retries did not absorb it: agent/retry.py), so a remote that fails some
+  calls but answers every request stays closed. Successes write nothing.
+- open: no call; the Agent answers `CircuitOpen` at once and the Scheduler defers the order without burning its
+  FailureCount; the Starter claims nothing.
+- half-open: the first `CircuitBreakerProbes` calls go through (each takes a probe by an If-Match write; a probe not
+  reported within the window is given back); the Starter claims at most the probes left.
+- operator: `force_open` holds the breaker open until `force_close`, which closes it and resets its counts
+  (`python -m orderflow.breaker_cli show|open|close`).
+
+The pure transition functions (`decide`, `on_failure`, `on_success`, `forced`) hold the rules; `SharedBreaker` reads
+and writes the document around them. Reads are cached for `cache_ttl` (1 s): an Agent may make calls for up to that
+long after another instance opened the breaker. If the store cannot be reached the breaker lets calls through (it
+must never be the reason an order fails) and says so in the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orderflow import settings, telemetry
+from orderflow.clock import Clock, ensure_utc
+from orderflow.records import UtcDatetime
+from orderflow.store.errors import Conflict, PreconditionFailed
+from orderflow.store.ports import DocumentStore
+
+log = logging.getLogger("orderflow.breaker")
+
+CIRCUIT_OPEN = "CircuitOpen"  # AgentReply.errorCode of a request the open breaker answered without calling
+WRITE_ATTEMPTS = 32
+
+
+class BreakerState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half-open"
+
+
+STATE_VALUES = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}  # the gauge's values
+
+
+@dataclass(frozen=True)
+class BreakerConfig:
+    failure_threshold: int  # 0: the breaker is off
+    window: timedelta
+    cooldown: timedelta
+    max_cooldown: timedelta
+    probes: int
+
+    def __post_init__(self) -> None:
+        if self.failure_threshold < 0 or self.probes < 1:
+            raise ValueError("CircuitBreakerFailureThreshold must be >= 0 and CircuitBreakerProbes >= 1")
+        if min(self.window, self.cooldown, self.max_cooldown) <= timedelta(0) or self.max_cooldown < self.cooldown:
+            raise ValueError("the breaker's window and cool-downs must be positive, the cap at least the cool-down")
+
+    @property
+    def enabled(self) -> bool:
+        return self.failure_threshold > 0
+
+    @property
+    def probe_lease(self) -> timedelta:
+        """A probe not reported within this is given back (its Agent died or hung)."""
+        return self.window
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> BreakerConfig:
+        def seconds(name: str) -> timedelta:
+            return timedelta(seconds=settings.get_int(name, env))
+
+        return cls(failure_threshold=settings.get_int("CircuitBreakerFailureThreshold", env),
+                   window=seconds("CircuitBreakerWindowSeconds"), cooldown=seconds("CircuitBreakerCooldownSeconds"),
+                   max_cooldown=seconds("CircuitBreakerMaxCooldownSeconds"),
+                   probes=settings.get_int("CircuitBreakerProbes", env))
+
+
+class BreakerDoc(BaseModel):
+    """The stored document of one remote service's breaker (camelCase JSON)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+
+    service: str
+    state: BreakerState = BreakerState.CLOSED
+    failures: tuple[UtcDatetime, ...] = ()  # failed requests inside the rolling window (closed only)
+    opened_at: UtcDatetime | None = Field(default=None, alias="openedAt")
+    open_until: UtcDatetime | None = Field(default=None, alias="openUntil")  # None while forced open
+    cooldown_seconds: float = Field(default=0.0, alias="cooldownSeconds")
+    probes_started: int = Field(default=0, alias="probesStarted")
+    half_open_since: UtcDatetime | None = Field(default=None, alias="halfOpenSince")
+    forced: bool = False  # held open by an operator
+    changed_at: UtcDatetime | None = Field(default=None, alias="changedAt")
+    reason: str | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def effective_state(doc: BreakerDoc, now: datetime) -> BreakerState:
+    """Open turns half-open once its cool-down is over (no timer: whoever reads it next sees it)."""
+    if doc.state is BreakerState.OPEN and not doc.forced and doc.open_until is not None \
+            and doc.open_until <= ensure_utc(now):
+        return BreakerState.HALF_OPEN
+    return doc.state
+
+
+def _probes_reset(doc: BreakerDoc, config: BreakerConfig, now: datetime) -> bool:
+    """Whether the half-open round starts afresh: just turned half-open, or its probes were never reported."""
+    if doc.state is not BreakerState.HALF_OPEN:
+        return True
+    return doc.half_open_since is None or doc.half_open_since + config.probe_lease <= ensure_utc(now)
+
+
+def probes_left(doc: BreakerDoc, config: BreakerConfig, now: datetime) -> int:
+    if effective_state(doc, now) is not BreakerState.HALF_OPEN:
+        return 0
+    return config.probes if _probes_reset(doc, config, now) else max(0, config.probes - doc.probes_started)
+
+
+def retry_after(doc: BreakerDoc, config: BreakerConfig, now: datetime) -> timedelta:
+    """When a refused call is worth trying again: the end of the cool-down, else one cool-down (forced open, or the
+    probes of a half-open round are all taken)."""
+    at = ensure_utc(now)
+    if doc.state is BreakerState.OPEN and doc.open_until is not None and doc.open_until > at:
+        return doc.open_until - at
+    return config.cooldown
+
+
+class Decision(StrEnum):
+    CALL = "call"  # closed: call
+    PROBE = "probe"  # half-open: call as one of the probes
+    REFUSE = "refuse"  # open, or no probe left: do not call
+
+
+def decide(doc: BreakerDoc, config: BreakerConfig, now: datetime) -> tuple[Decision, BreakerDoc | None]:
+    """Whether a call may go through; the document to write when it takes a probe (else None)."""
+    state = effective_state(doc, now)
+    if state is BreakerState.CLOSED:
+        return Decision.CALL, None
+    if state is BreakerState.OPEN or probes_left(doc, config, now) == 0:
+        return Decision.REFUSE, None
+    at = ensure_utc(now)
+    fresh = _probes_reset(doc, config, now)
+    return Decision.PROBE, doc.model_copy(update={
+        "state": BreakerState.HALF_OPEN, "probes_started": 1 if fresh else doc.probes_started + 1,
+        "half_open_since": at if fresh else doc.half_open_since,
+        "changed_at": at if fresh else doc.changed_at, "reason": "cool-down over" if fresh else doc.reason})
+
+
+def _open(doc: BreakerDoc, cooldown: timedelta, now: datetime, reason: str) -> BreakerDoc:
+    at = ensure_utc(now)
+    return doc.model_copy(update={
+        "state": BreakerState.OPEN, "failures": (), "opened_at": at, "open_until": at + cooldown,
+        "cooldown_seconds": cooldown.total_seconds(), "probes_started": 0, "half_open_since": None, "forced": False,
+        "changed_at": at, "reason": reason})
+
+
+def on_failure(doc: BreakerDoc, config: BreakerConfig, now: datetime, probe: bool) -> BreakerDoc | None:
+    """A request failed transiently after its retries, or a probe call failed: the remote is unwell. The new
+    document, or None when nothing changes."""
+    at = ensure_utc(now)
+    if probe and doc.state is BreakerState.HALF_OPEN:
+        cooldown = min(config.max_cooldown, timedelta(seconds=doc.cooldown_seconds or 0) * 2 or config.cooldown)
+        return _open(doc, max(cooldown, config.cooldown), now, "a probe failed")
+    if doc.state is not BreakerState.CLOSED:
+        return None  # a call that started before the breaker opened: already counted as an outage
+    window = tuple(f for f in doc.failures if f > at - config.window) + (at,)
+    if len(window) >= config.failure_threshold:
+        return _open(doc, config.cooldown, now,
+                     f"{len(window)} failed requests within {int(config.window.total_seconds())} s")
+    return doc.model_copy(update={"failures": window[-config.failure_threshold:]})
+
+
+def on_success(doc: BreakerDoc, now: datetime, probe: bool) -> BreakerDoc | None:
+    """A call succeeded: a probe's success closes a half-open breaker; otherwise nothing to write."""
+    if probe and doc.state is BreakerState.HALF_OPEN:
+        return closed_doc(doc.service, now, "a probe succeeded")
+    return None
+
+
+def closed_doc(service: str, now: datetime, reason: str) -> BreakerDoc:
+    return BreakerDoc(service=service, state=BreakerState.CLOSED, changed_at=ensure_utc(now), reason=reason)
+
+
+def forced(doc: BreakerDoc, state: BreakerState, now: datetime, by: str) -> BreakerDoc:
+    """An operator's command: open (held until closed by an operator) or closed (counts reset, automatic again)."""
+    if state is BreakerState.OPEN:
+        return _open(doc, timedelta(0), now, f"forced open by {by}").model_copy(
+            update={"open_until": None, "forced": True})
+    if state is BreakerState.CLOSED:
+        return closed_doc(doc.service, now, f"forced closed by {by}")
+    raise ValueError("an operator can force a breaker open or closed, not half-open")
+
+
+@dataclass(frozen=True)
+class Transition:
+    """The breaker of `service` changed from `before` to `after` (what operators are alerted about)."""
+
+    service: str
+    before: BreakerState
+    after: BreakerState
+    reason: str
+    changed_at: datetime
+
+    @property
+    def opened(self) -> bool:
+        return self.before is BreakerState.CLOSED and self.after is BreakerState.OPEN
+
+    @property
+    def closed(self) -> bool:
+        return self.before is not BreakerState.CLOSED and self.after is BreakerState.CLOSED
+
+
+@dataclass(frozen=True)
+class Permit:
+    """A call may go through; `probe` when it is one of the half-open breaker's probes."""
+
+    probe: bool = False
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The breaker is open (or its probes are taken): do not call; try again after `retry_after`."""
+
+    state: BreakerState
+    retry_after: timedelta
+
+
+@dataclass(frozen=True)
+class BreakerView:
+    service: str
+    state: BreakerState
+    probes_left: int
+    doc: BreakerDoc
+
+    def claims_allowed(self) -> int | None:
+        """How many orders the Starter may claim for this service: None = no limit (closed)."""
+        if self.state is BreakerState.CLOSED:
+            return None
+        return self.probes_left if self.state is BreakerState.HALF_OPEN else 0
+
+
+OnTransition = Callable[[Transition], Awaitable[None]]
+
+
+class SharedBreaker:
+    """The breaker of one remote service over its stored document (see the module docstring)."""
+
+    def __init__(self, documents: DocumentStore, service: str, config: BreakerConfig, clock: Clock,
+                 on_transition: OnTransition | None = None, cache_ttl: timedelta = timedelta(seconds=1)) -> None:
+        self.documents = documents
+        self.service = service
+        self.config = config
+        self._clock = clock
+        self._on_transition = on_transition
+        self._cache_ttl = cache_ttl
+        self._cached: tuple[BreakerDoc, str | None, datetime] | None = None
+        self._tickets = itertools.count()  # orders reads and writes as they start (reads) or land (writes)
+        self._cached_ticket = -1
+        # One write at a time from this instance: its own concurrent requests queue here instead of racing each other
+        # on the etag, so only other instances' writes can make one lose (and re-read).
+        self._writing = asyncio.Lock()
+
+    async def _read(self, fresh: bool = False) -> tuple[BreakerDoc, str | None]:
+        started, ticket = self._clock.now(), next(self._tickets)
+        if not fresh and self._cached is not None and started - self._cached[2] < self._cache_ttl:
+            return self._cached[0], self._cached[1]
+        found = await self.documents.get(self.service)
+        doc, etag = (BreakerDoc(service=self.service), None) if found is None else \
+            (BreakerDoc.model_validate(found[0]), found[1])
+        # A read is as fresh as its start. One that started before the cached entry was made (a concurrent write's
+        # result, or a later read) must not replace it: it could put a closed document back after this instance
+        # opened it.
+        if self._cached is None or self._cached_ticket < ticket:
+            self._cached, self._cached_ticket = (doc, etag, started), ticket
+        return doc, etag
+
+    async def view(self) -> BreakerView:
+        """The breaker as the Starter and operators see it (cached read)."""
+        doc, _ = await self._read()
+        now = self._clock.now()
+        view = BreakerView(self.service, self._observe(doc, now), probes_left(doc, self.config, now), doc)
+        return view
+
+    def _observe(self, doc: BreakerDoc, now: datetime) -> BreakerState:
+        """The effective state, also reported as the gauge `orderflow.circuit.state` (what infra alerts on)."""
+        state = effective_state(doc, now)
+        telemetry.set_circuit_state(self.service, STATE_VALUES[state])
+        return state
+
+    async def update(self, change: Callable[[BreakerDoc, datetime], BreakerDoc | None]) -> BreakerDoc | None:
+        """Read fresh, apply `change`, write If-Match; re-read and re-apply on a lost race. The written document, or
+        None when `change` left it alone. Reports a transition to `on_transition`."""
+        async with self._writing:
+            return await self._update(change)
+
+    async def _update(self, change: Callable[[BreakerDoc, datetime], BreakerDoc | None]) -> BreakerDoc | None:
+        for _ in range(WRITE_ATTEMPTS):
+            doc, etag = await self._read(fresh=True)
+            now = self._clock.now()
+            new = change(doc, now)
+            if new is None:
+                return None
+            try:
+                new_etag = await self.documents.put(self.service, new.to_data(), etag)
+            except (PreconditionFailed, Conflict):
+                continue
+            self._cached, self._cached_ticket = (new, new_etag, self._clock.now()), next(self._tickets)
+            await self._report(doc, new, now)
+            return new
+        raise PreconditionFailed(f"breaker {self.service!r}: {WRITE_ATTEMPTS} writes lost their race")
+
+    async def _report(self, old: BreakerDoc, new: BreakerDoc, now: datetime) -> None:
+        before, after = effective_state(old, now), self._observe(new, now)
+        if before is after:
+            return
+        log.warning("circuit breaker %s: %s → %s (%s)", self.service, before.value, after.value, new.reason)
+        if self._on_transition is not None:
+            await self._on_transition(Transition(self.service, before, after, new.reason or "",
+                                                 new.changed_at or now))
+
+    async def acquire(self) -> Permit | Refusal:
+        """Before a remote call: a Permit, or a Refusal while open. Fails open when the store is unreachable."""
+        if not self.config.enabled:
+            return Permit()
+        try:
+            doc, _ = await self._read()
+            now = self._clock.now()
+            self._observe(doc, now)
+            decision, _ = decide(doc, self.config, now)
+            if decision is Decision.CALL:
+                return Permit()
+            if decision is Decision.REFUSE:
+                return Refusal(effective_state(doc, now), retry_after(doc, self.config, now))
+            taken: list[Decision] = []
+
+            def take(current: BreakerDoc, at: datetime) -> BreakerDoc | None:
+                decision, new = decide(current, self.config, at)
+                taken[:] = [decision]
+                return new
+
+            await self.update(take)
+            if taken == [Decision.PROBE]:
+                return Permit(probe=True)
+            if taken == [Decision.CALL]:
+                return Permit()
+            doc, _ = await self._read()
+            now = self._clock.now()
+            return Refusal(effective_state(doc, now), retry_after(doc, self.config, now))
+        except Exception:  # noqa: BLE001 - the breaker must never be why a call is not made
+            log.exception("circuit breaker %s unreadable; letting the call through", self.service)
+            return Permit()
+
+    async def record(self, permit: Permit, ok: bool) -> None:
+        """After a call: its outcome (ok = succeeded or failed permanently: the remote answered; not ok = transient)."""
+        if not self.config.enabled:
+            return
+        try:
+            if ok:
+                if permit.probe:
+                    await self.update(lambda doc, now: on_success(doc, now, probe=True))
+                return
+            await self.update(lambda doc, now: on_failure(doc, self.config, now, permit.probe))
+        except Exception:  # noqa: BLE001
+            log.exception("circuit breaker %s: could not record a call's outcome", self.service)
+
+    async def force(self, state: BreakerState, by: str) -> BreakerDoc:
+        """An operator's command (see `forced`)."""
+        written = await self.update(lambda doc, now: forced(doc, state, now, by))
+        assert written is not None
+        return written
+
+
+def shared_breaker(documents: DocumentStore, clock: Clock, env: Mapping[str, str] | None = None,
+                   on_transition: OnTransition | None = None) -> SharedBreaker:
+    """The breaker of the configured remote service (`RemoteServiceName`), with the configured rules."""
+    service = settings.get("RemoteServiceName", env) or "fulfilment"
+    return SharedBreaker(documents, service, BreakerConfig.from_env(env), clock, on_transition)

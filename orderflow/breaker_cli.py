@@ -1,0 +1,279 @@
+"""Operator command of the shared circuit breakers (orderflow/breaker.py).
+
+    python -m orderflow.breaker_cli show  [--service NAME]... [--json]
+    python -m orderflow.breaker_cli open  [--service NAME] [--by WHO] [--json]
+    python -m orderflow.breaker_cli close [--service NAME] [--by WHO] [--json]
+
+`show` prints each breaker: its stored state, the state it is in now (an open breaker whose cool-down is over is
+half-open), the failed requests in the rolling window, openUntil, the probes left and the reason of its last change.
+`open` holds the breaker open until an operator closes it; `close` closes it and resets its counts (automatic
+again). Both write through `SharedBreaker.force` (If-Match, like every Agent) and raise the operator alert
+`CircuitOpened` / `CircuitClosed` on the operator-alerts queue (details: service, before, after, changedAt, source
+"operator", by). `--by` defaults to $USER.
+
+The service defaults to `RemoteServiceName`. App settings come from the environment under the Functions app's
+names: `CosmosDb__accountEndpoint` (`embedded://PATH` locally; in Azure the account endpoint, reached with
+`DefaultAzureCredential`), `CircuitBreakerContainerName`, the `CircuitBreaker*` rules, `ServiceBusConnection`
+(or `ServiceBusConnection__fullyQualifiedNamespace`) and `OperatorAlertsQueueName`.
+
+A failure (a missing or invalid setting, an unreachable store or bus) is one line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from orderflow import settings
+from orderflow.breaker import (
+    BreakerConfig,
+    BreakerDoc,
+    BreakerState,
+    SharedBreaker,
+    Transition,
+    effective_state,
+    probes_left,
+)
+from orderflow.clock import Clock, SystemClock
+from orderflow.messages import AlertKind
+from orderflow.records import format_utc
+
+PROG = "python -m orderflow.breaker_cli"
+DEFAULT_TIMEOUT_SECONDS = 60.0
+COLUMNS = (
+    ("service", "SERVICE"),
+    ("state", "STATE"),
+    ("effectiveState", "NOW"),
+    ("failures", "FAILURES IN WINDOW"),
+    ("openUntil", "OPEN UNTIL"),
+    ("probesLeft", "PROBES LEFT"),
+    ("reason", "REASON"),
+)
+
+
+class CliError(Exception):
+    """A failure to report as one line (no traceback)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Show, force open or force closed the shared circuit breaker of a remote service.")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS,
+                        help=f"give up after this many seconds (default {DEFAULT_TIMEOUT_SECONDS:g})")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the store and bus clients do")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{show,open,close}")
+    show = sub.add_parser("show", help="print the breaker(s)")
+    show.add_argument("--service", action="append", default=None, metavar="NAME",
+                      help="remote service (repeatable; default: RemoteServiceName)")
+    show.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    for name, text in (("open", "hold the breaker open until an operator closes it"),
+                       ("close", "close the breaker and reset its counts")):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("--service", default=None, metavar="NAME", help="remote service (default: RemoteServiceName)")
+        cmd.add_argument("--by", default=None, metavar="WHO", help="operator named in the reason (default: $USER)")
+        cmd.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return parser
+
+
+def breaker_row(service: str, doc: BreakerDoc, config: BreakerConfig, now: datetime) -> dict[str, Any]:
+    """What `show` prints of one breaker (JSON field names)."""
+    in_window = sum(1 for failure in doc.failures if failure > now - config.window)
+    return {
+        "service": service,
+        "state": doc.state.value,
+        "effectiveState": effective_state(doc, now).value,
+        "failuresInWindow": in_window,
+        "failureThreshold": config.failure_threshold,
+        "windowSeconds": config.window.total_seconds(),
+        "openUntil": None if doc.open_until is None else format_utc(doc.open_until),
+        "probesLeft": probes_left(doc, config, now),
+        "forced": doc.forced,
+        "cooldownSeconds": doc.cooldown_seconds,
+        "changedAt": None if doc.changed_at is None else format_utc(doc.changed_at),
+        "reason": doc.reason,
+        "enabled": config.enabled,
+    }
+
+
+def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    def cell(row: Mapping[str, Any], key: str) -> str:
+        if key == "failures":
+            return f"{row['failuresInWindow']}/{row['failureThreshold']} in {row['windowSeconds']:g} s"
+        if key == "state" and row["forced"]:
+            return f"{row['state']} (forced)"
+        value = row[key]
+        return "-" if value is None else str(value)
+
+    table = [[title for _, title in COLUMNS]] + [[cell(row, key) for key, _ in COLUMNS] for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    lines = ["  ".join(text.ljust(width) for text, width in zip(line, widths, strict=True)).rstrip()
+             for line in table]
+    if any(not row["enabled"] for row in rows):
+        lines.append("(the breaker is off: CircuitBreakerFailureThreshold is 0)")
+    return "\n".join(lines)
+
+
+def operator_name(explicit: str | None, env: Mapping[str, str]) -> str:
+    if explicit:
+        return explicit
+    name = env.get("USER") or env.get("USERNAME")
+    if name:
+        return name
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return "operator"
+
+
+def _setting(name: str, env: Mapping[str, str]) -> str:
+    value = settings.get(name, env)
+    if not value:
+        raise CliError(f"app setting {name} is not set")
+    return value
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, KeyError) and exc.args:
+        text = str(exc.args[0])
+    else:
+        text = str(exc).strip() or type(exc).__name__
+        if not isinstance(exc, CliError | ValueError):
+            text = f"{type(exc).__name__}: {text}"
+    return " ".join(text.split())  # one line, whatever the message holds
+
+
+def _open_documents(env: Mapping[str, str]) -> Any:
+    from orderflow.store import open_breaker_documents  # noqa: PLC0415 - lazily: the store SDKs are heavy
+
+    endpoint = _setting("CosmosDb__accountEndpoint", env)
+    try:
+        return open_breaker_documents(env)
+    except Exception as exc:
+        raise CliError(f"cannot open the breaker store {endpoint}: {_message(exc)}") from exc
+
+
+def _open_bus(env: Mapping[str, str]) -> Any:
+    from orderflow.bus.aio import client_from_settings  # noqa: PLC0415
+
+    try:
+        return client_from_settings(env)
+    except Exception as exc:
+        raise CliError(f"cannot open the Service Bus client: {_message(exc)}") from exc
+
+
+async def _read(breaker: SharedBreaker) -> BreakerDoc:
+    try:
+        return (await breaker.view()).doc
+    except Exception as exc:
+        raise CliError(f"cannot read breaker {breaker.service!r}: {_message(exc)}") from exc
+
+
+async def show(services: Sequence[str], documents: Any, config: BreakerConfig, clock: Clock) -> list[dict[str, Any]]:
+    rows = []
+    for service in services:
+        doc = await _read(SharedBreaker(documents, service, config, clock))
+        rows.append(breaker_row(service, doc, config, clock.now()))
+    return rows
+
+
+async def force(service: str, state: BreakerState, by: str, documents: Any, bus: Any, alerts_queue: str,
+                config: BreakerConfig, clock: Clock) -> dict[str, Any]:
+    """Force the breaker, then raise the operator alert; the breaker's row and the alert sent."""
+    from orderflow.outbound import raise_alert  # noqa: PLC0415
+
+    seen: list[Transition] = []
+
+    async def remember(transition: Transition) -> None:
+        seen.append(transition)
+
+    breaker = SharedBreaker(documents, service, config, clock, remember)
+    try:
+        written = await breaker.force(state, by)
+    except Exception as exc:
+        raise CliError(f"cannot force breaker {service!r} {state.value}: {_message(exc)}") from exc
+    before = seen[0].before if seen else written.state  # no transition: it already was in that state
+    changed_at = written.changed_at or clock.now()
+    kind = AlertKind.CIRCUIT_OPENED if state is BreakerState.OPEN else AlertKind.CIRCUIT_CLOSED
+    details = {"service": service, "before": before.value, "after": written.state.value,
+               "changedAt": format_utc(changed_at), "source": "operator", "by": by}
+    try:
+        alert = await raise_alert(bus, alerts_queue, kind=kind, order_id=None, reason=written.reason or "",
+                                  now=clock.now(), details=details)
+    except Exception as exc:
+        raise CliError(f"breaker {service!r} is {written.state.value} ({written.reason}) but the operator alert "
+                       f"could not be sent to {alerts_queue}: {_message(exc)}") from exc
+    return {"breaker": breaker_row(service, written, config, clock.now()),
+            "alert": {"kind": kind.value, "queue": alerts_queue, "messageId": alert.message_id(),
+                      "details": details}}
+
+
+async def run(args: argparse.Namespace, env: Mapping[str, str], clock: Clock) -> str:
+    """The command's output (raises CliError, or another exception, on failure)."""
+    try:
+        config = BreakerConfig.from_env(env)
+    except (ValueError, KeyError) as exc:
+        raise CliError(f"invalid circuit-breaker settings: {_message(exc)}") from exc
+    default_service = settings.get("RemoteServiceName", env) or "fulfilment"
+    if args.command == "show":
+        documents = _open_documents(env)
+        try:
+            rows = await show(args.service or [default_service], documents, config, clock)
+        finally:
+            await documents.aclose()
+        return json.dumps(rows, indent=2) if args.json else render_table(rows)
+
+    state = BreakerState.OPEN if args.command == "open" else BreakerState.CLOSED
+    alerts_queue = _setting("OperatorAlertsQueueName", env)
+    bus = _open_bus(env)  # before anything is written: a missing bus setting changes nothing
+    try:
+        documents = _open_documents(env)
+        try:
+            result = await force(args.service or default_service, state, operator_name(args.by, env), documents,
+                                 bus, alerts_queue, config, clock)
+        finally:
+            await documents.aclose()
+    finally:
+        await bus.close()
+    if args.json:
+        return json.dumps(result, indent=2)
+    alert = result["alert"]
+    return f"{render_table([result['breaker']])}\nalert {alert['kind']} sent to {alert['queue']}"
+
+
+async def _run_with_timeout(args: argparse.Namespace, env: Mapping[str, str], clock: Clock) -> str:
+    try:
+        async with asyncio.timeout(args.timeout):
+            return await run(args, env, clock)
+    except TimeoutError as exc:
+        raise CliError(f"gave up after {args.timeout:g} s: the store or the bus did not answer") from exc
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+         clock: Clock | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    source = os.environ if env is None else env
+    # Quiet unless asked: the alert and the transition are logged by the library (at ERROR/WARNING) and printed here.
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.CRITICAL + 1,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        output = asyncio.run(_run_with_timeout(args, source, clock or SystemClock()))
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - one line, never a traceback
+        print(f"{PROG}: error: {_message(exc)}", file=sys.stderr)
+        return 1
+    print(output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
