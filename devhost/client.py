@@ -194,6 +194,9 @@ def _follow(client: Any, reply_to: str, order_id: str, wait: float, console: Con
                                   f"{status.attempt}  {status.reason}")
                     if status.state in TERMINAL_STATUSES:
                         return 0, statuses
+                    if status.state is OrderStatus.REJECTED:  # admission control: nothing was stored
+                        console.print(f"[red]rejected: {status.reason} (nothing stored; submit it again later)[/]")
+                        return 1, statuses
                 if not statuses and (dead := watch.dead_lettered()) is not None:
                     console.print(f"[red]rejected: {dead.dead_letter_reason}: "
                                   f"{dead.dead_letter_error_description or ''} (dead-lettered on "

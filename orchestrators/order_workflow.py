@@ -19,8 +19,9 @@ import azure.durable_functions as df
 from azure.durable_functions.models.Task import TaskBase
 
 from orderflow import function_names as fn
+from orderflow.breaker import CIRCUIT_OPEN
 from orderflow.messages import STEPS, AgentOutcome, AgentReply, StepName, idempotency_key, reply_event_name
-from orderflow.workflow import Outcome, WorkflowInput
+from orderflow.workflow import SUCCEEDED_STEPS, Outcome, WorkflowInput
 
 bp = df.Blueprint()
 log = logging.getLogger("orderflow.scheduler")
@@ -105,15 +106,31 @@ def run_step(context: df.DurableOrchestrationContext, inp: WorkflowInput, step: 
 def order_workflow(context: df.DurableOrchestrationContext) -> Generator[TaskBase, Any, dict[str, Any]]:
     inp = WorkflowInput.model_validate(context.get_input())
     instance_id = context.instance_id
-    order = yield _call(context, fn.LOAD_ORDER, {"orderId": inp.order_id, "instanceId": instance_id})
-    if order is None:
+    loaded = yield _call(context, fn.LOAD_ORDER, {"orderId": inp.order_id, "instanceId": instance_id})
+    if loaded is None:
         return {"outcome": Outcome.SUPERSEDED.value}
+    done = set(loaded.get(SUCCEEDED_STEPS, ()))
+    order = {k: v for k, v in loaded.items() if k != SUCCEEDED_STEPS}
     for step in STEPS:
+        if step.value in done:
+            continue  # an earlier attempt completed it: never call the remote service for it again
         context.set_custom_status({"step": step.value, "attempt": inp.attempt})
         result = yield from run_step(context, inp, step, order)
         if isinstance(result, Outcome):
             return {"outcome": result.value, "step": step.value}
         reply: AgentReply = result
+        if reply.outcome is AgentOutcome.FAILED and reply.error_code == CIRCUIT_OPEN:
+            # "Not now": the Agent made no call because the remote service's breaker is open. The attempt ends
+            # without a FailureCount; the order waits in Pending for the breaker (orderflow/breaker.py).
+            retry_after = float(reply.result.get("retryAfterSeconds", inp.step_timeout_seconds))
+            deferred = yield _call(context, fn.DEFER_ORDER, {
+                "orderId": inp.order_id, "instanceId": instance_id, "step": step.value,
+                "retryAfterSeconds": retry_after,
+                # From the orchestration's clock, so a resent activity writes the same record (an idempotent no-op).
+                "retryAt": (context.current_utc_datetime + timedelta(seconds=retry_after)).isoformat(),
+                "reason": f"{step.value}: {CIRCUIT_OPEN}: {reply.error or ''}".strip()})
+            outcome = Outcome.DEFERRED if deferred else Outcome.SUPERSEDED
+            return {"outcome": outcome.value, "step": step.value}
         if reply.outcome is AgentOutcome.FAILED and not reply.permanent:
             # Transient failure that the Agent could not absorb within the deadline: leave the record Processing
             # with its CompleteBy; the Supervisor owns the retry (one retry owner, seed 003).

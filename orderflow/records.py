@@ -117,6 +117,8 @@ class OrderStateRecord(_Record):
     last_error: str | None = Field(default=None, alias="lastError")
     previous_errors: tuple[str, ...] = Field(default=(), alias="previousErrors")
     retry_at: UtcDatetime | None = Field(default=None, alias="retryAt")
+    # Attempts handed back without a FailureCount (state_machine.defer: the breaker was open, or admission).
+    deferrals: int = Field(default=0, ge=0)
     order_hash: str = Field(alias="orderHash")
     schema_version: int = Field(default=RECORD_SCHEMA_VERSION, alias="schemaVersion")
     created_at: UtcDatetime = Field(alias="createdAt")

@@ -15,8 +15,9 @@ from typing import Any
 
 from orderflow import settings
 from orderflow.clock import Clock, SystemClock
+from orderflow.retry_budget import RetryBudget
 from orderflow.state_machine import Backoff, exponential_backoff
-from orderflow.store.ports import OrdersDb, StateStore
+from orderflow.store.ports import DocumentStore, OrdersDb, StateStore
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,10 @@ class Tunables:
     page_size: int
     max_results: int
     failure_threshold: int
-    agent_retries: int
+    agent_retries: int  # per request, fitted to the retry budget (orderflow/retry_budget.py)
+    max_in_processing: int  # admission: the Starter claims no order while this many are Processing
+    max_pending: int  # admission: past this Pending backlog a submission is rejected (`backlog full`)
+    remote_service: str  # the id of the remote service's circuit-breaker document
     backoff: Backoff = field(compare=False)
 
     @classmethod
@@ -59,7 +63,9 @@ class Tunables:
             claim_lease=timedelta(seconds=i("ClaimLeaseSeconds")), starter_batch=i("StarterBatchSize"),
             scan_window=timedelta(seconds=i("SupervisorScanWindowSeconds")), page_size=i("SupervisorPageSize"),
             max_results=i("SupervisorMaxResults"), failure_threshold=i("FailureThreshold"),
-            agent_retries=settings.get_int("AgentRetriesPerStep", env),
+            agent_retries=RetryBudget.from_env(env).request_retries(),
+            max_in_processing=i("MaxOrdersInProcessing"), max_pending=i("MaxPendingOrders"),
+            remote_service=s("RemoteServiceName"),
             backoff=exponential_backoff(float(i("RetryBackoffBaseSeconds")), float(i("RetryBackoffMaxSeconds"))))
 
     def internal_queues(self) -> frozenset[str]:
@@ -73,6 +79,10 @@ class Services:
     bus: Any  # azure.servicebus.aio.ServiceBusClient or the embedded broker's aio client
     tunables: Tunables
     clock: Clock = field(default_factory=SystemClock)
+    # The circuit-breaker documents (read by the Starter); None: no breaker (tests that do not need one).
+    breakers: DocumentStore | None = None
+    # Admission: this process's acceptances since the backlog figure it last read (orderflow/admission.py).
+    backlog: Any = None
 
 
 _services: dict[int, Services] = {}
@@ -84,11 +94,11 @@ async def get_services() -> Services:
     loop_id = id(asyncio.get_running_loop())
     if loop_id not in _services:
         from orderflow.bus.aio import client_from_settings  # noqa: PLC0415
-        from orderflow.store import open_stores  # noqa: PLC0415
+        from orderflow.store import open_breaker_documents, open_stores  # noqa: PLC0415
 
         orders, state = open_stores(os.environ)
         _services[loop_id] = Services(orders=orders, state=state, bus=client_from_settings(os.environ),
-                                      tunables=Tunables.from_env())
+                                      tunables=Tunables.from_env(), breakers=open_breaker_documents(os.environ))
     return _services[loop_id]
 
 

@@ -57,6 +57,30 @@ SETTINGS: tuple[Setting, ...] = (
             "of this and its own AGENT_MAX_RETRIES)."),
     Setting("RetryBackoffBaseSeconds", "2", "Base of the exponential backoff before a recovered order is retried."),
     Setting("RetryBackoffMaxSeconds", "300", "Cap of that backoff."),
+    Setting("RemoteCallBudgetPerStep", "75",
+            "Most remote calls one order step may cause over all its attempts (the retry budget the Scheduler "
+            "owns): calls per Agent request x AgentRequestsMaxDeliveryCount x FailureThreshold must not exceed it."),
+    Setting("AgentRequestsMaxDeliveryCount", "5",
+            "MaxDeliveryCount of the agent-requests queue (a redelivered request calls the remote again); must "
+            "equal the queue's property, for the retry budget."),
+    Setting("CircuitBreakerFailureThreshold", "10",
+            "Failed Agent requests (every call failed transiently) within the window, over every Agent instance, "
+            "that open the circuit breaker; 0 turns the breaker off."),
+    Setting("CircuitBreakerWindowSeconds", "30", "Rolling window in which the breaker counts failed requests."),
+    Setting("CircuitBreakerCooldownSeconds", "15",
+            "Open time before the breaker lets probes through (half-open); doubled after each failed probe."),
+    Setting("CircuitBreakerMaxCooldownSeconds", "300", "Cap of the breaker's cool-down."),
+    Setting("CircuitBreakerProbes", "2", "Calls the half-open breaker lets through to test the remote service."),
+    Setting("CircuitBreakerContainerName", "circuitBreakers",
+            "Container (state database, partition key /id) of the circuit-breaker documents, one per remote "
+            "service."),
+    Setting("RemoteServiceName", "fulfilment",
+            "Name of the remote service the Agent calls for every step: the id of its circuit-breaker document."),
+    Setting("MaxOrdersInProcessing", "100", "Admission bound: the Starter claims no order while this many are "
+            "Processing."),
+    Setting("MaxPendingOrders", "5000",
+            "Admission bound: past this Pending backlog a new order is answered `rejected` (`backlog full`) and "
+            "nothing is written."),
 )
 
 SETTING_NAMES = frozenset(s.name for s in SETTINGS)

@@ -13,7 +13,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from orderflow import admission
 from orderflow import function_names as fn
+from orderflow.breaker import BreakerConfig, SharedBreaker
 from orderflow.records import OrderStateRecord, instance_id
 from orderflow.runtime import Services
 from orderflow.state_machine import IllegalTransition, claim
@@ -31,6 +33,8 @@ class StarterRun:
     lost_race: int = 0
     start_failed: list[str] = field(default_factory=list)
     already_running: list[str] = field(default_factory=list)  # start_new found this attempt's instance running
+    not_admitted: int = 0  # claims not made, or given back, because MaxOrdersInProcessing was reached
+    breaker_limit: int | None = None  # claims the remote service's circuit breaker allowed (None: closed)
 
 
 async def try_claim(services: Services, rec: OrderStateRecord, etag: str) -> WorkflowInput | None:
@@ -51,31 +55,71 @@ async def start_claimed(start_new: StartNew, inp: WorkflowInput) -> None:
     await start_new(fn.ORDER_WORKFLOW, instance_id(inp.order_id, inp.attempt), inp.to_dict())
 
 
+async def claims_allowed(services: Services) -> int | None:
+    """Claims the remote service's circuit breaker allows now: None = no limit (closed), 0 while open, the probes
+    left while half-open. A breaker that cannot be read does not stop claiming (it fails open)."""
+    if services.breakers is None:
+        return None
+    try:
+        breaker = SharedBreaker(services.breakers, services.tunables.remote_service, BreakerConfig.from_env(),
+                                services.clock)
+        if not breaker.config.enabled:
+            return None  # CircuitBreakerFailureThreshold 0: the breaker is off
+        view = await breaker.view()
+    except Exception:
+        log.exception("circuit breaker unreadable; claiming as if it were closed")
+        return None
+    return view.claims_allowed() if view else None
+
+
 async def run_starter(services: Services, start_new: StartNew, *, limit: int | None = None) -> StarterRun:
-    """One Starter pass over the claimable records (at most `StarterBatchSize`)."""
+    """One Starter pass: refresh the admission figures, then claim due records (at most `StarterBatchSize`, at most
+    what the circuit breaker allows, none past MaxOrdersInProcessing) and start their Scheduler."""
     result = StarterRun()
-    batch = await services.state.query_claimable(services.clock.now(), limit or services.tunables.starter_batch)
-    for rec, etag in batch:
-        inp = await try_claim(services, rec, etag)
-        if inp is None:
-            result.lost_race += 1
-            continue
-        await _start(start_new, inp, result)
+    figures = await admission.refresh(services)
+    result.breaker_limit = await claims_allowed(services)
+    room = max(0, services.tunables.max_in_processing - figures.processing)
+    wanted = min(limit or services.tunables.starter_batch, room,
+                 result.breaker_limit if result.breaker_limit is not None else room)
+    if wanted <= 0:
+        return result
+    batch = await services.state.query_claimable(services.clock.now(), wanted)
+    await _claim_within_the_bound(services, start_new, batch, result)
     return result
 
 
 async def start_one(services: Services, start_new: StartNew, order_id: str) -> StarterRun:
-    """The fast path: claim and start one order right after its submission (the timer poll is the safety net)."""
+    """The fast path: claim and start one order right after its submission (the timer poll is the safety net),
+    within the circuit breaker and the Processing bound like any claim."""
     result = StarterRun()
+    result.breaker_limit = await claims_allowed(services)
+    if result.breaker_limit is not None:
+        return result  # open or half-open: only the Starter's timer claims, at most the probes left
     current = await services.state.get(order_id)
-    if current is None:
-        return result
-    inp = await try_claim(services, *current)
-    if inp is None:
-        result.lost_race += 1
-    else:
-        await _start(start_new, inp, result)
+    if current is not None:
+        await _claim_within_the_bound(services, start_new, [current], result)
     return result
+
+
+async def _claim_within_the_bound(services: Services, start_new: StartNew, batch: list[tuple[OrderStateRecord, str]],
+                                  result: StarterRun) -> None:
+    """Reserve Processing slots first (orderflow/admission.py), claim at most that many records, give back the slots
+    of records another Starter won, then start the Scheduler of each claim. Every claim lands before the first
+    `start_new`, well inside admission.RESERVATION_GRACE of its slot."""
+    if not batch:
+        return
+    slots = await admission.reserve(services, len(batch))
+    result.not_admitted += len(batch) - slots
+    claimed: list[WorkflowInput] = []
+    for rec, etag in batch[:slots]:
+        inp = await try_claim(services, rec, etag)
+        if inp is None:
+            result.lost_race += 1
+        else:
+            claimed.append(inp)
+    await admission.release(services, slots - len(claimed))
+    for inp in claimed:
+        await _start(start_new, inp, result)
 
 
 def is_already_running(exc: BaseException) -> bool:

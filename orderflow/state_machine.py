@@ -30,6 +30,7 @@ __all__ = [
     "TRANSITIONS",
     "claim",
     "complete",
+    "defer",
     "exponential_backoff",
     "fail",
     "next_state",
@@ -68,6 +69,7 @@ class Event(StrEnum):
     FAIL = "fail"
     RECOVER_RETRY = "recover_retry"
     RECOVER_GIVE_UP = "recover_give_up"
+    DEFER = "defer"
 
 
 TRANSITIONS: Mapping[tuple[ProcessState, Event], ProcessState] = {
@@ -78,6 +80,7 @@ TRANSITIONS: Mapping[tuple[ProcessState, Event], ProcessState] = {
     (ProcessState.PROCESSING, Event.FAIL): ProcessState.ERROR,
     (ProcessState.PROCESSING, Event.RECOVER_RETRY): ProcessState.PENDING,
     (ProcessState.PROCESSING, Event.RECOVER_GIVE_UP): ProcessState.ERROR,
+    (ProcessState.PROCESSING, Event.DEFER): ProcessState.PENDING,
 }
 
 # Step status moves within one attempt. A step last touched by an earlier attempt may restart (→ running).
@@ -269,6 +272,18 @@ def recover(
         retry_at=at + backoff(failures),
         **_error_changes(rec, expired),
     )
+
+
+def defer(rec: OrderStateRecord, instance: str, retry_at: datetime, now: datetime, reason: str) -> OrderStateRecord:
+    """Fenced on LockedBy: Processing → Pending, "not now" — the circuit breaker of the remote service is open, or
+    admission control gave a claim back. FailureCount is unchanged (no attempt was spent on the remote service);
+    `deferrals` counts these. The next claim starts a new attempt. Repeating it is a no-op (the lock is gone)."""
+    if rec.process_state is ProcessState.PENDING and rec.locked_by is None and rec.retry_at == ensure_utc(retry_at) \
+            and rec.last_error == reason:
+        return rec
+    _fence(rec, instance)
+    return _move(rec, Event.DEFER, now, locked_by=None, complete_by=None, retry_at=ensure_utc(retry_at),
+                 deferrals=rec.deferrals + 1, **_error_changes(rec, reason))
 
 
 TERMINAL_STATES = frozenset({ProcessState.PROCESSED, ProcessState.ERROR})

@@ -11,8 +11,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from orderflow import telemetry
+from orderflow.admission import BACKLOG_FULL, backlog_gate
 from orderflow.messages import AlertKind, InvalidMessage, OrderStatus, SubmitOrder, parse_submit_order
 from orderflow.notifications import send_terminal_status
 from orderflow.outbound import about_message, raise_alert, send_status
@@ -25,6 +28,15 @@ from orderflow.state_machine import TERMINAL_STATES
 class Accepted:
     order: SubmitOrder
     created: bool  # False: a duplicate of an order already stored
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Admission control said no (`backlog full`): answered `rejected` on the reply queue, nothing written. The caller
+    completes the message: a decision, not poison."""
+
+    order: SubmitOrder
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -52,7 +64,7 @@ def check_routing(order: SubmitOrder, session_id: str | None, services: Services
 
 
 async def submit(services: Services, body: bytes, session_id: str | None,
-                 message_id: str | None = None, sequence_number: int | None = None) -> Accepted | Rejected:
+                 message_id: str | None = None, sequence_number: int | None = None) -> Accepted | Rejected | Refused:
     """Validate and store one order. The caller settles the message: complete on Accepted, dead-letter on Rejected.
     Alerts name the message (queue, MessageId, SessionId, SequenceNumber, whole) and, when the body parsed, the
     order."""
@@ -68,15 +80,37 @@ async def submit(services: Services, body: bytes, session_id: str | None,
         return await _reject(services, exc.reason, exc.description, order_id=order.order_id,
                              kind=AlertKind.POISON_MESSAGE, where=where)
     now = services.clock.now()
+    gate = backlog_gate(services)
+    admitted = await gate.admit(services)  # counted at once; given back below unless this call creates the record
+    if not admitted and await services.state.get(order.order_id) is None:
+        # Admission control (orderflow/admission.py): a new order past the backlog bound is answered, not stored. The
+        # status MessageId names this delivery: a later resubmission that is refused again is answered again.
+        await send_status(services.bus, order.reply_to, order_id=order.order_id, state=OrderStatus.REJECTED,
+                          attempt=0, reason=BACKLOG_FULL, now=now,
+                          message_id=f"{order.order_id}:{OrderStatus.REJECTED.value}:{sequence_number or message_id}")
+        telemetry.count_rejected(BACKLOG_FULL)
+        return Refused(order=order, reason=BACKLOG_FULL)
+    created = False
+    try:
+        outcome, created = await _store(services, order, now, where)
+    finally:
+        if admitted and not created:
+            gate.release()  # an order already stored, a conflict, or a failure: not a new Pending record
+    return outcome
+
+
+async def _store(services: Services, order: SubmitOrder, now: datetime,
+                 where: dict[str, Any]) -> tuple[Accepted | Rejected, bool]:
+    """Write the order and its state record (each create-if-absent) and answer; whether the state record is new."""
     stored, order_created = await services.orders.create_if_absent(OrderRecord.from_order(order, now))
     if stored.order_hash != order.immutable_hash():
         return await _reject(services, "OrderConflict",
                              f"order {order.order_id} exists with different data (hash {stored.order_hash[:12]}…)",
-                             order_id=order.order_id, kind=AlertKind.ORDER_CONFLICT, where=where)
+                             order_id=order.order_id, kind=AlertKind.ORDER_CONFLICT, where=where), False
     state, state_created = await services.state.create_if_absent(OrderStateRecord.new(order, now))
     if state.order_hash != order.immutable_hash():  # a state record from another order under this id: never touch
         return await _reject(services, "OrderConflict", f"state record of {order.order_id} belongs to other data",
-                             order_id=order.order_id, kind=AlertKind.ORDER_CONFLICT, where=where)
+                             order_id=order.order_id, kind=AlertKind.ORDER_CONFLICT, where=where), False
     # Sent on every acceptance (stable MessageId: duplicate detection absorbs repeats), so a crash after the writes
     # and before this send is repaired by the redelivery too.
     await send_status(services.bus, order.reply_to, order_id=order.order_id, state=OrderStatus.RECEIVED,
@@ -86,7 +120,7 @@ async def submit(services: Services, body: bytes, session_id: str | None,
         # with its terminal status again — same state, reason, attempt and MessageId as the original, so a repeat
         # inside the window is absorbed. No operator alert: that was raised when the order ended.
         await send_terminal_status(services, state)
-    return Accepted(order=order, created=order_created or state_created)
+    return Accepted(order=order, created=order_created or state_created), state_created
 
 
 async def _reject(services: Services, reason: str, description: str, *, order_id: str | None,

@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from orderflow import telemetry
+from orderflow import admission, telemetry
 from orderflow.notifications import entered_error, sweep_unnotified
 from orderflow.records import OrderStateRecord, ProcessState, format_utc, parse_utc
 from orderflow.runtime import Services
@@ -131,6 +131,10 @@ async def _recover_one(services: Services, run: SupervisorRun, seen: OrderStateR
     except (Fenced, IllegalTransition, NotFound, PreconditionFailed):
         run.skipped += 1  # another Supervisor or the Scheduler got there first
         return
+    try:
+        await admission.exited(services, now)  # out of Processing: its admission slot is free
+    except Exception:
+        log.exception("admission slot of %s not freed; the next refresh corrects it", rec.order_id)
     if rec.process_state is ProcessState.ERROR:
         run.escalated.append(rec.order_id)
         try:

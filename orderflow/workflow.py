@@ -7,12 +7,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# The key of LOAD_ORDER's result that lists the steps an earlier attempt completed (they are not sent again).
+SUCCEEDED_STEPS = "succeededSteps"
+
 
 class Outcome(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     TIMED_OUT = "timedOut"
     SUPERSEDED = "superseded"
+    DEFERRED = "deferred"  # the remote service's circuit breaker was open: back to Pending, FailureCount unchanged
 
 
 class WorkflowInput(BaseModel):

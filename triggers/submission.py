@@ -19,7 +19,7 @@ import azurefunctions.extensions.bindings.servicebus as servicebus
 from orderflow import function_names as fn
 from orderflow.runtime import get_services
 from orderflow.starter import start_one
-from orderflow.submission import Accepted, submit
+from orderflow.submission import Accepted, Refused, submit
 
 bp = df.Blueprint()
 log = logging.getLogger("orderflow.submission")
@@ -42,6 +42,12 @@ async def submission(message: servicebus.ServiceBusReceivedMessage,
     except Exception:
         await asyncio.to_thread(message_actions.abandon, message)
         raise
+    if isinstance(outcome, Refused):
+        # Admission control: answered `rejected` on the app's reply queue, nothing written. A decision, not poison:
+        # the message is completed, never dead-lettered.
+        log.info("order %s refused: %s", outcome.order.order_id, outcome.reason)
+        await asyncio.to_thread(message_actions.complete, message)
+        return
     if not isinstance(outcome, Accepted):
         log.warning("dead-lettering message %s: %s: %s", message.message_id, outcome.reason, outcome.description)
         await asyncio.to_thread(message_actions.deadletter, message, deadletter_reason=outcome.reason,

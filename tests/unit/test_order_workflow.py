@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -205,3 +205,225 @@ def test_bad_replies_buffered_before_the_wait_are_taken_once_and_the_valid_one_a
     assert timers and all(t["isCanceled"] for t in timers)  # one timer, listed with each task_any of the loop
     record = activity(actions, fn.RECORD_STEP_RESULT)
     assert json.loads(record["input"])["step"] == step and json.loads(record["input"])["status"] == "succeeded"
+
+
+# Issue 11: the circuit breaker's "not now" (a CircuitOpen reply) and the steps an earlier attempt completed.
+
+def circuit_open(step: str, retry_after: float | None = 12.5) -> dict[str, Any]:
+    """The Agent's answer when the breaker refused and no remote call was made (orderflow/breaker.py)."""
+    return {**reply(step, "failed", error="circuit breaker open"), "errorCode": "CircuitOpen",
+            "result": {} if retry_after is None else {"retryAfterSeconds": retry_after}}
+
+
+def scheduled(d: Driver, name: str) -> list[dict[str, Any]]:
+    """The inputs of every call of activity `name` over the whole run."""
+    return [json.loads(a["input"]) for a in d.scheduled
+            if a["actionType"] in CALLS and a["functionName"] == name]
+
+
+@pytest.mark.parametrize("step_index", [0, 1])
+def test_a_circuit_open_reply_defers_the_order_without_a_failure(driver: Driver, step_index: int) -> None:
+    actions = driver.episode()
+    actions = driver.episode(driver.completed(activity(actions, fn.LOAD_ORDER)["taskId"], {"orderId": ORDER}))
+    for earlier in STEPS[:step_index]:  # earlier steps succeed
+        start_step(driver, actions, earlier.value)
+        actions = driver.episode(driver.event_raised(reply_event_name(earlier.value), reply(earlier.value)))
+        actions = driver.episode(driver.completed(activity(actions, fn.RECORD_STEP_RESULT)["taskId"], True))
+    step = STEPS[step_index].value
+    timer = start_step(driver, actions, step)
+
+    actions = driver.episode(driver.event_raised(reply_event_name(step), circuit_open(step)))
+
+    defer = activity(actions, fn.DEFER_ORDER)
+    request = json.loads(defer["input"])
+    assert (request["orderId"], request["instanceId"], request["step"], request["retryAfterSeconds"]) == (
+        ORDER, INSTANCE, step, 12.5)
+    assert "CircuitOpen" in request["reason"]
+    # retryAt from the orchestration's clock (deterministic), so a resent activity writes the same record
+    assert datetime.fromisoformat(request["retryAt"]) == driver.now + timedelta(seconds=12.5)
+    timers = [a for group in driver.result["actions"] for a in group if a.get("fireAt") == timer["fireAt"]]
+    assert timers and all(t["isCanceled"] for t in timers)  # the reply won the race
+    driver.episode(driver.completed(defer["taskId"], True))
+    assert driver.done and driver.output == {"outcome": "deferred", "step": step}
+    # Not recorded as the step's result, not finished (no FailureCount, no Error): the order waits in Pending.
+    assert [r["step"] for r in scheduled(driver, fn.RECORD_STEP_RESULT)] == [s.value for s in STEPS[:step_index]]
+    assert scheduled(driver, fn.FINISH_ORDER) == []
+    assert len(scheduled(driver, fn.SEND_AGENT_REQUEST)) == step_index + 1  # no further step was sent
+
+
+def test_a_circuit_open_reply_without_a_retry_time_waits_one_step_timeout(driver: Driver) -> None:
+    actions = driver.episode()
+    actions = driver.episode(driver.completed(activity(actions, fn.LOAD_ORDER)["taskId"], {"orderId": ORDER}))
+    step = STEPS[0].value
+    start_step(driver, actions, step)
+    actions = driver.episode(driver.event_raised(reply_event_name(step), circuit_open(step, retry_after=None)))
+    assert json.loads(activity(actions, fn.DEFER_ORDER)["input"])["retryAfterSeconds"] == 30
+
+
+def test_a_fenced_deferral_reports_superseded(driver: Driver) -> None:
+    actions = driver.episode()
+    actions = driver.episode(driver.completed(activity(actions, fn.LOAD_ORDER)["taskId"], {"orderId": ORDER}))
+    step = STEPS[0].value
+    start_step(driver, actions, step)
+    actions = driver.episode(driver.event_raised(reply_event_name(step), circuit_open(step)))
+    driver.episode(driver.completed(activity(actions, fn.DEFER_ORDER)["taskId"], False))  # the lock moved on
+    assert driver.done and driver.output == {"outcome": "superseded", "step": step}
+    assert scheduled(driver, fn.FINISH_ORDER) == []
+
+
+def test_an_ordinary_transient_failure_is_not_deferred(driver: Driver) -> None:
+    """Only `CircuitOpen` (no call made) defers: a transient failure after calls stays the Supervisor's retry."""
+    actions = driver.episode()
+    actions = driver.episode(driver.completed(activity(actions, fn.LOAD_ORDER)["taskId"], {"orderId": ORDER}))
+    step = STEPS[0].value
+    start_step(driver, actions, step)
+    driver.episode(driver.event_raised(reply_event_name(step), reply(step, "failed", error="503 from the remote")))
+    assert driver.done and driver.output["outcome"] == "timedOut"
+    assert scheduled(driver, fn.DEFER_ORDER) == []
+
+
+def test_steps_an_earlier_attempt_completed_are_not_sent_again(driver: Driver) -> None:
+    done = [STEPS[0].value, STEPS[1].value]
+    actions = driver.episode()
+    load = activity(actions, fn.LOAD_ORDER)
+    actions = driver.episode(driver.completed(load["taskId"], {
+        "orderId": ORDER, "currency": "EUR", "succeededSteps": done}))
+    remaining = [s.value for s in STEPS if s.value not in done]
+    for step in remaining:
+        start_step(driver, actions, step)
+        actions = driver.episode(driver.event_raised(reply_event_name(step), reply(step)))
+        actions = driver.episode(driver.completed(activity(actions, fn.RECORD_STEP_RESULT)["taskId"], True))
+    finish = activity(actions, fn.FINISH_ORDER)
+    driver.episode(driver.completed(finish["taskId"], True))
+
+    assert driver.done and driver.output == {"outcome": "completed"}
+    assert [d["step"] for d in scheduled(driver, fn.SET_STEP_DEADLINE)] == remaining
+    sent = scheduled(driver, fn.SEND_AGENT_REQUEST)
+    assert [s["step"] for s in sent] == remaining
+    for request in sent:  # the Agent gets the order as before, without the Scheduler's bookkeeping
+        assert request["payload"] == {"orderId": ORDER, "currency": "EUR"}
+        assert "succeededSteps" not in request["payload"]
+    assert [r["step"] for r in scheduled(driver, fn.RECORD_STEP_RESULT)] == remaining
+
+
+def test_an_order_whose_steps_all_succeeded_finishes_without_sending(driver: Driver) -> None:
+    actions = driver.episode()
+    actions = driver.episode(driver.completed(activity(actions, fn.LOAD_ORDER)["taskId"], {
+        "orderId": ORDER, "succeededSteps": [s.value for s in STEPS]}))
+    finish = activity(actions, fn.FINISH_ORDER)
+    assert json.loads(finish["input"])["outcome"] == "completed"
+    driver.episode(driver.completed(finish["taskId"], True))
+    assert driver.done and driver.output == {"outcome": "completed"}
+    assert scheduled(driver, fn.SET_STEP_DEADLINE) == [] and scheduled(driver, fn.SEND_AGENT_REQUEST) == []
+
+
+# The two activities behind those Scheduler paths (activities/state.py), over the embedded store.
+
+def _activity_function(name: str) -> Any:
+    """The activity as the worker calls it, from its blueprint (`app.get_functions()` may be called once per app)."""
+    import activities.state
+
+    builders = [getattr(activities.state, attr) for attr in dir(activities.state)]
+    return next(b._function.get_user_function() for b in builders
+                if hasattr(b, "_function") and b._function.get_function_name() == name)
+
+
+async def _claimed_services(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, succeeded: int = 0) -> Any:
+    """Services on a fresh store holding ORDER claimed by INSTANCE (attempt 1, FailureCount 1), the first
+    `succeeded` steps recorded succeeded by an earlier attempt. No bus: these activities send nothing."""
+    from datetime import timedelta
+
+    from orderflow import runtime
+    from orderflow.clock import FakeClock
+    from orderflow.messages import SubmitOrder
+    from orderflow.records import OrderRecord, OrderStateRecord, StepStatus
+    from orderflow.runtime import Services, Tunables
+    from orderflow.state_machine import claim
+    from orderflow.store.sqlite_store import open_sqlite_stores
+
+    orders, state = open_sqlite_stores(tmp_path / "s.db")
+    services = Services(orders=orders, state=state, bus=None, tunables=Tunables.from_env({}), clock=FakeClock())
+    now = services.clock.now()
+    order = SubmitOrder.model_validate({
+        "orderId": ORDER, "replyTo": "app-status", "customer": {"id": "c-1", "name": "Ada"},
+        "items": [{"sku": "SKU-001", "quantity": 2, "unitPrice": "9.99"}], "currency": "EUR",
+        "submittedAt": "2024-01-01T00:00:00+00:00"})
+    await orders.create_if_absent(OrderRecord.from_order(order, now))
+    rec = claim(OrderStateRecord.new(order, now), INSTANCE, now + timedelta(seconds=30), now)
+    steps = tuple(s.model_copy(update={"status": StepStatus.SUCCEEDED}) if i < succeeded else s
+                  for i, s in enumerate(rec.steps))
+    await state.create_if_absent(rec.model_copy(update={"failure_count": 1, "steps": steps}))
+
+    monkeypatch.setattr(runtime, "_services", {})  # the original is restored after the test
+    runtime.use_services(services)  # what the activities' get_services() returns on this loop
+    return services
+
+
+async def test_defer_order_returns_the_order_to_pending_without_a_failure(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import timedelta
+
+    from orderflow.records import ProcessState
+
+    services = await _claimed_services(tmp_path, monkeypatch)
+    defer_order = _activity_function(fn.DEFER_ORDER)
+    request = {"orderId": ORDER, "instanceId": INSTANCE, "step": STEPS[0].value, "retryAfterSeconds": 12.5,
+               "reason": "reserve-inventory: CircuitOpen: circuit breaker open"}
+
+    assert await defer_order(dict(request, instanceId=f"{ORDER}:2")) is False  # not the lock holder: fenced
+    assert await defer_order(request) is True
+
+    rec, _ = await services.state.get(ORDER)
+    assert (rec.process_state, rec.locked_by, rec.complete_by) == (ProcessState.PENDING, None, None)
+    assert rec.failure_count == 1 and rec.deferrals == 1  # no attempt burned, one deferral counted
+    assert rec.retry_at == services.clock.now() + timedelta(seconds=12.5)  # waits for the breaker's cool-down
+    assert rec.last_error == request["reason"]
+    assert await services.state.query_claimable(services.clock.now(), 10) == []  # not before retryAt
+    assert len(await services.state.query_claimable(rec.retry_at, 10)) == 1
+    assert await defer_order(request) is True  # a resend of the same deferral (activity retry) changes nothing
+    assert (await services.state.get(ORDER))[0].deferrals == 1
+
+
+async def test_a_resent_deferral_a_second_later_is_still_deferred(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Scheduler sends retryAt from the orchestration's clock: the activity retry (1 s later) writes the same
+    record and reports True, so the orchestration ends `deferred`, not `superseded`."""
+    from datetime import timedelta
+
+    services = await _claimed_services(tmp_path, monkeypatch)
+    defer_order = _activity_function(fn.DEFER_ORDER)
+    retry_at = services.clock.now() + timedelta(seconds=12.5)
+    request = {"orderId": ORDER, "instanceId": INSTANCE, "step": STEPS[0].value, "retryAfterSeconds": 12.5,
+               "retryAt": retry_at.isoformat(), "reason": "reserve-inventory: CircuitOpen: open"}
+    assert await defer_order(request) is True
+    services.clock.advance(1)  # type: ignore[attr-defined]
+    assert await defer_order(request) is True
+    rec, _ = await services.state.get(ORDER)
+    assert rec.retry_at == retry_at and rec.deferrals == 1
+
+
+async def test_load_order_lists_the_steps_an_earlier_attempt_completed(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    await _claimed_services(tmp_path, monkeypatch, succeeded=2)
+    loaded = await _activity_function(fn.LOAD_ORDER)({"orderId": ORDER, "instanceId": INSTANCE})
+    assert loaded["succeededSteps"] == [STEPS[0].value, STEPS[1].value]
+    assert loaded["orderId"] == ORDER and loaded["currency"] == "EUR"
+
+
+async def test_a_deferral_frees_the_admission_slot_once(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The activity that writes an order's exit from Processing frees its admission slot (orderflow/admission.py);
+    a resend that writes nothing frees nothing."""
+    from orderflow import admission
+
+    services = await _claimed_services(tmp_path, monkeypatch)
+    await admission.refresh(services)  # counts the claimed order: 1 slot taken
+    services.clock.advance(1)
+    assert (await admission.read_figures(services))[0].processing == 1
+    request = {"orderId": ORDER, "instanceId": INSTANCE, "step": STEPS[0].value, "retryAfterSeconds": 5,
+               "retryAt": (services.clock.now() + timedelta(seconds=5)).isoformat(), "reason": "CircuitOpen"}
+    defer_order = _activity_function(fn.DEFER_ORDER)
+    assert await defer_order(request) is True
+    assert (await admission.read_figures(services))[0].processing == 0
+    await admission.reserve(services)  # another order takes the slot
+    assert await defer_order(request) is True  # the activity's resend: nothing written, nothing freed
+    assert (await admission.read_figures(services))[0].processing == 1

@@ -110,6 +110,7 @@ def test_state_document_is_camel_case_with_sortable_dates() -> None:
         "lastError",
         "previousErrors",
         "retryAt",
+            "deferrals",
         "orderHash",
         "schemaVersion",
         "createdAt",

@@ -21,6 +21,7 @@ from orderflow.state_machine import (
     NotDue,
     claim,
     complete,
+    defer,
     exponential_backoff,
     fail,
     next_state,
@@ -76,6 +77,7 @@ OPERATIONS: dict[Event, Callable[[OrderStateRecord], OrderStateRecord]] = {
     Event.RECOVER_GIVE_UP: lambda r: recover(
         r.model_copy(update={"failure_count": THRESHOLD - 1}), FIRST, NOW, THRESHOLD, BACKOFF
     ),
+    Event.DEFER: lambda r: defer(r, FIRST, NOW + LEASE, NOW, "reserve-inventory: CircuitOpen"),
 }
 # Repeating the move that produced the state, by the same instance, returns the record unchanged.
 IDEMPOTENT_REPEATS = {(ProcessState.PROCESSED, Event.COMPLETE), (ProcessState.ERROR, Event.FAIL)}
@@ -397,3 +399,30 @@ def test_random_sequences_keep_the_invariants(ops: list[tuple[str, int, StepName
             continue
         _check_invariants(rec, after)
         rec = after
+
+
+# --- defer ("not now": the circuit breaker is open, or admission gave a claim back) ----------------------------
+
+
+def test_defer_returns_the_order_to_pending_without_a_failure() -> None:
+    rec = in_state(ProcessState.PROCESSING).model_copy(update={"failure_count": 1})
+    deferred = defer(rec, FIRST, NOW + LEASE, NOW, "reserve-inventory: CircuitOpen: open")
+    assert deferred.process_state is ProcessState.PENDING
+    assert deferred.failure_count == 1  # unchanged: no attempt was spent on the remote service
+    assert deferred.deferrals == rec.deferrals + 1
+    assert deferred.locked_by is None and deferred.complete_by is None
+    assert deferred.retry_at == NOW + LEASE
+    assert deferred.last_error == "reserve-inventory: CircuitOpen: open"
+    # the next claim is a new attempt, due at retryAt
+    with pytest.raises(NotDue):
+        claim(deferred, instance_id(ORDER, deferred.attempt + 1), NOW + LEASE, NOW)
+    assert claim(deferred, instance_id(ORDER, deferred.attempt + 1), NOW + 2 * LEASE, NOW + LEASE).attempt == \
+        deferred.attempt + 1
+
+
+def test_defer_is_fenced_and_a_repeat_is_a_no_op() -> None:
+    rec = in_state(ProcessState.PROCESSING)
+    with pytest.raises(Fenced):
+        defer(rec, "someone-else:9", NOW + LEASE, NOW, "x")
+    once = defer(rec, FIRST, NOW + LEASE, NOW, "x")
+    assert defer(once, FIRST, NOW + LEASE, NOW, "x") is once

@@ -1,0 +1,205 @@
+"""Admission control (seed 001, "admission control"): a bound on the orders in Processing and on the Pending backlog.
+
+One document, `admission`, in the checkpoint container holds the figures: {processing, pending, refreshedAt,
+reserved}. Every write to it is If-Match (etag); within one process the writes queue on one lock, so only other
+instances make a writer re-read.
+
+**Processing bound (`MaxOrdersInProcessing`), strict across instances.** A claim needs a slot first: the Starter's
+timer and the submission's fast path `reserve` slots (If-Match `processing + n`, never past the bound), then claim
+at most that many records, and `release` the slots of records another Starter won. An order that leaves Processing
+(Processed, Error, deferred, or recovered by the Supervisor) frees its slot: whoever wrote that transition calls
+`exited` once. Each Starter run also `refresh`es the figure from two count queries, to correct what a crash left
+(a slot never freed is an over-count). The refresh adds the slots reserved in the last `RESERVATION_GRACE` (their
+claims may land after its count) and records when its counts finished; an exit before that is already left out of
+them and frees nothing. So every error is an over-count — the bound holds whatever the number of instances — except
+two narrow ones, which the next refresh corrects: a claim that lands more than `RESERVATION_GRACE` after its slot was
+reserved (a host stalled in between), and an exit stamped by a host whose clock runs ahead of the Starter's by more
+than the time between that exit and the refresh's count.
+
+**Backlog bound (`MaxPendingOrders`), O(1) per submission.** A submission reads the document with one point read
+(cached for `BACKLOG_CACHE_SECONDS` per process) and adds the orders this process admitted since that figure was
+counted; checking and counting happen in one step, so concurrent submissions in one process cannot all pass at the
+bound. At or past the bound, a new order (one without a state record: a point read) is answered `rejected`, reason
+`backlog full`, and nothing is written. How stale: the pending figure is as old as the last Starter run
+(StarterSchedule: 15 s on Azure, 5 s in devhost's LOCAL_DEFAULTS) plus the cache second; claims subtract from it at
+once. Within that time each host counts its own admissions but not the others', so with N hosts accepting at once the
+backlog can pass the bound by up to (N − 1) × their admissions in one Starter interval; a lower bound buys margin.
+Orders already stored (a resubmission) are never rejected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from orderflow.records import ProcessState, format_utc, parse_utc
+from orderflow.runtime import Services
+from orderflow.store.errors import Conflict, PreconditionFailed
+
+log = logging.getLogger("orderflow.admission")
+
+DOCUMENT = "admission"
+WRITE_ATTEMPTS = 32
+BACKLOG_CACHE_SECONDS = 1.0
+BACKLOG_FULL = "backlog full"
+# A reserved slot's record claim lands within this (the Starter claims its whole batch before it starts any Scheduler:
+# one If-Match write each): a refresh counts every slot reserved this long before its count query as in flight,
+# whether or not the count already saw its claim.
+RESERVATION_GRACE = timedelta(seconds=2)
+
+
+@dataclass(frozen=True)
+class Figures:
+    processing: int = 0
+    pending: int = 0
+    refreshed_at: str | None = None  # when the count queries of the last refresh started
+    reserved: tuple[str, ...] = ()  # when the slots of the last RESERVATION_GRACE were reserved
+
+    def to_data(self) -> dict[str, Any]:
+        return {"processing": self.processing, "pending": self.pending, "refreshedAt": self.refreshed_at,
+                "reserved": list(self.reserved)}
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any]) -> Figures:
+        return cls(int(data.get("processing", 0)), int(data.get("pending", 0)), data.get("refreshedAt"),
+                   tuple(data.get("reserved", ())))
+
+    def reserved_since(self, since: datetime) -> int:
+        return sum(1 for at in self.reserved if parse_utc(at) >= since)
+
+
+async def read_figures(services: Services) -> tuple[Figures, str | None]:
+    found = await services.state.get_checkpoint(DOCUMENT)
+    return (Figures(), None) if found is None else (Figures.from_data(found[0]), found[1])
+
+
+async def _write(services: Services, figures: Figures, etag: str | None) -> bool:
+    """If-Match (or create) the document; False when another writer got there first."""
+    try:
+        await services.state.put_checkpoint(DOCUMENT, figures.to_data(), etag)
+    except (PreconditionFailed, Conflict):
+        return False
+    return True
+
+
+async def refresh(services: Services) -> Figures:
+    """The figures from two count queries, plus the slots reserved so recently that their claims may not have
+    landed when the count ran (the Starter, once per run). If-Match: a reservation or an exit meanwhile makes it start
+    over. `refreshedAt` is when the counts had finished: an exit after it is not in them (`exited`)."""
+    for _ in range(WRITE_ATTEMPTS):
+        current, etag = await read_figures(services)
+        started = services.clock.now()
+        processing = await services.state.count_in_state(ProcessState.PROCESSING)
+        pending = await services.state.count_in_state(ProcessState.PENDING)
+        recent = tuple(at for at in current.reserved if parse_utc(at) >= started - RESERVATION_GRACE)
+        figures = Figures(processing + len(recent), pending, format_utc(services.clock.now()), recent)
+        if await _write(services, figures, etag):
+            return figures
+    raise PreconditionFailed(f"admission refresh lost {WRITE_ATTEMPTS} races in a row")
+
+
+async def exited(services: Services, left_at: datetime) -> None:
+    """An order left Processing at `left_at` (Processed, Error, deferred, recovered to Pending): one slot free, unless
+    the last refresh's counts already left it out (it left before they finished). Called once, by whoever wrote that
+    transition; a crash before this call leaves an over-count, which the next refresh corrects. Best effort."""
+    async with _lock(services):
+        for _ in range(WRITE_ATTEMPTS):
+            figures, etag = await read_figures(services)
+            if figures.processing == 0 or (figures.refreshed_at is not None
+                                           and left_at < parse_utc(figures.refreshed_at)):
+                return
+            updated = Figures(figures.processing - 1, figures.pending, figures.refreshed_at, figures.reserved)
+            if await _write(services, updated, etag):
+                return
+
+
+_locks: dict[int, asyncio.Lock] = {}  # noqa: RUF012 - keyed by id(Services): one lock per process and loop
+
+
+def _lock(services: Services) -> asyncio.Lock:
+    """One admission write at a time per process: its concurrent claims queue here instead of racing each other on
+    the etag, so only other instances' writes make one re-read."""
+    return _locks.setdefault(id(services), asyncio.Lock())
+
+
+async def reserve(services: Services, wanted: int = 1) -> int:
+    """Reserve up to `wanted` Processing slots before claiming; the number granted (0 at the bound)."""
+    bound = services.tunables.max_in_processing
+    async with _lock(services):
+        for _ in range(WRITE_ATTEMPTS):
+            figures, etag = await read_figures(services)
+            granted = max(0, min(wanted, bound - figures.processing))
+            if granted == 0:
+                return 0
+            now = services.clock.now()
+            recent = tuple(at for at in figures.reserved if parse_utc(at) >= now - RESERVATION_GRACE)
+            updated = Figures(figures.processing + granted, max(0, figures.pending - granted), figures.refreshed_at,
+                              recent + (format_utc(now),) * granted)
+            if await _write(services, updated, etag):
+                return granted
+    return 0
+
+
+async def release(services: Services, count: int) -> None:
+    """Give back reserved slots whose claims were not made (another Starter won the record). Best effort: a slot not
+    given back is an over-count, which the next refresh corrects."""
+    if count <= 0:
+        return
+    async with _lock(services):
+        for _ in range(WRITE_ATTEMPTS):
+            figures, etag = await read_figures(services)
+            updated = Figures(max(0, figures.processing - count), figures.pending, figures.refreshed_at,
+                              figures.reserved)
+            if await _write(services, updated, etag):
+                return
+    log.info("admission: %d unused slot(s) left counted until the next refresh", count)
+
+
+@dataclass
+class BacklogGate:
+    """One process's view of the Pending backlog: the stored figure (cached for a second) plus the orders this process
+    accepted since that figure's count started. `admit` checks and counts in one step (no await in between), so
+    concurrent submissions in one process cannot all pass at the bound."""
+
+    figures: Figures = field(default_factory=Figures)
+    read_at: datetime | None = None
+    accepted_at: deque[datetime] = field(default_factory=deque)
+
+    async def _figures(self, services: Services) -> Figures:
+        now = services.clock.now()
+        if self.read_at is None or now - self.read_at >= timedelta(seconds=BACKLOG_CACHE_SECONDS):
+            self.figures, self.read_at = (await read_figures(services))[0], now
+        return self.figures
+
+    def _counted_since(self) -> datetime | None:
+        return None if self.figures.refreshed_at is None else parse_utc(self.figures.refreshed_at)
+
+    def backlog(self) -> int:
+        since = self._counted_since()
+        while since is not None and self.accepted_at and self.accepted_at[0] < since - RESERVATION_GRACE:
+            self.accepted_at.popleft()  # its record was written before the figure's count started: counted there
+        return self.figures.pending + len(self.accepted_at)
+
+    async def admit(self, services: Services) -> bool:
+        """Whether a new order fits under MaxPendingOrders; if so it is counted at once (`release` if not stored)."""
+        await self._figures(services)
+        if self.backlog() >= services.tunables.max_pending:
+            return False
+        self.accepted_at.append(services.clock.now())
+        return True
+
+    def release(self) -> None:
+        """An admitted order that was not stored after all (a duplicate, a conflict, a failure)."""
+        if self.accepted_at:
+            self.accepted_at.pop()
+
+
+def backlog_gate(services: Services) -> BacklogGate:
+    if services.backlog is None:
+        services.backlog = BacklogGate()
+    gate: BacklogGate = services.backlog
+    return gate
