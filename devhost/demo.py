@@ -29,9 +29,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from orderflow.messages import TERMINAL_STATUSES, StatusMessage, SubmitOrder
+from orderflow.messages import TERMINAL_STATUSES, OrderStatus, StatusMessage, SubmitOrder
 
 from .system import ROOT, LocalSystem, SystemConfig
+
+# The statuses after which a submitting app expects nothing more for an order: its terminal status (completed,
+# failed), or `rejected` (admission control: `backlog full`, nothing was stored; resubmit later with a new MessageId).
+FINAL_STATUSES = TERMINAL_STATUSES | {OrderStatus.REJECTED}
 
 
 def make_orders(count: int, seed: int, reply_to: str, prefix: str = "demo") -> list[SubmitOrder]:
@@ -54,8 +58,8 @@ class ClientApp:
     reply_queue: str
     sent_at: dict[str, float] = field(default_factory=dict)
     statuses: dict[str, list[StatusMessage]] = field(default_factory=dict)
-    terminal_at: dict[str, float] = field(default_factory=dict)
-    # Set when every submitted order has its terminal status (what `wait_terminal` and the drills wait on).
+    terminal_at: dict[str, float] = field(default_factory=dict)  # first final status (FINAL_STATUSES) per order
+    # Set when every submitted order has its final status (what `wait_terminal` and the drills wait on).
     all_terminal: asyncio.Event = field(default_factory=asyncio.Event)
     _expected: set[str] = field(default_factory=set)
 
@@ -93,13 +97,13 @@ class ClientApp:
 
     def _record(self, status: StatusMessage) -> None:
         self.statuses.setdefault(status.order_id, []).append(status)
-        if status.state in TERMINAL_STATUSES and status.order_id not in self.terminal_at:
+        if status.state in FINAL_STATUSES and status.order_id not in self.terminal_at:
             self.terminal_at[status.order_id] = time.monotonic()
             if self._expected and self._expected.issubset(self.terminal_at):
                 self.all_terminal.set()
 
     def lost(self, order_ids: list[str], missing_records: int) -> int:
-        """Submitted orders without a terminal status message, plus those without a state record."""
+        """Submitted orders without a final status message, plus those without a state record."""
         return sum(1 for o in order_ids if o not in self.terminal_at) + missing_records
 
     def latencies_ms(self) -> list[float]:
@@ -144,14 +148,21 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-async def read_effects(system: LocalSystem) -> dict[str, Any]:
-    """The simulator's ledger (`GET /effects`): effects per order and step, duplicates, calls; {} if it is down."""
+async def simulator_json(system: LocalSystem, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """GET (or, with a body, POST) `path` on the system's simulator; {} if it is not running."""
     import aiohttp  # noqa: PLC0415
 
     if system.simulator is None or not system.simulator.url:
         return {}
-    async with aiohttp.ClientSession() as s, s.get(f"{system.simulator.url}/effects") as r:
+    async with aiohttp.ClientSession() as s, s.request("POST" if body is not None else "GET",
+                                                       f"{system.simulator.url}{path}", json=body) as r:
+        r.raise_for_status()
         return await r.json()  # type: ignore[no-any-return]
+
+
+async def read_effects(system: LocalSystem) -> dict[str, Any]:
+    """The simulator's ledger (`GET /effects`): effects per order and step, duplicates, calls; {} if it is down."""
+    return await simulator_json(system, "/effects")
 
 
 @dataclass
@@ -164,14 +175,20 @@ class StateSummary:
     error_reasons: Counter[str]
     attempts: dict[str, int]  # orderId -> the record's attempt
     state_of: dict[str, str]  # orderId -> the record's ProcessState value
+    deferrals: int = 0  # sum of the records' `deferrals` (attempts handed back without a FailureCount)
+    failure_counts: Counter[int] = field(default_factory=Counter)  # records by their FailureCount
+    in_orders_db: set[str] = field(default_factory=set)  # orderIds with an orders-DB record (when asked for)
 
 
-async def read_states(env: dict[str, str], order_ids: list[str]) -> StateSummary:
+async def read_states(env: dict[str, str], order_ids: list[str], orders_db: bool = False) -> StateSummary:
+    """The state record of each order; with `orders_db`, also which of them have an orders-DB record."""
     from orderflow.store import open_stores  # noqa: PLC0415
 
     stores = open_stores(env)
     summary = StateSummary(Counter(), 0, 0, Counter(), {}, {})
     for oid in order_ids:
+        if orders_db and await stores.orders.get(oid) is not None:
+            summary.in_orders_db.add(oid)
         found = await stores.state.get(oid)
         if found is None:
             summary.missing += 1
@@ -180,6 +197,8 @@ async def read_states(env: dict[str, str], order_ids: list[str]) -> StateSummary
         summary.counts[rec.process_state.value] += 1
         summary.attempts[oid] = rec.attempt
         summary.state_of[oid] = rec.process_state.value
+        summary.deferrals += rec.deferrals
+        summary.failure_counts[rec.failure_count] += 1
         if rec.process_state.value == "Error":
             if not rec.last_error:
                 summary.errors_without_reason += 1

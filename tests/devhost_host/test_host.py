@@ -26,7 +26,7 @@ COMMANDS = {
     "submit": {"--app-dir", "--connection", "--order-id", "--file", "--reply-to", "--wait", "--host-port"},
     "queues": {"--app-dir", "--connection", "--peek"},
     "drill": {"--orders", "--kills", "--min-gap", "--max-gap", "--seed", "--settings", "--servicebus-config",
-              "--timeout", "--work-dir", "--json"},
+              "--timeout", "--work-dir", "--json", "--outage-after", "--outage-for", "--set"},
     "up": {"--app-dir", "--state-dir", "--port", "--simulator-port", "--timeout"},
     "down": {"--app-dir", "--state-dir", "--timeout"},
 }
