@@ -119,6 +119,9 @@ class OrderStateRecord(_Record):
     retry_at: UtcDatetime | None = Field(default=None, alias="retryAt")
     # Attempts handed back without a FailureCount (state_machine.defer: the breaker was open, or admission).
     deferrals: int = Field(default=0, ge=0)
+    # Claims whose orchestration never started (a crash between the claim and start_new), started again by the
+    # Supervisor in the same attempt without a FailureCount (state_machine.restart).
+    restarts: int = Field(default=0, ge=0)
     order_hash: str = Field(alias="orderHash")
     schema_version: int = Field(default=RECORD_SCHEMA_VERSION, alias="schemaVersion")
     created_at: UtcDatetime = Field(alias="createdAt")

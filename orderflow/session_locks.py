@@ -14,9 +14,10 @@ live consumer renews its session lock while it holds the session (`renew_delay`)
 
        StepTimeoutSeconds > LockDuration(agent-requests) + LockDuration(agent-replies) + CRASH_HEADROOM_SECONDS
 
-2. **The attempts left after a lost one outlast the lock.** A crash can still cost an attempt by design (a kill
-   between the Starter's claim and `start_new`: the Supervisor recovers the claim), or a restart can outlast the
-   headroom. The attempt lost ended at most one step after the crash; the remaining FailureThreshold - 1 attempts,
+2. **The attempts left after a lost one outlast the lock.** A restart can still outlast the headroom and cost an
+   attempt. (A kill between the Starter's claim and `start_new` does not: the Supervisor finds that attempt's
+   orchestration missing and starts it again in the same attempt, orderflow/supervisor.py.) The attempt lost ended
+   at most one step after the crash; the remaining FailureThreshold - 1 attempts,
    with the backoffs before them, must end after the dead locks and the headroom have passed:
 
        (FailureThreshold - 1) x StepTimeoutSeconds + sum(backoff(n) for n in 1..FailureThreshold-1)

@@ -3,7 +3,8 @@
 The claim moves the record to Processing with LockedBy = `<orderId>:<attempt>` and CompleteBy = a claim lease,
 before `start_new`. Two starters racing for one record: the second If-Match write fails with 412 and that starter
 skips the record, so an attempt is scheduled once. A crash after the claim and before `start_new` leaves a Processing
-record whose lease expires: the Supervisor recovers it like any expired attempt.
+record whose lease expires: the Supervisor finds that attempt's orchestration missing and starts it (same attempt,
+no FailureCount; orderflow/supervisor.py), so a crash there delays the order and costs it nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +26,25 @@ from orderflow.workflow import WorkflowInput
 log = logging.getLogger("orderflow.starter")
 
 StartNew = Callable[[str, str, Any], Awaitable[Any]]  # (orchestrator name, instance id, input)
+GetStatus = Callable[[str], Awaitable[Any]]  # DurableOrchestrationClient.get_status(instance id)
+
+
+@dataclass(frozen=True)
+class DurableStarts:
+    """The two Durable client calls the Supervisor needs to start a claim whose orchestration never started."""
+
+    start_new: StartNew
+    get_status: GetStatus
+
+
+def never_started(status: Any) -> bool:
+    """Whether a `get_status` answer means "no instance with that id".
+
+    The extension answers 404 with no body for an unknown instance (HttpApiHandler.HandleGetStatusRequestAsync), and
+    DurableOrchestrationClient.get_status (azure-functions-durable 1.x) turns a 404 into
+    DurableOrchestrationStatus.from_json("") — a status whose runtime_status is None. Every existing instance,
+    Pending included, has a runtime status."""
+    return getattr(status, "runtime_status", None) is None
 
 
 @dataclass
@@ -46,7 +66,12 @@ async def try_claim(services: Services, rec: OrderStateRecord, etag: str) -> Wor
         await services.state.replace(claimed, etag)
     except (PreconditionFailed, IllegalTransition):
         return None
-    return WorkflowInput(order_id=rec.order_id, attempt=claimed.attempt,
+    return workflow_input(services, claimed)
+
+
+def workflow_input(services: Services, rec: OrderStateRecord) -> WorkflowInput:
+    """The Scheduler's input for the record's current attempt."""
+    return WorkflowInput(order_id=rec.order_id, attempt=rec.attempt,
                          step_timeout_seconds=int(services.tunables.step_timeout.total_seconds()),
                          agent_retries=services.tunables.agent_retries)
 
@@ -119,7 +144,7 @@ async def _claim_within_the_bound(services: Services, start_new: StartNew, batch
             claimed.append(inp)
     await admission.release(services, slots - len(claimed))
     for inp in claimed:
-        await _start(start_new, inp, result)
+        await start_attempt(start_new, inp, result)
 
 
 def is_already_running(exc: BaseException) -> bool:
@@ -136,7 +161,7 @@ def is_already_running(exc: BaseException) -> bool:
         and message.rstrip().endswith("already exists.")
 
 
-async def _start(start_new: StartNew, inp: WorkflowInput, result: StarterRun) -> None:
+async def start_attempt(start_new: StartNew, inp: WorkflowInput, result: StarterRun) -> None:
     instance = instance_id(inp.order_id, inp.attempt)
     try:
         await start_claimed(start_new, inp)

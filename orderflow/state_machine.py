@@ -31,6 +31,7 @@ __all__ = [
     "claim",
     "complete",
     "defer",
+    "restart",
     "exponential_backoff",
     "fail",
     "next_state",
@@ -70,6 +71,7 @@ class Event(StrEnum):
     RECOVER_RETRY = "recover_retry"
     RECOVER_GIVE_UP = "recover_give_up"
     DEFER = "defer"
+    RESTART = "restart"
 
 
 TRANSITIONS: Mapping[tuple[ProcessState, Event], ProcessState] = {
@@ -81,6 +83,7 @@ TRANSITIONS: Mapping[tuple[ProcessState, Event], ProcessState] = {
     (ProcessState.PROCESSING, Event.RECOVER_RETRY): ProcessState.PENDING,
     (ProcessState.PROCESSING, Event.RECOVER_GIVE_UP): ProcessState.ERROR,
     (ProcessState.PROCESSING, Event.DEFER): ProcessState.PENDING,
+    (ProcessState.PROCESSING, Event.RESTART): ProcessState.PROCESSING,
 }
 
 # Step status moves within one attempt. A step last touched by an earlier attempt may restart (→ running).
@@ -272,6 +275,19 @@ def recover(
         retry_at=at + backoff(failures),
         **_error_changes(rec, expired),
     )
+
+
+def restart(rec: OrderStateRecord, expected_locked_by: str, lease_until: datetime, now: datetime) -> OrderStateRecord:
+    """Supervisor (fenced on the expired LockedBy): the attempt's orchestration was never started — a crash fell
+    between the Starter's claim and its `start_new` — so the same attempt starts again under a new claim lease.
+    FailureCount and the attempt are unchanged (a crash delays a healthy order, it never spends its failure budget);
+    `restarts` counts these. Raises NotDue while CompleteBy has not expired."""
+    _fence(rec, expected_locked_by)
+    at = ensure_utc(now)
+    next_state(rec.process_state, Event.RESTART)
+    if rec.complete_by is not None and rec.complete_by > at:
+        raise NotDue(f"order {rec.order_id}: CompleteBy {rec.complete_by.isoformat()} has not expired")
+    return _move(rec, Event.RESTART, at, complete_by=ensure_utc(lease_until), restarts=rec.restarts + 1)
 
 
 def defer(rec: OrderStateRecord, instance: str, retry_at: datetime, now: datetime, reason: str) -> OrderStateRecord:

@@ -5,6 +5,10 @@ continuation-token paging; the position is checkpointed (etag-guarded) in the st
 skipped even after a downtime longer than one window: the next run walks forward window by window, and jumps over
 empty stretches with a one-item probe. Each scan's request charge (RU) is logged and emitted as a metric.
 
+An expired attempt whose orchestration was never started (a crash fell between the Starter's claim and its
+`start_new`; the Durable client finds no instance with that id) is not a failure: the same attempt is started again
+under a new claim lease, FailureCount unchanged (state_machine.restart), at most FailureThreshold times per order.
+
 Recovery is a conditional update that checks the expired LockedBy: FailureCount+1; below the threshold → Pending,
 LockedBy null, a retry time with backoff; at the threshold → Error + operator alert + status `failed`. Two
 Supervisors at once never double-recover: the second one's update is fenced (LockedBy is no longer the expired
@@ -22,7 +26,8 @@ from orderflow import admission, telemetry
 from orderflow.notifications import entered_error, sweep_unnotified
 from orderflow.records import OrderStateRecord, ProcessState, format_utc, parse_utc
 from orderflow.runtime import Services
-from orderflow.state_machine import Fenced, IllegalTransition, recover
+from orderflow.starter import DurableStarts, StarterRun, never_started, start_attempt, workflow_input
+from orderflow.state_machine import Fenced, IllegalTransition, recover, restart
 from orderflow.store.errors import Conflict, NotFound, PreconditionFailed
 
 log = logging.getLogger("orderflow.supervisor")
@@ -39,6 +44,7 @@ class SupervisorRun:
     scanned: int = 0
     recovered: list[str] = field(default_factory=list)
     escalated: list[str] = field(default_factory=list)
+    restarted: list[str] = field(default_factory=list)  # never-started attempts started again (no FailureCount)
     skipped: int = 0
     request_charge: float = 0.0
     position: datetime | None = None
@@ -47,7 +53,7 @@ class SupervisorRun:
     @property
     def handled(self) -> int:
         """Expired records dealt with in this run (the result budget counts them)."""
-        return len(self.recovered) + len(self.escalated) + self.skipped
+        return len(self.recovered) + len(self.escalated) + len(self.restarted) + self.skipped
 
 
 async def _load_position(services: Services) -> tuple[datetime, str | None]:
@@ -66,14 +72,16 @@ async def _save_position(services: Services, position: datetime, etag: str | Non
         log.info("supervisor checkpoint moved by another instance; keeping theirs")
 
 
-async def run_supervisor(services: Services) -> SupervisorRun:
+async def run_supervisor(services: Services, durable: DurableStarts | None = None) -> SupervisorRun:
+    """One Supervisor pass. The trigger passes its Durable client as `durable`; without one (no orchestration
+    status to ask), every expired attempt is recovered as a failure."""
     t = services.tunables
     now = services.clock.now()
     position, etag = await _load_position(services)
     run = SupervisorRun()
     while run.handled < t.max_results:
         end = min(position + t.scan_window, now)
-        drained = await _scan_window(services, run, position, end)
+        drained = await _scan_window(services, run, position, end, durable)
         if not drained:
             break  # result budget used up inside this window: resume from the same position next run
         if end >= now:
@@ -89,13 +97,15 @@ async def run_supervisor(services: Services) -> SupervisorRun:
     run.position = position
     await _save_position(services, position, etag)
     run.notified = await sweep_unnotified(services)
-    log.info("supervisor scan: %d expired, %d recovered, %d escalated, %.2f RU, position %s", run.scanned,
-             len(run.recovered), len(run.escalated), run.request_charge, format_utc(position))
+    log.info("supervisor scan: %d expired, %d recovered, %d escalated, %d restarted, %.2f RU, position %s",
+             run.scanned, len(run.recovered), len(run.escalated), len(run.restarted), run.request_charge,
+             format_utc(position))
     telemetry.record_supervisor_scan(run.request_charge, len(run.recovered), len(run.escalated))
     return run
 
 
-async def _scan_window(services: Services, run: SupervisorRun, start: datetime, end: datetime) -> bool:
+async def _scan_window(services: Services, run: SupervisorRun, start: datetime, end: datetime,
+                       durable: DurableStarts | None) -> bool:
     """Recover the expired records of one window. True when the window is drained.
 
     The pages are read first (bounded by the result budget) and recovered after, so that records leaving the result
@@ -114,17 +124,21 @@ async def _scan_window(services: Services, run: SupervisorRun, start: datetime, 
             break
     for rec in found[:budget]:
         run.scanned += 1
-        await _recover_one(services, run, rec)
+        await _recover_one(services, run, rec, durable)
     return continuation is None and len(found) <= budget
 
 
-async def _recover_one(services: Services, run: SupervisorRun, seen: OrderStateRecord) -> None:
+async def _recover_one(services: Services, run: SupervisorRun, seen: OrderStateRecord,
+                       durable: DurableStarts | None) -> None:
     t = services.tunables
     expired_by = seen.locked_by
     if expired_by is None:
         run.skipped += 1
         return
     now = services.clock.now()
+    if durable is not None and seen.restarts < t.failure_threshold \
+            and await _restarted(services, run, seen, expired_by, durable):
+        return
     try:
         rec, _ = await services.state.update_with_retry(
             seen.order_id, lambda r: recover(r, expired_by, now, t.failure_threshold, t.backoff))
@@ -143,3 +157,28 @@ async def _recover_one(services: Services, run: SupervisorRun, seen: OrderStateR
             log.exception("escalation notice for %s failed; the sweep will send it", rec.order_id)
     else:
         run.recovered.append(rec.order_id)
+
+
+async def _restarted(services: Services, run: SupervisorRun, seen: OrderStateRecord, expired_by: str,
+                     durable: DurableStarts) -> bool:
+    """Start the expired attempt again when its orchestration was never started. False: it exists, recover it."""
+    try:
+        status = await durable.get_status(expired_by)
+    except Exception:  # the Durable API is unreachable: spend nothing, look again next run
+        log.exception("orchestration status of %s unknown; it is looked at again next run", expired_by)
+        run.skipped += 1
+        return True
+    if not never_started(status):
+        return False
+    now = services.clock.now()
+    try:
+        rec, _ = await services.state.update_with_retry(
+            seen.order_id, lambda r: restart(r, expired_by, now + services.tunables.claim_lease, now))
+    except (Fenced, IllegalTransition, NotFound, PreconditionFailed):
+        run.skipped += 1  # started meanwhile (its Scheduler moved CompleteBy), or another Supervisor won
+        return True
+    log.warning("attempt %s was claimed but never started; starting it again (restart %d)", expired_by,
+                rec.restarts)
+    await start_attempt(durable.start_new, workflow_input(services, rec), StarterRun())
+    run.restarted.append(rec.order_id)
+    return True

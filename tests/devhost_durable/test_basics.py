@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 
+from orderflow.starter import never_started
 from tests.devhost_durable.harness import Hub
 
 
@@ -82,3 +83,15 @@ async def test_entities_are_reported_as_not_supported(hub: Hub) -> None:
     async with hub.http.get(f"{hub.base}/entities/counter_entity/k") as response:
         assert response.status == 501
         assert "not supported by devhost" in (await response.json())["Message"]
+
+
+async def test_the_sdk_status_of_an_unknown_instance_has_no_runtime_status(hub: Hub) -> None:
+    """Conformance: the extension answers GET .../instances/{id} of an unknown id with 404 and no body
+    (HttpApiHandler.HandleGetStatusRequestAsync), which DurableOrchestrationClient.get_status turns into
+    DurableOrchestrationStatus.from_json("") (azure-functions-durable 1.x). The Supervisor's restart of a claim whose
+    orchestration never started (orderflow.starter.never_started) rests on this."""
+    assert never_started(await hub.client.get_status(new_id("never")))
+    instance_id = await hub.client.start_new("hello_sequence", new_id("seq"), ["Oslo"])
+    assert not never_started(await hub.client.get_status(instance_id))  # Pending or Running: it exists
+    await hub.wait(instance_id)
+    assert not never_started(await hub.client.get_status(instance_id))

@@ -93,7 +93,7 @@ async def test_start_on_a_running_id_is_500_and_a_terminal_id_is_reusable(hub: H
 async def test_starter_treats_a_running_instance_as_started_not_as_a_failure(hub: Hub) -> None:
     # What the real Python client raises for a running id (above) must not make the Starter report a failed start:
     # the instance is this attempt's own orchestration (the id is `<orderId>:<attempt>`), and it runs.
-    from orderflow.starter import StarterRun, _start, is_already_running
+    from orderflow.starter import StarterRun, is_already_running, start_attempt
     from orderflow.workflow import WorkflowInput
 
     inp = WorkflowInput(order_id=new_id("o"), attempt=1, step_timeout_seconds=30, agent_retries=1)
@@ -103,9 +103,9 @@ async def test_starter_treats_a_running_instance_as_started_not_as_a_failure(hub
         return await hub.client.start_new("approval", iid, {"timeout": 30})
 
     first, second = StarterRun(), StarterRun()
-    await _start(start_new, inp, first)
+    await start_attempt(start_new, inp, first)
     await hub.wait(instance_id, "Running")
-    await _start(start_new, inp, second)
+    await start_attempt(start_new, inp, second)
     assert first.claimed == [instance_id] and second.claimed == []
     assert second.already_running == [instance_id] and second.start_failed == []
     assert not is_already_running(ConnectionError("host unreachable"))

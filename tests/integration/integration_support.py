@@ -15,11 +15,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from azure.durable_functions.models.DurableOrchestrationStatus import DurableOrchestrationStatus
+
 from orderflow.bus.aio import from_connection_string
 from orderflow.clock import FakeClock
 from orderflow.messages import OperatorAlert, StatusMessage, SubmitOrder
 from orderflow.runtime import Services, Tunables
-from orderflow.starter import run_starter
+from orderflow.starter import DurableStarts, run_starter
 from orderflow.store.sqlite_store import open_sqlite_stores
 from orderflow.submission import Accepted, submit
 
@@ -132,6 +134,29 @@ class RecordingStartNew:
     @property
     def instances(self) -> list[str]:
         return [instance for _, instance, _ in self.calls]
+
+
+@dataclass
+class FakeDurable:
+    """The Supervisor's Durable client calls over a RecordingStartNew: an instance exists once it was started.
+
+    `get_status` of an unknown id answers what azure-functions-durable 1.x's DurableOrchestrationClient.get_status
+    makes of the extension's bodiless 404: DurableOrchestrationStatus.from_json(""), a status without runtime_status.
+    """
+
+    starts: RecordingStartNew = field(default_factory=RecordingStartNew)
+    running: set[str] = field(default_factory=set)  # instances started outside `starts` (another host)
+    unreachable: bool = False
+
+    async def get_status(self, instance_id: str) -> DurableOrchestrationStatus:
+        if self.unreachable:
+            raise ConnectionError("Durable HTTP API unreachable")
+        if instance_id in self.running or instance_id in self.starts.instances:
+            return DurableOrchestrationStatus.from_json({"instanceId": instance_id, "runtimeStatus": "Running"})
+        return DurableOrchestrationStatus.from_json("")
+
+    def client(self) -> DurableStarts:
+        return DurableStarts(self.starts, self.get_status)
 
 
 async def submit_orders(p: Pipeline, *order_ids: str) -> None:

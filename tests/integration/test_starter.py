@@ -3,7 +3,8 @@
 Spec: seed 000/001 "Example → Scheduling": a conditional update sets ProcessState=Processing and LockedBy
 to the attempt's instance id (`<OrderID>:<attempt>`) before the orchestration is scheduled, so two
 starters never schedule the same attempt; "Supervision": an expired claim goes back to Pending
-(FailureCount+1) for a new attempt.
+(FailureCount+1) for a new attempt — unless its orchestration was never started (a crash between the claim and
+start_new), which the Supervisor starts again in the same attempt at no cost to the order.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from integration_support import Pipeline, RecordingStartNew, state_of, submit_orders
+from integration_support import FakeDurable, Pipeline, RecordingStartNew, state_of, submit_orders
 
 from orderflow import function_names as fn
 from orderflow.records import ProcessState
@@ -83,10 +84,10 @@ async def test_a_record_whose_retry_time_is_in_the_future_is_not_claimed(pipelin
     assert (await run_starter(pipeline.services, start)).claimed == ["o-later:1"]
 
 
-async def test_crash_between_claim_and_start_is_recovered_by_the_supervisor_then_attempt_2(
+async def test_without_a_durable_client_an_unstarted_claim_is_recovered_as_attempt_2(
     pipeline: Pipeline,
 ) -> None:
-    """start_new fails after the claim: the lease expires, the Supervisor recovers it, attempt 2 starts."""
+    """start_new fails after the claim; a Supervisor that cannot ask Durable recovers it, attempt 2 starts."""
     services, clock = pipeline.services, pipeline.clock
     await submit_orders(pipeline, "o-crash")
     crashed = RecordingStartNew(fail=True)
@@ -124,3 +125,71 @@ async def test_crash_between_claim_and_start_is_recovered_by_the_supervisor_then
         2,
         1,
     )
+
+
+async def _crashed_claim(pipeline: Pipeline, order_id: str = "o-crash") -> Any:
+    """Claim `order_id` with a start_new that fails (the crash), then let its claim lease expire."""
+    await submit_orders(pipeline, order_id)
+    assert (await run_starter(pipeline.services, RecordingStartNew(fail=True))).start_failed == [f"{order_id}:1"]
+    pipeline.clock.advance(pipeline.services.tunables.claim_lease + timedelta(seconds=1))
+    return await state_of(pipeline, order_id)
+
+
+async def test_a_claim_whose_orchestration_never_started_is_started_again_in_the_same_attempt(
+    pipeline: Pipeline,
+) -> None:
+    """The rule "a crash may delay an order, never fail a healthy one": no FailureCount, no second attempt."""
+    services, clock = pipeline.services, pipeline.clock
+    await _crashed_claim(pipeline)
+    durable = FakeDurable()
+
+    run = await run_supervisor(services, durable.client())
+
+    assert (run.restarted, run.recovered, run.escalated) == (["o-crash"], [], [])
+    rec = await state_of(pipeline, "o-crash")
+    assert (rec.process_state, rec.locked_by, rec.attempt, rec.failure_count, rec.restarts) == (
+        ProcessState.PROCESSING, "o-crash:1", 1, 0, 1)
+    assert rec.complete_by == clock.now() + services.tunables.claim_lease
+    assert durable.starts.instances == ["o-crash:1"]
+    name, _, inp = durable.starts.calls[0]
+    assert name == fn.ORDER_WORKFLOW and (inp["orderId"], inp["attempt"]) == ("o-crash", 1)
+    # the lease holds again: the next run leaves it to the orchestration it started
+    assert (await run_supervisor(services, durable.client())).scanned == 0
+
+
+async def test_an_expired_attempt_whose_orchestration_exists_is_recovered_as_a_failure(pipeline: Pipeline) -> None:
+    await _crashed_claim(pipeline)
+    durable = FakeDurable(running={"o-crash:1"})  # started after all (e.g. by a start_new that reported an error)
+
+    run = await run_supervisor(pipeline.services, durable.client())
+
+    assert (run.restarted, run.recovered) == ([], ["o-crash"]) and durable.starts.calls == []
+    rec = await state_of(pipeline, "o-crash")
+    assert (rec.process_state, rec.failure_count, rec.restarts) == (ProcessState.PENDING, 1, 0)
+
+
+async def test_restarts_are_bounded_by_the_failure_threshold(pipeline: Pipeline) -> None:
+    """A host that never manages to start the orchestration: FailureThreshold restarts, then a normal recovery."""
+    services, clock = pipeline.services, pipeline.clock
+    await _crashed_claim(pipeline)
+    dead = FakeDurable(starts=RecordingStartNew(fail=True))
+    for restarts in range(1, services.tunables.failure_threshold + 1):
+        assert (await run_supervisor(services, dead.client())).restarted == ["o-crash"]
+        assert (await state_of(pipeline, "o-crash")).restarts == restarts
+        clock.advance(services.tunables.claim_lease + timedelta(seconds=1))
+    assert (await run_supervisor(services, dead.client())).recovered == ["o-crash"]
+    rec = await state_of(pipeline, "o-crash")
+    assert (rec.process_state, rec.failure_count) == (ProcessState.PENDING, 1)
+
+
+async def test_an_unreachable_durable_api_spends_nothing_and_is_asked_again(pipeline: Pipeline) -> None:
+    services = pipeline.services
+    before = await _crashed_claim(pipeline)
+    durable = FakeDurable(unreachable=True)
+
+    run = await run_supervisor(services, durable.client())
+
+    assert (run.restarted, run.recovered, run.skipped) == ([], [], 1)
+    assert await state_of(pipeline, "o-crash") == before
+    durable.unreachable = False
+    assert (await run_supervisor(services, durable.client())).restarted == ["o-crash"]

@@ -27,6 +27,7 @@ from orderflow.state_machine import (
     next_state,
     record_step,
     recover,
+    restart,
     set_step_deadline,
 )
 
@@ -78,6 +79,7 @@ OPERATIONS: dict[Event, Callable[[OrderStateRecord], OrderStateRecord]] = {
         r.model_copy(update={"failure_count": THRESHOLD - 1}), FIRST, NOW, THRESHOLD, BACKOFF
     ),
     Event.DEFER: lambda r: defer(r, FIRST, NOW + LEASE, NOW, "reserve-inventory: CircuitOpen"),
+    Event.RESTART: lambda r: restart(r, FIRST, NOW + LEASE, NOW),
 }
 # Repeating the move that produced the state, by the same instance, returns the record unchanged.
 IDEMPOTENT_REPEATS = {(ProcessState.PROCESSED, Event.COMPLETE), (ProcessState.ERROR, Event.FAIL)}
@@ -426,3 +428,21 @@ def test_defer_is_fenced_and_a_repeat_is_a_no_op() -> None:
         defer(rec, "someone-else:9", NOW + LEASE, NOW, "x")
     once = defer(rec, FIRST, NOW + LEASE, NOW, "x")
     assert defer(once, FIRST, NOW + LEASE, NOW, "x") is once
+
+
+def test_restart_keeps_the_attempt_and_the_failure_budget_under_a_new_lease() -> None:
+    """A claim whose orchestration never started: the same attempt runs again, nothing is spent."""
+    rec = in_state(ProcessState.PROCESSING).model_copy(update={"failure_count": 1})
+    again = restart(rec, FIRST, NOW + LEASE, NOW)
+    assert (again.process_state, again.locked_by, again.attempt) == (ProcessState.PROCESSING, FIRST, rec.attempt)
+    assert again.failure_count == 1 and again.restarts == rec.restarts + 1
+    assert again.complete_by == NOW + LEASE and again.last_error == rec.last_error
+
+
+def test_restart_is_fenced_and_waits_for_the_lease_to_expire() -> None:
+    rec = in_state(ProcessState.PROCESSING)
+    with pytest.raises(Fenced):
+        restart(rec, "someone-else:9", NOW + LEASE, NOW)
+    renewed = restart(rec, FIRST, NOW + LEASE, NOW)
+    with pytest.raises(NotDue):  # a second Supervisor that saw the old CompleteBy restarts nothing
+        restart(renewed, FIRST, NOW + 2 * LEASE, NOW)
