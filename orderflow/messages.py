@@ -148,6 +148,35 @@ class StepName(StrEnum):
 STEPS: tuple[StepName, ...] = (StepName.RESERVE_INVENTORY, StepName.CHARGE_PAYMENT, StepName.ARRANGE_SHIPPING)
 
 
+class CompensationName(StrEnum):
+    """The action that undoes a step's effect (seed 001, "compensation outcomes"). Sent like a step, through the
+    same Agent request/reply path, with its own idempotency key per order (`<orderId>:<compensation>`). The remote
+    service acknowledges the compensation of an effect it never applied as a no-op, and refuses the step itself
+    after its compensation (so a late request can never apply what was already undone)."""
+
+    RELEASE_INVENTORY = "release-inventory"
+    REFUND_PAYMENT = "refund-payment"
+    CANCEL_SHIPMENT = "cancel-shipment"
+
+
+COMPENSATION_OF: dict[StepName, CompensationName] = {
+    StepName.RESERVE_INVENTORY: CompensationName.RELEASE_INVENTORY,
+    StepName.CHARGE_PAYMENT: CompensationName.REFUND_PAYMENT,
+    StepName.ARRANGE_SHIPPING: CompensationName.CANCEL_SHIPMENT,
+}
+COMPENSATED_STEP: dict[CompensationName, StepName] = {c: s for s, c in COMPENSATION_OF.items()}
+# What an Agent request names: a forward step or a compensation.
+Action = StepName | CompensationName
+
+
+def parse_action(value: str) -> Action:
+    """A step or compensation name; ValueError for anything else."""
+    try:
+        return StepName(value)
+    except ValueError:
+        return CompensationName(value)
+
+
 def idempotency_key(order_id: str, step: str) -> str:
     """One key per order and step, the same on every retry and every attempt: the remote service applies it once."""
     return f"{order_id}:{step}"
@@ -166,7 +195,7 @@ class AgentRequest(_Model):
     instance_id: str = Field(alias="instanceId")
     order_id: str = Field(alias="orderId")
     attempt: int = Field(ge=1, le=MAX_ATTEMPT)
-    step: StepName
+    step: StepName | CompensationName
     idempotency_key: str = Field(alias="idempotencyKey")
     deadline: datetime  # = CompleteBy of this step: no new side effect after it
     # The retries the Scheduler allows for this request (seed 000/001, Scheduling: the request carries CompleteBy and
@@ -192,7 +221,7 @@ class AgentReply(_Model):
     instance_id: str = Field(alias="instanceId")
     order_id: str = Field(alias="orderId")
     attempt: int = Field(ge=1, le=MAX_ATTEMPT)
-    step: StepName
+    step: StepName | CompensationName
     outcome: AgentOutcome
     permanent: bool = False
     error_code: str | None = Field(default=None, alias="errorCode")

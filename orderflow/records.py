@@ -16,7 +16,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
 
 from orderflow.clock import ensure_utc
-from orderflow.messages import MAX_ATTEMPT, STEPS, StepName, SubmitOrder
+from orderflow.messages import MAX_ATTEMPT, STEPS, CompensationName, StepName, SubmitOrder
 
 RECORD_SCHEMA_VERSION = 1
 
@@ -44,6 +44,21 @@ class ProcessState(StrEnum):
     PROCESSING = "Processing"
     PROCESSED = "Processed"
     ERROR = "Error"
+    # Compensation (seed 001, "compensation outcomes"): the Scheduler undoes the effects of the steps it sent, in
+    # reverse order, through the same Agent path. Like Processing, the record is claimed (LockedBy, CompleteBy per
+    # compensation) and supervised; unlocked with a retryAt it waits for the Starter.
+    COMPENSATING = "CompensationInProgress"
+    COMPENSATED = "Compensated"
+    COMPENSATION_FAILED = "CompensationFailed"
+    CANCELLED = "Cancelled"  # cancelled before any step was sent: nothing to undo
+
+
+# States the Starter claims from (unlocked, retryAt due), the Supervisor scans (CompleteBy expired), and that end an
+# order. Store queries filter on these.
+CLAIMABLE_STATES = (ProcessState.PENDING, ProcessState.COMPENSATING)
+SUPERVISED_STATES = (ProcessState.PROCESSING, ProcessState.COMPENSATING)
+TERMINAL_STATES = (ProcessState.PROCESSED, ProcessState.ERROR, ProcessState.COMPENSATED,
+                   ProcessState.COMPENSATION_FAILED, ProcessState.CANCELLED)
 
 
 class StepStatus(StrEnum):
@@ -98,6 +113,19 @@ class StepRecord(_Record):
     completed_at: UtcDatetime | None = Field(default=None, alias="completedAt")
 
 
+class CompensationRecord(_Record):
+    """One entry of the ordered compensation log: the compensation of one step that was sent. `undone` is the remote
+    service's answer: True when it undid an applied effect, False when the effect had never been applied (a no-op)."""
+
+    name: CompensationName
+    step: StepName
+    status: StepStatus = StepStatus.PENDING
+    attempt: int = Field(default=0, ge=0)
+    undone: bool | None = None
+    started_at: UtcDatetime | None = Field(default=None, alias="startedAt")
+    completed_at: UtcDatetime | None = Field(default=None, alias="completedAt")
+
+
 class OrderStateRecord(_Record):
     """The state store record of one order (id = orderId, partition key /orderId)."""
 
@@ -122,6 +150,16 @@ class OrderStateRecord(_Record):
     # Claims whose orchestration never started (a crash between the claim and start_new), started again by the
     # Supervisor in the same attempt without a FailureCount (state_machine.restart).
     restarts: int = Field(default=0, ge=0)
+    # Compensation: why it started (the failure, FailureThresholdReached, or the cancel), its ordered log (reverse
+    # order of the steps), and the compensation attempts the Supervisor found expired (its own failure budget).
+    # Names and statuses only: no order or payment data.
+    compensation_cause: str | None = Field(default=None, alias="compensationCause")
+    compensations: tuple[CompensationRecord, ...] = ()
+    compensation_failures: int = Field(default=0, ge=0, alias="compensationFailures")
+    # A client's CancelOrder, recorded while an attempt runs: every later decision point honours it.
+    cancel_requested_at: UtcDatetime | None = Field(default=None, alias="cancelRequestedAt")
+    # The Scheduler's workflow version this order's attempts run under (context.version, else the input's).
+    workflow_version: str | None = Field(default=None, alias="workflowVersion")
     order_hash: str = Field(alias="orderHash")
     schema_version: int = Field(default=RECORD_SCHEMA_VERSION, alias="schemaVersion")
     created_at: UtcDatetime = Field(alias="createdAt")
@@ -142,6 +180,17 @@ class OrderStateRecord(_Record):
             created_at=now,
             updated_at=now,
         )
+
+    def sent_steps(self) -> tuple[StepName, ...]:
+        """Steps whose request may have reached the remote service (running or succeeded in some attempt), in order.
+        A step the remote refused permanently (failed) applied nothing."""
+        return tuple(s.name for s in self.steps if s.status in (StepStatus.RUNNING, StepStatus.SUCCEEDED))
+
+    def compensation(self, name: CompensationName) -> CompensationRecord:
+        for c in self.compensations:
+            if c.name == name:
+                return c
+        raise KeyError(f"order {self.order_id} has no compensation {name!r}")
 
     def step(self, name: StepName) -> StepRecord:
         for s in self.steps:

@@ -2,8 +2,7 @@
 
 Every function takes a record and returns a new one (records are frozen); forbidden transitions raise
 `IllegalTransition`, and an update by a Scheduler that no longer holds the lock raises `Fenced`.
-The allowed moves are data (`TRANSITIONS`, `STEP_TRANSITIONS`): a later issue adds Compensating /
-Compensated / Cancelled as new rows, not new branches.
+The allowed moves are data (`TRANSITIONS`, `STEP_TRANSITIONS`); compensation and cancel are rows like any other.
 
 Repeating the transition that produced the current state, by the same instance, is a no-op that returns
 the record unchanged: activities run at least once, so `complete`, `fail` and `record_step` are idempotent.
@@ -16,8 +15,16 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from orderflow.clock import ensure_utc
-from orderflow.messages import MAX_ATTEMPT, StepName
-from orderflow.records import OrderStateRecord, ProcessState, StepRecord, StepStatus, instance_id
+from orderflow.messages import COMPENSATION_OF, MAX_ATTEMPT, CompensationName, StepName
+from orderflow.records import (
+    TERMINAL_STATES,
+    CompensationRecord,
+    OrderStateRecord,
+    ProcessState,
+    StepRecord,
+    StepStatus,
+    instance_id,
+)
 
 __all__ = [
     "Backoff",
@@ -27,10 +34,16 @@ __all__ = [
     "NotDue",
     "ProcessState",
     "STEP_TRANSITIONS",
+    "TERMINAL_STATES",
     "TRANSITIONS",
     "claim",
     "complete",
+    "begin_compensation",
+    "cancel",
+    "CancelRefused",
+    "compensation_log",
     "defer",
+    "request_cancel",
     "restart",
     "exponential_backoff",
     "fail",
@@ -72,19 +85,43 @@ class Event(StrEnum):
     RECOVER_GIVE_UP = "recover_give_up"
     DEFER = "defer"
     RESTART = "restart"
+    COMPENSATE = "compensate"
+    CANCEL = "cancel"
+    REQUEST_CANCEL = "request_cancel"
 
 
+P, R, D, E = ProcessState.PENDING, ProcessState.PROCESSING, ProcessState.PROCESSED, ProcessState.ERROR
+C, CD, CF, X = (ProcessState.COMPENSATING, ProcessState.COMPENSATED, ProcessState.COMPENSATION_FAILED,
+                ProcessState.CANCELLED)
 TRANSITIONS: Mapping[tuple[ProcessState, Event], ProcessState] = {
-    (ProcessState.PENDING, Event.CLAIM): ProcessState.PROCESSING,
-    (ProcessState.PROCESSING, Event.SET_STEP_DEADLINE): ProcessState.PROCESSING,
-    (ProcessState.PROCESSING, Event.RECORD_STEP): ProcessState.PROCESSING,
-    (ProcessState.PROCESSING, Event.COMPLETE): ProcessState.PROCESSED,
-    (ProcessState.PROCESSING, Event.FAIL): ProcessState.ERROR,
-    (ProcessState.PROCESSING, Event.RECOVER_RETRY): ProcessState.PENDING,
-    (ProcessState.PROCESSING, Event.RECOVER_GIVE_UP): ProcessState.ERROR,
-    (ProcessState.PROCESSING, Event.DEFER): ProcessState.PENDING,
-    (ProcessState.PROCESSING, Event.RESTART): ProcessState.PROCESSING,
+    (P, Event.CLAIM): R,
+    (R, Event.SET_STEP_DEADLINE): R,
+    (R, Event.RECORD_STEP): R,
+    (R, Event.COMPLETE): D,
+    (R, Event.FAIL): E,
+    (R, Event.RECOVER_RETRY): P,
+    (R, Event.RECOVER_GIVE_UP): E,
+    (R, Event.DEFER): P,
+    (R, Event.RESTART): R,
+    # Compensation: the Scheduler (a permanent failure, a cancel), the Supervisor (FailureThreshold with steps sent,
+    # or an expired attempt of a cancelled order) or a cancel of a Pending order whose earlier attempt sent steps.
+    (P, Event.COMPENSATE): C,
+    (R, Event.COMPENSATE): C,
+    (C, Event.CLAIM): C,
+    (C, Event.SET_STEP_DEADLINE): C,
+    (C, Event.RECORD_STEP): C,
+    (C, Event.COMPLETE): CD,
+    (C, Event.FAIL): CF,
+    (C, Event.RECOVER_RETRY): C,
+    (C, Event.RECOVER_GIVE_UP): CF,
+    (C, Event.DEFER): C,
+    (C, Event.RESTART): C,
+    # Cancel: before any step was sent there is nothing to undo.
+    (P, Event.CANCEL): X,
+    (R, Event.CANCEL): X,
+    (R, Event.REQUEST_CANCEL): R,
 }
+del P, R, D, E, C, CD, CF, X
 
 # Step status moves within one attempt. A step last touched by an earlier attempt may restart (→ running).
 STEP_TRANSITIONS: Mapping[StepStatus, frozenset[StepStatus]] = {
@@ -136,10 +173,11 @@ def _move(rec: OrderStateRecord, event: Event, now: datetime, **changes: object)
 
 
 def claim(rec: OrderStateRecord, instance: str, lease_until: datetime, now: datetime) -> OrderStateRecord:
-    """Starter: Pending, unlocked, due → Processing, LockedBy `<orderId>:<attempt+1>`, CompleteBy = lease."""
+    """Starter: Pending (or CompensationInProgress), unlocked, due → Processing (CompensationInProgress), LockedBy
+    `<orderId>:<attempt+1>`, CompleteBy = lease."""
     next_state(rec.process_state, Event.CLAIM)
     if rec.locked_by is not None:
-        raise IllegalTransition(f"order {rec.order_id} is Pending but locked by {rec.locked_by!r}")
+        raise IllegalTransition(f"order {rec.order_id} is {rec.process_state.value} but locked by {rec.locked_by!r}")
     if rec.retry_at is not None and rec.retry_at > ensure_utc(now):
         raise NotDue(f"order {rec.order_id} may be claimed again at {rec.retry_at.isoformat()}")
     attempt = rec.attempt + 1
@@ -158,90 +196,206 @@ def claim(rec: OrderStateRecord, instance: str, lease_until: datetime, now: date
     )
 
 
+def _check_status_move(what: str, current: StepStatus, same_attempt: bool, status: StepStatus) -> None:
+    if same_attempt and status not in STEP_TRANSITIONS[current]:
+        raise IllegalTransition(f"{what}: {current.value} → {status.value} is not allowed")
+    if not same_attempt and status is not StepStatus.RUNNING:
+        raise IllegalTransition(f"{what} must start (running) in this attempt first")
+
+
+def _status_changes(status: StepStatus, attempt: int, at: datetime) -> dict[str, object]:
+    if status is StepStatus.RUNNING:
+        return {"status": status, "attempt": attempt, "started_at": at, "completed_at": None}
+    return {"status": status, "completed_at": at}
+
+
 def _with_step(
     rec: OrderStateRecord, step: StepName, status: StepStatus, now: datetime
 ) -> tuple[StepRecord, ...]:
     current = rec.step(step)
-    same_attempt = current.attempt == rec.attempt
-    if same_attempt and status not in STEP_TRANSITIONS[current.status]:
-        raise IllegalTransition(f"step {step.value}: {current.status.value} → {status.value} is not allowed")
-    if not same_attempt and status is not StepStatus.RUNNING:
-        raise IllegalTransition(f"step {step.value} must start (running) in attempt {rec.attempt} first")
-    at = ensure_utc(now)
-    if status is StepStatus.RUNNING:
-        updated = current.model_copy(
-            update={"status": status, "attempt": rec.attempt, "started_at": at, "completed_at": None}
-        )
-    else:
-        updated = current.model_copy(update={"status": status, "completed_at": at})
+    _check_status_move(f"step {step.value}", current.status, current.attempt == rec.attempt, status)
+    updated = current.model_copy(update=_status_changes(status, rec.attempt, ensure_utc(now)))
     return tuple(updated if s.name == step else s for s in rec.steps)
 
 
+def _with_compensation(rec: OrderStateRecord, name: CompensationName, status: StepStatus, now: datetime,
+                       undone: bool | None = None) -> tuple[CompensationRecord, ...]:
+    current = rec.compensation(name)
+    if current.status is StepStatus.SUCCEEDED:
+        raise IllegalTransition(f"compensation {name.value} already succeeded")
+    _check_status_move(f"compensation {name.value}", current.status, current.attempt == rec.attempt, status)
+    changes = _status_changes(status, rec.attempt, ensure_utc(now))
+    if undone is not None:
+        changes["undone"] = undone
+    updated = current.model_copy(update=changes)
+    return tuple(updated if c.name == name else c for c in rec.compensations)
+
+
+def _current_status(rec: OrderStateRecord, action: StepName | CompensationName) -> tuple[StepStatus, int]:
+    """The status and attempt of a step (Processing) or a compensation (CompensationInProgress) of this record;
+    IllegalTransition when the action does not belong to the record's phase."""
+    if isinstance(action, CompensationName):
+        if rec.process_state is not ProcessState.COMPENSATING:
+            raise IllegalTransition(f"compensation {action.value} outside CompensationInProgress")
+        try:
+            found = rec.compensation(action)
+        except KeyError as exc:
+            raise IllegalTransition(str(exc)) from exc
+        return found.status, found.attempt
+    if rec.process_state is ProcessState.COMPENSATING:
+        raise IllegalTransition(f"step {action.value} while the order is compensated")
+    current = rec.step(action)
+    return current.status, current.attempt
+
+
 def set_step_deadline(
-    rec: OrderStateRecord, instance: str, step: StepName, complete_by: datetime, now: datetime
+    rec: OrderStateRecord, instance: str, step: StepName | CompensationName, complete_by: datetime, now: datetime
 ) -> OrderStateRecord:
-    """Scheduler (fenced): CompleteBy = the step's deadline; the step is running in this attempt."""
+    """Scheduler (fenced): CompleteBy = the step's (or compensation's) deadline; it is running in this attempt."""
     _fence(rec, instance)
     next_state(rec.process_state, Event.SET_STEP_DEADLINE)
-    current = rec.step(step)
-    if (
-        current.status is StepStatus.RUNNING
-        and current.attempt == rec.attempt
-        and rec.complete_by == complete_by
-    ):
+    status, attempt = _current_status(rec, step)
+    if status is StepStatus.RUNNING and attempt == rec.attempt and rec.complete_by == complete_by:
         return rec
-    return _move(
-        rec,
-        Event.SET_STEP_DEADLINE,
-        now,
-        complete_by=ensure_utc(complete_by),
-        steps=_with_step(rec, step, StepStatus.RUNNING, now),
-    )
+    changes: dict[str, object] = {"complete_by": ensure_utc(complete_by)}
+    if isinstance(step, CompensationName):
+        changes["compensations"] = _with_compensation(rec, step, StepStatus.RUNNING, now)
+    else:
+        changes["steps"] = _with_step(rec, step, StepStatus.RUNNING, now)
+    return _move(rec, Event.SET_STEP_DEADLINE, now, **changes)
 
 
 def record_step(
     rec: OrderStateRecord,
     instance: str,
-    step: StepName,
+    step: StepName | CompensationName,
     status: StepStatus,
     now: datetime,
     error: str | None = None,
+    undone: bool | None = None,
 ) -> OrderStateRecord:
-    """Scheduler (fenced): a step's outcome in this attempt; repeating the same outcome is a no-op."""
+    """Scheduler (fenced): a step's (or compensation's, with the remote's `undone`) outcome in this attempt;
+    repeating the same outcome is a no-op."""
     _fence(rec, instance)
     next_state(rec.process_state, Event.RECORD_STEP)
-    current = rec.step(step)
-    if current.status is status and current.attempt == rec.attempt and status is not StepStatus.RUNNING:
+    current, attempt = _current_status(rec, step)
+    if current is status and attempt == rec.attempt and status is not StepStatus.RUNNING:
         return rec
-    changes: dict[str, object] = {"steps": _with_step(rec, step, status, now)}
+    changes: dict[str, object] = {}
+    if isinstance(step, CompensationName):
+        changes["compensations"] = _with_compensation(rec, step, status, now, undone)
+    else:
+        changes["steps"] = _with_step(rec, step, status, now)
     if error is not None:
         changes.update(_error_changes(rec, error))
     return _move(rec, Event.RECORD_STEP, now, **changes)
 
 
 def complete(rec: OrderStateRecord, instance: str, now: datetime) -> OrderStateRecord:
-    """Scheduler (fenced): Processing → Processed. LockedBy stays as the record of who finished it.
+    """Scheduler (fenced): Processing → Processed, or CompensationInProgress → Compensated once every compensation
+    succeeded. LockedBy stays as the record of who finished it.
 
     An error left by an earlier attempt (or a failed step that later succeeded) is history, not the outcome: it
     moves to `previous_errors` and `last_error` is cleared."""
     _fence(rec, instance)
-    if rec.process_state is ProcessState.PROCESSED:
+    if rec.process_state in (ProcessState.PROCESSED, ProcessState.COMPENSATED):
         return rec
+    if rec.process_state is ProcessState.COMPENSATING:
+        left = [c.name.value for c in rec.compensations if c.status is not StepStatus.SUCCEEDED]
+        if left:
+            raise IllegalTransition(f"order {rec.order_id}: compensations not done: {', '.join(left)}")
+        return _move(rec, Event.COMPLETE, now, complete_by=None)
     return _move(rec, Event.COMPLETE, now, complete_by=None, **_error_changes(rec, None))
 
 
 def fail(rec: OrderStateRecord, instance: str, error: str, now: datetime) -> OrderStateRecord:
-    """Scheduler (fenced): Processing → Error with the permanent error."""
+    """Scheduler (fenced): Processing → Error with the permanent error; CompensationInProgress → CompensationFailed
+    (a compensation failed permanently)."""
     _fence(rec, instance)
-    if rec.process_state is ProcessState.ERROR and rec.last_error == error:
+    if rec.process_state in (ProcessState.ERROR, ProcessState.COMPENSATION_FAILED) and rec.last_error == error:
         return rec
     return _move(rec, Event.FAIL, now, complete_by=None, **_error_changes(rec, error))
+
+
+CANCELLED_PREFIX = "cancelled"
+
+
+def compensation_log(rec: OrderStateRecord) -> tuple[CompensationRecord, ...]:
+    """The compensations of every step that was sent, in reverse order of the steps."""
+    return tuple(CompensationRecord(name=COMPENSATION_OF[s], step=s) for s in reversed(rec.sent_steps()))
+
+
+def _undo(rec: OrderStateRecord, at: datetime, cause: str, changes: dict[str, object],
+          give_up: Event = Event.FAIL) -> OrderStateRecord:
+    """Into compensation (the steps sent are undone, newest first) or, with nothing sent, to the end: Cancelled for a
+    cancel, Error (by `give_up`) for a failure. A failure's caller passes its error changes."""
+    log = compensation_log(rec)
+    if log:
+        return _move(rec, Event.COMPENSATE, at, compensation_cause=cause, compensations=log, **changes)
+    final = {**changes, "complete_by": None}
+    if cause.startswith(CANCELLED_PREFIX):
+        return _move(rec, Event.CANCEL, at, compensation_cause=cause, **final)
+    return _move(rec, give_up, at, **final)
+
+
+def begin_compensation(rec: OrderStateRecord, instance: str, cause: str, complete_by: datetime,
+                       now: datetime) -> OrderStateRecord:
+    """Scheduler (fenced): a step failed permanently, or the order was cancelled, while this attempt runs:
+    Processing → CompensationInProgress with the log of every step sent (this instance keeps the lock and runs
+    them), or straight to Cancelled / Error when nothing was sent. A repeat is a no-op."""
+    _fence(rec, instance)
+    if rec.compensation_cause == cause and rec.process_state is not ProcessState.PROCESSING:
+        return rec
+    if rec.process_state is not ProcessState.PROCESSING:
+        raise IllegalTransition(f"order {rec.order_id} is {rec.process_state.value}: only a running attempt begins "
+                                "a compensation")
+    errors = {} if cause.startswith(CANCELLED_PREFIX) else _error_changes(rec, cause)
+    return _undo(rec, ensure_utc(now), cause, {"complete_by": ensure_utc(complete_by), **errors})
+
+
+def _cancel_cause(reason: str | None) -> str:
+    return f"{CANCELLED_PREFIX}: {reason}" if reason else CANCELLED_PREFIX
+
+
+class CancelRefused(IllegalTransition):
+    """A cancel that comes too late (the order is Processed) or after a failure: the record is unchanged."""
+
+
+def cancel(rec: OrderStateRecord, now: datetime, reason: str | None = None) -> OrderStateRecord:
+    """A client's CancelOrder (etag-guarded, no fence: the submission trigger writes it).
+
+    Pending → Cancelled (no remote call) or, when an earlier attempt sent steps, → CompensationInProgress, unlocked
+    and due now (the Starter claims the compensation). Processing → the same state with cancelRequestedAt: the
+    running attempt is told by an event and honours it at its next decision point, and the Supervisor honours it
+    when that attempt expires. Idempotent: a cancelled, cancelling or compensating-for-a-cancel order is returned
+    unchanged. Processed, Error and compensations of a failure refuse it (CancelRefused)."""
+    at = ensure_utc(now)
+    if rec.cancel_requested_at is not None or (rec.compensation_cause or "").startswith(CANCELLED_PREFIX):
+        return rec
+    if rec.process_state is ProcessState.PENDING:
+        return _undo(rec, at, _cancel_cause(reason), {"retry_at": None, "cancel_requested_at": at})
+    if rec.process_state is ProcessState.PROCESSING:
+        return request_cancel(rec, at)
+    raise CancelRefused(f"order {rec.order_id} is {rec.process_state.value}: "
+                        + ("already processed" if rec.process_state is ProcessState.PROCESSED else "not cancellable"))
+
+
+def request_cancel(rec: OrderStateRecord, now: datetime) -> OrderStateRecord:
+    """Processing → Processing with cancelRequestedAt (the running attempt honours it); a repeat is a no-op."""
+    next_state(rec.process_state, Event.REQUEST_CANCEL)
+    if rec.cancel_requested_at is not None:
+        return rec
+    return _move(rec, Event.REQUEST_CANCEL, ensure_utc(now), cancel_requested_at=ensure_utc(now))
 
 
 def recover(
     rec: OrderStateRecord, expected_locked_by: str, now: datetime, threshold: int, backoff: Backoff
 ) -> OrderStateRecord:
-    """Supervisor (fenced on the expired LockedBy): FailureCount+1, then Pending after a backoff or Error.
+    """Supervisor (fenced on the expired LockedBy).
+
+    Processing: a cancelled order is undone (or Cancelled); otherwise FailureCount+1, then Pending after a backoff,
+    or at the threshold compensation of the steps sent (Error when none was sent). CompensationInProgress:
+    compensationFailures+1, then unlocked after a backoff (the Starter claims it again), or CompensationFailed.
 
     Raises NotDue while CompleteBy has not expired (a Scheduler extended it since the Supervisor's query).
     """
@@ -250,31 +404,26 @@ def recover(
     next_state(rec.process_state, Event.RECOVER_RETRY)
     if rec.complete_by is not None and rec.complete_by > at:
         raise NotDue(f"order {rec.order_id}: CompleteBy {rec.complete_by.isoformat()} has not expired")
-    failures = rec.failure_count + 1
     expired = f"attempt {rec.attempt} ({expected_locked_by}) expired at CompleteBy " + (
         rec.complete_by.isoformat() if rec.complete_by else "unset"
     )
+    unlocked: dict[str, object] = {"locked_by": None, "complete_by": None}
+    if rec.process_state is ProcessState.COMPENSATING:
+        failures = rec.compensation_failures + 1
+        if failures >= threshold:
+            return _move(rec, Event.RECOVER_GIVE_UP, at, compensation_failures=failures, retry_at=None, **unlocked,
+                         **_error_changes(rec, f"CompensationThresholdReached: {expired}"))
+        return _move(rec, Event.RECOVER_RETRY, at, compensation_failures=failures, retry_at=at + backoff(failures),
+                     **unlocked, **_error_changes(rec, expired))
+    if rec.cancel_requested_at is not None:
+        return _undo(rec, at, _cancel_cause(None), {"retry_at": None, **unlocked})
+    failures = rec.failure_count + 1
     if failures >= threshold:
-        return _move(
-            rec,
-            Event.RECOVER_GIVE_UP,
-            at,
-            failure_count=failures,
-            locked_by=None,
-            complete_by=None,
-            retry_at=None,
-            **_error_changes(rec, f"FailureThresholdReached: {expired}"),
-        )
-    return _move(
-        rec,
-        Event.RECOVER_RETRY,
-        at,
-        failure_count=failures,
-        locked_by=None,
-        complete_by=None,
-        retry_at=at + backoff(failures),
-        **_error_changes(rec, expired),
-    )
+        cause = f"FailureThresholdReached: {expired}"
+        return _undo(rec, at, cause, {"failure_count": failures, "retry_at": None, **unlocked,
+                                      **_error_changes(rec, cause)}, Event.RECOVER_GIVE_UP)
+    return _move(rec, Event.RECOVER_RETRY, at, failure_count=failures, retry_at=at + backoff(failures), **unlocked,
+                 **_error_changes(rec, expired))
 
 
 def restart(rec: OrderStateRecord, expected_locked_by: str, lease_until: datetime, now: datetime) -> OrderStateRecord:
@@ -291,18 +440,22 @@ def restart(rec: OrderStateRecord, expected_locked_by: str, lease_until: datetim
 
 
 def defer(rec: OrderStateRecord, instance: str, retry_at: datetime, now: datetime, reason: str) -> OrderStateRecord:
-    """Fenced on LockedBy: Processing → Pending, "not now" — the circuit breaker of the remote service is open, or
-    admission control gave a claim back. FailureCount is unchanged (no attempt was spent on the remote service);
-    `deferrals` counts these. The next claim starts a new attempt. Repeating it is a no-op (the lock is gone)."""
-    if rec.process_state is ProcessState.PENDING and rec.locked_by is None and rec.retry_at == ensure_utc(retry_at) \
+    """Fenced on LockedBy: Processing → Pending (CompensationInProgress stays, unlocked), "not now" — the circuit
+    breaker of the remote service is open, or admission control gave a claim back. FailureCount is unchanged (no
+    attempt was spent on the remote service); `deferrals` counts these. The next claim starts a new attempt. A
+    cancelled order is undone instead. Repeating it is a no-op (the lock is gone)."""
+    if rec.process_state in CLAIMABLE and rec.locked_by is None and rec.retry_at == ensure_utc(retry_at) \
             and rec.last_error == reason:
         return rec
     _fence(rec, instance)
-    return _move(rec, Event.DEFER, now, locked_by=None, complete_by=None, retry_at=ensure_utc(retry_at),
-                 deferrals=rec.deferrals + 1, **_error_changes(rec, reason))
+    at = ensure_utc(now)
+    unlocked: dict[str, object] = {"locked_by": None, "complete_by": None, "deferrals": rec.deferrals + 1}
+    if rec.process_state is ProcessState.PROCESSING and rec.cancel_requested_at is not None:
+        return _undo(rec, at, _cancel_cause(None), {"retry_at": None, **unlocked})
+    return _move(rec, Event.DEFER, at, retry_at=ensure_utc(retry_at), **unlocked, **_error_changes(rec, reason))
 
 
-TERMINAL_STATES = frozenset({ProcessState.PROCESSED, ProcessState.ERROR})
+CLAIMABLE = frozenset({ProcessState.PENDING, ProcessState.COMPENSATING})
 
 
 def mark_notified(rec: OrderStateRecord, now: datetime) -> OrderStateRecord:

@@ -10,15 +10,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orderflow.messages import MAX_ATTEMPT, STEPS, StepName, SubmitOrder
+from orderflow.messages import MAX_ATTEMPT, STEPS, CompensationName, StepName, SubmitOrder
 from orderflow.records import OrderStateRecord, ProcessState, StepStatus, instance_id
 from orderflow.state_machine import (
     STEP_TRANSITIONS,
     TRANSITIONS,
+    CancelRefused,
     Event,
     Fenced,
     IllegalTransition,
     NotDue,
+    begin_compensation,
+    cancel,
     claim,
     complete,
     defer,
@@ -27,6 +30,7 @@ from orderflow.state_machine import (
     next_state,
     record_step,
     recover,
+    request_cancel,
     restart,
     set_step_deadline,
 )
@@ -85,12 +89,18 @@ OPERATIONS: dict[Event, Callable[[OrderStateRecord], OrderStateRecord]] = {
 IDEMPOTENT_REPEATS = {(ProcessState.PROCESSED, Event.COMPLETE), (ProcessState.ERROR, Event.FAIL)}
 
 
+# The generic table test covers the events and states of the forward path; the compensation and cancel rows, whose
+# target also depends on the record's data (which steps were sent), have their own tests below.
+FORWARD_STATES = (ProcessState.PENDING, ProcessState.PROCESSING, ProcessState.PROCESSED, ProcessState.ERROR)
+UNDO_EVENTS = {Event.COMPENSATE, Event.CANCEL, Event.REQUEST_CANCEL}
+
+
 def test_every_event_has_an_operation() -> None:
-    assert set(OPERATIONS) == set(Event)
+    assert set(OPERATIONS) | UNDO_EVENTS == set(Event)
 
 
-@pytest.mark.parametrize("state", list(ProcessState))
-@pytest.mark.parametrize("event", list(Event))
+@pytest.mark.parametrize("state", FORWARD_STATES)
+@pytest.mark.parametrize("event", sorted(set(Event) - UNDO_EVENTS))
 def test_transition_table(state: ProcessState, event: Event) -> None:
     rec = in_state(state)
     if (state, event) in TRANSITIONS:
@@ -112,7 +122,8 @@ def test_next_state_names_the_refused_move() -> None:
 
 
 def test_terminal_states_have_no_way_out() -> None:
-    terminal = {ProcessState.PROCESSED, ProcessState.ERROR}
+    terminal = {ProcessState.PROCESSED, ProcessState.ERROR, ProcessState.COMPENSATED,
+                ProcessState.COMPENSATION_FAILED, ProcessState.CANCELLED}
     assert not [key for key in TRANSITIONS if key[0] in terminal]
 
 
@@ -446,3 +457,147 @@ def test_restart_is_fenced_and_waits_for_the_lease_to_expire() -> None:
     renewed = restart(rec, FIRST, NOW + LEASE, NOW)
     with pytest.raises(NotDue):  # a second Supervisor that saw the old CompleteBy restarts nothing
         restart(renewed, FIRST, NOW + 2 * LEASE, NOW)
+
+
+
+# --- compensation and cancel -------------------------------------------------------------------------------------
+RELEASE = CompensationName.RELEASE_INVENTORY
+
+
+def sent(*steps: StepName) -> OrderStateRecord:
+    """Processing in attempt 1, the given steps sent (running), CompleteBy expired by NOW."""
+    rec = claim(pending(), FIRST, NOW - LEASE, NOW - LEASE)
+    for step in steps:
+        rec = set_step_deadline(rec, FIRST, step, NOW - LEASE, NOW - LEASE)
+    return rec
+
+
+def compensating(*steps: StepName) -> OrderStateRecord:
+    return begin_compensation(sent(*steps), FIRST, "charge-payment: Declined", NOW - LEASE, NOW - LEASE)
+
+
+def test_a_permanent_failure_compensates_every_sent_step_in_reverse_order() -> None:
+    rec = sent(StepName.RESERVE_INVENTORY, StepName.CHARGE_PAYMENT)
+    rec = record_step(rec, FIRST, StepName.RESERVE_INVENTORY, StepStatus.SUCCEEDED, NOW)
+    undo = begin_compensation(rec, FIRST, "charge-payment: Declined", NOW + LEASE, NOW)
+    assert undo.process_state is ProcessState.COMPENSATING and undo.locked_by == FIRST
+    # a running step may have been applied by the remote: it is compensated too
+    assert [(c.name, c.step, c.status) for c in undo.compensations] == [
+        (CompensationName.REFUND_PAYMENT, StepName.CHARGE_PAYMENT, StepStatus.PENDING),
+        (RELEASE, StepName.RESERVE_INVENTORY, StepStatus.PENDING)]
+    assert undo.compensation_cause == "charge-payment: Declined" and undo.complete_by == NOW + LEASE
+    assert begin_compensation(undo, FIRST, "charge-payment: Declined", NOW + LEASE, NOW) is undo  # a repeat
+
+
+def test_a_step_the_remote_refused_is_not_compensated_and_nothing_sent_ends_in_error() -> None:
+    rec = record_step(sent(StepName.RESERVE_INVENTORY), FIRST, StepName.RESERVE_INVENTORY, StepStatus.FAILED, NOW)
+    ended = begin_compensation(rec, FIRST, "reserve-inventory: InsufficientStock", NOW + LEASE, NOW)
+    assert ended.process_state is ProcessState.ERROR and ended.compensations == ()
+    assert ended.last_error == "reserve-inventory: InsufficientStock"
+
+
+def test_compensation_runs_like_steps_then_completes_or_fails() -> None:
+    rec = compensating(StepName.RESERVE_INVENTORY)
+    running = set_step_deadline(rec, FIRST, RELEASE, NOW + LEASE, NOW)
+    assert running.compensation(RELEASE).status is StepStatus.RUNNING and running.complete_by == NOW + LEASE
+    with pytest.raises(IllegalTransition):  # no forward step while compensating
+        set_step_deadline(rec, FIRST, StepName.CHARGE_PAYMENT, NOW + LEASE, NOW)
+    with pytest.raises(IllegalTransition):  # not done yet
+        complete(running, FIRST, NOW)
+    done = record_step(running, FIRST, RELEASE, StepStatus.SUCCEEDED, NOW, undone=True)
+    assert done.compensation(RELEASE).undone is True
+    assert complete(done, FIRST, NOW).process_state is ProcessState.COMPENSATED
+    failed = fail(record_step(running, FIRST, RELEASE, StepStatus.FAILED, NOW), FIRST, "RefundRefused", NOW)
+    assert failed.process_state is ProcessState.COMPENSATION_FAILED
+    with pytest.raises(IllegalTransition):  # a compensation is not sent while Processing
+        set_step_deadline(sent(), FIRST, RELEASE, NOW + LEASE, NOW)
+
+
+def test_the_supervisor_compensates_at_the_threshold_and_retries_a_stuck_compensation() -> None:
+    rec = sent(StepName.RESERVE_INVENTORY).model_copy(update={"failure_count": THRESHOLD - 1})
+    undo = recover(rec, FIRST, NOW, THRESHOLD, BACKOFF)
+    assert undo.process_state is ProcessState.COMPENSATING and undo.locked_by is None and undo.retry_at is None
+    assert undo.failure_count == THRESHOLD and (undo.compensation_cause or "").startswith("FailureThresholdReached")
+    stuck = compensating(StepName.RESERVE_INVENTORY)
+    again = recover(stuck, FIRST, NOW, THRESHOLD, BACKOFF)
+    assert (again.process_state, again.locked_by, again.compensation_failures) == (ProcessState.COMPENSATING, None, 1)
+    assert again.retry_at == NOW + BACKOFF(1)
+    reclaimed = claim(again, instance_id(ORDER, 2), NOW + 2 * LEASE, NOW + LEASE)
+    assert reclaimed.process_state is ProcessState.COMPENSATING and reclaimed.attempt == 2
+    gave_up = recover(stuck.model_copy(update={"compensation_failures": THRESHOLD - 1}), FIRST, NOW, THRESHOLD,
+                      BACKOFF)
+    assert gave_up.process_state is ProcessState.COMPENSATION_FAILED
+    assert (gave_up.last_error or "").startswith("CompensationThresholdReached")
+
+
+def test_at_the_threshold_with_nothing_sent_the_order_is_error() -> None:
+    rec = sent().model_copy(update={"failure_count": THRESHOLD - 1})
+    assert recover(rec, FIRST, NOW, THRESHOLD, BACKOFF).process_state is ProcessState.ERROR
+
+
+def test_cancel_before_a_claim_is_cancelled_with_nothing_to_undo() -> None:
+    cancelled = cancel(pending(), NOW, "customer asked")
+    assert cancelled.process_state is ProcessState.CANCELLED and cancelled.compensations == ()
+    assert cancelled.compensation_cause == "cancelled: customer asked"
+    assert cancel(cancelled, NOW + LEASE, "again") is cancelled  # idempotent
+    with pytest.raises(IllegalTransition):
+        claim(cancelled, instance_id(ORDER, 1), NOW + LEASE, NOW)
+
+
+def test_cancel_of_a_pending_order_whose_earlier_attempt_sent_steps_compensates_them() -> None:
+    retried = recover(sent(StepName.RESERVE_INVENTORY), FIRST, NOW, THRESHOLD, BACKOFF)
+    assert retried.process_state is ProcessState.PENDING
+    undo = cancel(retried, NOW)
+    assert undo.process_state is ProcessState.COMPENSATING and undo.locked_by is None and undo.retry_at is None
+    assert [c.name for c in undo.compensations] == [RELEASE]
+
+
+def test_cancel_while_processing_is_requested_and_honoured_by_the_supervisor_and_defer() -> None:
+    rec = sent(StepName.RESERVE_INVENTORY)
+    asked = cancel(rec, NOW)
+    assert asked.process_state is ProcessState.PROCESSING and asked.cancel_requested_at == NOW
+    assert cancel(asked, NOW + LEASE) is asked and request_cancel(asked, NOW + LEASE) is asked
+    recovered = recover(asked, FIRST, NOW, THRESHOLD, BACKOFF)
+    assert recovered.process_state is ProcessState.COMPENSATING and recovered.failure_count == 0
+    deferred = defer(asked, FIRST, NOW + LEASE, NOW, "CircuitOpen")
+    assert deferred.process_state is ProcessState.COMPENSATING and deferred.locked_by is None
+    nothing_sent = cancel(sent(), NOW)
+    assert recover(nothing_sent, FIRST, NOW, THRESHOLD, BACKOFF).process_state is ProcessState.CANCELLED
+
+
+@pytest.mark.parametrize("state", [ProcessState.PROCESSED, ProcessState.ERROR, ProcessState.COMPENSATED,
+                                   ProcessState.COMPENSATION_FAILED])
+def test_cancel_after_the_end_is_refused_and_changes_nothing(state: ProcessState) -> None:
+    rec = {ProcessState.PROCESSED: lambda: complete(sent(), FIRST, NOW),
+           ProcessState.ERROR: lambda: fail(sent(), FIRST, "boom", NOW),
+           ProcessState.COMPENSATED: lambda: complete(record_step(set_step_deadline(
+               compensating(StepName.RESERVE_INVENTORY), FIRST, RELEASE, NOW + LEASE, NOW), FIRST, RELEASE,
+               StepStatus.SUCCEEDED, NOW), FIRST, NOW),
+           ProcessState.COMPENSATION_FAILED: lambda: fail(compensating(StepName.RESERVE_INVENTORY), FIRST, "x", NOW),
+           }[state]()
+    assert rec.process_state is state
+    with pytest.raises(CancelRefused, match="already processed" if state is ProcessState.PROCESSED else state.value):
+        cancel(rec, NOW)
+
+
+@pytest.mark.parametrize("state", [s for s in ProcessState if s is not ProcessState.PROCESSING])
+def test_begin_compensation_and_request_cancel_only_from_processing(state: ProcessState) -> None:
+    rec = compensating(StepName.RESERVE_INVENTORY).model_copy(update={"process_state": state})
+    with pytest.raises(IllegalTransition):
+        request_cancel(rec, NOW)
+    if state is not ProcessState.COMPENSATING:
+        with pytest.raises(IllegalTransition):
+            begin_compensation(rec, FIRST, "another cause", NOW + LEASE, NOW)
+
+
+def test_a_locked_compensation_is_not_claimed() -> None:
+    with pytest.raises(IllegalTransition, match="locked by"):
+        claim(compensating(StepName.RESERVE_INVENTORY), instance_id(ORDER, 2), NOW + LEASE, NOW)
+
+
+def test_restart_and_defer_keep_a_compensation_compensating() -> None:
+    rec = compensating(StepName.RESERVE_INVENTORY)
+    assert restart(rec, FIRST, NOW + LEASE, NOW).process_state is ProcessState.COMPENSATING
+    deferred = defer(rec, FIRST, NOW + LEASE, NOW, "CircuitOpen")
+    assert (deferred.process_state, deferred.locked_by, deferred.retry_at) == (
+        ProcessState.COMPENSATING, None, NOW + LEASE)
