@@ -21,6 +21,7 @@ from orderflow.notifications import entered_error, notify_terminal
 from orderflow.records import OrderStateRecord, ProcessState, StepStatus, parse_utc
 from orderflow.runtime import Services, get_services
 from orderflow.state_machine import Fenced, complete, defer, fail, record_step, set_step_deadline
+from orderflow.store.ports import IndexEntry
 from orderflow.workflow import SUCCEEDED_STEPS
 
 bp = df.Blueprint()
@@ -92,6 +93,8 @@ async def free_slot(services: Services, rec: OrderStateRecord, wrote: bool, now:
 async def set_step_deadline_activity(request: ActivityInput) -> bool:
     services = await get_services()
     step, deadline = StepName(request["step"]), parse_utc(request["completeBy"])
+    if services.index is not None:  # before the record: a crash leaves a stale entry, never a missing one
+        await services.index.add(IndexEntry(request["orderId"], deadline, request["instanceId"]))
     return await _fenced(request["orderId"], lambda r: set_step_deadline(
         r, request["instanceId"], step, deadline, services.clock.now()), fn.SET_STEP_DEADLINE)
 

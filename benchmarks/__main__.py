@@ -3,7 +3,7 @@ benchmarks/results/<name>.json (or <name>.quick.json with --quick) and refresh t
 
     python -m benchmarks                      # everything, full sizes (several times --quick; see README)
     python -m benchmarks --quick              # short run of everything (~2.25 minutes on 2 cores)
-    python -m benchmarks bus durable          # pick benchmarks: bus, durable, pipeline, idle
+    python -m benchmarks bus durable          # pick benchmarks: bus, durable, pipeline, idle, supervisor_scan
     python -m benchmarks pipeline --profile   # also record devhost and the Agent with py-spy
     python -m benchmarks --table              # print the results table from the committed JSON
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .common import RESULTS_DIR, ROOT, python, write_result
 
-NAMES = ("bus", "durable", "pipeline", "idle")
+NAMES = ("bus", "durable", "pipeline", "idle", "supervisor_scan")
 
 
 def _parser() -> argparse.ArgumentParser:

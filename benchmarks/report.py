@@ -116,7 +116,25 @@ def _idle(doc: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-RENDERERS = {"bus": _bus, "durable": _durable, "pipeline": _pipeline, "idle": _idle}
+def _supervisor_scan(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = []
+    for backend, label in (("embedded", "embedded"), ("cosmos_protocol_server", "Cosmos protocol server")):
+        for n, modes in doc["results"].get(backend, {}).items():
+            if not isinstance(modes, dict):
+                continue
+            for mode, figures in modes.items():
+                p = figures["pass"]
+                ru = f", {p['request_charge']:,.0f} RU" if backend != "embedded" else ""
+                rows.append((
+                    f"supervisor pass over 24 h, {int(n):,} records (1% expired), {label}, {mode}",
+                    f"{p['queries']:,} queries, {p['documents']:,} documents, {p['point_reads']:,} point reads"
+                    f"{ru}, {p['wall_ms'] / 1000:.2f} s",
+                ))
+    return rows
+
+
+RENDERERS = {"bus": _bus, "durable": _durable, "pipeline": _pipeline, "idle": _idle,
+             "supervisor_scan": _supervisor_scan}
 
 
 def table(names: Sequence[str] | None = None, *, quick: bool = False, results_dir: Path = RESULTS_DIR) -> str:

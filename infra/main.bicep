@@ -45,6 +45,8 @@ param stateContainerName string = 'orderState'
 param checkpointContainerName string = 'supervisorCheckpoints'
 @description('Container (state database, partition key /id) of the circuit-breaker documents; the Agent\'s only Cosmos DB scope.')
 param circuitBreakerContainerName string = 'circuitBreakers'
+@description('Container (state database, partition key /bucket, entries expire after 7 days) of the Supervisor\'s recovery index (SupervisorScanMode=index).')
+param recoveryIndexContainerName string = 'recoveryIndex'
 
 @description('''Submitting applications. Each gets its own status queue "<name>-status" (listed in AllowedReplyQueues);
 its principal (when not empty) may send to orders-inbound and receive from its own status queue only.
@@ -208,6 +210,7 @@ module cosmos 'app/cosmos.bicep' = {
     stateContainerName: stateContainerName
     checkpointContainerName: checkpointContainerName
     circuitBreakerContainerName: circuitBreakerContainerName
+    recoveryIndexContainerName: recoveryIndexContainerName
     logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
     vnetEnabled: vnetEnabled
   }
@@ -294,6 +297,7 @@ module functionApp 'app/function.bicep' = {
     stateContainerName: stateContainerName
     checkpointContainerName: checkpointContainerName
     circuitBreakerContainerName: circuitBreakerContainerName
+    recoveryIndexContainerName: recoveryIndexContainerName
     durableBackend: durableBackend
     taskHubName: taskHubName
     durableTaskSchedulerEndpoint: useDurableTaskScheduler ? durableTaskScheduler.outputs.endpoint : ''

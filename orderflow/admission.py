@@ -117,13 +117,12 @@ async def exited(services: Services, left_at: datetime) -> None:
                 return
 
 
-_locks: dict[int, asyncio.Lock] = {}  # noqa: RUF012 - keyed by id(Services): one lock per process and loop
-
-
 def _lock(services: Services) -> asyncio.Lock:
     """One admission write at a time per process: its concurrent claims queue here instead of racing each other on
     the etag, so only other instances' writes make one re-read."""
-    return _locks.setdefault(id(services), asyncio.Lock())
+    if services.admission_lock is None:
+        services.admission_lock = asyncio.Lock()
+    return services.admission_lock
 
 
 async def reserve(services: Services, wanted: int = 1) -> int:

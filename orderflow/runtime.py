@@ -17,7 +17,15 @@ from orderflow import settings
 from orderflow.clock import Clock, SystemClock
 from orderflow.retry_budget import RetryBudget
 from orderflow.state_machine import Backoff, exponential_backoff
-from orderflow.store.ports import DocumentStore, OrdersDb, StateStore
+from orderflow.store.ports import DocumentStore, OrdersDb, RecoveryIndex, StateStore
+
+SCAN_MODES = ("query", "index")
+
+
+def scan_mode(value: str) -> str:
+    if value not in SCAN_MODES:
+        raise ValueError(f"app setting SupervisorScanMode must be one of {', '.join(SCAN_MODES)}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,7 @@ class Tunables:
     max_in_processing: int  # admission: the Starter claims no order while this many are Processing
     max_pending: int  # admission: past this Pending backlog a submission is rejected (`backlog full`)
     remote_service: str  # the id of the remote service's circuit-breaker document
+    scan_mode: str  # the Supervisor's: "query" or "index" (the recovery index, orderflow/recovery_index.py)
     backoff: Backoff = field(compare=False)
 
     @classmethod
@@ -65,7 +74,7 @@ class Tunables:
             max_results=i("SupervisorMaxResults"), failure_threshold=i("FailureThreshold"),
             agent_retries=RetryBudget.from_env(env).request_retries(),
             max_in_processing=i("MaxOrdersInProcessing"), max_pending=i("MaxPendingOrders"),
-            remote_service=s("RemoteServiceName"),
+            remote_service=s("RemoteServiceName"), scan_mode=scan_mode(s("SupervisorScanMode")),
             backoff=exponential_backoff(float(i("RetryBackoffBaseSeconds")), float(i("RetryBackoffMaxSeconds"))))
 
     def internal_queues(self) -> frozenset[str]:
@@ -83,6 +92,11 @@ class Services:
     breakers: DocumentStore | None = None
     # Admission: this process's acceptances since the backlog figure it last read (orderflow/admission.py).
     backlog: Any = None
+    # One admission-document write at a time in this process (orderflow/admission.py).
+    admission_lock: asyncio.Lock | None = None
+    # The recovery index: written with every CompleteBy change in both scan modes (so a switch to `index` finds the
+    # orders already in flight), read by the Supervisor in SupervisorScanMode `index`. None: not written (tests).
+    index: RecoveryIndex | None = None
 
 
 _services: dict[int, Services] = {}
@@ -94,11 +108,14 @@ async def get_services() -> Services:
     loop_id = id(asyncio.get_running_loop())
     if loop_id not in _services:
         from orderflow.bus.aio import client_from_settings  # noqa: PLC0415
-        from orderflow.store import open_breaker_documents, open_stores  # noqa: PLC0415
+        from orderflow.store import open_breaker_documents, open_recovery_index, open_stores  # noqa: PLC0415
 
         orders, state = open_stores(os.environ)
-        _services[loop_id] = Services(orders=orders, state=state, bus=client_from_settings(os.environ),
-                                      tunables=Tunables.from_env(), breakers=open_breaker_documents(os.environ))
+        tunables = Tunables.from_env()
+        _services[loop_id] = Services(
+            orders=orders, state=state, bus=client_from_settings(os.environ), tunables=tunables,
+            breakers=open_breaker_documents(os.environ),
+            index=open_recovery_index(os.environ))
     return _services[loop_id]
 
 

@@ -78,6 +78,14 @@ SETTINGS: tuple[Setting, ...] = (
             "Name of the remote service the Agent calls for every step: the id of its circuit-breaker document."),
     Setting("MaxOrdersInProcessing", "100", "Admission bound: the Starter claims no order while this many are "
             "Processing."),
+    Setting("SupervisorScanMode", "query",
+            "How the Supervisor finds expired work: `query` (a cross-partition CompleteBy query of the state "
+            "container) or `index` (single-partition queries of the recovery index, one per CompleteBy time bucket, "
+            "each hit verified against the state record). Every CompleteBy change writes an index entry in both "
+            "modes."),
+    Setting("RecoveryIndexContainerName", "recoveryIndex",
+            "Container (state database, partition key /bucket) of the recovery index."),
+    Setting("RecoveryIndexBucketSeconds", "300", "Width of one recovery-index partition: a CompleteBy time bucket."),
     Setting("MaxPendingOrders", "5000",
             "Admission bound: past this Pending backlog a new order is answered `rejected` (`backlog full`) and "
             "nothing is written."),

@@ -21,6 +21,7 @@ from orderflow.records import OrderStateRecord, instance_id
 from orderflow.runtime import Services
 from orderflow.state_machine import IllegalTransition, claim
 from orderflow.store.errors import PreconditionFailed
+from orderflow.store.ports import IndexEntry
 from orderflow.workflow import WorkflowInput
 
 log = logging.getLogger("orderflow.starter")
@@ -63,6 +64,8 @@ async def try_claim(services: Services, rec: OrderStateRecord, etag: str) -> Wor
     instance = instance_id(rec.order_id, rec.attempt + 1)
     try:
         claimed = claim(rec, instance, now + services.tunables.claim_lease, now)
+        if services.index is not None:  # before the record: a crash leaves a stale entry, never a missing one
+            await services.index.add(IndexEntry(rec.order_id, claimed.complete_by or now, instance))
         await services.state.replace(claimed, etag)
     except (PreconditionFailed, IllegalTransition):
         return None

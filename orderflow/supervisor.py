@@ -25,10 +25,12 @@ from datetime import UTC, datetime, timedelta
 from orderflow import admission, telemetry
 from orderflow.notifications import entered_error, sweep_unnotified
 from orderflow.records import OrderStateRecord, ProcessState, format_utc, parse_utc
+from orderflow.recovery_index import ExpiredSource, ScanCost, expired_source
 from orderflow.runtime import Services
 from orderflow.starter import DurableStarts, StarterRun, never_started, start_attempt, workflow_input
 from orderflow.state_machine import Fenced, IllegalTransition, recover, restart
 from orderflow.store.errors import Conflict, NotFound, PreconditionFailed
+from orderflow.store.ports import IndexEntry
 
 log = logging.getLogger("orderflow.supervisor")
 
@@ -49,6 +51,7 @@ class SupervisorRun:
     request_charge: float = 0.0
     position: datetime | None = None
     notified: int = 0  # owed terminal notifications sent by this run's sweep
+    cost: ScanCost = field(default_factory=ScanCost)  # queries, documents, point reads, stale index entries
 
     @property
     def handled(self) -> int:
@@ -79,15 +82,16 @@ async def run_supervisor(services: Services, durable: DurableStarts | None = Non
     now = services.clock.now()
     position, etag = await _load_position(services)
     run = SupervisorRun()
+    source = expired_source(services.state, services.index, t.scan_mode, run.cost)
     while run.handled < t.max_results:
         end = min(position + t.scan_window, now)
-        drained = await _scan_window(services, run, position, end, durable)
+        drained = await _scan_window(source, services, run, position, end, durable)
         if not drained:
             break  # result budget used up inside this window: resume from the same position next run
         if end >= now:
             position = max(position, min(end, now - CLOCK_SKEW))
             break
-        probe = await services.state.query_expired(end, now, 1)
+        probe = await source.query_expired(end, now, 1)
         run.request_charge += probe.request_charge
         if not probe.items:
             position = max(position, now - CLOCK_SKEW)
@@ -97,15 +101,16 @@ async def run_supervisor(services: Services, durable: DurableStarts | None = Non
     run.position = position
     await _save_position(services, position, etag)
     run.notified = await sweep_unnotified(services)
-    log.info("supervisor scan: %d expired, %d recovered, %d escalated, %d restarted, %.2f RU, position %s",
-             run.scanned, len(run.recovered), len(run.escalated), len(run.restarted), run.request_charge,
-             format_utc(position))
+    log.info("supervisor scan (%s): %d expired, %d recovered, %d escalated, %d restarted, %.2f RU, %d queries, "
+             "%d documents, %d point reads, %d stale index entries, position %s", t.scan_mode, run.scanned,
+             len(run.recovered), len(run.escalated), len(run.restarted), run.request_charge, run.cost.queries,
+             run.cost.documents, run.cost.point_reads, run.cost.stale, format_utc(position))
     telemetry.record_supervisor_scan(run.request_charge, len(run.recovered), len(run.escalated))
     return run
 
 
-async def _scan_window(services: Services, run: SupervisorRun, start: datetime, end: datetime,
-                       durable: DurableStarts | None) -> bool:
+async def _scan_window(source: ExpiredSource, services: Services, run: SupervisorRun, start: datetime,
+                       end: datetime, durable: DurableStarts | None) -> bool:
     """Recover the expired records of one window. True when the window is drained.
 
     The pages are read first (bounded by the result budget) and recovered after, so that records leaving the result
@@ -116,7 +121,7 @@ async def _scan_window(services: Services, run: SupervisorRun, start: datetime, 
     found: list[OrderStateRecord] = []
     continuation: str | None = None
     while len(found) < budget:
-        page = await services.state.query_expired(start, end, min(t.page_size, budget - len(found)), continuation)
+        page = await source.query_expired(start, end, min(t.page_size, budget - len(found)), continuation)
         run.request_charge += page.request_charge
         found.extend(rec for rec, _etag in page.items)
         continuation = page.continuation
@@ -171,9 +176,12 @@ async def _restarted(services: Services, run: SupervisorRun, seen: OrderStateRec
     if not never_started(status):
         return False
     now = services.clock.now()
+    lease_until = now + services.tunables.claim_lease
+    if services.index is not None:  # before the record: a crash leaves a stale entry, never a missing one
+        await services.index.add(IndexEntry(seen.order_id, lease_until, expired_by))
     try:
         rec, _ = await services.state.update_with_retry(
-            seen.order_id, lambda r: restart(r, expired_by, now + services.tunables.claim_lease, now))
+            seen.order_id, lambda r: restart(r, expired_by, lease_until, now))
     except (Fenced, IllegalTransition, NotFound, PreconditionFailed):
         run.skipped += 1  # started meanwhile (its Scheduler moved CompleteBy), or another Supervisor won
         return True

@@ -1,6 +1,6 @@
 // Concern: Cosmos DB for the orders (immutable) and the state store (ProcessState, LockedBy, CompleteBy,
 // FailureCount), with indexes that serve the Starter's and the Supervisor's queries, plus the circuit-breaker
-// documents the Agent instances share (issue 11). Entra ID only
+// documents the Agent instances share (issue 11) and the Supervisor's recovery index (issue 12). Entra ID only
 // (disableLocalAuth); data-plane grants are in rbac.bicep. Containers are created here, never by the app
 // (disableKeyBasedMetadataWriteAccess), so the app needs data access only.
 param location string
@@ -21,9 +21,15 @@ param stateContainerName string
 param checkpointContainerName string
 @description('Container of the circuit-breaker documents (CircuitBreakerContainerName), in the state database.')
 param circuitBreakerContainerName string
+@description('Container of the recovery index (RecoveryIndexContainerName), in the state database, partition key /bucket.')
+param recoveryIndexContainerName string
 param logAnalyticsWorkspaceId string
 @description('Private posture (main.bicep vnetEnabled): no public network access; reached through a private endpoint (Sql).')
 param vnetEnabled bool = false
+
+// Time to live of a recovery index entry: 604800 s = 7 days after its last write (the container's defaultTtl; see
+// recoveryIndexContainer).
+var recoveryIndexTtlSeconds = 604800
 
 var databaseOptions = capacityMode == 'autoscale' ? { autoscaleSettings: { maxThroughput: autoscaleMaxThroughput } } : {}
 
@@ -197,6 +203,59 @@ resource circuitBreakerContainer 'Microsoft.DocumentDB/databaseAccounts/sqlDatab
         ]
         kind: 'Hash'
         version: 2
+      }
+    }
+  }
+}
+
+// The recovery index (issue 12; the Supervisor's SupervisorScanMode=index): one small entry per CompleteBy written, id
+// '<orderId>|<completeBy>', partition key /bucket = the start of its CompleteBy time bucket (RecoveryIndexBucketSeconds
+// wide), so the Supervisor reads expired work bucket by bucket with single-partition queries instead of a
+// cross-partition CompleteBy query on the state container. The state record stays the truth: an entry may be stale
+// and the Supervisor verifies each hit against the record, deleting stale and recovered entries. The function app
+// reaches it through its Data Contributor grant on the state database; the Agent cannot (rbac.bicep).
+//
+// defaultTtl: an entry expires 7 days after its last write, so entries nobody deleted (stale ones, a crash between
+// the index write and the state write) do not pile up. A container defaultTtl of n (no per-item ttl) expires each
+// item n seconds after its last modification; an expired item leaves query results at once and is deleted in the
+// background (on serverless, charged like a delete). Rewriting an entry restarts its clock.
+// (Time to Live in Azure Cosmos DB, https://learn.microsoft.com/azure/cosmos-db/nosql/time-to-live)
+//
+// The Supervisor pages a bucket with `ORDER BY c.completeBy, c.orderId` (keyset on (completeBy, orderId)). A query
+// whose ORDER BY has two or more properties needs a composite index in exactly that order (or its exact reverse), in
+// a single partition too; without it the query fails rather than scanning. orderflow/store/cosmos_store.py
+// INDEX_INDEXING_POLICY is the code's side of this contract (checked by tests). ("Queries that have an ORDER BY clause with two or
+// more properties require a composite index", Azure Cosmos DB indexing policies, composite indexes,
+// https://learn.microsoft.com/azure/cosmos-db/index-policy#composite-indexes)
+resource recoveryIndexContainer 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers@2024-05-15' = {
+  parent: stateDatabase
+  name: recoveryIndexContainerName
+  properties: {
+    resource: {
+      id: recoveryIndexContainerName
+      partitionKey: {
+        paths: [
+          '/bucket'
+        ]
+        kind: 'Hash'
+        version: 2
+      }
+      defaultTtl: recoveryIndexTtlSeconds
+      indexingPolicy: {
+        indexingMode: 'consistent'
+        automatic: true
+        includedPaths: [
+          { path: '/*' }
+        ]
+        excludedPaths: [
+          { path: '/"_etag"/?' }
+        ]
+        compositeIndexes: [
+          [
+            { path: '/completeBy', order: 'ascending' }
+            { path: '/orderId', order: 'ascending' }
+          ]
+        ]
       }
     }
   }

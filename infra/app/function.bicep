@@ -33,6 +33,8 @@ param stateContainerName string
 param checkpointContainerName string
 @description('Container of the circuit-breaker documents (state database): the Starter reads them, the operator command writes them.')
 param circuitBreakerContainerName string
+@description('Container of the recovery index (state database): the Supervisor reads it in index mode; claims and step deadlines write it.')
+param recoveryIndexContainerName string
 
 @allowed([
   'AzureStorage'
@@ -134,6 +136,12 @@ var codeSettings = {
   RemoteServiceName: 'fulfilment'
   MaxOrdersInProcessing: '100'
   MaxPendingOrders: '5000'
+  // Issue 12: the recovery index (cosmos.bicep recoveryIndexContainer). `query` scans the state container across
+  // partitions; `index` writes an index entry with every CompleteBy change and scans it one bucket (partition) at a
+  // time. Switching a running system: docs/deploy.md, "Recovery index".
+  SupervisorScanMode: 'query'
+  RecoveryIndexContainerName: recoveryIndexContainerName
+  RecoveryIndexBucketSeconds: '300'
 }
 
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {

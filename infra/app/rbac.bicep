@@ -20,7 +20,9 @@
 // The Agent touches one Cosmos DB container, the circuit-breaker documents (issue 11): a custom data-plane role lets it
 // read, create and replace items there and nothing else (no delete, upsert, query or change feed; no other container;
 // not the orders or the order state). The function app reads and writes the breakers through its Data Contributor
-// grant on the state database, which holds that container. The Durable Task Scheduler grant (when chosen) is in
+// grant on the state database, which holds that container. The same grant covers the recovery index (issue 12,
+// container recoveryIndex of database state: the Supervisor queries and deletes entries, claims and step deadlines
+// write them); the Agent has no grant there. The Durable Task Scheduler grant (when chosen) is in
 // durable-task-scheduler.bicep, beside the task hub it is scoped to.
 
 import { submittingApp } from 'types.bicep'

@@ -21,13 +21,15 @@ from orderflow.store.errors import (
     TransientStoreError,
     is_transient,
 )
-from orderflow.store.ports import DocumentStore, OrdersDb, Page, StateStore, Versioned
+from orderflow.store.ports import DocumentStore, IndexEntry, OrdersDb, Page, RecoveryIndex, StateStore, Versioned
 
 EMBEDDED_SCHEME = "embedded://"
 
 __all__ = [
     "Conflict",
     "DocumentStore",
+    "IndexEntry",
+    "RecoveryIndex",
     "EMBEDDED_SCHEME",
     "NotFound",
     "OrdersDb",
@@ -40,6 +42,7 @@ __all__ = [
     "Versioned",
     "is_transient",
     "open_breaker_documents",
+    "open_recovery_index",
     "open_stores",
 ]
 
@@ -96,6 +99,27 @@ def open_breaker_documents(env: Mapping[str, str] | None = None) -> DocumentStor
     credential = DefaultAzureCredential(managed_identity_client_id=settings.get("CosmosDb__clientId", source))
     return cosmos_breaker_documents(CosmosClient(endpoint, credential=credential), CosmosNames.from_env(source),
                                     credential)
+
+
+def open_recovery_index(env: Mapping[str, str] | None = None) -> RecoveryIndex:
+    """The recovery index (`RecoveryIndexContainerName`), as configured by `CosmosDb__accountEndpoint`."""
+    source = os.environ if env is None else env
+    endpoint = settings.get("CosmosDb__accountEndpoint", source)
+    if not endpoint:
+        raise KeyError("app setting CosmosDb__accountEndpoint is not set (use embedded://PATH locally)")
+    bucket_seconds = settings.get_int("RecoveryIndexBucketSeconds", source)
+    if endpoint.startswith(EMBEDDED_SCHEME):
+        from orderflow.store.sqlite_store import open_sqlite_recovery_index
+
+        return open_sqlite_recovery_index(endpoint[len(EMBEDDED_SCHEME) :], bucket_seconds)
+    from azure.cosmos.aio import CosmosClient
+    from azure.identity.aio import DefaultAzureCredential
+
+    from orderflow.store.cosmos_store import CosmosNames, cosmos_recovery_index
+
+    credential = DefaultAzureCredential(managed_identity_client_id=settings.get("CosmosDb__clientId", source))
+    return cosmos_recovery_index(CosmosClient(endpoint, credential=credential), CosmosNames.from_env(source),
+                                 bucket_seconds, credential)
 
 
 def _open_cosmos_with_identity(endpoint: str, env: Mapping[str, str]) -> tuple[OrdersDb, StateStore]:

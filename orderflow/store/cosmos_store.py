@@ -26,7 +26,7 @@ from azure.cosmos.aio import ContainerProxy, CosmosClient
 from azure.cosmos.exceptions import CosmosHttpResponseError, CosmosResourceNotFoundError
 
 from orderflow import settings
-from orderflow.records import OrderRecord, OrderStateRecord, ProcessState, format_utc
+from orderflow.records import OrderRecord, OrderStateRecord, ProcessState, format_utc, parse_utc
 from orderflow.store.errors import (
     Conflict,
     NotFound,
@@ -35,11 +35,36 @@ from orderflow.store.errors import (
     TransientStoreError,
     is_transient_status,
 )
-from orderflow.store.ports import ExpiredCursor, Page, UpdateWithRetry, Versioned, next_cursor
+from orderflow.store.ports import (
+    ExpiredCursor,
+    IndexEntry,
+    Page,
+    UpdateWithRetry,
+    Versioned,
+    bucket_of,
+    next_cursor,
+)
 
 REQUEST_CHARGE_HEADER = "x-ms-request-charge"
 ORDER_PARTITION_PATH = "/orderId"
 CHECKPOINT_PARTITION_PATH = "/id"
+INDEX_PARTITION_PATH = "/bucket"
+# The recovery index's single-partition ORDER BY on two fields needs a composite index.
+INDEX_INDEXING_POLICY: dict[str, Any] = {
+    "indexingMode": "consistent",
+    "automatic": True,
+    "includedPaths": [{"path": "/*"}],
+    "excludedPaths": [{"path": '/"_etag"/?'}],
+    "compositeIndexes": [[{"path": "/completeBy", "order": "ascending"}, {"path": "/orderId", "order": "ascending"}]],
+}
+_INDEX_PAGE_SQL = (
+    "SELECT TOP @n * FROM c WHERE c.completeBy >= @start AND c.completeBy < @end"
+    " AND (c.completeBy > @afterCompleteBy OR (c.completeBy = @afterCompleteBy AND c.orderId > @afterId))"
+    " ORDER BY c.completeBy ASC, c.orderId ASC"
+)
+_INDEX_FIRST_SQL = (
+    "SELECT TOP 1 c.completeBy FROM c WHERE c.completeBy >= @start AND c.completeBy < @end ORDER BY c.completeBy ASC"
+)
 
 # Composite indexes for the two multi-field ORDER BY queries (query_claimable, query_expired).
 STATE_INDEXING_POLICY: dict[str, Any] = {
@@ -82,6 +107,7 @@ class CosmosNames:
     state_container: str
     checkpoint_container: str
     breaker_container: str = "circuitBreakers"
+    recovery_index_container: str = "recoveryIndex"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CosmosNames:
@@ -97,6 +123,7 @@ class CosmosNames:
             name("StateContainerName"),
             name("CheckpointContainerName"),
             name("CircuitBreakerContainerName"),
+            name("RecoveryIndexContainerName"),
         )
 
 
@@ -341,6 +368,10 @@ async def ensure_containers(client: CosmosClient, names: CosmosNames) -> None:
     await state_db.create_container_if_not_exists(
         names.breaker_container, partition_key=PartitionKey(CHECKPOINT_PARTITION_PATH)
     )
+    await state_db.create_container_if_not_exists(
+        names.recovery_index_container, partition_key=PartitionKey(INDEX_PARTITION_PATH),
+        indexing_policy=INDEX_INDEXING_POLICY,
+    )
 
 
 def cosmos_stores(
@@ -377,6 +408,73 @@ class CosmosDocuments:
 
     async def aclose(self) -> None:
         await self._connection.aclose()
+
+
+class CosmosRecoveryIndex:
+    """`RecoveryIndex` over one container partitioned by /bucket (the CompleteBy time bucket)."""
+
+    def __init__(self, connection: CosmosConnection, container: ContainerProxy, bucket_seconds: int) -> None:
+        self._connection = connection
+        self._container = container
+        self.bucket_seconds = bucket_seconds
+
+    def _doc(self, entry: IndexEntry) -> dict[str, Any]:
+        return {"id": entry.id, "bucket": format_utc(bucket_of(entry.complete_by, self.bucket_seconds)),
+                "orderId": entry.order_id, "completeBy": format_utc(entry.complete_by), "lockedBy": entry.locked_by}
+
+    async def add(self, entry: IndexEntry) -> None:
+        try:
+            await self._container.upsert_item(self._doc(entry))
+        except CosmosHttpResponseError as exc:
+            raise translate(exc) from exc
+
+    async def page(self, bucket: datetime, window_start: datetime, window_end: datetime, after: ExpiredCursor,
+                   limit: int) -> tuple[list[IndexEntry], float]:
+        params: list[dict[str, object]] = [
+            {"name": "@n", "value": int(limit)},
+            {"name": "@start", "value": format_utc(window_start)},
+            {"name": "@end", "value": format_utc(window_end)},
+            {"name": "@afterCompleteBy", "value": after.complete_by},
+            {"name": "@afterId", "value": after.id},
+        ]
+        meter = ChargeMeter()
+        try:
+            docs = [d async for d in self._container.query_items(
+                _INDEX_PAGE_SQL, parameters=params, partition_key=format_utc(bucket), response_hook=meter)]
+        except CosmosHttpResponseError as exc:
+            raise translate(exc) from exc
+        return [IndexEntry(d["orderId"], parse_utc(d["completeBy"]), d.get("lockedBy")) for d in docs], meter.total
+
+    async def first_at_or_after(self, start: datetime, end: datetime) -> tuple[datetime | None, float]:
+        params: list[dict[str, object]] = [{"name": "@start", "value": format_utc(start)},
+                                           {"name": "@end", "value": format_utc(end)}]
+        meter = ChargeMeter()
+        try:
+            # Cross-partition, but over the index only (live entries), and only to jump over an empty stretch.
+            found = [d async for d in self._container.query_items(_INDEX_FIRST_SQL, parameters=params,
+                                                                    response_hook=meter)]
+        except CosmosHttpResponseError as exc:
+            raise translate(exc) from exc
+        return (parse_utc(found[0]["completeBy"]) if found else None), meter.total
+
+    async def remove(self, entry: IndexEntry) -> None:
+        try:
+            await self._container.delete_item(entry.id, partition_key=format_utc(
+                bucket_of(entry.complete_by, self.bucket_seconds)))
+        except CosmosResourceNotFoundError:
+            return
+        except CosmosHttpResponseError as exc:
+            raise translate(exc) from exc
+
+    async def aclose(self) -> None:
+        await self._connection.aclose()
+
+
+def cosmos_recovery_index(client: CosmosClient, names: CosmosNames, bucket_seconds: int,
+                          credential: AsyncClosable | None = None) -> CosmosRecoveryIndex:
+    container = client.get_database_client(names.state_database).get_container_client(
+        names.recovery_index_container)
+    return CosmosRecoveryIndex(CosmosConnection(client, credential), container, bucket_seconds)
 
 
 def cosmos_breaker_documents(client: CosmosClient, names: CosmosNames,

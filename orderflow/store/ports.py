@@ -114,6 +114,59 @@ class StateStore(Protocol):
     async def aclose(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class IndexEntry:
+    """One recovery-index entry: the order had (or has) CompleteBy `complete_by` under lock `locked_by`. The state
+    record is the truth; an entry may be stale (a later CompleteBy, another attempt, a finished order)."""
+
+    order_id: str
+    complete_by: datetime
+    locked_by: str | None
+
+    @property
+    def id(self) -> str:
+        return f"{self.order_id}|{format_utc(self.complete_by)}"
+
+    def matches(self, rec: OrderStateRecord) -> bool:
+        """Whether the record is still what this entry says: Processing, this CompleteBy, this lock."""
+        return (rec.process_state is ProcessState.PROCESSING and rec.complete_by == self.complete_by
+                and rec.locked_by == self.locked_by)
+
+
+def bucket_of(at: datetime, width_seconds: int) -> datetime:
+    """The start of the CompleteBy time bucket (one index partition) that holds `at`."""
+    epoch = int(at.timestamp())
+    return datetime.fromtimestamp(epoch - epoch % width_seconds, tz=at.tzinfo)
+
+
+@runtime_checkable
+class RecoveryIndex(Protocol):
+    """The recovery index (issue 12): entries partitioned by CompleteBy time bucket, so that a Supervisor scan reads
+    single partitions. Written before every state write that sets a CompleteBy; verified against the record."""
+
+    bucket_seconds: int
+
+    async def add(self, entry: IndexEntry) -> None:
+        """Create or overwrite the entry (idempotent)."""
+        ...
+
+    async def page(self, bucket: datetime, window_start: datetime, window_end: datetime, after: ExpiredCursor,
+                   limit: int) -> tuple[list[IndexEntry], float]:
+        """Entries of one bucket with window_start <= CompleteBy < window_end, after the cursor (completeBy, orderId),
+        ordered by (completeBy, orderId); at most `limit`; and the request charge (a single-partition query)."""
+        ...
+
+    async def first_at_or_after(self, start: datetime, end: datetime) -> tuple[datetime | None, float]:
+        """The earliest CompleteBy of any entry in [start, end) (to jump over empty stretches), and the charge."""
+        ...
+
+    async def remove(self, entry: IndexEntry) -> None:
+        """Delete the entry if present (idempotent)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
 @runtime_checkable
 class DocumentStore(Protocol):
     """Small shared documents with etags (one per id), e.g. the circuit breakers: every process that can reach the

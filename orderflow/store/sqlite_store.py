@@ -19,9 +19,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from orderflow.records import OrderRecord, OrderStateRecord, ProcessState, format_utc
+from orderflow.records import OrderRecord, OrderStateRecord, ProcessState, format_utc, parse_utc
 from orderflow.store.errors import Conflict, NotFound, PreconditionFailed
-from orderflow.store.ports import ExpiredCursor, Page, UpdateWithRetry, Versioned, next_cursor
+from orderflow.store.ports import (
+    ExpiredCursor,
+    IndexEntry,
+    Page,
+    UpdateWithRetry,
+    Versioned,
+    bucket_of,
+    next_cursor,
+)
 
 T = TypeVar("T")
 BUSY_TIMEOUT_SECONDS = 30.0
@@ -36,6 +44,11 @@ CREATE INDEX IF NOT EXISTS ix_state_claimable ON order_state (process_state, ret
 CREATE INDEX IF NOT EXISTS ix_state_expired ON order_state (process_state, complete_by, id);
 CREATE TABLE IF NOT EXISTS checkpoints (
     id TEXT PRIMARY KEY, etag TEXT NOT NULL, doc TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS recovery_index (
+    bucket TEXT NOT NULL, id TEXT NOT NULL, complete_by TEXT NOT NULL, order_id TEXT NOT NULL, locked_by TEXT,
+    PRIMARY KEY (bucket, id));
+CREATE INDEX IF NOT EXISTS ix_recovery_index ON recovery_index (bucket, complete_by, order_id);
+CREATE INDEX IF NOT EXISTS ix_recovery_index_time ON recovery_index (complete_by, order_id);
 CREATE TABLE IF NOT EXISTS documents (
     collection TEXT NOT NULL, id TEXT NOT NULL, etag TEXT NOT NULL, doc TEXT NOT NULL, PRIMARY KEY (collection, id));
 """
@@ -299,6 +312,48 @@ class SqliteDocuments:
 
     async def aclose(self) -> None:
         await self._db.aclose()
+
+
+class SqliteRecoveryIndex:
+    """`RecoveryIndex` over the embedded file: table `recovery_index`, one (bucket, id) row per entry."""
+
+    def __init__(self, db: SqliteFile, bucket_seconds: int) -> None:
+        self._db = db
+        self.bucket_seconds = bucket_seconds
+
+    async def add(self, entry: IndexEntry) -> None:
+        bucket = format_utc(bucket_of(entry.complete_by, self.bucket_seconds))
+        row = (bucket, entry.id, format_utc(entry.complete_by), entry.order_id, entry.locked_by)
+        sql = ("INSERT OR REPLACE INTO recovery_index (bucket, id, complete_by, order_id, locked_by)"
+               " VALUES (?, ?, ?, ?, ?)")
+        await self._db.write(lambda conn: conn.execute(sql, row))
+
+    async def page(self, bucket: datetime, window_start: datetime, window_end: datetime, after: ExpiredCursor,
+                   limit: int) -> tuple[list[IndexEntry], float]:
+        sql = ("SELECT order_id, complete_by, locked_by FROM recovery_index WHERE bucket = ?"
+               " AND complete_by >= ? AND complete_by < ? AND (complete_by, order_id) > (?, ?)"
+               " ORDER BY complete_by, order_id LIMIT ?")
+        args = (format_utc(bucket), format_utc(window_start), format_utc(window_end), after.complete_by, after.id,
+                limit)
+        rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall())
+        return [IndexEntry(r[0], parse_utc(r[1]), r[2]) for r in rows], 0.0
+
+    async def first_at_or_after(self, start: datetime, end: datetime) -> tuple[datetime | None, float]:
+        sql = "SELECT MIN(complete_by) FROM recovery_index WHERE complete_by >= ? AND complete_by < ?"
+        row = await self._db.read(lambda conn: conn.execute(sql, (format_utc(start), format_utc(end))).fetchone())
+        return (None if row is None or row[0] is None else parse_utc(row[0])), 0.0
+
+    async def remove(self, entry: IndexEntry) -> None:
+        bucket = format_utc(bucket_of(entry.complete_by, self.bucket_seconds))
+        await self._db.write(lambda conn: conn.execute(
+            "DELETE FROM recovery_index WHERE bucket = ? AND id = ?", (bucket, entry.id)))
+
+    async def aclose(self) -> None:
+        await self._db.aclose()
+
+
+def open_sqlite_recovery_index(path: str | Path, bucket_seconds: int) -> SqliteRecoveryIndex:
+    return SqliteRecoveryIndex(SqliteFile(path), bucket_seconds)
 
 
 def open_sqlite_documents(path: str | Path, collection: str) -> SqliteDocuments:

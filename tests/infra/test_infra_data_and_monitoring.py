@@ -32,6 +32,8 @@ def _container(symbol: str) -> dict:
         # Issue 11: one document per remote service (id = RemoteServiceName), partition key /id like the checkpoints
         # (cosmos_store.ensure_containers creates it with CHECKPOINT_PARTITION_PATH for the emulator).
         ("circuitBreakerContainer", "CircuitBreakerContainerName", "/id"),
+        # Issue 12: the recovery index, one partition per CompleteBy time bucket (test_infra_recovery_index.py).
+        ("recoveryIndexContainer", "RecoveryIndexContainerName", "/bucket"),
     ],
 )
 def test_containers_and_partition_keys_match_the_adapter(symbol: str, setting: str, path: str) -> None:

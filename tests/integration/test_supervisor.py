@@ -215,5 +215,5 @@ async def test_request_charge_is_accumulated_logged_and_emitted(
 
     assert isinstance(run.request_charge, float) and run.request_charge >= 0.0  # 0 RU on the embedded store
     assert histogram_count(metric_points, "orderflow.supervisor.request_charge") == scans_before + 1
-    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("supervisor scan:")]
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("supervisor scan (query):")]
     assert "1 recovered" in line and "RU" in line
