@@ -23,14 +23,20 @@ class HostConfig:
     app_dir: Path
     host_json: dict[str, Any] = field(default_factory=dict)
     values: dict[str, str] = field(default_factory=dict)
+    # The host.json values app settings replaced (`AzureFunctionsJobHost__path__to__key`): dotted path -> value.
+    overrides: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, app_dir: Path) -> HostConfig:
+    def load(cls, app_dir: Path, environ: Mapping[str, str] | None = None) -> HostConfig:
+        """host.json with the app settings' overrides applied (`environ`, default the process environment, over
+        local.settings.json Values, as the host sees them after `apply_environment`), and the Values."""
         app_dir = app_dir.resolve()
         host_json = _read_json(app_dir / "host.json", required=False)
         local = _read_json(app_dir / "local.settings.json", required=False)
         values = {str(k): str(v) for k, v in (local.get("Values") or {}).items()}
-        return cls(app_dir=app_dir, host_json=host_json, values=values)
+        settings = {**values, **(os.environ if environ is None else environ)}
+        host_json, overrides = apply_host_json_overrides(host_json, settings)
+        return cls(app_dir=app_dir, host_json=host_json, values=values, overrides=overrides)
 
     def apply_environment(self, environ: os._Environ[str] | dict[str, str] = os.environ) -> None:
         """Values become environment variables, as with `func start`; variables already set win (as in Core Tools)."""
@@ -66,6 +72,13 @@ class HostConfig:
         return DurableOptions(
             hub_name=resolve(str(dt.get("hubName", "devhost")), os.environ, lenient=True),
             max_concurrent_activities=int(dt.get("maxConcurrentActivityFunctions", 8)),
+            # Taken literally: the extension resolves `%Setting%` in hubName but not in defaultVersion, so
+            # "%APP_VERSION%" is the version itself (Azure/azure-functions-durable-extension #3279).
+            default_version=_default_version(_setting(dt, "defaultVersion")),
+            version_match_strategy=_enum_setting(
+                dt, "versionMatchStrategy", VERSION_MATCH_STRATEGIES, "CurrentOrOlder"
+            ),
+            version_failure_strategy=_enum_setting(dt, "versionFailureStrategy", VERSION_FAILURE_STRATEGIES, "Reject"),
         )
 
 
@@ -81,6 +94,107 @@ class ServiceBusOptions:
 class DurableOptions:
     hub_name: str
     max_concurrent_activities: int
+    default_version: str | None = None
+    version_match_strategy: str = "CurrentOrOlder"
+    version_failure_strategy: str = "Reject"
+
+
+# DurableTask.Core VersioningSettings.VersionMatchStrategy / VersionFailureStrategy (Azure/durabletask
+# src/DurableTask.Core/Settings/VersioningSettings.cs): the names, in the order of their numeric values. The extension
+# (3.1+, PR #3095) binds them from host.json `extensions.durableTask`; its defaults are CurrentOrOlder and Reject
+# (learn.microsoft.com "Orchestration versioning in Durable Functions", Advanced usage).
+VERSION_MATCH_STRATEGIES = ("None", "Strict", "CurrentOrOlder")
+VERSION_FAILURE_STRATEGIES = ("Reject", "Fail")
+
+
+def _setting(section: Mapping[str, Any], name: str) -> Any:
+    """A key of a host.json section, found case-insensitively as .NET configuration keys are."""
+    for key, value in section.items():
+        if key.lower() == name.lower():
+            return value
+    return None
+
+
+def _default_version(value: Any) -> str | None:
+    """`defaultVersion` as the extension keeps it: the string as written, "" included; null or absent is no default
+    version (the docs: `"defaultVersion": null` is the same as not setting it)."""
+    if value is None or isinstance(value, str):
+        return value
+    raise ConfigError(
+        f"host.json: extensions.durableTask.defaultVersion {value!r} is not a string; write it in quotes, e.g. "
+        f'"{value}" (devhost does not guess how the host would turn a JSON {type(value).__name__} into text)'
+    )
+
+
+def _enum_setting(section: Mapping[str, Any], name: str, names: tuple[str, ...], default: str) -> str:
+    """An enum option as the configuration binder reads it (`Enum.Parse`, ignoring case and surrounding spaces, or
+    the member's number); null or absent is the default; anything else stops the host, as the binder's
+    InvalidOperationException does."""
+    value = _setting(section, name)
+    if value is None:
+        return default
+    text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+    if text is not None:
+        for index, member in enumerate(names):
+            if text.lower() == member.lower() or text == str(index):
+                return member
+    raise ConfigError(f"host.json: extensions.durableTask.{name} {value!r} is not one of {', '.join(names)}")
+
+
+# learn.microsoft.com/azure/azure-functions/functions-host-json, "Override host.json values": an app setting named
+# `AzureFunctionsJobHost__path__to__setting` overrides the host.json value at `path.to.setting` ("the dot (.) used to
+# indicate JSON hierarchy is replaced by a double underscore (__)"); locally, in local.settings.json Values too. The
+# host reads host.json into .NET configuration under the section `AzureFunctionsJobHost`, and the environment-variable
+# provider, added after it, wins: keys compare case-insensitively ("durabletask" overrides "durableTask"), a key
+# host.json lacks is added, and the value is text (as every JSON value is to the configuration binder).
+# functions-app-settings: "__" is the hierarchy delimiter on Windows and Linux (":" only on Windows; not read here).
+HOST_JSON_OVERRIDE_PREFIX = "AzureFunctionsJobHost__"
+
+
+def apply_host_json_overrides(host_json: dict[str, Any],
+                              settings: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """A copy of `host_json` with every `AzureFunctionsJobHost__a__b` setting written at a.b (the existing key's
+    spelling kept, its case ignored; missing objects created; a list element by its index), and the overrides
+    applied (dotted path as the setting spells it -> value). A setting that names an object (not a value) changes
+    nothing, as the binder binds an object's children, not a value on it."""
+    result: dict[str, Any] = json.loads(json.dumps(host_json))
+    applied: dict[str, str] = {}
+    prefix = HOST_JSON_OVERRIDE_PREFIX.lower()
+    # In name order, so that of two spellings of one key (possible in a case-sensitive environment) the result does
+    # not depend on the environment's order.
+    for name in sorted(settings):
+        if not name.lower().startswith(prefix):
+            continue
+        path = name[len(prefix):].split("__")
+        if not path or any(not part for part in path):
+            continue
+        if _set_path(result, path, str(settings[name])):
+            applied[".".join(path)] = str(settings[name])
+    return result, applied
+
+
+def _set_path(node: Any, path: list[str], value: str) -> bool:
+    for i, part in enumerate(path):
+        last = i == len(path) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                return False  # past the end: .NET would add an element; devhost binds no host.json list from it
+            index: int | str = int(part)
+        elif isinstance(node, dict):
+            index = next((k for k in node if k.lower() == part.lower()), part)
+        else:
+            return False
+        current = node[index] if (isinstance(node, list) or index in node) else None
+        if last:
+            if isinstance(current, dict | list):
+                return False
+            node[index] = value
+            return True
+        if not isinstance(current, dict | list):
+            current = {}
+            node[index] = current
+        node = current
+    return False
 
 
 def resolve(value: str, env: Mapping[str, str] = os.environ, *, lenient: bool = False) -> str:

@@ -83,7 +83,7 @@ class Host:
 
     # ---- start-up ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        from .durable import DurableEngine  # noqa: PLC0415  (heavy import only when hosting)
+        from .durable import DurableEngine, versioning_policy  # noqa: PLC0415  (heavy import only when hosting)
         from .invoke import Invoker  # noqa: PLC0415
 
         opts = self.options
@@ -105,7 +105,7 @@ class Host:
         self.invoker = Invoker(client_binding_json=lambda: self.engine.client_binding_json(), worker_loop=self._worker)
         self.engine = DurableEngine(db_path=state_dir / "durable.db", functions=durable_fns, invoke=self.invoker,
                                     max_concurrent_activities=durable.max_concurrent_activities,
-                                    task_hub=durable.hub_name)
+                                    task_hub=durable.hub_name, versioning=versioning_policy(durable))
         self.engine.add_routes(web_app)
         http = HttpTriggers(KeyStore(state_dir))
         http.attach(web_app)

@@ -14,6 +14,7 @@ from .errors import (
     OrchestratorNotFound,
 )
 from .ids import validate_instance_id
+from .versioning import VersioningPolicy, compare_versions, versioning_policy
 
 __all__ = [
     "WEBHOOK_PREFIX",
@@ -26,6 +27,9 @@ __all__ = [
     "InvalidInstanceId",
     "NotSupported",
     "OrchestratorNotFound",
+    "VersioningPolicy",
+    "compare_versions",
     "utcnow",
     "validate_instance_id",
+    "versioning_policy",
 ]

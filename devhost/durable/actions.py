@@ -41,6 +41,8 @@ class Action:
     fire_at: str | None = None
     instance_id: str | None = None
     is_canceled: bool = False
+    # CallSubOrchestrator(WithRetry)Action's `version` (azure-functions-durable-python #582): None = not given.
+    version: str | None = None
 
     @property
     def signature(self) -> dict[str, Any]:
@@ -85,6 +87,7 @@ def _decode(item: dict[str, Any]) -> Action:
         fire_at=item.get("fireAt"),
         instance_id=item.get("instanceId"),
         is_canceled=bool(item.get("isCanceled", False)),
+        version=item.get("version"),
     )
 
 

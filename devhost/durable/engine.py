@@ -34,6 +34,7 @@ from .errors import (
 from .ids import new_instance_id, validate_instance_id
 from .status import status_payload
 from .store import Commit, InstanceRow, Message, Store, TimerItem, WorkItem
+from .versioning import VersioningPolicy
 
 log = logging.getLogger("devhost.durable")
 WEBHOOK_PREFIX = "/runtime/webhooks/durabletask"
@@ -88,9 +89,12 @@ class DurableEngine:
         max_concurrent_activities: int = 8,
         clock: Callable[[], datetime] = utcnow,
         task_hub: str = "devhost",
+        versioning: VersioningPolicy | None = None,
     ) -> None:
         self.db_path = Path(db_path)
         self.task_hub = task_hub
+        # host.json defaultVersion / versionMatchStrategy / versionFailureStrategy (see versioning.py).
+        self.versioning = versioning or VersioningPolicy()
         self._invoke = invoke
         self._clock = clock
         self._max_activities = max_concurrent_activities
@@ -118,6 +122,7 @@ class DurableEngine:
         self._changed = asyncio.Condition()
         self._slots: asyncio.Semaphore | None = None
         self._stopping = False
+        self._rejected: set[tuple[str, str]] = set()  # (instance, execution) already logged as rejected
         if hasattr(invoke, "set_client_binding"):
             invoke.set_client_binding(self.client_binding_json)
 
@@ -210,13 +215,20 @@ class DurableEngine:
         return {k: v.replace("INSTANCEID", instance_id) for k, v in urls.items()}
 
     # ---- client operations ---------------------------------------------------------------------------------
-    async def start_new(self, name: str, instance_id: str | None = None, client_input: Any = None) -> str:
+    async def start_new(
+        self, name: str, instance_id: str | None = None, client_input: Any = None, version: str | None = None
+    ) -> str:
         """Start an orchestration as DurableOrchestrationClient.start_new does; returns the instance id."""
         token = json.dumps(df_dumps(client_input)) if client_input is not None else None
-        return await self.start_with_token(name, instance_id, token)
+        return await self.start_with_token(name, instance_id, token, version=version)
 
-    async def start_with_token(self, name: str, instance_id: str | None, input_token: str | None) -> str:
+    async def start_with_token(
+        self, name: str, instance_id: str | None, input_token: str | None, *, version: str | None = None
+    ) -> str:
         """Start with the input given as posted JSON text (the HTTP API's request body).
+
+        `version` is the start request's `version` query parameter (what start_new(version=...) sends): the
+        instance's version, "" included; None takes host.json defaultVersion (see versioning.py).
 
         An id whose instance is Pending, Running, ContinuedAsNew or Suspended is refused with
         InstanceAlreadyExists("An Orchestration instance with the status <status> already exists."), as
@@ -242,7 +254,8 @@ class DurableEngine:
             now = self._clock()
             row = new_row(instance_id, name, serialized, now)
             row.input = input_token or None
-            self.store.create(row, h.execution_started(now, name, serialized))
+            instance_version = self.versioning.version_for_new_instance(version)
+            self.store.create(row, h.execution_started(now, name, serialized, version=instance_version))
         self._mark(instance_id)
         await self._notify()
         return instance_id
@@ -418,7 +431,13 @@ class DurableEngine:
                 orchestrators=frozenset(self._orchestrators),
                 is_busy=self._busy,
             )
-            commit = episode.finish(await self._replay(row, episode))
+            if self.versioning.complies(episode.version):
+                commit = episode.finish(await self._replay(row, episode))
+            elif self.versioning.rejects:
+                self._reject(row, episode.version)
+                return False  # the messages stay in the inbox, as an abandoned work item stays in its queue
+            else:
+                commit = episode.version_mismatch()
             work, timers = self.store.commit(commit)
         self._after_commit(commit, work, timers)
         await self._notify()
@@ -433,6 +452,23 @@ class DurableEngine:
         except Exception as exc:  # noqa: BLE001  (an orchestrator failure is data: it fails the instance)
             return Outcome.from_exception(exc)
         return Outcome.from_result(result)
+
+    def _reject(self, row: InstanceRow, version: str | None) -> None:
+        """versionFailureStrategy Reject: DurableTask.Core abandons the work item and the instance stays as it is
+        until a worker whose version complies takes it; here, until devhost starts with such a host.json."""
+        key = (row.instance_id, row.execution_id)
+        if key in self._rejected:
+            return
+        self._rejected.add(key)
+        log.warning(
+            "orchestration %s (%s) has version %r, which this host does not run (%s); it stays %s until devhost "
+            "starts with a host.json whose defaultVersion accepts it",
+            row.instance_id,
+            row.name,
+            version,
+            self.versioning.describe(),
+            row.status,
+        )
 
     def _busy(self, instance_id: str) -> bool:
         row = self.store.instance(instance_id)

@@ -27,6 +27,7 @@ from .actions import ENTITY_ACTIONS, Action, flatten, nondeterminism
 from .errors import ENTITIES_NOT_SUPPORTED
 from .retry import RetryPolicy
 from .store import Commit, InstanceRow, Message
+from .versioning import MISMATCH_OUTPUT
 
 OUT_OF_PROC_MARKER = "$OutOfProcData$:"
 UPPER_SCHEMA_VERSION = 2  # ReplaySchema.V3, the newest this SDK speaks
@@ -98,11 +99,13 @@ class Episode:
     is_busy: Callable[[str], bool]
     _commit: Commit = field(init=False)
     _state: dict[str, Any] = field(init=False)
+    version: str | None = field(init=False)  # the instance's version (its ExecutionStarted's)
 
     def __post_init__(self) -> None:
         self._state = json.loads(json.dumps(self.row.state or fresh_state()))
         started = h.event(T.ORCHESTRATOR_STARTED, self.now)
         self._new = [started] + [e for _, e in self.batch]
+        self.version = h.started_version(self.past + self._new)
         self._commit = Commit(
             row=replace(self.row), consumed=[i for i, _ in self.batch], append=list(self._new)
         )
@@ -180,6 +183,8 @@ class Episode:
             "instance_id": action.instance_id or f"{self.row.instance_id}:{task_id:04d}",
             "attempt": 1,
         }
+        if action.kind in SUB_ORCHESTRATION_KINDS:
+            group["version"] = action.version
         if action.retry is not None:
             group["retry"] = action.retry.to_json()
             self._state["groups"][str(position)] = group
@@ -197,12 +202,18 @@ class Episode:
 
     def _start_child(self, group: dict[str, Any], task_id: int) -> None:
         name, child_id = group["name"], group["instance_id"]
+        # The version asked for (call_sub_orchestrator(version=...), extension PR #3213), else the parent's own: a
+        # sub-orchestration inherits its parent's version, even when the host's defaultVersion has moved on
+        # (extension test/Common/OrchestrationVersionTests.cs ExistingOrchestrationVersionIsImmutable, PR #3072).
+        requested = group.get("version")
+        version = self.version if requested is None else requested
         self._commit.append.append(
             h.event(
                 T.SUB_ORCHESTRATION_INSTANCE_CREATED,
                 self.now,
                 task_id,
                 Name=name,
+                Version=version,
                 InstanceId=child_id,
                 Input=group["input"],
             )
@@ -217,7 +228,9 @@ class Episode:
             self._commit.messages.append(Message(self.row.instance_id, self.row.execution_id, failed))
             return
         child = new_row(child_id, name, group["input"], self.now, parent=(self.row, task_id))
-        first = h.execution_started(self.now, name, group["input"], parent_instance_id=self.row.instance_id)
+        first = h.execution_started(
+            self.now, name, group["input"], version=version, parent_instance_id=self.row.instance_id
+        )
         self._commit.children.append((child, first))
 
     def _create_timer(self, timer_id: int, fire_at: str) -> None:
@@ -277,6 +290,15 @@ class Episode:
         task_id = int(self.row.parent_task_id or 0)
         return self._end("Failed", text, h.sub_orchestration_failed(self.now, task_id, text, details))
 
+    def version_mismatch(self) -> Commit:
+        """versionFailureStrategy Fail: the instance ends Failed without running the orchestrator, as
+        TaskOrchestrationDispatcher's OrchestrationCompleteOrchestratorAction with FailureDetails("VersionMismatch",
+        ...) does; a parent gets SubOrchestrationInstanceFailed with that action's (null) Result and Details."""
+        self._commit.append = list(self._new)  # none of this episode's retry planning
+        self._commit.row.last_updated_time = h.format_time(self.now)
+        task_id = int(self.row.parent_task_id or 0)
+        return self._end("Failed", MISMATCH_OUTPUT, h.sub_orchestration_failed(self.now, task_id, None, None))
+
     def _continue_as_new(self, action: Action) -> Commit:
         commit = self._close()
         row = commit.row
@@ -286,8 +308,15 @@ class Episode:
             Message(
                 row.instance_id,
                 row.execution_id,
+                # The next generation keeps the instance's version: the Python SDK's ContinueAsNewAction has none,
+                # and DurableTask.Core sets `Version = NewVersion ?? runtimeState.Version`
+                # (TaskOrchestrationDispatcher.ProcessWorkflowCompletedTaskDecision).
                 h.execution_started(
-                    self.now, row.name, action.input, parent_instance_id=row.parent_instance_id
+                    self.now,
+                    row.name,
+                    action.input,
+                    version=self.version,
+                    parent_instance_id=row.parent_instance_id,
                 ),
             )
         ]

@@ -54,16 +54,32 @@ def event(event_type: T, now: datetime, event_id: int = -1, **fields: Any) -> Ev
 
 
 def execution_started(
-    now: datetime, name: str, orchestration_input: str | None, *, parent_instance_id: str | None = None
+    now: datetime,
+    name: str,
+    orchestration_input: str | None,
+    *,
+    version: str | None,
+    parent_instance_id: str | None = None,
 ) -> Event:
+    """ExecutionStarted; `Version` is the instance's orchestration version (None when it has none), which the SDK's
+    `context.version` returns (DurableOrchestrationContext._extract_version_from_history)."""
     return event(
         T.EXECUTION_STARTED,
         now,
         Name=name,
         Input=orchestration_input,
-        Version="",
+        Version=version,
         ParentInstance=parent_instance_id,
     )
+
+
+def started_version(events: list[Event]) -> str | None:
+    """The version in the first ExecutionStarted of `events`, as the SDK reads `context.version` (None without one).
+    Instances recorded before devhost had versions carry "", as the pre-3.1 extension gave them."""
+    for e in events:
+        if e["EventType"] == T.EXECUTION_STARTED:
+            return e.get("Version")
+    return None
 
 
 def task_completed(now: datetime, task_id: int, result: str | None) -> Event:
@@ -86,7 +102,7 @@ def sub_orchestration_completed(now: datetime, task_id: int, result: str | None)
     return event(T.SUB_ORCHESTRATION_INSTANCE_COMPLETED, now, TaskScheduledId=task_id, Result=result)
 
 
-def sub_orchestration_failed(now: datetime, task_id: int, reason: str, details: str) -> Event:
+def sub_orchestration_failed(now: datetime, task_id: int, reason: str | None, details: str | None) -> Event:
     return event(
         T.SUB_ORCHESTRATION_INSTANCE_FAILED, now, TaskScheduledId=task_id, Reason=reason, Details=details
     )

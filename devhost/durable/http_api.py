@@ -104,8 +104,10 @@ class DurableHttpApi:
         try:
             if body:
                 json.loads(body)
+            # `?version=` is how DurableOrchestrationClient.start_new(version=...) sends the version (the SDK's
+            # `_get_start_new_url`; extension PR #3213 reads it in HttpApiHandler); absent: host.json defaultVersion.
             instance_id = await self.engine.start_with_token(
-                name, request.match_info.get("instanceId"), body or None
+                name, request.match_info.get("instanceId"), body or None, version=request.query.get("version")
             )
         except ValueError as exc:
             if isinstance(exc, (InvalidInstanceId, OrchestratorNotFound)):
