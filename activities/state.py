@@ -16,13 +16,21 @@ import azure.durable_functions as df
 from activities import ActivityInput
 from orderflow import admission
 from orderflow import function_names as fn
-from orderflow.messages import StepName
-from orderflow.notifications import entered_error, notify_terminal
-from orderflow.records import OrderStateRecord, ProcessState, StepStatus, parse_utc
+from orderflow.messages import parse_action
+from orderflow.notifications import entered_end
+from orderflow.records import TERMINAL_STATES, OrderStateRecord, ProcessState, StepStatus, parse_utc
 from orderflow.runtime import Services, get_services
-from orderflow.state_machine import Fenced, complete, defer, fail, record_step, set_step_deadline
+from orderflow.state_machine import (
+    Fenced,
+    begin_compensation,
+    complete,
+    defer,
+    fail,
+    record_step,
+    set_step_deadline,
+)
 from orderflow.store.ports import IndexEntry
-from orderflow.workflow import SUCCEEDED_STEPS
+from orderflow.workflow import PLAN, SUCCEEDED_STEPS
 
 bp = df.Blueprint()
 log = logging.getLogger("orderflow.activities")
@@ -39,11 +47,16 @@ async def load_order(request: ActivityInput) -> dict[str, Any] | None:
     stored = await services.orders.get(request["orderId"])
     if stored is None:
         return None
-    order = stored.submit_order()
-    return {"orderId": order.order_id, "customer": order.customer.to_dict(), "currency": order.currency,
-            "total": str(order.total()), "items": [i.to_dict() for i in order.items],
-            # Steps an earlier attempt completed: the Scheduler skips them (no remote call; the retry budget).
-            SUCCEEDED_STEPS: [s.name.value for s in current[0].steps if s.status is StepStatus.SUCCEEDED]}
+    order, rec = stored.submit_order(), current[0]
+    loaded: dict[str, Any] = {
+        "orderId": order.order_id, "customer": order.customer.to_dict(), "currency": order.currency,
+        "total": str(order.total()), "items": [i.to_dict() for i in order.items],
+        # Steps an earlier attempt completed: the Scheduler skips them (no remote call; the retry budget).
+        SUCCEEDED_STEPS: [s.name.value for s in rec.steps if s.status is StepStatus.SUCCEEDED]}
+    if rec.process_state is ProcessState.COMPENSATING:  # version 2 reads it; version 1 never claims a compensation
+        loaded[PLAN] = {"compensations": [c.name.value for c in rec.compensations
+                                          if c.status is not StepStatus.SUCCEEDED]}
+    return loaded
 
 
 async def _fenced(order_id: str, mutate: Callable[[OrderStateRecord], OrderStateRecord], what: str,
@@ -59,7 +72,7 @@ async def _fenced(order_id: str, mutate: Callable[[OrderStateRecord], OrderState
         log.info("%s fenced: %s", what, exc)
         return False
     if left_processing_at is not None:
-        await free_slot(services, rec, wrote.changed, left_processing_at)
+        await free_slot(services, rec, wrote, left_processing_at)
     return True
 
 
@@ -70,17 +83,25 @@ class Wrote:
     def __init__(self, mutate: Callable[[OrderStateRecord], OrderStateRecord]) -> None:
         self._mutate = mutate
         self.changed = False
+        self.before: ProcessState | None = None
 
     def __call__(self, rec: OrderStateRecord) -> OrderStateRecord:
         updated = self._mutate(rec)
         self.changed = updated is not rec
+        self.before = rec.process_state
         return updated
 
+    @property
+    def left_processing(self) -> bool:
+        """Whether the write this call made took the order out of Processing (what holds an admission slot)."""
+        return self.changed and self.before is ProcessState.PROCESSING
 
-async def free_slot(services: Services, rec: OrderStateRecord, wrote: bool, now: datetime) -> None:
+
+async def free_slot(services: Services, rec: OrderStateRecord, wrote: Wrote, now: datetime) -> None:
     """Free the order's admission slot if this call wrote its exit from Processing (a repeated call wrote nothing and
-    frees nothing). Best effort: a failure is an over-count until the next refresh (orderflow/admission.py)."""
-    if not wrote or rec.process_state is ProcessState.PROCESSING:
+    frees nothing; a compensation's end frees nothing: its slot was freed when it left Processing). Best effort: a
+    failure is an over-count until the next refresh (orderflow/admission.py)."""
+    if not wrote.left_processing or rec.process_state is ProcessState.PROCESSING:
         return
     try:
         await admission.exited(services, now)
@@ -88,25 +109,67 @@ async def free_slot(services: Services, rec: OrderStateRecord, wrote: bool, now:
         log.exception("admission slot of %s not freed; the next refresh corrects it", rec.order_id)
 
 
+class _CancelRequested(Exception):
+    """The record says the client cancelled: the Scheduler (version 2) stops before this step."""
+
+
+def _cancel_pending(rec: OrderStateRecord, instance: str) -> bool:
+    """A cancel recorded for the order while `instance` runs it (Processing, its lock)."""
+    return rec.cancel_requested_at is not None and rec.locked_by == instance \
+        and rec.process_state is ProcessState.PROCESSING
+
+
 @bp.function_name(fn.SET_STEP_DEADLINE)
 @bp.activity_trigger(input_name="request")
-async def set_step_deadline_activity(request: ActivityInput) -> bool:
+async def set_step_deadline_activity(request: ActivityInput) -> bool | str:
+    """True: the deadline is set (fenced). False: superseded. "cancel" (only for a caller that honours cancels, the
+    Scheduler's version 2): the client cancelled this order; nothing was written."""
     services = await get_services()
-    step, deadline = StepName(request["step"]), parse_utc(request["completeBy"])
+    action, deadline = parse_action(request["step"]), parse_utc(request["completeBy"])
+    instance, honours_cancel = request["instanceId"], bool(request.get("honoursCancel"))
     if services.index is not None:  # before the record: a crash leaves a stale entry, never a missing one
-        await services.index.add(IndexEntry(request["orderId"], deadline, request["instanceId"]))
-    return await _fenced(request["orderId"], lambda r: set_step_deadline(
-        r, request["instanceId"], step, deadline, services.clock.now()), fn.SET_STEP_DEADLINE)
+        await services.index.add(IndexEntry(request["orderId"], deadline, instance))
+
+    def mutate(r: OrderStateRecord) -> OrderStateRecord:
+        if honours_cancel and _cancel_pending(r, instance):
+            raise _CancelRequested
+        return set_step_deadline(r, instance, action, deadline, services.clock.now(), request.get("workflowVersion"))
+
+    try:
+        return await _fenced(request["orderId"], mutate, fn.SET_STEP_DEADLINE)
+    except _CancelRequested:
+        return "cancel"
 
 
 @bp.function_name(fn.RECORD_STEP_RESULT)
 @bp.activity_trigger(input_name="request")
 async def record_step_result(request: ActivityInput) -> bool:
     services = await get_services()
-    step, status = StepName(request["step"]), StepStatus(request["status"])
+    action, status = parse_action(request["step"]), StepStatus(request["status"])
     return await _fenced(request["orderId"], lambda r: record_step(
-        r, request["instanceId"], step, status, services.clock.now(), error=request.get("error")),
-        fn.RECORD_STEP_RESULT)
+        r, request["instanceId"], action, status, services.clock.now(), error=request.get("error"),
+        undone=request.get("undone")), fn.RECORD_STEP_RESULT)
+
+
+@bp.function_name(fn.BEGIN_COMPENSATION)
+@bp.activity_trigger(input_name="request")
+async def begin_compensation_activity(request: ActivityInput) -> list[str] | None:
+    """Fenced: Processing → CompensationInProgress; answers the compensations to run, newest step first. [] when
+    nothing was sent: the order ended Cancelled (a cancel) or Error (a failure), and its status is sent here. None:
+    superseded."""
+    services = await get_services()
+    now = services.clock.now()
+    deadline = parse_utc(request["completeBy"])
+    if services.index is not None:  # the compensation's first CompleteBy, as for a step deadline
+        await services.index.add(IndexEntry(request["orderId"], deadline, request["instanceId"]))
+    rec = await _write_and_notify(services, request["orderId"], Wrote(
+        lambda r: begin_compensation(r, request["instanceId"], request["cause"], deadline, now)), now,
+        fn.BEGIN_COMPENSATION)
+    if rec is None:
+        return None
+    if rec.process_state in TERMINAL_STATES:
+        return []
+    return [c.name.value for c in rec.compensations if c.status is not StepStatus.SUCCEEDED]
 
 
 @bp.function_name(fn.DEFER_ORDER)
@@ -126,8 +189,11 @@ async def defer_order(request: ActivityInput) -> bool:
 
 @bp.function_name(fn.FINISH_ORDER)
 @bp.activity_trigger(input_name="request")
-async def finish_order(request: ActivityInput) -> bool:
-    """Processed + status `completed`, or Error + operator alert + status `failed` (fenced, idempotent).
+async def finish_order(request: ActivityInput) -> bool | str:
+    """Processed + status `completed`, or Error + operator alert + status `failed`; in CompensationInProgress,
+    Compensated + status `compensated` or CompensationFailed + alert + status `compensation-failed` (fenced,
+    idempotent). "cancel" (a caller that honours cancels, the Scheduler's version 2): the client cancelled while
+    the last step ran; nothing was written.
 
     The notification follows the state write; if it fails the activity raises and is retried by the Scheduler,
     and the Supervisor's sweep sends whatever a terminal record still owes (orderflow/notifications.py)."""
@@ -135,13 +201,33 @@ async def finish_order(request: ActivityInput) -> bool:
     now = services.clock.now()
     instance, reason = request["instanceId"], request["reason"]
     failed = request["outcome"] == "failed"
-    wrote = Wrote((lambda r: fail(r, instance, reason, now)) if failed else (lambda r: complete(r, instance, now)))
+    honours_cancel = bool(request.get("honoursCancel"))
+
+    def finish(r: OrderStateRecord) -> OrderStateRecord:
+        if failed:
+            return fail(r, instance, reason, now)
+        if honours_cancel and _cancel_pending(r, instance):
+            raise _CancelRequested
+        return complete(r, instance, now)
+
     try:
-        rec, _ = await services.state.update_with_retry(request["orderId"], wrote)
+        return await _write_and_notify(services, request["orderId"], Wrote(finish), now, fn.FINISH_ORDER) \
+            is not None
+    except _CancelRequested:
+        return "cancel"
+
+
+async def _write_and_notify(services: Services, order_id: str, wrote: Wrote, now: datetime,
+                            what: str) -> OrderStateRecord | None:
+    """One fenced write (None: fenced); the admission slot of an exit from Processing is freed, and a record that
+    reached its end sends what it owes. A failed send raises: the Scheduler retries the activity, and the
+    Supervisor's sweep sends whatever a terminal record still owes (orderflow/notifications.py)."""
+    try:
+        rec, _ = await services.state.update_with_retry(order_id, wrote)
     except Fenced as exc:
-        log.info("finish_order fenced: %s", exc)
-        return False
-    await free_slot(services, rec, wrote.changed, now)
-    if rec.notified_at is None:
-        await (entered_error(services, rec) if failed else notify_terminal(services, rec))
-    return True
+        log.info("%s fenced: %s", what, exc)
+        return None
+    await free_slot(services, rec, wrote, now)
+    if rec.process_state in TERMINAL_STATES and rec.notified_at is None:
+        await entered_end(services, rec)
+    return rec

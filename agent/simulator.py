@@ -1,10 +1,12 @@
 """The remote service simulator: the SAS pattern's "remote resource", with seeded, reproducible faults.
 
-An aiohttp server on 127.0.0.1 with one endpoint per step, `POST /steps/{step}` taking
-`{orderId, idempotencyKey, payload}`. What a call does is a pure function of (seed, idempotencyKey, call
-number for that key) — `decide()` — so a run is reproducible whatever the timing or interleaving:
+An aiohttp server on 127.0.0.1 with one endpoint per step and per compensation, `POST /steps/{name}` taking
+`{orderId, idempotencyKey, payload}` (an unknown name: 404 `UnknownStep`). What a call does is a pure function of
+(seed, idempotencyKey, call number for that key) — `decide()` — so a run is reproducible whatever the timing or
+interleaving:
 
-- permanent failure: 422 with a step-specific errorCode. Decided per key (a rejected order stays rejected);
+- permanent failure: 422 with a step- or compensation-specific errorCode (`PERMANENT_CODES`, e.g. `RefundRefused`).
+  Decided per key (a rejected order stays rejected);
 - transient failure: 503 or 429, no effect applied, with `retry-after-ms` (the Azure services' header) and,
   on a 429 when the hint is at least a second, `Retry-After` in whole seconds (RFC 9110 delta-seconds);
   `fail_first_calls` forces "fail until call N" on every key;
@@ -30,9 +32,38 @@ so a drill can tell which calls arrived while a circuit breaker was open.
 
 Side effects live in SQLite by idempotency key: the first successful call for a key applies the effect and
 stores its result; every later call with that key returns the stored result (`replayed: true`) and applies
-nothing. `applied_effects` counts effects per (orderId, step); `GET /effects` reports them and the number of
-duplicates (effects beyond the first for an (orderId, step) — must be 0). Use it from the command line
-(`python -m agent.simulator --help`) or in-process (`async with Simulator(config, db) as sim: sim.url`).
+nothing (a key used for another (orderId, step): 409 `IdempotencyKeyReuse`). `applied_effects` counts effects per
+(orderId, step) and per (orderId, compensation).
+
+Compensations (`orderflow.messages.CompensationName`: release-inventory, refund-payment, cancel-shipment) are called
+like steps, with their own key (`<orderId>:<compensation>`), and go through the same faults (seeded decision, script,
+outage) as steps. The first successful call for a key answers 200 and records, for (orderId, step =
+`COMPENSATED_STEP[compensation]`):
+- the forward effect was applied and not undone: it is undone (`compensated.undone`) and one compensation effect is
+  counted for (orderId, compensation): `{"idempotencyKey", "replayed": false, "confirmation", "orderId",
+  "step": compensation, "compensates": step, "undone": true, "noop": false}`;
+- it was never applied: a no-op the remote acknowledges, no effect counted, a tombstone kept: the same body with
+  `"undone": false, "noop": true, "reason": "never-applied"`;
+- it was already compensated by another key: `"undone": false, "noop": true, "reason": "already-compensated"`.
+A later call with the same key replays that body (`replayed: true`). From then on a forward call for (orderId, step)
+whose own key has no stored result is refused, nothing applied: 409 `{"errorCode": "AlreadyCompensated", "error",
+"compensation", "undone"}` (permanent for the Agent's classifier); a forward key that has a stored result still
+replays it. A forward call's check-and-apply is one `BEGIN IMMEDIATE` transaction and a compensation's
+check-and-undo-or-tombstone another, so SQLite serializes them: a forward call racing its compensation (any number of
+processes on one file) ends either applied then undone, or refused — never applied after the compensation answered.
+A compensation refused by a fault (422, 429/503, outage) records nothing: the step is not blocked.
+
+`GET /effects` reports the ledger:
+- `effects`: forward effects `[{orderId, step, applied}]` (an undone effect still counts: it was applied);
+  `totalApplied`: their sum;
+- `compensations`: compensation effects `[{orderId, compensation, step (the step it undoes), applied}]`;
+  `totalCompensations`: their sum;
+- `undone`: the forward effects undone `[{orderId, step, compensation}]`;
+- `tombstones`: compensations of never-applied effects `[{orderId, step, compensation}]` (the step is refused);
+- `duplicates`: effects beyond the first per (orderId, step) and per (orderId, compensation) — must be 0;
+- `calls`, `callsByKey`, `callsWhileDown`, `callsWhileDownByKey`: as described above.
+Use it from the command line (`python -m agent.simulator --help`) or in-process
+(`async with Simulator(config, db) as sim: sim.url`).
 """
 
 from __future__ import annotations
@@ -54,13 +85,17 @@ from typing import Any
 from aiohttp import web
 
 from agent.retry import unit_hash
-from orderflow.messages import StepName
+from orderflow.messages import COMPENSATED_STEP, CompensationName, StepName
 
-# A permanent failure's errorCode per step (what the business would say).
+# A permanent failure's errorCode per step and per compensation (what the business would say). Every name here is
+# served at `POST /steps/{name}`.
 PERMANENT_CODES: dict[str, str] = {
     StepName.RESERVE_INVENTORY: "InsufficientStock",
     StepName.CHARGE_PAYMENT: "PaymentDeclined",
     StepName.ARRANGE_SHIPPING: "AddressUndeliverable",
+    CompensationName.RELEASE_INVENTORY: "ReleaseRefused",
+    CompensationName.REFUND_PAYMENT: "RefundRefused",
+    CompensationName.CANCEL_SHIPMENT: "CancellationRefused",
 }
 
 
@@ -166,6 +201,16 @@ class KeyConflict(Exception):
     """The idempotency key was already used for another (orderId, step)."""
 
 
+class AlreadyCompensated(Exception):
+    """A forward step whose compensation was already recorded (undone or tombstone): refused, nothing applied."""
+
+    def __init__(self, order_id: str, step: str, compensation: str, undone: bool) -> None:
+        what = "undone" if undone else "compensated before it was ever applied"
+        super().__init__(f"{step} of order {order_id} was already {what} by {compensation}; not applied")
+        self.compensation = compensation
+        self.undone = undone
+
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, count INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS effects (key TEXT PRIMARY KEY, order_id TEXT NOT NULL, step TEXT NOT NULL,
@@ -175,6 +220,9 @@ CREATE TABLE IF NOT EXISTS call_log (at REAL NOT NULL, key TEXT NOT NULL, status
 CREATE TABLE IF NOT EXISTS applied_effects (order_id TEXT NOT NULL, step TEXT NOT NULL,
                                             count INTEGER NOT NULL,
                                             PRIMARY KEY (order_id, step));
+CREATE TABLE IF NOT EXISTS compensated (order_id TEXT NOT NULL, step TEXT NOT NULL, compensation TEXT NOT NULL,
+                                        key TEXT NOT NULL, undone INTEGER NOT NULL,
+                                        PRIMARY KEY (order_id, step));
 """
 
 
@@ -211,30 +259,79 @@ class EffectStore:
         return [{"at": at, "key": key, "status": status, "down": bool(down)} for at, key, status, down in rows]
 
     def apply(self, key: str, order_id: str, step: str) -> tuple[dict[str, Any], bool]:
-        """Apply the effect of `key` once; returns (result, replayed). Raises KeyConflict on key reuse."""
+        """Apply the effect of `key` once; returns (result, replayed). Raises KeyConflict on key reuse, and
+        AlreadyCompensated (nothing applied) when `key` has no stored result and the step's compensation was already
+        recorded for the order. One transaction: the check and the effect are atomic with `compensate`."""
         with self._transaction():
-            row = self._db.execute(
-                "SELECT order_id, step, result FROM effects WHERE key = ?", (key,)
+            stored = self._stored(key, order_id, step)
+            if stored is not None:
+                return stored, True
+            compensated = self._db.execute(
+                "SELECT compensation, undone FROM compensated WHERE order_id = ? AND step = ?", (order_id, step)
             ).fetchone()
-            if row is not None:
-                if (row[0], row[1]) != (order_id, step):
-                    raise KeyConflict(f"idempotency key {key!r} was used for {row[0]}/{row[1]}")
-                return json.loads(row[2]), True
+            if compensated is not None:
+                raise AlreadyCompensated(order_id, step, compensated[0], bool(compensated[1]))
             result = _effect_result(key, order_id, step)
-            self._db.execute(
-                "INSERT INTO effects (key, order_id, step, result) VALUES (?, ?, ?, ?)",
-                (key, order_id, step, json.dumps(result)),
-            )
+            self._record(key, order_id, step, result, count_effect=True)
+            return result, False
+
+    def compensate(self, key: str, order_id: str, compensation: CompensationName) -> tuple[dict[str, Any], bool]:
+        """Apply compensation `key` once; returns (result, replayed). Raises KeyConflict on key reuse.
+
+        In one transaction (atomic with `apply`): if the forward effect of (order_id, its step) was applied and not
+        undone, undo it (`undone`) and count one compensation effect; if it was never applied, count nothing and
+        leave a tombstone (`noop`, reason `never-applied`); if it was already compensated (another key), `noop`
+        with reason `already-compensated`. Either record makes `apply` refuse the forward step from then on."""
+        step = COMPENSATED_STEP[compensation]
+        with self._transaction():
+            stored = self._stored(key, order_id, compensation)
+            if stored is not None:
+                return stored, True
+            prior = self._db.execute(
+                "SELECT 1 FROM compensated WHERE order_id = ? AND step = ?", (order_id, step)
+            ).fetchone()
+            applied = self._db.execute(
+                "SELECT count FROM applied_effects WHERE order_id = ? AND step = ?", (order_id, step)
+            ).fetchone()
+            undone = prior is None and applied is not None and applied[0] > 0
+            if prior is None:
+                self._db.execute(
+                    "INSERT INTO compensated (order_id, step, compensation, key, undone) VALUES (?, ?, ?, ?, ?)",
+                    (order_id, step, compensation.value, key, undone),
+                )
+            reason = None if undone else ("already-compensated" if prior is not None else "never-applied")
+            result = _compensation_result(key, order_id, compensation, step, reason)
+            self._record(key, order_id, compensation.value, result, count_effect=undone)
+            return result, False
+
+    def _stored(self, key: str, order_id: str, name: str) -> dict[str, Any] | None:
+        """The stored result of `key` (inside a transaction), None if it has none; KeyConflict if used elsewhere."""
+        row = self._db.execute("SELECT order_id, step, result FROM effects WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        if (row[0], row[1]) != (order_id, name):
+            raise KeyConflict(f"idempotency key {key!r} was used for {row[0]}/{row[1]}")
+        stored: dict[str, Any] = json.loads(row[2])
+        return stored
+
+    def _record(self, key: str, order_id: str, name: str, result: dict[str, Any], count_effect: bool) -> None:
+        """Store the result of `key` (inside a transaction) and, for an effect, count it for (order_id, name)."""
+        self._db.execute(
+            "INSERT INTO effects (key, order_id, step, result) VALUES (?, ?, ?, ?)",
+            (key, order_id, name, json.dumps(result)),
+        )
+        if count_effect:
             self._db.execute(
                 "INSERT INTO applied_effects (order_id, step, count) VALUES (?, ?, 1) "
                 "ON CONFLICT(order_id, step) DO UPDATE SET count = count + 1",
-                (order_id, step),
+                (order_id, name),
             )
-            return result, False
 
     @contextlib.contextmanager
-    def _transaction(self) -> Any:
-        self._db.execute("BEGIN IMMEDIATE")
+    def _transaction(self, read_only: bool = False) -> Any:
+        """One short transaction: BEGIN IMMEDIATE (the write lock at once, so check-then-write is atomic across
+        processes), or a plain BEGIN for a consistent read."""
+        self._db.execute("BEGIN" if read_only else "BEGIN IMMEDIATE")
         try:
             yield
         except BaseException:
@@ -243,17 +340,32 @@ class EffectStore:
         self._db.execute("COMMIT")
 
     def report(self) -> dict[str, Any]:
-        """Effects per (orderId, step), their total, duplicates (must be 0) and the number of calls."""
-        rows = self._db.execute(
-            "SELECT order_id, step, count FROM applied_effects ORDER BY order_id, step"
-        ).fetchall()
-        by_key = dict(self._db.execute("SELECT key, count FROM calls ORDER BY key").fetchall())
-        down_by_key = dict(self._db.execute(
-            "SELECT key, COUNT(*) FROM call_log WHERE down GROUP BY key ORDER BY key").fetchall())
+        """Forward effects per (orderId, step) and their total, compensation effects per (orderId, compensation) and
+        their total, the forward effects undone, the tombstones, duplicates (must be 0) and the number of calls.
+        One read transaction, so the parts agree with each other."""
+        with self._transaction(read_only=True):
+            rows = self._db.execute(
+                "SELECT order_id, step, count FROM applied_effects ORDER BY order_id, step"
+            ).fetchall()
+            marks = self._db.execute(
+                "SELECT order_id, step, compensation, undone FROM compensated ORDER BY order_id, step"
+            ).fetchall()
+            by_key = dict(self._db.execute("SELECT key, count FROM calls ORDER BY key").fetchall())
+            down_by_key = dict(self._db.execute(
+                "SELECT key, COUNT(*) FROM call_log WHERE down GROUP BY key ORDER BY key").fetchall())
+        forward = [(o, s, c) for o, s, c in rows if s not in _COMPENSATIONS]
+        undoing = [(o, s, c) for o, s, c in rows if s in _COMPENSATIONS]
         return {
-            "effects": [{"orderId": o, "step": s, "applied": c} for o, s, c in rows],
-            "totalApplied": sum(c for _, _, c in rows),
+            "effects": [{"orderId": o, "step": s, "applied": c} for o, s, c in forward],
+            "totalApplied": sum(c for _, _, c in forward),
             "duplicates": sum(c - 1 for _, _, c in rows if c > 1),
+            "compensations": [
+                {"orderId": o, "compensation": s, "step": COMPENSATED_STEP[CompensationName(s)].value, "applied": c}
+                for o, s, c in undoing
+            ],
+            "totalCompensations": sum(c for _, _, c in undoing),
+            "undone": [{"orderId": o, "step": s, "compensation": c} for o, s, c, u in marks if u],
+            "tombstones": [{"orderId": o, "step": s, "compensation": c} for o, s, c, u in marks if not u],
             "calls": sum(by_key.values()),
             "callsByKey": by_key,
             "callsWhileDown": sum(down_by_key.values()),
@@ -261,10 +373,24 @@ class EffectStore:
         }
 
 
+_COMPENSATIONS = frozenset(c.value for c in CompensationName)
+
+
 def _effect_result(key: str, order_id: str, step: str) -> dict[str, Any]:
     """The deterministic result of a step's effect (a confirmation the Scheduler can record)."""
     confirmation = hashlib.sha256(key.encode()).hexdigest()[:12]
     return {"confirmation": f"{step}-{confirmation}", "orderId": order_id, "step": step}
+
+
+def _compensation_result(
+    key: str, order_id: str, compensation: CompensationName, step: StepName, noop_reason: str | None
+) -> dict[str, Any]:
+    """The deterministic result of a compensation: `undone` (it undid `compensates`) or `noop` with a reason."""
+    result = {**_effect_result(key, order_id, compensation.value), "compensates": step.value,
+              "undone": noop_reason is None, "noop": noop_reason is not None}
+    if noop_reason is not None:
+        result["reason"] = noop_reason
+    return result
 
 
 class Simulator:
@@ -379,7 +505,7 @@ class Simulator:
     async def _step(self, request: web.Request) -> web.Response:
         step = request.match_info["step"]
         if step not in PERMANENT_CODES:
-            return _error(404, "UnknownStep", f"no step {step!r}")
+            return _error(404, "UnknownStep", f"no step or compensation {step!r}")
         parsed = await _parse_call(request)
         if isinstance(parsed, web.Response):
             return parsed
@@ -389,6 +515,11 @@ class Simulator:
             self.store.log_call(at, key, 503, down=True)
             return self._transient(503)
         decision = decide_call(self.config, self.script, key, order_id, number)
+        if step in _COMPENSATIONS and decision.fault is Fault.PERMANENT \
+                and scripted_fault(self.script, key, order_id, number) is None:
+            # A compensation is designed to succeed: the seeded permanent-failure rate (a customer's declined card,
+            # an unknown address) does not apply to it; only a script makes it fail permanently (the drills).
+            decision = Decision(Fault.NONE, decision.latency, 200)
         self.store.log_call(at, key, decision.status, down=False)
         await self._pause(decision.latency)
         if decision.fault is Fault.TRANSIENT:
@@ -399,9 +530,15 @@ class Simulator:
 
     async def _apply(self, key: str, order_id: str, step: str, decision: Decision) -> web.Response:
         try:
-            result, replayed = self.store.apply(key, order_id, step)
+            if step in _COMPENSATIONS:
+                result, replayed = self.store.compensate(key, order_id, CompensationName(step))
+            else:
+                result, replayed = self.store.apply(key, order_id, step)
         except KeyConflict as exc:
             return _error(409, "IdempotencyKeyReuse", str(exc))
+        except AlreadyCompensated as exc:
+            return _error(409, "AlreadyCompensated", str(exc),
+                          extra={"compensation": exc.compensation, "undone": exc.undone})
         if decision.fault is Fault.HANG:
             await self._pause(self.config.hang_seconds)
         return web.json_response({"idempotencyKey": key, "replayed": replayed, **result})
@@ -432,8 +569,10 @@ async def _parse_call(request: web.Request) -> tuple[str, str] | web.Response:
     return body["orderId"], body["idempotencyKey"]
 
 
-def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"errorCode": code, "error": message}, status=status, headers=headers)
+def _error(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None, extra: dict[str, Any] | None = None
+) -> web.Response:
+    return web.json_response({"errorCode": code, "error": message, **(extra or {})}, status=status, headers=headers)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,7 +22,8 @@ The order goes to `orders-inbound` (ORDERS_QUEUE_NAME) with SessionId = orderId 
 duplicate detection, a changed one reaches the conflict check. Statuses come back on the queue named in the order's
 `replyTo` (default `app-status`), session = orderId.
 
-Exit codes: 0 completed, 1 failed or no terminal status within --timeout, 2 rejected (invalid order, dead-lettered
+Exit codes: 0 completed, 1 failed, compensated (the order failed and its effects were undone),
+compensation-failed, cancelled, or no terminal status within --timeout, 2 rejected (invalid order, dead-lettered
 by the system, or status `rejected`: admission control found the backlog full and stored nothing — send it again
 later; without a fixed submittedAt in the file the resend has a new MessageId, which duplicate detection lets
 through), 3 no connection settings.
@@ -48,7 +49,7 @@ except ImportError:  # the system python3: no azure-servicebus
              "(or pip install azure-servicebus azure-identity)")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-TERMINAL = ("completed", "failed", "rejected")
+TERMINAL = ("completed", "failed", "compensated", "compensation-failed", "cancelled", "rejected")
 
 
 def sample_order(order_id: str) -> dict[str, Any]:
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                     receiver.complete_message(message)
                     print(f"  {status['state']:<10} attempt {status['attempt']}  {status['reason']}", flush=True)
                     if status["state"] in TERMINAL:
-                        return {"completed": 0, "failed": 1}.get(status["state"], 2)
+                        return 2 if status["state"] == "rejected" else 0 if status["state"] == "completed" else 1
         except OperationTimeoutError:  # the embedded broker: no session message within max_wait_time
             pass
         dead, readable = dead_letter_reason(client, orders_queue, message_id)

@@ -1,7 +1,12 @@
 """Message schemas: every message that crosses a queue, as a typed pydantic model with `schemaVersion`.
 
 Validate at the edge, once (`parse_*`), inside trust the types. JSON is the wire format (`to_json`).
-Fields are only ever added backwards-compatibly; a breaking change bumps `schemaVersion`.
+
+Versions: `schemaVersion` 2 added compensation (an AgentRequest/AgentReply may name a compensation; a StatusMessage
+may carry `effects` and the compensation statuses) and CancelOrder. Readers accept the previous version (1) and the
+current one (2); writers write the lowest version that carries the content (`_Model.needs_version`), so a reader of
+the previous deployment still reads every message it can understand during a rolling upgrade, and a version-2
+message it cannot understand is refused with `UnsupportedSchemaVersion` instead of being misread.
 """
 
 from __future__ import annotations
@@ -12,11 +17,22 @@ import re
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # the newest message schema
+READ_SCHEMA_VERSIONS = (1, 2)  # the previous version is still read
+SchemaVersion = Literal[1, 2]
 
 # orderId rules. The Scheduler's instance id is `<orderId>:<attempt>`; seed 004 requires an instance id of
 # 1-100 characters, not starting with '@', without '/', '\\', '#', '?' and without control characters.
@@ -31,6 +47,24 @@ QUEUE_NAME_PATTERN = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,49}\Z")
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    def needs_version(self) -> int:
+        """The lowest schema version that carries this message's content (1 unless a subclass says more)."""
+        return 1
+
+    @model_validator(mode="after")
+    def _version_fits(self) -> Any:
+        """A message built without `schemaVersion` gets the lowest version its content needs; one that states a
+        version too low for its content is refused (naming the field)."""
+        needed = self.needs_version()
+        stated = getattr(self, "schema_version", None)
+        if stated is None:
+            return self
+        if "schema_version" not in self.model_fields_set:
+            object.__setattr__(self, "schema_version", needed)
+        elif stated < needed:
+            raise ValueError(f"schemaVersion {stated} cannot carry this content; it needs {needed}")
+        return self
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True)
@@ -50,10 +84,44 @@ class OrderItem(_Model):
     unit_price: Decimal = Field(alias="unitPrice", ge=0, max_digits=12, decimal_places=2)
 
 
-class SubmitOrder(_Model):
+def valid_order_id(v: str) -> str:
+    if not ORDER_ID_PATTERN.match(v):
+        raise ValueError(
+            f"orderId must be 1-{ORDER_ID_MAX_LEN} characters of A-Z a-z 0-9 _ - starting with a letter or digit")
+    return v
+
+
+def valid_reply_to(v: str) -> str:
+    if not QUEUE_NAME_PATTERN.match(v):
+        raise ValueError("replyTo must be a queue name")
+    return v
+
+
+def aware(v: datetime, name: str) -> datetime:
+    if v.tzinfo is None:
+        raise ValueError(f"{name} must carry a time zone (ISO 8601 with offset)")
+    return v
+
+
+class _Routed(_Model):
+    """An orders-inbound message of one order: its `order_id` and the app's `reply_to` (declared by each message, in
+    its own field order), checked the same way."""
+
+    @field_validator("order_id", check_fields=False)
+    @classmethod
+    def _order_id(cls, v: str) -> str:
+        return valid_order_id(v)
+
+    @field_validator("reply_to", check_fields=False)
+    @classmethod
+    def _reply_to(cls, v: str) -> str:
+        return valid_reply_to(v)
+
+
+class SubmitOrder(_Routed):
     """The client's order, on `orders-inbound` (SessionId = orderId, MessageId stable per order)."""
 
-    schema_version: Literal[1] = Field(default=1, alias="schemaVersion")
+    schema_version: SchemaVersion = Field(default=1, alias="schemaVersion")
     type: Literal["SubmitOrder"] = "SubmitOrder"
     order_id: str = Field(alias="orderId")
     reply_to: str = Field(alias="replyTo")
@@ -62,27 +130,10 @@ class SubmitOrder(_Model):
     currency: str = Field(pattern=r"^[A-Z]{3}$")
     submitted_at: datetime = Field(alias="submittedAt")
 
-    @field_validator("order_id")
-    @classmethod
-    def _order_id(cls, v: str) -> str:
-        if not ORDER_ID_PATTERN.match(v):
-            raise ValueError(
-                f"orderId must be 1-{ORDER_ID_MAX_LEN} characters of A-Z a-z 0-9 _ - starting with a letter or digit")
-        return v
-
-    @field_validator("reply_to")
-    @classmethod
-    def _reply_to(cls, v: str) -> str:
-        if not QUEUE_NAME_PATTERN.match(v):
-            raise ValueError("replyTo must be a queue name")
-        return v
-
     @field_validator("submitted_at")
     @classmethod
     def _aware(cls, v: datetime) -> datetime:
-        if v.tzinfo is None:
-            raise ValueError("submittedAt must carry a time zone (ISO 8601 with offset)")
-        return v
+        return aware(v, "submittedAt")
 
     def total(self) -> Decimal:
         return sum((i.unit_price * i.quantity for i in self.items), Decimal("0"))
@@ -123,15 +174,55 @@ def parse_message(model: type[M], kind: str, body: bytes | str) -> M:
     if raw.get("type") != kind:
         raise InvalidMessage("UnknownType", f"field 'type' must be {kind!r}, got {raw.get('type')!r}")
     version = raw.get("schemaVersion")
-    if version != SCHEMA_VERSION:
+    if version not in READ_SCHEMA_VERSIONS or isinstance(version, bool):
         raise InvalidMessage("UnsupportedSchemaVersion",
-                             f"field 'schemaVersion' must be {SCHEMA_VERSION}, got {version!r}")
+                             f"field 'schemaVersion' must be one of {list(READ_SCHEMA_VERSIONS)}, got {version!r}")
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "body"
+        field = ".".join(str(p) for p in err["loc"]) or ("schemaVersion" if "schemaVersion" in err["msg"] else "body")
         raise InvalidMessage(f"InvalidField:{field}", f"field '{field}': {err['msg']}") from exc
+
+
+class CancelOrder(_Routed):
+    """The client's cancel, on `orders-inbound` in the order's session (SessionId = orderId), so that it is processed
+    strictly after the order's SubmitOrder (seed 002, Sequential Convoy). MessageId stable per cancel."""
+
+    schema_version: SchemaVersion = Field(default=1, alias="schemaVersion")
+    type: Literal["CancelOrder"] = "CancelOrder"
+    order_id: str = Field(alias="orderId")
+    reply_to: str = Field(alias="replyTo")
+    reason: str | None = Field(default=None, max_length=256)
+    requested_at: datetime = Field(alias="requestedAt")
+
+    @field_validator("requested_at")
+    @classmethod
+    def _aware(cls, v: datetime) -> datetime:
+        return aware(v, "requestedAt")
+
+    def needs_version(self) -> int:
+        return 2  # new in version 2: a version-1 reader does not know it
+
+
+INBOUND_TYPES = ("SubmitOrder", "CancelOrder")
+
+
+def inbound_type(body: bytes | str) -> str:
+    """The `type` of an orders-inbound message, for dispatch; InvalidMessage when it is neither kind."""
+    try:
+        raw = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidMessage("InvalidJson", f"body is not JSON: {exc}") from exc
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind not in INBOUND_TYPES:
+        raise InvalidMessage("UnknownType", f"field 'type' must be one of {list(INBOUND_TYPES)}, got {kind!r}")
+    return str(kind)
+
+
+def parse_cancel_order(body: bytes | str) -> CancelOrder:
+    """Validate a CancelOrder body; raise InvalidMessage with a reason that names the offending field."""
+    return parse_message(CancelOrder, "CancelOrder", body)
 
 
 def parse_submit_order(body: bytes | str) -> SubmitOrder:
@@ -167,14 +258,24 @@ COMPENSATION_OF: dict[StepName, CompensationName] = {
 COMPENSATED_STEP: dict[CompensationName, StepName] = {c: s for s, c in COMPENSATION_OF.items()}
 # What an Agent request names: a forward step or a compensation.
 Action = StepName | CompensationName
+ACTION_NAMES = tuple(a.value for a in (*StepName, *CompensationName))
 
 
-def parse_action(value: str) -> Action:
-    """A step or compensation name; ValueError for anything else."""
-    try:
-        return StepName(value)
-    except ValueError:
-        return CompensationName(value)
+def parse_action(value: object) -> Action:
+    """A step or compensation name; ValueError (naming the allowed values) for anything else."""
+    if isinstance(value, StepName | CompensationName):
+        return value
+    if isinstance(value, str):
+        if value in StepName._value2member_map_:
+            return StepName(value)
+        if value in CompensationName._value2member_map_:
+            return CompensationName(value)
+    raise ValueError(f"must be one of {list(ACTION_NAMES)}, got {value!r}")
+
+
+# A pydantic field of one step or compensation: one validator, so an error is located at the field itself.
+ActionField = Annotated[Action, PlainValidator(parse_action, json_schema_input_type=Literal[*ACTION_NAMES]),
+                        PlainSerializer(lambda a: a.value, return_type=str)]
 
 
 def idempotency_key(order_id: str, step: str) -> str:
@@ -190,12 +291,12 @@ def reply_event_name(step: str) -> str:
 class AgentRequest(_Model):
     """Scheduler → Agent, on `agent-requests` (SessionId = orderId, MessageId = `<instanceId>:<step>`)."""
 
-    schema_version: Literal[1] = Field(default=1, alias="schemaVersion")
+    schema_version: SchemaVersion = Field(default=1, alias="schemaVersion")
     type: Literal["AgentRequest"] = "AgentRequest"
     instance_id: str = Field(alias="instanceId")
     order_id: str = Field(alias="orderId")
     attempt: int = Field(ge=1, le=MAX_ATTEMPT)
-    step: StepName | CompensationName
+    step: ActionField
     idempotency_key: str = Field(alias="idempotencyKey")
     deadline: datetime  # = CompleteBy of this step: no new side effect after it
     # The retries the Scheduler allows for this request (seed 000/001, Scheduling: the request carries CompleteBy and
@@ -207,6 +308,9 @@ class AgentRequest(_Model):
     def message_id(self) -> str:
         return f"{self.instance_id}:{self.step.value}"
 
+    def needs_version(self) -> int:
+        return 2 if isinstance(self.step, CompensationName) else 1
+
 
 class AgentOutcome(StrEnum):
     SUCCEEDED = "succeeded"
@@ -216,12 +320,12 @@ class AgentOutcome(StrEnum):
 class AgentReply(_Model):
     """Agent → Scheduler, on `agent-replies` (SessionId = orderId, MessageId = `<instanceId>:<step>:reply`)."""
 
-    schema_version: Literal[1] = Field(default=1, alias="schemaVersion")
+    schema_version: SchemaVersion = Field(default=1, alias="schemaVersion")
     type: Literal["AgentReply"] = "AgentReply"
     instance_id: str = Field(alias="instanceId")
     order_id: str = Field(alias="orderId")
     attempt: int = Field(ge=1, le=MAX_ATTEMPT)
-    step: StepName | CompensationName
+    step: ActionField
     outcome: AgentOutcome
     permanent: bool = False
     error_code: str | None = Field(default=None, alias="errorCode")
@@ -231,6 +335,9 @@ class AgentReply(_Model):
 
     def message_id(self) -> str:
         return f"{self.instance_id}:{self.step.value}:reply"
+
+    def needs_version(self) -> int:
+        return 2 if isinstance(self.step, CompensationName) else 1
 
     @classmethod
     def from_event(cls, value: object) -> AgentReply:
@@ -253,25 +360,45 @@ class OrderStatus(StrEnum):
     PROCESSING = "processing"
     COMPLETED = "completed"
     FAILED = "failed"
-    REJECTED = "rejected"  # admission control: not accepted (`backlog full`); nothing was written
+    # Not accepted, nothing changed: a submission past the backlog bound (`backlog full`, nothing was written), or a
+    # cancel that comes too late (the order is already processed or failed; the record is unchanged).
+    REJECTED = "rejected"
+    COMPENSATED = "compensated"  # the effects of the steps sent were undone (after a failure or a cancel)
+    COMPENSATION_FAILED = "compensation-failed"  # an effect could not be undone: an operator alert was raised
+    CANCELLED = "cancelled"  # cancelled before any step was sent: nothing was done
 
 
-TERMINAL_STATUSES = frozenset({OrderStatus.COMPLETED, OrderStatus.FAILED})
+COMPENSATION_STATUSES = frozenset({OrderStatus.COMPENSATED, OrderStatus.COMPENSATION_FAILED, OrderStatus.CANCELLED})
+TERMINAL_STATUSES = frozenset({OrderStatus.COMPLETED, OrderStatus.FAILED, OrderStatus.COMPENSATED,
+                               OrderStatus.COMPENSATION_FAILED, OrderStatus.CANCELLED})
+
+
+class Effects(_Model):
+    """What the remote service did for an order: steps whose effect was applied (succeeded, or found applied by its
+    compensation), and those whose effect was undone. Step names only."""
+
+    applied: list[StepName] = Field(default_factory=list)
+    undone: list[StepName] = Field(default_factory=list)
 
 
 class StatusMessage(_Model):
     """System → submitting app, on the app's own reply queue (SessionId = orderId)."""
 
-    schema_version: Literal[1] = Field(default=1, alias="schemaVersion")
+    schema_version: SchemaVersion = Field(default=1, alias="schemaVersion")
     type: Literal["OrderStatus"] = "OrderStatus"
     order_id: str = Field(alias="orderId")
     state: OrderStatus
     attempt: int = Field(ge=0)
     timestamp: datetime
     reason: str
+    # On a terminal status after anything was sent: which steps' effects were applied and which were undone.
+    effects: Effects | None = None
 
     def message_id(self) -> str:
         return f"{self.order_id}:{self.state.value}:{self.attempt}"
+
+    def needs_version(self) -> int:
+        return 2 if self.effects is not None or self.state in COMPENSATION_STATUSES else 1
 
 
 class AlertKind(StrEnum):
@@ -281,18 +408,22 @@ class AlertKind(StrEnum):
     FAILURE_THRESHOLD = "FailureThresholdReached"
     CIRCUIT_OPENED = "CircuitOpened"
     CIRCUIT_CLOSED = "CircuitClosed"
+    COMPENSATION_FAILED = "CompensationFailed"
 
 
 class OperatorAlert(_Model):
     """An event an operator must act on, on `operator-alerts` and in the log/telemetry."""
 
-    schema_version: Literal[1] = Field(default=1, alias="schemaVersion")
+    schema_version: SchemaVersion = Field(default=1, alias="schemaVersion")
     type: Literal["OperatorAlert"] = "OperatorAlert"
     kind: AlertKind
     order_id: str | None = Field(default=None, alias="orderId")
     reason: str
     details: dict[str, Any] = Field(default_factory=dict)
     raised_at: datetime = Field(alias="raisedAt")
+
+    def needs_version(self) -> int:
+        return 2 if self.kind is AlertKind.COMPENSATION_FAILED else 1
 
     def message_id(self) -> str:
         """`<kind>:<sha256 of what the alert is about>`: the same for a repeat of the same alert (a redelivered

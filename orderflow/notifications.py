@@ -1,4 +1,6 @@
-"""Terminal notifications: the `completed`/`failed` status to the submitting app and, for Error, the operator alert.
+"""Terminal notifications: the terminal status to the submitting app (`completed`, `failed`, `compensated`,
+`compensation-failed`, `cancelled`) and, for an order that failed, the operator alert. After anything was sent, the
+status and the alert say which steps' effects were applied and which were undone (`effects`).
 
 The state write comes first (Processed/Error, fenced), the notification after it, and `notifiedAt` is set only once
 both sends succeeded. A send that fails, or a crash between the write and the sends, leaves `notifiedAt` null: the
@@ -12,11 +14,11 @@ from __future__ import annotations
 import logging
 
 from orderflow import telemetry
-from orderflow.messages import AlertKind, OrderStatus
+from orderflow.messages import COMPENSATED_STEP, AlertKind, Effects, OrderStatus
 from orderflow.outbound import raise_alert, send_status
-from orderflow.records import OrderStateRecord, ProcessState
+from orderflow.records import OrderStateRecord, ProcessState, StepStatus
 from orderflow.runtime import Services
-from orderflow.state_machine import IllegalTransition, mark_notified
+from orderflow.state_machine import CANCELLED_PREFIX, IllegalTransition, mark_notified
 
 log = logging.getLogger("orderflow.notifications")
 
@@ -29,12 +31,43 @@ COMPLETED_REASON = "all steps succeeded"
 def terminal_status(rec: OrderStateRecord) -> tuple[OrderStatus, str]:
     """The status a terminal record announces and its reason: `completed` always with the success (never an error
     of an earlier attempt, which a record written before `previousErrors` existed may still hold in lastError),
-    `failed` with the error that ended the order."""
-    if rec.process_state is ProcessState.ERROR:
+    `failed` with the error that ended the order, the compensation states with their cause."""
+    state = rec.process_state
+    if state is ProcessState.ERROR:
         return OrderStatus.FAILED, rec.last_error or "failed"
-    if rec.process_state is ProcessState.PROCESSED:
+    if state is ProcessState.PROCESSED:
         return OrderStatus.COMPLETED, COMPLETED_REASON
-    raise IllegalTransition(f"order {rec.order_id} is {rec.process_state.value}: it has no terminal status")
+    if state is ProcessState.COMPENSATED:
+        return OrderStatus.COMPENSATED, rec.compensation_cause or "compensated"
+    if state is ProcessState.COMPENSATION_FAILED:
+        return OrderStatus.COMPENSATION_FAILED, f"{rec.last_error or 'compensation failed'} (after: " \
+            f"{rec.compensation_cause or 'unknown'})"
+    if state is ProcessState.CANCELLED:
+        return OrderStatus.CANCELLED, rec.compensation_cause or CANCELLED_PREFIX
+    raise IllegalTransition(f"order {rec.order_id} is {state.value}: it has no terminal status")
+
+
+def effects_of(rec: OrderStateRecord) -> Effects | None:
+    """Applied: steps that succeeded, and steps whose compensation found their effect applied (a step recorded as
+    running may have been applied). Undone: steps whose compensation undid their effect. None when nothing was sent."""
+    if not rec.sent_steps() and not rec.compensations:
+        return None
+    undone = [COMPENSATED_STEP[c.name] for c in rec.compensations if c.undone]
+    succeeded = {s.name for s in rec.steps if s.status is StepStatus.SUCCEEDED}
+    applied = [s.name for s in rec.steps if s.name in succeeded or s.name in undone]
+    return Effects(applied=applied, undone=[s.name for s in rec.steps if s.name in undone])
+
+
+def _alert_kind(rec: OrderStateRecord, reason: str) -> AlertKind | None:
+    """The operator alert a terminal record owes: an order that failed (compensated or not), or whose compensation
+    failed. A completed or cancelled order owes none."""
+    if rec.process_state is ProcessState.COMPENSATION_FAILED:
+        return AlertKind.COMPENSATION_FAILED
+    cause = reason if rec.process_state is ProcessState.ERROR else (
+        rec.compensation_cause if rec.process_state is ProcessState.COMPENSATED else None)
+    if cause is None or cause.startswith(CANCELLED_PREFIX):
+        return None
+    return AlertKind.FAILURE_THRESHOLD if cause.startswith(THRESHOLD_PREFIX) else AlertKind.ORDER_FAILED
 
 
 async def send_terminal_status(services: Services, rec: OrderStateRecord) -> None:
@@ -43,17 +76,21 @@ async def send_terminal_status(services: Services, rec: OrderStateRecord) -> Non
     submission when an order that is already terminal is submitted again."""
     state, reason = terminal_status(rec)
     await send_status(services.bus, rec.reply_to, order_id=rec.order_id, state=state, attempt=rec.attempt,
-                      reason=reason, now=services.clock.now())
+                      reason=reason, now=services.clock.now(), effects=effects_of(rec))
 
 
 async def notify_terminal(services: Services, rec: OrderStateRecord) -> None:
     """Send what a terminal record owes, then record that it was sent. Raises if a send fails."""
     now = services.clock.now()
-    state, reason = terminal_status(rec)
-    if state is OrderStatus.FAILED:
-        kind = AlertKind.FAILURE_THRESHOLD if reason.startswith(THRESHOLD_PREFIX) else AlertKind.ORDER_FAILED
+    _, reason = terminal_status(rec)
+    kind = _alert_kind(rec, reason)
+    if kind is not None:
+        effects = effects_of(rec)
+        details: dict[str, object] = {"attempt": rec.attempt, "failureCount": rec.failure_count}
+        if effects is not None:
+            details.update(effects.to_dict())
         await raise_alert(services.bus, services.tunables.alerts_queue, kind=kind, order_id=rec.order_id,
-                          reason=reason, now=now, details={"attempt": rec.attempt, "failureCount": rec.failure_count})
+                          reason=reason, now=now, details=details)
     await send_terminal_status(services, rec)
     await services.state.update_with_retry(rec.order_id, lambda r: mark_notified(r, services.clock.now()))
 
@@ -62,6 +99,11 @@ async def entered_error(services: Services, rec: OrderStateRecord) -> None:
     """Count an order that just moved to Error (metric), then notify."""
     telemetry.count_order_error()
     await notify_terminal(services, rec)
+
+
+async def entered_end(services: Services, rec: OrderStateRecord) -> None:
+    """An order that just reached a terminal state: notify (and count it, for Error)."""
+    await (entered_error(services, rec) if rec.process_state is ProcessState.ERROR else notify_terminal(services, rec))
 
 
 async def sweep_unnotified(services: Services) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 from azure.servicebus import ServiceBusMessage
 
 from orderflow import telemetry
-from orderflow.messages import AgentRequest, AlertKind, OperatorAlert, OrderStatus, StatusMessage
+from orderflow.messages import AgentRequest, AlertKind, Effects, OperatorAlert, OrderStatus, StatusMessage
 
 log = logging.getLogger("orderflow.outbound")
 
@@ -27,9 +27,10 @@ async def _send(bus: Any, queue: str, body: str, *, message_id: str, session_id:
 
 
 async def send_status(bus: Any, queue: str, *, order_id: str, state: OrderStatus, attempt: int, reason: str,
-                      now: datetime, message_id: str | None = None) -> StatusMessage:
+                      now: datetime, message_id: str | None = None, effects: Effects | None = None) -> StatusMessage:
     """Send a status; its MessageId is `<orderId>:<state>:<attempt>` unless the caller names one."""
-    status = StatusMessage(order_id=order_id, state=state, attempt=attempt, timestamp=now, reason=reason)
+    status = StatusMessage(order_id=order_id, state=state, attempt=attempt, timestamp=now, reason=reason,
+                           effects=effects)
     await _send(bus, queue, status.to_json(), message_id=message_id or status.message_id(), session_id=order_id,
                 subject="OrderStatus")
     return status

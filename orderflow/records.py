@@ -13,12 +13,16 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, field_validator
 
 from orderflow.clock import ensure_utc
 from orderflow.messages import MAX_ATTEMPT, STEPS, CompensationName, StepName, SubmitOrder
 
-RECORD_SCHEMA_VERSION = 1
+RECORD_SCHEMA_VERSION = 1  # the immutable OrderRecord
+# The state record: 2 added the compensation log, the cancel and the workflow version. A version-1 record reads as
+# version 2 (every added field has its default) and is written back as 2; a newer version than this code knows is
+# kept as it is (its unknown fields survive, `extra="allow"`).
+STATE_RECORD_SCHEMA_VERSION = 2
 
 
 def format_utc(value: datetime) -> str:
@@ -158,15 +162,22 @@ class OrderStateRecord(_Record):
     compensation_failures: int = Field(default=0, ge=0, alias="compensationFailures")
     # A client's CancelOrder, recorded while an attempt runs: every later decision point honours it.
     cancel_requested_at: UtcDatetime | None = Field(default=None, alias="cancelRequestedAt")
+    cancel_reason: str | None = Field(default=None, alias="cancelReason", max_length=256)
     # The Scheduler's workflow version this order's attempts run under (context.version, else the input's).
     workflow_version: str | None = Field(default=None, alias="workflowVersion")
     order_hash: str = Field(alias="orderHash")
-    schema_version: int = Field(default=RECORD_SCHEMA_VERSION, alias="schemaVersion")
+    schema_version: int = Field(default=STATE_RECORD_SCHEMA_VERSION, alias="schemaVersion", ge=1)
     created_at: UtcDatetime = Field(alias="createdAt")
     updated_at: UtcDatetime = Field(alias="updatedAt")
     # When the terminal status (and, for Error, the operator alert) went out. Null on a terminal record means the
     # notification is still owed: the Supervisor's sweep sends it (orderflow/notifications.py).
     notified_at: UtcDatetime | None = Field(default=None, alias="notifiedAt")
+
+    @field_validator("schema_version")
+    @classmethod
+    def _upgrade(cls, v: int) -> int:
+        """The previous version reads as the current one (nothing to convert: it lacks only defaulted fields)."""
+        return max(v, STATE_RECORD_SCHEMA_VERSION)
 
     @classmethod
     def new(cls, order: SubmitOrder, now: datetime) -> OrderStateRecord:

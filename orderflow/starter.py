@@ -17,12 +17,12 @@ from typing import Any
 from orderflow import admission
 from orderflow import function_names as fn
 from orderflow.breaker import BreakerConfig, SharedBreaker
-from orderflow.records import OrderStateRecord, instance_id
+from orderflow.records import OrderStateRecord, ProcessState, instance_id
 from orderflow.runtime import Services
 from orderflow.state_machine import IllegalTransition, claim
 from orderflow.store.errors import PreconditionFailed
 from orderflow.store.ports import IndexEntry
-from orderflow.workflow import WorkflowInput
+from orderflow.workflow import WORKFLOW_VERSION, WorkflowInput
 
 log = logging.getLogger("orderflow.starter")
 
@@ -76,7 +76,7 @@ def workflow_input(services: Services, rec: OrderStateRecord) -> WorkflowInput:
     """The Scheduler's input for the record's current attempt."""
     return WorkflowInput(order_id=rec.order_id, attempt=rec.attempt,
                          step_timeout_seconds=int(services.tunables.step_timeout.total_seconds()),
-                         agent_retries=services.tunables.agent_retries)
+                         agent_retries=services.tunables.agent_retries, workflow_version=WORKFLOW_VERSION)
 
 
 async def start_claimed(start_new: StartNew, inp: WorkflowInput) -> None:
@@ -107,11 +107,17 @@ async def run_starter(services: Services, start_new: StartNew, *, limit: int | N
     figures = await admission.refresh(services)
     result.breaker_limit = await claims_allowed(services)
     room = max(0, services.tunables.max_in_processing - figures.processing)
-    wanted = min(limit or services.tunables.starter_batch, room,
-                 result.breaker_limit if result.breaker_limit is not None else room)
+    size = limit or services.tunables.starter_batch
+    allowed = result.breaker_limit if result.breaker_limit is not None else size
+    wanted = min(size, allowed)
     if wanted <= 0:
         return result
-    batch = await services.state.query_claimable(services.clock.now(), wanted)
+    # Ask for the room left only; a compensation needs no Processing slot, so while Processing is full the run asks
+    # for compensations alone (they never wait behind new orders).
+    if room > 0:
+        batch = await services.state.query_claimable(services.clock.now(), min(wanted, room))
+    else:
+        batch = await services.state.query_claimable(services.clock.now(), wanted, (ProcessState.COMPENSATING,))
     await _claim_within_the_bound(services, start_new, batch, result)
     return result
 
@@ -136,16 +142,21 @@ async def _claim_within_the_bound(services: Services, start_new: StartNew, batch
     `start_new`, well inside admission.RESERVATION_GRACE of its slot."""
     if not batch:
         return
-    slots = await admission.reserve(services, len(batch))
-    result.not_admitted += len(batch) - slots
+    # A compensation (CompensationInProgress) needs no slot: it undoes work and left Processing already.
+    forward = [(rec, etag) for rec, etag in batch if rec.process_state is ProcessState.PENDING]
+    undo = [(rec, etag) for rec, etag in batch if rec.process_state is not ProcessState.PENDING]
+    slots = await admission.reserve(services, len(forward)) if forward else 0
+    result.not_admitted += len(forward) - slots
     claimed: list[WorkflowInput] = []
-    for rec, etag in batch[:slots]:
+    won = 0
+    for rec, etag in [*forward[:slots], *undo]:
         inp = await try_claim(services, rec, etag)
         if inp is None:
             result.lost_race += 1
-        else:
-            claimed.append(inp)
-    await admission.release(services, slots - len(claimed))
+            continue
+        claimed.append(inp)
+        won += rec.process_state is ProcessState.PENDING
+    await admission.release(services, slots - won)
     for inp in claimed:
         await start_attempt(start_new, inp, result)
 

@@ -249,15 +249,19 @@ def _current_status(rec: OrderStateRecord, action: StepName | CompensationName) 
 
 
 def set_step_deadline(
-    rec: OrderStateRecord, instance: str, step: StepName | CompensationName, complete_by: datetime, now: datetime
+    rec: OrderStateRecord, instance: str, step: StepName | CompensationName, complete_by: datetime, now: datetime,
+    workflow_version: str | None = None,
 ) -> OrderStateRecord:
-    """Scheduler (fenced): CompleteBy = the step's (or compensation's) deadline; it is running in this attempt."""
+    """Scheduler (fenced): CompleteBy = the step's (or compensation's) deadline; it is running in this attempt. The
+    Scheduler's workflow version, when given, is recorded with it (no write of its own)."""
     _fence(rec, instance)
     next_state(rec.process_state, Event.SET_STEP_DEADLINE)
     status, attempt = _current_status(rec, step)
-    if status is StepStatus.RUNNING and attempt == rec.attempt and rec.complete_by == complete_by:
+    version = workflow_version or rec.workflow_version
+    if status is StepStatus.RUNNING and attempt == rec.attempt and rec.complete_by == complete_by \
+            and version == rec.workflow_version:
         return rec
-    changes: dict[str, object] = {"complete_by": ensure_utc(complete_by)}
+    changes: dict[str, object] = {"complete_by": ensure_utc(complete_by), "workflow_version": version}
     if isinstance(step, CompensationName):
         changes["compensations"] = _with_compensation(rec, step, StepStatus.RUNNING, now)
     else:
@@ -332,10 +336,8 @@ def _undo(rec: OrderStateRecord, at: datetime, cause: str, changes: dict[str, ob
     log = compensation_log(rec)
     if log:
         return _move(rec, Event.COMPENSATE, at, compensation_cause=cause, compensations=log, **changes)
-    final = {**changes, "complete_by": None}
-    if cause.startswith(CANCELLED_PREFIX):
-        return _move(rec, Event.CANCEL, at, compensation_cause=cause, **final)
-    return _move(rec, give_up, at, **final)
+    final = {**changes, "complete_by": None, "compensation_cause": cause}  # the cause, for a repeat to recognise
+    return _move(rec, Event.CANCEL if cause.startswith(CANCELLED_PREFIX) else give_up, at, **final)
 
 
 def begin_compensation(rec: OrderStateRecord, instance: str, cause: str, complete_by: datetime,
@@ -344,6 +346,8 @@ def begin_compensation(rec: OrderStateRecord, instance: str, cause: str, complet
     Processing → CompensationInProgress with the log of every step sent (this instance keeps the lock and runs
     them), or straight to Cancelled / Error when nothing was sent. A repeat is a no-op."""
     _fence(rec, instance)
+    if cause == CANCELLED_PREFIX:
+        cause = _cancel_cause(rec.cancel_reason)  # the client's reason, recorded with the cancel
     if rec.compensation_cause == cause and rec.process_state is not ProcessState.PROCESSING:
         return rec
     if rec.process_state is not ProcessState.PROCESSING:
@@ -373,19 +377,22 @@ def cancel(rec: OrderStateRecord, now: datetime, reason: str | None = None) -> O
     if rec.cancel_requested_at is not None or (rec.compensation_cause or "").startswith(CANCELLED_PREFIX):
         return rec
     if rec.process_state is ProcessState.PENDING:
-        return _undo(rec, at, _cancel_cause(reason), {"retry_at": None, "cancel_requested_at": at})
+        return _undo(rec, at, _cancel_cause(reason), {"retry_at": None, "cancel_requested_at": at,
+                                                        "cancel_reason": reason})
     if rec.process_state is ProcessState.PROCESSING:
-        return request_cancel(rec, at)
+        return request_cancel(rec, at, reason)
     raise CancelRefused(f"order {rec.order_id} is {rec.process_state.value}: "
                         + ("already processed" if rec.process_state is ProcessState.PROCESSED else "not cancellable"))
 
 
-def request_cancel(rec: OrderStateRecord, now: datetime) -> OrderStateRecord:
-    """Processing → Processing with cancelRequestedAt (the running attempt honours it); a repeat is a no-op."""
+def request_cancel(rec: OrderStateRecord, now: datetime, reason: str | None = None) -> OrderStateRecord:
+    """Processing → Processing with cancelRequestedAt and the client's reason (the running attempt honours it); a
+    repeat is a no-op."""
     next_state(rec.process_state, Event.REQUEST_CANCEL)
     if rec.cancel_requested_at is not None:
         return rec
-    return _move(rec, Event.REQUEST_CANCEL, ensure_utc(now), cancel_requested_at=ensure_utc(now))
+    return _move(rec, Event.REQUEST_CANCEL, ensure_utc(now), cancel_requested_at=ensure_utc(now),
+                 cancel_reason=reason)
 
 
 def recover(
@@ -416,7 +423,7 @@ def recover(
         return _move(rec, Event.RECOVER_RETRY, at, compensation_failures=failures, retry_at=at + backoff(failures),
                      **unlocked, **_error_changes(rec, expired))
     if rec.cancel_requested_at is not None:
-        return _undo(rec, at, _cancel_cause(None), {"retry_at": None, **unlocked})
+        return _undo(rec, at, _cancel_cause(rec.cancel_reason), {"retry_at": None, **unlocked})
     failures = rec.failure_count + 1
     if failures >= threshold:
         cause = f"FailureThresholdReached: {expired}"
@@ -451,7 +458,7 @@ def defer(rec: OrderStateRecord, instance: str, retry_at: datetime, now: datetim
     at = ensure_utc(now)
     unlocked: dict[str, object] = {"locked_by": None, "complete_by": None, "deferrals": rec.deferrals + 1}
     if rec.process_state is ProcessState.PROCESSING and rec.cancel_requested_at is not None:
-        return _undo(rec, at, _cancel_cause(None), {"retry_at": None, **unlocked})
+        return _undo(rec, at, _cancel_cause(rec.cancel_reason), {"retry_at": None, **unlocked})
     return _move(rec, Event.DEFER, at, retry_at=ensure_utc(retry_at), **unlocked, **_error_changes(rec, reason))
 
 

@@ -6,6 +6,12 @@
   between the two writes is repaired by the redelivery, because each write is create-if-absent. `received` is sent
   on every acceptance; when the order is already terminal (Processed/Error), its terminal status follows, again.
 - Same orderId with other data → `Rejected("OrderConflict")`; the stored order is never overwritten.
+
+A `CancelOrder` on the same queue and session (so strictly after its order's SubmitOrder, seed 002) → `cancel_order`:
+Pending → Cancelled with no remote call (or its compensation, when an earlier attempt sent steps); Processing → the
+record says so and the running attempt is told by the external event `CancelOrder`; Processed (or failed) →
+`rejected` on the reply queue with the reason, record unchanged; unknown order → dead-lettered `UnknownOrder`. A
+repeat changes nothing and tells no one again.
 """
 
 from __future__ import annotations
@@ -16,12 +22,21 @@ from typing import Any
 
 from orderflow import telemetry
 from orderflow.admission import BACKLOG_FULL, backlog_gate
-from orderflow.messages import AlertKind, InvalidMessage, OrderStatus, SubmitOrder, parse_submit_order
-from orderflow.notifications import send_terminal_status
+from orderflow.messages import (
+    AlertKind,
+    CancelOrder,
+    InvalidMessage,
+    OrderStatus,
+    SubmitOrder,
+    inbound_type,
+    parse_cancel_order,
+    parse_submit_order,
+)
+from orderflow.notifications import entered_end, send_terminal_status
 from orderflow.outbound import about_message, raise_alert, send_status
-from orderflow.records import OrderRecord, OrderStateRecord
+from orderflow.records import OrderRecord, OrderStateRecord, ProcessState
 from orderflow.runtime import Services
-from orderflow.state_machine import TERMINAL_STATES
+from orderflow.state_machine import TERMINAL_STATES, CancelRefused, cancel
 
 
 @dataclass(frozen=True)
@@ -46,13 +61,31 @@ class Rejected:
     order_id: str | None = None
 
 
+@dataclass(frozen=True)
+class CancelDone:
+    """A cancel applied (or a repeat, `changed` False). `tell`: the running attempt to raise `CancelOrder` on."""
+
+    order_id: str
+    state: ProcessState
+    changed: bool
+    tell: str | None = None
+
+
+@dataclass(frozen=True)
+class CancelTooLate:
+    """Refused (Processed, failed): answered `rejected` with the reason; the record is unchanged. Completed."""
+
+    order_id: str
+    reason: str
+
+
 def validate(body: bytes, session_id: str | None, services: Services) -> SubmitOrder:
     order = parse_submit_order(body)
     check_routing(order, session_id, services)
     return order
 
 
-def check_routing(order: SubmitOrder, session_id: str | None, services: Services) -> None:
+def check_routing(order: SubmitOrder | CancelOrder, session_id: str | None, services: Services) -> None:
     """The message's session is its order, and replyTo is an allowed reply queue (never an internal one)."""
     if session_id is not None and session_id != order.order_id:
         raise InvalidMessage("InvalidField:sessionId",
@@ -61,6 +94,54 @@ def check_routing(order: SubmitOrder, session_id: str | None, services: Services
     if order.reply_to in services.tunables.internal_queues() or order.reply_to not in allowed:
         raise InvalidMessage("InvalidField:replyTo",
                              f"field 'replyTo' {order.reply_to!r} is not an allowed reply queue")
+
+
+async def receive(services: Services, body: bytes, session_id: str | None, message_id: str | None = None,
+                  sequence_number: int | None = None) -> Accepted | Rejected | Refused | CancelDone | CancelTooLate:
+    """One orders-inbound message, by its `type`: a SubmitOrder (`submit`) or a CancelOrder (`cancel_order`)."""
+    try:
+        kind = inbound_type(body)
+    except InvalidMessage:
+        kind = "SubmitOrder"  # `submit` rejects it with the reason that names the field
+    if kind == "CancelOrder":
+        return await cancel_order(services, body, session_id, message_id, sequence_number)
+    return await submit(services, body, session_id, message_id, sequence_number)
+
+
+async def cancel_order(services: Services, body: bytes, session_id: str | None, message_id: str | None = None,
+                       sequence_number: int | None = None) -> Rejected | CancelDone | CancelTooLate:
+    """Apply a client's cancel to the order's state record (etag-guarded). The caller settles the message and, for
+    `CancelDone.tell`, raises the event."""
+    where = about_message(services.tunables.orders_queue, message_id, session_id, sequence_number)
+    try:
+        request = parse_cancel_order(body)
+        check_routing(request, session_id, services)
+    except InvalidMessage as exc:
+        return await _reject(services, exc.reason, exc.description, order_id=None, kind=AlertKind.POISON_MESSAGE,
+                             where=where)
+    order_id, now = request.order_id, services.clock.now()
+    before = await services.state.get(order_id)
+    if before is None:
+        return await _reject(services, "UnknownOrder", f"field 'orderId': no order {order_id!r} to cancel",
+                             order_id=order_id, kind=AlertKind.POISON_MESSAGE, where=where)
+    changed: list[bool] = []
+
+    def apply(rec: OrderStateRecord) -> OrderStateRecord:
+        updated = cancel(rec, now, request.reason)
+        changed[:] = [updated is not rec]
+        return updated
+
+    try:
+        rec, _ = await services.state.update_with_retry(order_id, apply)
+    except CancelRefused as exc:
+        await send_status(services.bus, request.reply_to, order_id=order_id, state=OrderStatus.REJECTED,
+                          attempt=before[0].attempt, reason=f"cancel refused: {exc}", now=now,
+                          message_id=f"{order_id}:{OrderStatus.REJECTED.value}:cancel:{message_id or sequence_number}")
+        return CancelTooLate(order_id=order_id, reason=str(exc))
+    if rec.process_state in TERMINAL_STATES and rec.notified_at is None:
+        await entered_end(services, rec)  # Cancelled: nothing was sent, nothing to undo
+    tell = rec.locked_by if changed and changed[0] and rec.process_state is ProcessState.PROCESSING else None
+    return CancelDone(order_id=order_id, state=rec.process_state, changed=bool(changed and changed[0]), tell=tell)
 
 
 async def submit(services: Services, body: bytes, session_id: str | None,

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from orderflow import admission, telemetry
-from orderflow.notifications import entered_error, sweep_unnotified
-from orderflow.records import OrderStateRecord, ProcessState, format_utc, parse_utc
+from orderflow.notifications import entered_end, sweep_unnotified
+from orderflow.records import TERMINAL_STATES, OrderStateRecord, ProcessState, format_utc, parse_utc
 from orderflow.recovery_index import ExpiredSource, ScanCost, expired_source
 from orderflow.runtime import Services
 from orderflow.starter import DurableStarts, StarterRun, never_started, start_attempt, workflow_input
@@ -151,14 +151,15 @@ async def _recover_one(services: Services, run: SupervisorRun, seen: OrderStateR
         run.skipped += 1  # another Supervisor or the Scheduler got there first
         return
     try:
-        await admission.exited(services, now)  # out of Processing: its admission slot is free
+        if seen.process_state is ProcessState.PROCESSING:  # out of Processing: its admission slot is free
+            await admission.exited(services, now)
     except Exception:
         log.exception("admission slot of %s not freed; the next refresh corrects it", rec.order_id)
-    if rec.process_state is ProcessState.ERROR:
+    if rec.process_state in TERMINAL_STATES:
         run.escalated.append(rec.order_id)
         try:
-            await entered_error(services, rec)
-        except Exception:  # the record is Error with notifiedAt null: the sweep sends it on a later run
+            await entered_end(services, rec)
+        except Exception:  # the record is terminal with notifiedAt null: the sweep sends it on a later run
             log.exception("escalation notice for %s failed; the sweep will send it", rec.order_id)
     else:
         run.recovered.append(rec.order_id)

@@ -9,6 +9,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 # The key of LOAD_ORDER's result that lists the steps an earlier attempt completed (they are not sent again).
 SUCCEEDED_STEPS = "succeededSteps"
+# The key of LOAD_ORDER's result (workflow version 2) that says what this attempt does: {"compensations": [names]}
+# when the order is in CompensationInProgress (the compensations still to run, in order), else {}.
+PLAN = "plan"
+# The external event a client's CancelOrder raises on the running attempt (triggers/submission.py).
+CANCEL_EVENT = "CancelOrder"
+
+# Workflow versions (README, "Versioning"). "1": the Scheduler before compensation and cancel; its instances (no
+# ExecutionStarted.Version, no workflowVersion in the input) replay and finish on the version-1 path.
+# "2": compensation and cancel. host.json `extensions.durableTask.defaultVersion` is WORKFLOW_VERSION (a test checks
+# it); the input carries it too, for hosts whose extension predates orchestration versions (context.version "").
+WORKFLOW_V1 = "1.0"
+WORKFLOW_VERSION = "2.0"
 
 
 class Outcome(StrEnum):
@@ -17,6 +29,9 @@ class Outcome(StrEnum):
     TIMED_OUT = "timedOut"
     SUPERSEDED = "superseded"
     DEFERRED = "deferred"  # the remote service's circuit breaker was open: back to Pending, FailureCount unchanged
+    CANCELLED = "cancelled"  # a cancel stopped the attempt (then compensated, or nothing to undo)
+    COMPENSATED = "compensated"
+    COMPENSATION_FAILED = "compensationFailed"
 
 
 class WorkflowInput(BaseModel):
@@ -29,6 +44,8 @@ class WorkflowInput(BaseModel):
     attempt: int = Field(ge=1)
     step_timeout_seconds: int = Field(alias="stepTimeoutSeconds", gt=0)
     agent_retries: int = Field(default=4, alias="agentRetries", ge=0)
+    # Absent in version-1 inputs.
+    workflow_version: str = Field(default=WORKFLOW_V1, alias="workflowVersion", min_length=1, max_length=32)
 
     def to_dict(self) -> dict[str, object]:
         return self.model_dump(mode="json", by_alias=True)

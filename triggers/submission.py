@@ -19,7 +19,8 @@ import azurefunctions.extensions.bindings.servicebus as servicebus
 from orderflow import function_names as fn
 from orderflow.runtime import get_services
 from orderflow.starter import start_one
-from orderflow.submission import Accepted, Refused, submit
+from orderflow.submission import Accepted, CancelDone, CancelTooLate, Refused, receive
+from orderflow.workflow import CANCEL_EVENT
 
 bp = df.Blueprint()
 log = logging.getLogger("orderflow.submission")
@@ -38,10 +39,21 @@ async def submission(message: servicebus.ServiceBusReceivedMessage,
         # MessageId/SessionId as the binding decoded them, and the SequenceNumber (exact: the dead-lettered message
         # keeps it) for the alert. None stays None (str(None) would name a message "None").
         message_id = None if message.message_id is None else str(message.message_id)
-        outcome = await submit(services, body, message.session_id, message_id, message.sequence_number)
+        outcome = await receive(services, body, message.session_id, message_id, message.sequence_number)
     except Exception:
         await asyncio.to_thread(message_actions.abandon, message)
         raise
+    if isinstance(outcome, CancelDone | CancelTooLate):
+        await asyncio.to_thread(message_actions.complete, message)
+        if isinstance(outcome, CancelDone) and outcome.tell:
+            # The record already says so; the event only makes the running attempt stop sooner. An instance that
+            # has finished or not started yet (404/410) honours the record at its next decision point.
+            try:
+                await client.raise_event(outcome.tell, CANCEL_EVENT, {"orderId": outcome.order_id})
+            except Exception:
+                log.warning("cancel of %s: event to %s not delivered; the record carries it", outcome.order_id,
+                            outcome.tell)
+        return
     if isinstance(outcome, Refused):
         # Admission control: answered `rejected` on the app's reply queue, nothing written. A decision, not poison:
         # the message is completed, never dead-lettered.

@@ -26,7 +26,16 @@ from azure.cosmos.aio import ContainerProxy, CosmosClient
 from azure.cosmos.exceptions import CosmosHttpResponseError, CosmosResourceNotFoundError
 
 from orderflow import settings
-from orderflow.records import OrderRecord, OrderStateRecord, ProcessState, format_utc, parse_utc
+from orderflow.records import (
+    CLAIMABLE_STATES,
+    SUPERVISED_STATES,
+    TERMINAL_STATES,
+    OrderRecord,
+    OrderStateRecord,
+    ProcessState,
+    format_utc,
+    parse_utc,
+)
 from orderflow.store.errors import (
     Conflict,
     NotFound,
@@ -78,21 +87,32 @@ STATE_INDEXING_POLICY: dict[str, Any] = {
     ],
 }
 
-_CLAIMABLE_SQL = (
-    "SELECT TOP @limit * FROM c WHERE c.processState = @pending AND IS_NULL(c.lockedBy)"
-    " AND (IS_NULL(c.retryAt) OR c.retryAt <= @now) ORDER BY c.retryAt ASC, c.createdAt ASC"
-)
+def _in_states(name: str, states: tuple[ProcessState, ...]) -> tuple[str, list[dict[str, object]]]:
+    """`(c.processState = @name0 OR ...)` and its parameters (an OR of equalities: what every Cosmos query engine,
+    the emulators included, evaluates with the index)."""
+    params: list[dict[str, object]] = [{"name": f"@{name}{i}", "value": s.value} for i, s in enumerate(states)]
+    return "(" + " OR ".join(f"c.processState = {p['name']}" for p in params) + ")", params
+
+
+def _claimable_sql(states: tuple[ProcessState, ...]) -> tuple[str, list[dict[str, object]]]:
+    where, params = _in_states("claimable", states)
+    return (f"SELECT TOP @limit * FROM c WHERE {where} AND IS_NULL(c.lockedBy)"
+            " AND (IS_NULL(c.retryAt) OR c.retryAt <= @now) ORDER BY c.retryAt ASC, c.createdAt ASC"), params
+
+
+_TERMINAL_IN, _TERMINAL_PARAMS = _in_states("terminal", TERMINAL_STATES)
 _UNNOTIFIED_SQL = (
-    "SELECT TOP @limit * FROM c WHERE (c.processState = @processed OR c.processState = @error)"
+    f"SELECT TOP @limit * FROM c WHERE {_TERMINAL_IN}"
     " AND (NOT IS_DEFINED(c.notifiedAt) OR IS_NULL(c.notifiedAt)) AND c.updatedAt < @before"
 )
+_SUPERVISED_IN, _SUPERVISED_PARAMS = _in_states("supervised", SUPERVISED_STATES)
 # Keyset paging, not SDK continuation tokens: azure-cosmos does not resume cross-partition ORDER BY queries
 # from a token (Azure/azure-sdk-for-python#41434 "Invalid Continuation Token", #37230 "Incorrect
 # continuationToken returned from orderBy query"; #13953 documents tokens as single-partition only).
 # One query per page (TOP n+1), drained by the SDK across partitions; needs the (completeBy, id) composite
 # index.
 _EXPIRED_SQL = (
-    "SELECT TOP @n * FROM c WHERE c.processState = @processing"
+    f"SELECT TOP @n * FROM c WHERE {_SUPERVISED_IN}"
     " AND c.completeBy >= @start AND c.completeBy < @end"
     " AND (c.completeBy > @afterCompleteBy OR (c.completeBy = @afterCompleteBy AND c.id > @afterId))"
     " ORDER BY c.completeBy ASC, c.id ASC"
@@ -286,19 +306,20 @@ class CosmosStateStore(UpdateWithRetry):
         except CosmosHttpResponseError as exc:
             raise translate(exc) from exc
 
-    async def query_claimable(self, now: datetime, limit: int) -> list[Versioned]:
+    async def query_claimable(self, now: datetime, limit: int,
+                              states: tuple[ProcessState, ...] = CLAIMABLE_STATES) -> list[Versioned]:
+        sql, in_states = _claimable_sql(states)
         params: list[dict[str, object]] = [
             {"name": "@limit", "value": int(limit)},
-            {"name": "@pending", "value": ProcessState.PENDING.value},
+            *in_states,
             {"name": "@now", "value": format_utc(now)},
         ]
-        return await self._query_records(_CLAIMABLE_SQL, params)
+        return await self._query_records(sql, params)
 
     async def query_unnotified(self, updated_before: datetime, limit: int) -> list[Versioned]:
         params: list[dict[str, object]] = [
             {"name": "@limit", "value": int(limit)},
-            {"name": "@processed", "value": ProcessState.PROCESSED.value},
-            {"name": "@error", "value": ProcessState.ERROR.value},
+            *_TERMINAL_PARAMS,
             {"name": "@before", "value": format_utc(updated_before)},
         ]
         return await self._query_records(_UNNOTIFIED_SQL, params)
@@ -311,7 +332,7 @@ class CosmosStateStore(UpdateWithRetry):
         after = ExpiredCursor.start(window_start, continuation)
         params: list[dict[str, object]] = [
             {"name": "@n", "value": page_size + 1},
-            {"name": "@processing", "value": ProcessState.PROCESSING.value},
+            *_SUPERVISED_PARAMS,
             {"name": "@start", "value": format_utc(window_start)},
             {"name": "@end", "value": format_utc(window_end)},
             {"name": "@afterCompleteBy", "value": after.complete_by},

@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from orderflow.records import OrderRecord, OrderStateRecord, ProcessState, format_utc
+from orderflow.records import (
+    CLAIMABLE_STATES,
+    SUPERVISED_STATES,
+    OrderRecord,
+    OrderStateRecord,
+    ProcessState,
+    format_utc,
+)
 from orderflow.store.errors import NotFound, PreconditionFailed
 
 Versioned = tuple[OrderStateRecord, str]
@@ -83,19 +90,22 @@ class StateStore(Protocol):
         """If-Match write; returns the new etag. Raises PreconditionFailed (stale etag) or NotFound."""
         ...
 
-    async def query_claimable(self, now: datetime, limit: int) -> list[Versioned]:
-        """Pending, LockedBy null, RetryAt null or <= now; ordered by retryAt (nulls first) then createdAt."""
+    async def query_claimable(self, now: datetime, limit: int,
+                              states: tuple[ProcessState, ...] = CLAIMABLE_STATES) -> list[Versioned]:
+        """In `states` (by default Pending or CompensationInProgress, records.CLAIMABLE_STATES), LockedBy null,
+        RetryAt null or <= now; ordered by retryAt (nulls first) then createdAt."""
         ...
 
     async def query_unnotified(self, updated_before: datetime, limit: int) -> list[Versioned]:
-        """Processed or Error records whose notification is still owed (notifiedAt null), last written before
-        `updated_before`; at most `limit`."""
+        """Terminal records (records.TERMINAL_STATES) whose notification is still owed (notifiedAt null), last
+        written before `updated_before`; at most `limit`."""
         ...
 
     async def query_expired(
         self, window_start: datetime, window_end: datetime, page_size: int, continuation: str | None = None
     ) -> Page:
-        """Processing with window_start <= CompleteBy < window_end, ordered by CompleteBy, one page."""
+        """Processing or CompensationInProgress (records.SUPERVISED_STATES) with window_start <= CompleteBy <
+        window_end, ordered by CompleteBy, one page."""
         ...
 
     async def count_in_state(self, state: ProcessState) -> int:
@@ -128,8 +138,9 @@ class IndexEntry:
         return f"{self.order_id}|{format_utc(self.complete_by)}"
 
     def matches(self, rec: OrderStateRecord) -> bool:
-        """Whether the record is still what this entry says: Processing, this CompleteBy, this lock."""
-        return (rec.process_state is ProcessState.PROCESSING and rec.complete_by == self.complete_by
+        """Whether the record is still what this entry says: supervised (Processing or CompensationInProgress), this
+        CompleteBy, this lock."""
+        return (rec.process_state in SUPERVISED_STATES and rec.complete_by == self.complete_by
                 and rec.locked_by == self.locked_by)
 
 

@@ -19,7 +19,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from orderflow.records import OrderRecord, OrderStateRecord, ProcessState, format_utc, parse_utc
+from orderflow.records import (
+    CLAIMABLE_STATES,
+    SUPERVISED_STATES,
+    TERMINAL_STATES,
+    OrderRecord,
+    OrderStateRecord,
+    ProcessState,
+    format_utc,
+    parse_utc,
+)
 from orderflow.store.errors import Conflict, NotFound, PreconditionFailed
 from orderflow.store.ports import (
     ExpiredCursor,
@@ -52,6 +61,14 @@ CREATE INDEX IF NOT EXISTS ix_recovery_index_time ON recovery_index (complete_by
 CREATE TABLE IF NOT EXISTS documents (
     collection TEXT NOT NULL, id TEXT NOT NULL, etag TEXT NOT NULL, doc TEXT NOT NULL, PRIMARY KEY (collection, id));
 """
+
+def _marks(states: tuple[ProcessState, ...]) -> str:
+    return "(" + ", ".join("?" * len(states)) + ")"
+
+
+def _values(states: tuple[ProcessState, ...]) -> tuple[str, ...]:
+    return tuple(s.value for s in states)
+
 
 _STATE_COLUMNS = "id, etag, doc, process_state, locked_by, retry_at, complete_by, created_at"
 
@@ -208,22 +225,23 @@ class SqliteStateStore(UpdateWithRetry):
         await self._db.write(lambda conn: _conditional_update(conn, "order_state", rec.id, etag, row))
         return str(row["etag"])
 
-    async def query_claimable(self, now: datetime, limit: int) -> list[Versioned]:
+    async def query_claimable(self, now: datetime, limit: int,
+                              states: tuple[ProcessState, ...] = CLAIMABLE_STATES) -> list[Versioned]:
         sql = (
-            "SELECT doc, etag FROM order_state WHERE process_state = ? AND locked_by IS NULL"
+            f"SELECT doc, etag FROM order_state WHERE process_state IN {_marks(states)} AND locked_by IS NULL"
             " AND (retry_at IS NULL OR retry_at <= ?) ORDER BY retry_at, created_at, id LIMIT ?"
         )
-        args = (ProcessState.PENDING.value, format_utc(now), limit)
+        args = (*_values(states), format_utc(now), limit)
         rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall())
         return [_versioned(r) for r in rows]
 
     async def query_unnotified(self, updated_before: datetime, limit: int) -> list[Versioned]:
         sql = (
-            "SELECT doc, etag FROM order_state WHERE process_state IN (?, ?)"
+            f"SELECT doc, etag FROM order_state WHERE process_state IN {_marks(TERMINAL_STATES)}"
             " AND json_extract(doc, '$.notifiedAt') IS NULL AND json_extract(doc, '$.updatedAt') < ?"
             " ORDER BY json_extract(doc, '$.updatedAt'), id LIMIT ?"
         )
-        args = (ProcessState.PROCESSED.value, ProcessState.ERROR.value, format_utc(updated_before), limit)
+        args = (*_values(TERMINAL_STATES), format_utc(updated_before), limit)
         rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall())
         return [_versioned(r) for r in rows]
 
@@ -234,12 +252,12 @@ class SqliteStateStore(UpdateWithRetry):
             raise ValueError("page_size must be >= 1")
         after = ExpiredCursor.start(window_start, continuation)
         sql = (
-            "SELECT doc, etag FROM order_state WHERE process_state = ?"
+            f"SELECT doc, etag FROM order_state WHERE process_state IN {_marks(SUPERVISED_STATES)}"
             " AND (complete_by, id) > (?, ?) AND complete_by >= ? AND complete_by < ?"
             " ORDER BY complete_by, id LIMIT ?"
         )
         args = (
-            ProcessState.PROCESSING.value,
+            *_values(SUPERVISED_STATES),
             after.complete_by,
             after.id,
             format_utc(window_start),

@@ -116,7 +116,7 @@ def _valid() -> dict[str, Any]:
         ("not json", "InvalidJson"),
         ("[1, 2]", "InvalidJson"),
         (json.dumps({**_valid(), "type": "SubmitOrder"}), "UnknownType"),
-        (json.dumps({**_valid(), "schemaVersion": 2}), "UnsupportedSchemaVersion"),
+        (json.dumps({**_valid(), "schemaVersion": 3}), "UnsupportedSchemaVersion"),
         (json.dumps({k: v for k, v in _valid().items() if k != "step"}), "InvalidField:step"),
         (json.dumps({**_valid(), "step": "teleport"}), "InvalidField:step"),
         (json.dumps({**_valid(), "deadline": "soon"}), "InvalidField:deadline"),

@@ -114,47 +114,49 @@ def test_a_hang_past_complete_by_is_recovered_by_attempt_2_and_the_late_reply_is
     assert [s.state for s in client.statuses(order_id)].count(OrderStatus.COMPLETED) == 1
 
 
-def test_permanent_failure_goes_to_error_with_alert_and_failed_status(client: Client) -> None:
-    """Execution: a non-transient failure → Error, an operator alert, and `failed` with the reason."""
+def test_permanent_failure_compensates_the_steps_done_with_alert_and_compensated_status(client: Client) -> None:
+    """Execution + compensation (seed 001): a non-transient failure after a successful step undoes that step through
+    the Agent; the order ends Compensated with an operator alert, and `compensated` names the cause and the effects
+    applied and undone."""
     order_id = new_order_id("permanent")
     client.script({idempotency_key(order_id, CHARGE): ["permanent"]})
     client.submit(make_order(order_id))
 
-    failed = client.wait_status(order_id, OrderStatus.FAILED)
+    done = client.wait_status(order_id, OrderStatus.COMPENSATED)
 
-    assert "PaymentDeclined" in failed.reason and CHARGE in failed.reason
+    assert "PaymentDeclined" in done.reason and CHARGE in done.reason
+    assert done.effects is not None and (done.effects.applied, done.effects.undone) == ([RESERVE], [RESERVE])
     rec = client.state(order_id)
-    assert (
-        rec is not None
-        and rec.process_state is ProcessState.ERROR
-        and "PaymentDeclined" in (rec.last_error or "")
-    )
+    assert rec is not None and rec.process_state is ProcessState.COMPENSATED
     assert [s.status for s in rec.steps] == [StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.PENDING]
+    assert [(c.name.value, c.status, c.undone) for c in rec.compensations] == [
+        ("release-inventory", StepStatus.SUCCEEDED, True)]
     [alert] = wait_until(lambda: client.alerts(order_id), 10, "alert")
     assert alert.kind is AlertKind.ORDER_FAILED and "PaymentDeclined" in alert.reason
+    assert (alert.details["applied"], alert.details["undone"]) == ([RESERVE], [RESERVE])
     assert client.effects(order_id) == {RESERVE: 1}  # nothing after the rejected step
+    assert client.undone(order_id) == [RESERVE] and client.compensations(order_id) == {"release-inventory": 1}
 
 
-def test_every_attempt_hangs_until_the_threshold_then_error_alert_and_failed(client: Client) -> None:
-    """Supervision: FailureCount reaches the threshold (3) → Error + operator alert + `failed`."""
+def test_every_attempt_hangs_until_the_threshold_then_the_applied_step_is_compensated(client: Client) -> None:
+    """Supervision: FailureCount reaches the threshold (3) → the step the remote applied (while its record said
+    running) is undone → Compensated + FailureThresholdReached alert + `compensated` with applied and undone."""
     order_id = new_order_id("threshold")
     client.script({idempotency_key(order_id, RESERVE): ["hang"] * 10})
     client.submit(make_order(order_id))
 
-    failed = client.wait_status(order_id, OrderStatus.FAILED, timeout=60)
+    done = client.wait_status(order_id, OrderStatus.COMPENSATED, timeout=60)
 
-    assert failed.attempt == 3 and "FailureThresholdReached" in failed.reason
+    assert done.attempt == 4 and "FailureThresholdReached" in done.reason
+    assert done.effects is not None and (done.effects.applied, done.effects.undone) == ([RESERVE], [RESERVE])
     rec = client.state(order_id)
     assert rec is not None
-    assert (rec.process_state, rec.failure_count, rec.attempt, rec.locked_by) == (
-        ProcessState.ERROR,
-        3,
-        3,
-        None,
-    )
+    assert (rec.process_state, rec.failure_count, rec.attempt) == (ProcessState.COMPENSATED, 3, 4)
     [alert] = wait_until(lambda: client.alerts(order_id), 10, "alert")
     assert alert.kind is AlertKind.FAILURE_THRESHOLD and alert.details["failureCount"] == 3
-    assert client.effects(order_id) == {RESERVE: 1}  # three attempts, one effect
+    assert alert.details["undone"] == [RESERVE]
+    assert client.effects(order_id) == {RESERVE: 1}  # three attempts, one effect, undone once
+    assert client.undone(order_id) == [RESERVE]
 
 
 def test_duplicate_submission_makes_one_order_and_conflicting_one_is_dead_lettered(client: Client) -> None:
@@ -192,7 +194,7 @@ def test_invalid_inputs_are_dead_lettered_with_their_reason(client: Client) -> N
             None,
             "InvalidField:items.0.quantity",
         ),
-        "unknown-type": ({**good, "type": "CancelOrder"}, None, "UnknownType"),
+        "unknown-type": ({**good, "type": "RefundOrder"}, None, "UnknownType"),
         "session-mismatch": (good, "someone-else", "InvalidField:sessionId"),
         "internal-reply-queue": ({**good, "replyTo": "agent-requests"}, None, "InvalidField:replyTo"),
     }

@@ -184,7 +184,7 @@ def test_host_json() -> None:
     assert HOST_JSON["telemetryMode"] == "OpenTelemetry"
     assert HOST_JSON["extensionBundle"] == {
         "id": "Microsoft.Azure.Functions.ExtensionBundle",
-        "version": "[4.*, 5.0.0)",
+        "version": "[4.32.0, 5.0.0)",  # 4.30+: orchestration versions (defaultVersion); 4.32+: Durable Task Scheduler
     }
     durable = HOST_JSON["extensions"]["durableTask"]
     assert durable["hubName"] == "%TaskHubName%"

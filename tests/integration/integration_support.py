@@ -194,3 +194,33 @@ def counter_value(points: MetricPoints, name: str, **attributes: Any) -> float:
 def histogram_count(points: MetricPoints, name: str) -> int:
     """How many values histogram `name` recorded so far."""
     return sum(p.count for p in points().get(name, []))
+
+
+# ---- compensation and cancel (tests/integration/test_compensation.py, test_cancel.py) -----------------------------
+
+def state_activity(name: str) -> Callable[..., Any]:
+    """A Scheduler activity of activities/state.py as the worker calls it, from its blueprint (the activities read
+    their services with get_services(): install the pipeline's with `orderflow.runtime.use_services` first)."""
+    from support.product_app import user_function
+
+    return user_function(name)
+
+
+async def run_action(p: Pipeline, order_id: str, instance: str, action: str, status: str | None = "succeeded", *,
+                     undone: bool | None = None, honours_cancel: bool = True, error: str | None = None) -> Any:
+    """What the version-2 Scheduler does for one step or compensation, through the real activities: SET_STEP_DEADLINE
+    (CompleteBy = now + StepTimeout), then, unless `status` is None (the request is in flight) or the deadline call
+    did not answer True, RECORD_STEP_RESULT. Returns SET_STEP_DEADLINE's answer."""
+    from orderflow import function_names as fn
+    from orderflow.records import format_utc
+    from orderflow.workflow import WORKFLOW_VERSION
+
+    complete_by = p.clock.now() + p.services.tunables.step_timeout
+    fenced = await state_activity(fn.SET_STEP_DEADLINE)({
+        "orderId": order_id, "instanceId": instance, "step": action, "completeBy": format_utc(complete_by),
+        "workflowVersion": WORKFLOW_VERSION, "honoursCancel": honours_cancel})
+    if fenced is True and status is not None:
+        assert await state_activity(fn.RECORD_STEP_RESULT)({
+            "orderId": order_id, "instanceId": instance, "step": action, "status": status, "error": error,
+            "undone": undone}) is True
+    return fenced

@@ -13,18 +13,15 @@ be left exactly as they were.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 from azure.durable_functions.models.actions.ActionType import ActionType
-from integration_support import Pipeline, claim_orders, open_pipeline
+from integration_support import Pipeline, claim_orders
 from support.orchestration_driver import Driver
 
 from orderflow import function_names as fn
-from orderflow import runtime
 from orderflow.bus.aio import from_connection_string
 from orderflow.messages import STEPS, OrderStatus, reply_event_name
 from orderflow.starter import run_starter
@@ -32,15 +29,6 @@ from orderflow.supervisor import run_supervisor
 
 ORDER = "o-1"
 STEP_TIMEOUT_SECONDS = 10
-
-
-@pytest.fixture
-async def p(tmp_path: Path) -> AsyncIterator[Pipeline]:
-    deployment = await open_pipeline(tmp_path)
-    runtime.use_services(deployment.services)  # what the activities' get_services() returns on this loop
-    yield deployment
-    runtime.reset_services()
-    await deployment.aclose()
 
 
 @pytest.fixture(scope="module")

@@ -57,6 +57,9 @@ DURABLE_KEYS = {
     "hubName", "storageProvider", "tracing", "notifications", "maxConcurrentActivityFunctions",
     "maxConcurrentOrchestratorFunctions", "extendedSessionsEnabled", "extendedSessionIdleTimeoutInSeconds",
     "useAppLease", "useGracefulShutdown", "maxEntityOperationBatchSize", "useTablePartitionManagement",
+    # Not in the schema at that commit (it lags the extension): DurableTaskOptions.DefaultVersion, orchestration
+    # versioning in Microsoft.Azure.WebJobs.Extensions.DurableTask 3.1+ (bundle 4.x); docs/devhost.md, Versioning.
+    "defaultVersion",
 }
 STORAGE_PROVIDER_KEYS = {
     "connectionStringName", "controlQueueBatchSize", "controlQueueBufferThreshold", "controlQueueVisibilityTimeout",
@@ -109,6 +112,14 @@ def test_client_retry_options_use_the_schema_spelling() -> None:
     assert HH_MM_SS.match(retry["tryTimeout"]) and HH_MM_SS.match(retry["maxDelay"])
     assert HH_MM_SS_FF.match(retry["delay"])
     assert type(retry["maxRetries"]) is int
+
+
+def test_default_version_is_the_scheduler_workflow_version() -> None:
+    """New instances get the Scheduler's current workflow version (orderflow/workflow.py); a literal, because the
+    extension does not expand %VAR% references in defaultVersion (azure-functions-durable-extension #3279)."""
+    from orderflow.workflow import WORKFLOW_VERSION
+
+    assert HOST_JSON["extensions"]["durableTask"]["defaultVersion"] == WORKFLOW_VERSION
 
 
 def test_durable_task_uses_only_schema_keys() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from azure.durable_functions.models.actions.ActionType import ActionType
 from support.orchestration_driver import Driver
+from support.product_app import user_function
 
 from orderflow import function_names as fn
 from orderflow.messages import STEPS, reply_event_name
@@ -21,9 +22,7 @@ INSTANCE = f"{ORDER}:1"
 
 @pytest.fixture(scope="module")
 def handle() -> Any:
-    import function_app
-
-    return {f.get_function_name(): f for f in function_app.app.get_functions()}[fn.ORDER_WORKFLOW].get_user_function()
+    return user_function(fn.ORDER_WORKFLOW)
 
 
 @pytest.fixture()

@@ -563,6 +563,11 @@ def test_cancel_while_processing_is_requested_and_honoured_by_the_supervisor_and
     assert deferred.process_state is ProcessState.COMPENSATING and deferred.locked_by is None
     nothing_sent = cancel(sent(), NOW)
     assert recover(nothing_sent, FIRST, NOW, THRESHOLD, BACKOFF).process_state is ProcessState.CANCELLED
+    # the client's reason travels with the cancel to whichever path honours it
+    with_reason = cancel(rec, NOW, "changed my mind")
+    assert recover(with_reason, FIRST, NOW, THRESHOLD, BACKOFF).compensation_cause == "cancelled: changed my mind"
+    assert begin_compensation(with_reason, FIRST, "cancelled", NOW + LEASE, NOW).compensation_cause == \
+        "cancelled: changed my mind"
 
 
 @pytest.mark.parametrize("state", [ProcessState.PROCESSED, ProcessState.ERROR, ProcessState.COMPENSATED,
