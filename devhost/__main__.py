@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("up", "down"):
         from . import up  # noqa: PLC0415
         return up.up(args) if args.command == "up" else up.down(args)
+    if args.command == "cancel":
+        from . import client  # noqa: PLC0415
+        return client.cancel(args)
     if args.command in ("submit", "queues"):
         from . import client  # noqa: PLC0415
         return client.submit(args) if args.command == "submit" else client.queues(args)

@@ -1,5 +1,6 @@
 """A client app for the local system: `python -m devhost submit` sends one order and follows its statuses on the
-app's reply queue; `python -m devhost queues` shows each queue's counts, the dead-letter reasons and the operator
+app's reply queue; `python -m devhost cancel ORDER_ID` sends a CancelOrder in the order's session and follows what it
+did; `python -m devhost queues` shows each queue's counts, the dead-letter reasons and the operator
 alerts. Both use the same connection setting as the app (ServiceBusConnection from the environment or the app's
 local.settings.json) and the azure-servicebus API, so they work on the embedded broker (and, for `submit`, on Azure).
 """
@@ -27,6 +28,7 @@ from rich.table import Table
 from orderflow.bus import from_connection_string
 from orderflow.messages import (
     TERMINAL_STATUSES,
+    CancelOrder,
     InvalidMessage,
     OperatorAlert,
     OrderStatus,
@@ -57,6 +59,21 @@ def add_commands(sub: Any) -> None:
     s.add_argument("--host-port", type=int, default=None,
                    help="devhost's HTTP port, checked when no terminal status comes (default: the one `devhost up` "
                         "recorded, else 7071)")
+
+    c = sub.add_parser("cancel", help="cancel one order and follow what the cancel did (a client app)",
+                       description="Send a CancelOrder for ORDER_ID to the orders queue in the order's session "
+                                   "(SessionId = orderId, so it is processed after the order's SubmitOrder), with the "
+                                   "order's replyTo (read from the orders DB), then print the statuses that follow "
+                                   "it: cancelled (nothing was sent), compensated (what was done is undone), "
+                                   "rejected (too late: the order is processed or failed, nothing changed). A cancel "
+                                   "of an order whose steps are running takes effect at once or at its next step; a "
+                                   "repeated cancel changes nothing and is not answered again.")
+    _connection_options(c)
+    c.add_argument("order_id", metavar="ORDER_ID", help="the order to cancel")
+    c.add_argument("--reason", default=None, help="why: the CancelOrder's reason (at most 256 characters)")
+    c.add_argument("--reply-to", default=None,
+                   help="reply queue (default: the order's replyTo from the orders DB, else app-status)")
+    c.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the answer (default 30)")
 
     q = sub.add_parser("queues", help="queue counts, dead-letter reasons and operator alerts (embedded broker)",
                        description="For every queue: active, scheduled and dead-lettered messages and sessions with "
@@ -139,6 +156,112 @@ def submit(args: argparse.Namespace) -> int:
                 console.print(f"  - {line}")
             code = 1
         return code
+
+
+def cancel_body(order_id: str, reply_to: str, reason: str | None = None,
+                requested_at: datetime | None = None) -> str:
+    """A CancelOrder's JSON body (validated: ValueError on an invalid orderId, replyTo or reason)."""
+    return CancelOrder(orderId=order_id, replyTo=reply_to, reason=reason,
+                       requestedAt=requested_at or datetime.now(UTC)).to_json()
+
+
+def cancel_message(order_id: str, reply_to: str, reason: str | None = None,
+                   requested_at: datetime | None = None) -> ServiceBusMessage:
+    """A CancelOrder as a client sends it on orders-inbound: SessionId = orderId (after the order's SubmitOrder),
+    MessageId = `<orderId>:cancel:<hash of the body>` (each cancel is its own message; an identical resend is absorbed
+    by duplicate detection)."""
+    body = cancel_body(order_id, reply_to, reason, requested_at)
+    message_id = f"{order_id}:cancel:{hashlib.sha256(body.encode()).hexdigest()[:12]}"
+    return ServiceBusMessage(body, session_id=order_id, message_id=message_id, content_type="application/json")
+
+
+def _stored_reply_to(order_id: str) -> str | None:
+    """The replyTo of the stored order (the orders DB named by CosmosDb__accountEndpoint), None when it cannot be
+    read or there is no such order."""
+    import asyncio  # noqa: PLC0415
+
+    from orderflow.store import open_stores  # noqa: PLC0415
+
+    env = {**HostConfig.load(Path(".")).values, **os.environ}
+    if not env.get("CosmosDb__accountEndpoint"):
+        return None
+
+    async def read() -> str | None:
+        async with open_stores(env) as stores:
+            stored = await stores.orders.get(order_id)
+        return None if stored is None else str(stored.order.get("replyTo") or "") or None
+
+    try:
+        return asyncio.run(asyncio.wait_for(read(), 15))
+    except Exception:  # noqa: BLE001 - a convenience only: --reply-to, else app-status
+        return None
+
+
+def cancel(args: argparse.Namespace) -> int:
+    """`python -m devhost cancel ORDER_ID`: 0 when the order ended cancelled or compensated, 1 otherwise (rejected,
+    dead-lettered, or no answer within --wait)."""
+    order_id = str(args.order_id)
+    console = Console()
+    orders_queue = os.environ.get("OrdersQueueName", "orders-inbound")
+    with _client(args) as client:  # (chdir to the app dir: an embedded store path resolves as under devhost)
+        stored = _stored_reply_to(order_id)
+        reply_to = args.reply_to or stored or "app-status"
+        if stored is None and not args.reply_to:
+            console.print(f"[yellow]note: no stored order {order_id} found: replying to {reply_to}; the system "
+                          f"dead-letters a cancel of an unknown order (UnknownOrder)[/]")
+        try:
+            message = cancel_message(order_id, reply_to, args.reason)
+        except ValueError as exc:  # an invalid orderId, replyTo or reason: nothing is sent
+            print(f"devhost cancel: {exc}", file=sys.stderr)
+            return 2
+        sent_at = datetime.now(UTC)
+        with client.get_queue_sender(orders_queue) as sender:
+            sender.send_messages(message)
+        console.print(f"sent cancel of [bold]{order_id}[/] (MessageId {message.message_id}); statuses from "
+                      f"{reply_to}:")
+        watch = _Watch(client, orders_queue, str(message.message_id))
+        return _follow_cancel(client, reply_to, order_id, sent_at, args.wait, console, watch)
+
+
+# What a cancel's answer means for `cancel`'s exit code: the cancel took effect (0), or not (1).
+CANCEL_DONE = frozenset({OrderStatus.CANCELLED, OrderStatus.COMPENSATED})
+CANCEL_ANSWERS = TERMINAL_STATUSES | {OrderStatus.REJECTED}
+
+
+def _follow_cancel(client: Any, reply_to: str, order_id: str, sent_at: datetime, wait: float, console: Console,
+                   watch: _Watch) -> int:
+    """Print the order's statuses until the cancel's answer: a terminal status or `rejected` stamped after the cancel
+    was sent (the order's earlier statuses, if still queued, are shown as such and do not end the wait)."""
+    deadline = time.monotonic() + wait
+    since = sent_at.timestamp() - 1.0  # the system's clock may trail this one a little
+    try:
+        with client.get_queue_receiver(reply_to, session_id=order_id, max_wait_time=wait) as receiver:
+            while (remaining := deadline - time.monotonic()) > 0:
+                for message in receiver.receive_messages(max_message_count=10, max_wait_time=min(1.0, remaining)):
+                    status = StatusMessage.model_validate_json(b"".join(message.body))
+                    receiver.complete_message(message)
+                    earlier = status.timestamp.timestamp() < since
+                    effects = "" if status.effects is None else (
+                        f"  applied {[s.value for s in status.effects.applied]} undone "
+                        f"{[s.value for s in status.effects.undone]}")
+                    console.print(f"  {status.timestamp.isoformat()}  {status.state.value:<19} attempt "
+                                  f"{status.attempt}  {status.reason}{effects}" + ("  (before the cancel)"
+                                                                                   if earlier else ""))
+                    if not earlier and status.state in CANCEL_ANSWERS:
+                        return 0 if status.state in CANCEL_DONE else 1
+                if (dead := watch.dead_lettered()) is not None:
+                    console.print(f"[red]rejected: {dead.dead_letter_reason}: "
+                                  f"{dead.dead_letter_error_description or ''} (dead-lettered on "
+                                  f"{watch.orders_queue}; python -m devhost queues)[/]")
+                    return 1
+    except OperationTimeoutError:
+        pass
+    except MessagingEntityNotFoundError:
+        console.print(f"[yellow]there is no reply queue {reply_to!r}[/]")
+        return 1
+    console.print(f"[yellow]no answer within {wait:g} s: an order whose step is running is cancelled at once or at "
+                  f"its next step (wait longer); a repeated cancel changes nothing and is not answered again[/]")
+    return 1
 
 
 class _Watch:

@@ -199,12 +199,19 @@ async def read_states(env: dict[str, str], order_ids: list[str], orders_db: bool
         summary.state_of[oid] = rec.process_state.value
         summary.deferrals += rec.deferrals
         summary.failure_counts[rec.failure_count] += 1
-        if rec.process_state.value == "Error":
-            if not rec.last_error:
+        if rec.process_state.value in FAILED_STATES:
+            # A failed order: Error (nothing sent), or its effects undone (Compensated, by a failure's cause).
+            reason = rec.last_error if rec.process_state.value == "Error" else rec.compensation_cause
+            if rec.process_state.value == "Compensated" and (reason or "").startswith("cancelled"):
+                continue
+            if not reason:
                 summary.errors_without_reason += 1
-            summary.error_reasons[_reason_kind(rec.last_error or "")] += 1
+            summary.error_reasons[_reason_kind(reason or "")] += 1
     await stores.aclose()
     return summary
+
+
+FAILED_STATES = ("Error", "Compensated", "CompensationFailed")
 
 
 def _reason_kind(error: str) -> str:
@@ -243,7 +250,9 @@ async def _run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     counts = states.counts
     return {
         "submitted": len(orders), "processed": counts.get("Processed", 0), "error": counts.get("Error", 0),
+        "compensated": counts.get("Compensated", 0), "compensation_failed": counts.get("CompensationFailed", 0),
         "pending": counts.get("Pending", 0), "processing": counts.get("Processing", 0),
+        "compensating": counts.get("CompensationInProgress", 0),
         "lost": client.lost(order_ids, states.missing),
         "errors_without_reason": states.errors_without_reason,
         "error_reasons": dict(states.error_reasons.most_common()),
@@ -273,5 +282,6 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary), flush=True)
     ok = summary["lost"] == 0 and summary["duplicate_side_effects"] == 0 and \
-        summary["processed"] + summary["error"] == summary["submitted"]
+        summary["processed"] + summary["error"] + summary["compensated"] + summary["compensation_failed"] \
+        == summary["submitted"]
     return 0 if ok else 1

@@ -26,8 +26,9 @@ with its own settings (`DRILL_SETTINGS`, over `--settings`, under `--set NAME=VA
 document, the RSS of devhost and the Agent), and ends with a `Verdict`: `{drill, passed, orders, lost,
 duplicate_side_effects, stuck, checks, figures}`, the last line of `--json`; `passed` iff every check holds.
 - `retry-budget`: every remote call fails transiently (simulator transient_failure_rate 1), the breaker is off. Every
-  order must end Error with its reason and its `failed` status, none stuck, and the calls per order step (the
-  simulator's `callsByKey`) must stay within `RemoteCallBudgetPerStep` (orderflow/retry_budget.py).
+  order must end failed (its sent step compensated at FailureThreshold; the drill lets compensations through) with
+  its reason and status, none stuck, and the calls per order step (the simulator's `callsByKey`) must stay within
+  `RemoteCallBudgetPerStep` (orderflow/retry_budget.py).
 - `remote-outage`: the remote is healthy, goes down (every call 503, `POST /outage`) `--outage-after` seconds after the
   submission for `--outage-for` seconds, then recovers. No order may reach Error, every order must be Processed once,
   and the calls that reached the remote while the breaker was not closed must be at most its probes per half-open
@@ -36,6 +37,9 @@ duplicate_side_effects, stuck, checks, figures}`, the last line of `--json`; `pa
   gets one answer: `rejected` (`backlog full`, no state record and no orders-DB record) or admitted and Processed in
   attempt 1; the sampled Processing count stays within MaxOrdersInProcessing and the Pending count within
   MaxPendingOrders; peak RSS of devhost and of the Agent is reported.
+
+Lifecycle drills, `compensation`, `cancel-in-flight`, `poison-in-session` and `upgrade-in-flight` (issue 12): in
+devhost/lifecycle_drills.py (dispatched from `run_drill_command`), with the same `Verdict`.
 """
 
 from __future__ import annotations
@@ -59,12 +63,13 @@ from rich.console import Console
 from agent.config import AGENT_SETTINGS
 from orderflow import settings as app_settings
 from orderflow.breaker import BreakerDoc, BreakerState
-from orderflow.messages import STEPS, OrderStatus
+from orderflow.messages import COMPENSATION_OF, STEPS, OrderStatus, idempotency_key
 from orderflow.records import ProcessState
 from orderflow.retry_budget import RetryBudget
 from orderflow.settings import SETTING_NAMES, SETTINGS
 
 from .demo import (
+    FAILED_STATES,
     ClientApp,
     StateSummary,
     client_app,
@@ -83,7 +88,9 @@ R = TypeVar("R")
 TARGETS = {"host-crash": "devhost", "agent-crash": "agent"}
 DEFAULT_KILLS = {"host-crash": 10, "agent-crash": 5}
 RESILIENCE_DRILLS = ("retry-budget", "remote-outage", "backlog-flood")
-DRILLS = (*sorted(TARGETS), *RESILIENCE_DRILLS)
+# The lifecycle drills (issue 12: compensation, cancel, poison, upgrade) live in devhost/lifecycle_drills.py.
+LIFECYCLE_DRILLS = ("compensation", "cancel-in-flight", "poison-in-session", "upgrade-in-flight")
+DRILLS = (*sorted(TARGETS), *RESILIENCE_DRILLS, *LIFECYCLE_DRILLS)
 DEFAULT_ORDERS = {"host-crash": 100, "agent-crash": 100, "retry-budget": 20, "remote-outage": 100,
                   "backlog-flood": 300}
 # Each resilience drill's settings, over the chosen base (LOCAL_DEFAULTS or the sample's) and under `--set`. The
@@ -92,8 +99,11 @@ DEFAULT_ORDERS = {"host-crash": 100, "agent-crash": 100, "retry-budget": 20, "re
 # (orderflow/session_locks.py) holds for them.
 _EVERY_SECOND = "*/1 * * * * *"
 DRILL_SETTINGS: dict[str, dict[str, str]] = {
-    # The breaker off: the retry budget alone must bound the calls.
-    "retry-budget": {"CircuitBreakerFailureThreshold": "0", "StarterSchedule": _EVERY_SECOND},
+    # The breaker off: the retry budget alone must bound the calls. Steps of 8 s (no crash here, so the crash budget
+    # of orderflow/session_locks.py does not apply): the Agent's 5 calls per request (backoffs of about 3 s) still fit
+    # in a step, so the product is the same as with 20 s steps, and FailureThreshold attempts take 24 s, not 60 s.
+    "retry-budget": {"CircuitBreakerFailureThreshold": "0", "StarterSchedule": _EVERY_SECOND,
+                     "StepTimeoutSeconds": "8", "ClaimLeaseSeconds": "8"},
     # A breaker that opens and recovers within seconds: 5 failed requests in 10 s open it, 3 s cool-down (doubled per
     # failed probe, at most 6 s), one probe per half-open round.
     "remote-outage": {"CircuitBreakerFailureThreshold": "5", "CircuitBreakerWindowSeconds": "10",
@@ -112,7 +122,8 @@ _CONNECTIONS = frozenset({"ServiceBusConnection", "CosmosDb__accountEndpoint", "
 
 def add_command(sub: Any) -> None:
     d = sub.add_parser("drill", help="drills on the local system: crashes (kill -9 devhost or the Agent), the retry "
-                                     "budget, a remote outage, a backlog flood",
+                                     "budget, a remote outage, a backlog flood, compensation, cancels in flight, "
+                                     "poison in a session, an upgrade in flight",
                        description="Start devhost, the Agent, the remote-service simulator and a client app, submit "
                                    "orders and run the drill: host-crash / agent-crash kill devhost / the Agent with "
                                    "SIGKILL at seeded random gaps and restart it (the remote never fails); "
@@ -120,12 +131,18 @@ def add_command(sub: Any) -> None:
                                    "order step against RemoteCallBudgetPerStep; remote-outage takes the remote down "
                                    "for a while (the circuit breaker must keep every order out of Error); "
                                    "backlog-flood submits far more orders than MaxPendingOrders at once (admission "
-                                   "control). When every order has its final status, print the figures (a table, or "
+                                   "control); compensation, cancel-in-flight, poison-in-session and "
+                                   "upgrade-in-flight (devhost/lifecycle_drills.py) drive an order's other endings: "
+                                   "undoing a refused order, a client's cancel at each stage, a poison message in "
+                                   "the order's session, devhost restarted with a new workflow version while orders "
+                                   "run. When every order has its final status, print the figures (a table, or "
                                    "one JSON object as the last line with --json). Exit code 1 unless the drill "
                                    "passed.")
     d.add_argument("scenario", choices=DRILLS, metavar="NAME", help=f"the drill: {', '.join(DRILLS)}")
     d.add_argument("--orders", type=int, default=None,
-                   help="number of orders to submit (default 100; retry-budget 20, backlog-flood 300)")
+                   help="number of orders to submit (default 100; retry-budget 20, backlog-flood 300, compensation "
+                        "8; upgrade-in-flight: 8 before the restart and half as many after; cancel-in-flight and "
+                        "poison-in-session run a fixed set)")
     d.add_argument("--kills", type=int, default=None,
                    help="crash drills: kills to do (default 10 for host-crash, 5 for agent-crash)")
     d.add_argument("--min-gap", type=float, default=1.0,
@@ -151,6 +168,15 @@ def add_command(sub: Any) -> None:
                    help="give up waiting for final statuses after this many seconds (default 900)")
     d.add_argument("--work-dir", type=Path, default=None,
                    help="state folder (default: a fresh .demo/drill-<timestamp>)")
+    d.add_argument("--hang-seconds", type=float, default=8.0,
+                   help="cancel-in-flight, poison-in-session: how long a scripted hang holds the remote's answer "
+                        "(default 8)")
+    d.add_argument("--latency-ms", type=float, default=800.0,
+                   help="upgrade-in-flight: the simulator's mean latency per call, so orders are in flight at the "
+                        "restart (default 800)")
+    d.add_argument("--restart", choices=("kill", "stop"), default="kill",
+                   help="upgrade-in-flight: how devhost goes before it restarts with the new version: kill (-9, "
+                        "default) or stop (SIGTERM)")
     d.add_argument("--json", action="store_true", help="print one JSON object with the figures as the last line")
 
 
@@ -350,6 +376,10 @@ def _run_on_system(system: LocalSystem, console: Console, drill: Callable[[], Aw
 
 
 def run_drill_command(args: argparse.Namespace) -> int:
+    if args.scenario in LIFECYCLE_DRILLS:
+        from .lifecycle_drills import run_lifecycle_command  # noqa: PLC0415
+
+        return run_lifecycle_command(args)
     orders = DEFAULT_ORDERS[args.scenario] if args.orders is None else args.orders
     try:
         overrides = parse_overrides(args.overrides)
@@ -736,8 +766,12 @@ def _missing_effects(run: DrillRun) -> int:
     return sum(1 for o in processed for step in STEPS if (o, step.value) not in applied)
 
 
+FAILURE_STATUSES = (OrderStatus.FAILED, OrderStatus.COMPENSATED, OrderStatus.COMPENSATION_FAILED)
+
+
 def judge_retry_budget(run: DrillRun) -> Verdict:
-    """Every call fails: every order ends Error with its reason and `failed`, the calls per step within budget."""
+    """Every call fails: every order ends failed (Error, or its sent steps compensated or CompensationFailed) with its
+    reason and status, the calls per step (compensations included, each its own key) within budget."""
     budget = RetryBudget.from_env(run.env)
     agent_max_retries = int(run.env.get("AGENT_MAX_RETRIES") or
                             next(s.default for s in AGENT_SETTINGS if s.name == "AGENT_MAX_RETRIES") or 0)
@@ -746,9 +780,12 @@ def judge_retry_budget(run: DrillRun) -> Verdict:
     most = max(by_key.values(), default=0)
     n = len(run.order_ids)
     checks = {
-        "every order in Error": run.states.counts.get(ProcessState.ERROR.value, 0) == n,
-        "every Error has its reason": run.states.errors_without_reason == 0,
-        "every order got `failed`": all(run.got(o, OrderStatus.FAILED) for o in run.order_ids),
+        # Error when nothing was sent; a step sent (its record `running`) is compensated, and with every call failing
+        # its compensation fails too (CompensationFailed).
+        "every order ended failed": sum(run.states.counts.get(s, 0) for s in FAILED_STATES) == n,
+        "every failure has its reason": run.states.errors_without_reason == 0,
+        "every order got its failure status": all(any(run.got(o, s) for s in FAILURE_STATUSES)
+                                                  for o in run.order_ids),
         "the remote was called": calls > 0,
         "calls per order step <= RemoteCallBudgetPerStep": most <= budget.budget,
     }
@@ -869,6 +906,11 @@ async def run_resilience_drill(system: LocalSystem, options: ResilienceOptions, 
     env = system.env()
     outage: Outage | None = None
     calls: list[dict[str, Any]] = []
+    if options.drill == "retry-budget":
+        # Every step call fails; at FailureThreshold the step that was sent is compensated. Its compensation is let
+        # through (a no-op: nothing was applied), so the drill measures the steps' budget without three more rounds.
+        await simulator_json(system, "/script", {
+            idempotency_key(o.order_id, COMPENSATION_OF[step].value): ["ok"] for o in orders for step in STEPS})
     async with client_app(system) as client, Monitor(system) as monitor:
         started = time.monotonic()
         await client.submit(orders)

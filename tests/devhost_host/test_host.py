@@ -25,8 +25,10 @@ COMMANDS = {
              "--work-dir", "--json"},
     "submit": {"--app-dir", "--connection", "--order-id", "--file", "--reply-to", "--wait", "--host-port"},
     "queues": {"--app-dir", "--connection", "--peek"},
+    "cancel": {"--app-dir", "--connection", "--reason", "--reply-to", "--wait"},
     "drill": {"--orders", "--kills", "--min-gap", "--max-gap", "--seed", "--settings", "--servicebus-config",
-              "--timeout", "--work-dir", "--json", "--outage-after", "--outage-for", "--set"},
+              "--timeout", "--work-dir", "--json", "--outage-after", "--outage-for", "--set", "--hang-seconds",
+              "--latency-ms", "--restart"},
     "up": {"--app-dir", "--state-dir", "--port", "--simulator-port", "--timeout"},
     "down": {"--app-dir", "--state-dir", "--timeout"},
 }
@@ -41,7 +43,8 @@ def _described_options(help_text: str) -> dict[str, str]:
     """Each option of an argparse help's "options:" section with its description."""
     section = help_text.split("\noptions:\n", 1)[1]
     out: dict[str, str] = {}
-    for match in re.finditer(r"^  (?:-\w, )?(--[\w-]+)(?: [A-Z_]+)?(?:  +|\n +)(\S.*)$", section, re.MULTILINE):
+    option = r"^  (?:-\w, )?(--[\w-]+)(?: [A-Z_]+| \{[\w,]+\})?(?:  +|\n +)(\S.*)$"  # a metavar or {choices}
+    for match in re.finditer(option, section, re.MULTILINE):
         out[match.group(1)] = match.group(2)
     return out
 

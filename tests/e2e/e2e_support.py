@@ -99,6 +99,16 @@ class Client:
             order.to_json(), message_id=message_id or f"submit:{order.order_id}", session_id=order.order_id
         )
 
+    def cancel(self, order_id: str, reason: str | None = None, *, reply_to: str = REPLY_QUEUE) -> str:
+        """A client's CancelOrder on orders-inbound in the order's session (`devhost.client.cancel_message`: each
+        cancel its own MessageId); returns the MessageId."""
+        from devhost.client import cancel_message  # noqa: PLC0415
+
+        message = cancel_message(order_id, reply_to, reason)
+        with self.bus.get_queue_sender(ORDERS_QUEUE) as sender:
+            sender.send_messages(message)
+        return str(message.message_id)
+
     def send_agent_reply(self, reply: AgentReply) -> None:
         """An Agent reply on agent-replies, as the Agent sends it (SessionId = orderId, stable MessageId)."""
         with self.bus.get_queue_sender(REPLIES_QUEUE) as sender:
@@ -167,6 +177,16 @@ class Client:
         """Side effects applied per step of one order (the simulator's ledger)."""
         report = self._http("GET", f"{self._simulator_url}/effects")
         return {e["step"]: e["applied"] for e in report["effects"] if e["orderId"] == order_id}
+
+    def undone(self, order_id: str) -> list[str]:
+        """Steps of one order whose effect the remote undid (the simulator's ledger), sorted by step name."""
+        report = self._http("GET", f"{self._simulator_url}/effects")
+        return [u["step"] for u in report["undone"] if u["orderId"] == order_id]
+
+    def compensations(self, order_id: str) -> dict[str, int]:
+        """Compensation effects applied per compensation of one order (the simulator's ledger)."""
+        report = self._http("GET", f"{self._simulator_url}/effects")
+        return {c["compensation"]: c["applied"] for c in report["compensations"] if c["orderId"] == order_id}
 
     def calls(self, key: str) -> int:
         return int(self._http("GET", f"{self._simulator_url}/effects")["callsByKey"].get(key, 0))

@@ -1,0 +1,906 @@
+"""Lifecycle drills (issue 12, part 5), `python -m devhost drill NAME` with NAME one of `compensation`,
+`cancel-in-flight`, `poison-in-session`, `upgrade-in-flight`: what an order's life can go through besides success —
+undoing what was done, a client's cancel at any moment, a poison message in the order's session, and a new version of
+the Scheduler deployed while orders run. Each runs on the whole local system in real processes (devhost, the Agent,
+the remote-service simulator, a client app on `app-status`, as `devhost/drill.py`'s drills do), judges from the state
+store, the simulator's ledger (`GET /effects`, `GET /calls`), the queues (reply queue, dead-letter sub-queue, operator
+alerts) and devhost's durable history — never from logs — and ends with the same `Verdict` as the resilience drills:
+`{drill, passed, orders, lost, duplicate_side_effects, stuck, checks, figures}`.
+
+- `compensation`: orders whose arrange-shipping the simulator refuses permanently (scripted) are compensated:
+  refund-payment, then release-inventory (the order read from the simulator's call log), each effect applied once and
+  undone once, Compensated with `compensated` and its effects. Some of them also have refund-payment refused (scripted):
+  CompensationFailed, a CompensationFailed alert, `compensation-failed`. Control orders complete.
+- `cancel-in-flight`: one order per stage. Before the claim (held Pending by MaxOrdersInProcessing while the three
+  in-flight orders hold every slot): Cancelled, `cancelled`, no remote call at all. While each step is in flight (a
+  scripted hang: the remote applies the effect and holds its answer): the steps sent are undone newest first,
+  Compensated, `compensated`, nothing left applied. After Processed: `rejected` with the reason, the record unchanged.
+  Then a second cancel for each: nothing changes (records, statuses, remote calls).
+- `poison-in-session`: in each of four orders' sessions a poison message (not JSON; a SubmitOrder with a bad field; a
+  CancelOrder with a bad field; a CancelOrder with an internal replyTo) next to a good one: the poison is dead-lettered
+  with the reason that names the field and a PoisonMessage alert, the good one is processed, in the order sent.
+- `upgrade-in-flight`: devhost runs the product's host.json (`defaultVersion` "2.0") as version "1.0" through the app
+  setting `AzureFunctionsJobHost__extensions__durableTask__defaultVersion` (devhost/config.py); orders are submitted
+  with a slow remote; while they are in flight devhost is killed (-9; `--restart stop`: SIGTERM) and started again
+  without the setting, and more orders are submitted. Every order completes: the first ones on the version-1 path
+  (ExecutionStarted.Version "1.0", record.workflowVersion null, attempt 1), the later ones on "2.0"; no orchestration
+  Failed (no non-determinism on replay); one effect per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import json
+import math
+import sqlite3
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from azure.durable_functions.models.history import HistoryEventType
+from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode, ServiceBusSubQueue
+from rich.console import Console
+
+from orderflow.messages import (
+    COMPENSATION_OF,
+    STEPS,
+    TERMINAL_STATUSES,
+    AlertKind,
+    OperatorAlert,
+    OrderStatus,
+    StatusMessage,
+    StepName,
+    SubmitOrder,
+    idempotency_key,
+)
+from orderflow.records import OrderStateRecord, ProcessState, StepStatus
+from orderflow.workflow import WORKFLOW_V1, WORKFLOW_VERSION
+
+from .client import cancel_body, cancel_message
+from .demo import ClientApp, client_app, default_work_dir, make_orders, simulator_json, summary_table
+from .drill import (
+    LIFECYCLE_DRILLS,
+    SETTINGS_CHOICES,
+    Verdict,
+    _report,
+    _run_on_system,
+    base_settings,
+    parse_overrides,
+)
+from .system import LocalSystem, SystemConfig
+
+T = TypeVar("T")
+
+DEFAULT_ORDERS = {"compensation": 8, "upgrade-in-flight": 8}  # upgrade: the orders before the restart
+FIXED_ORDERS = {"cancel-in-flight": 5, "poison-in-session": 4}  # one order per stage / per case
+DEFAULT_VERSION_SETTING = "AzureFunctionsJobHost__extensions__durableTask__defaultVersion"
+_EVERY_SECOND = "*/1 * * * * *"
+# Over the chosen base (LOCAL_DEFAULTS or the sample's) and under `--set`. The Starter runs every second so that a
+# compensation (claimed by the Starter) or a held order starts at once; the crash budget's settings stay the base's.
+LIFECYCLE_SETTINGS: dict[str, dict[str, str]] = {
+    "compensation": {"StarterSchedule": _EVERY_SECOND},
+    # Three slots, for the three orders cancelled in flight: the order cancelled before its claim waits for one.
+    "cancel-in-flight": {"StarterSchedule": _EVERY_SECOND, "MaxOrdersInProcessing": str(len(STEPS))},
+    "poison-in-session": {"StarterSchedule": _EVERY_SECOND},
+    "upgrade-in-flight": {"StarterSchedule": _EVERY_SECOND},
+}
+PENDING_LIKE = (ProcessState.PENDING, ProcessState.PROCESSING, ProcessState.COMPENSATING)
+WAIT_STEP_S = 30.0  # the longest any one stage of a drill waits for what it expects
+
+
+@dataclass(frozen=True)
+class LifecycleOptions:
+    drill: str
+    orders: int | None = None  # compensation: all its orders; upgrade-in-flight: the orders before the restart
+    seed: int = 1
+    settings: str = "local"
+    overrides: tuple[tuple[str, str], ...] = ()
+    timeout: float = 300.0  # the longest the drill waits for every final status
+    hang_seconds: float = 8.0  # cancel-in-flight, poison-in-session: how long a scripted hang holds the answer
+    latency_ms: float = 800.0  # upgrade-in-flight: the simulator's mean latency per call
+    restart: str = "kill"  # upgrade-in-flight: kill (SIGKILL) or stop (SIGTERM) devhost
+
+    def __post_init__(self) -> None:
+        if self.drill not in LIFECYCLE_DRILLS:
+            raise ValueError(f"drill must be one of {LIFECYCLE_DRILLS}")
+        if self.settings not in SETTINGS_CHOICES:
+            raise ValueError(f"settings must be one of {SETTINGS_CHOICES}")
+        if self.drill in FIXED_ORDERS and self.orders is not None and self.orders != FIXED_ORDERS[self.drill]:
+            raise ValueError(f"{self.drill} runs {FIXED_ORDERS[self.drill]} orders (one per stage); --orders does "
+                             "not apply")
+        if self.drill == "compensation" and self.order_count < 3:
+            raise ValueError("compensation needs at least 3 orders (compensated, compensation-failed, control)")
+        if self.order_count < 1 or self.hang_seconds <= 0 or self.latency_ms < 0:
+            raise ValueError("need at least one order, hang_seconds > 0 and latency_ms >= 0")
+        if self.restart not in ("kill", "stop"):
+            raise ValueError("restart must be kill or stop")
+
+    @property
+    def order_count(self) -> int:
+        if self.orders is not None:
+            return self.orders
+        return FIXED_ORDERS.get(self.drill) or DEFAULT_ORDERS[self.drill]
+
+    def settings_values(self) -> dict[str, str]:
+        return {**base_settings(self.settings), **LIFECYCLE_SETTINGS[self.drill], **dict(self.overrides)}
+
+
+def lifecycle_config(work_dir: Path, options: LifecycleOptions, servicebus_config: Path | None = None) -> SystemConfig:
+    """The drill's system: a simulator that fails only where the drill scripts it; upgrade-in-flight's is slow (so
+    orders are in flight at the restart) and its devhost starts as version 1.0 (the app setting over host.json)."""
+    settings = options.settings_values()
+    if options.drill == "upgrade-in-flight":
+        settings.setdefault(DEFAULT_VERSION_SETTING, WORKFLOW_V1)
+    config = SystemConfig(work_dir=work_dir.resolve(), seed=options.seed, transient_failure_rate=0.0,
+                          permanent_failure_rate=0.0, hang_rate=0.0, hang_seconds=options.hang_seconds,
+                          settings=settings)
+    if options.drill == "upgrade-in-flight":
+        config.latency_ms_mean = options.latency_ms
+    if servicebus_config is not None:
+        config.servicebus_config = servicebus_config.resolve()
+    return config
+
+
+# --- what the drills read: the ledger, the queues, the store, the durable history -------------------------------
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """The simulator's `GET /effects` and `GET /calls`, by order."""
+
+    report: dict[str, Any]
+    calls: list[dict[str, Any]]
+
+    @property
+    def duplicates(self) -> int:
+        return int(self.report.get("duplicates", -1))  # -1: the ledger could not be read
+
+    def applied(self, order_id: str) -> list[str]:
+        """Forward steps whose effect was applied (once or more), in step order."""
+        done = {e["step"] for e in self.report.get("effects", []) if e["orderId"] == order_id and e["applied"] >= 1}
+        return [s.value for s in STEPS if s.value in done]
+
+    def effect_counts(self, order_id: str) -> dict[str, int]:
+        return {e["step"]: e["applied"] for e in self.report.get("effects", []) if e["orderId"] == order_id}
+
+    def compensation_counts(self, order_id: str) -> dict[str, int]:
+        return {c["compensation"]: c["applied"] for c in self.report.get("compensations", [])
+                if c["orderId"] == order_id}
+
+    def undone(self, order_id: str) -> list[str]:
+        gone = {u["step"] for u in self.report.get("undone", []) if u["orderId"] == order_id}
+        return [s.value for s in STEPS if s.value in gone]
+
+    def keys_called(self, order_id: str) -> dict[str, int]:
+        """Calls per step or compensation of one order (`callsByKey`, keyed `<orderId>:<name>`)."""
+        prefix = f"{order_id}:"
+        return {k[len(prefix):]: n for k, n in self.report.get("callsByKey", {}).items() if k.startswith(prefix)}
+
+    def first_call(self, order_id: str, name: str, status: int | None = None) -> float | None:
+        """Arrival (Unix s) of the first call of one step or compensation (with that HTTP status, if given)."""
+        key = idempotency_key(order_id, name)
+        return next((c["at"] for c in self.calls if c["key"] == key and (status is None or c["status"] == status)),
+                    None)
+
+    def call_order(self, order_id: str, names: list[str]) -> list[str]:
+        """`names` that were answered 200 at least once, in the order of their first such call."""
+        firsts = {n: self.first_call(order_id, n, 200) for n in names}
+        return [n for n, _ in sorted(((n, at) for n, at in firsts.items() if at is not None), key=lambda x: x[1])]
+
+
+async def read_ledger(system: LocalSystem) -> Ledger:
+    report = await simulator_json(system, "/effects")
+    calls = (await simulator_json(system, "/calls")).get("calls", [])
+    return Ledger(report, calls)
+
+
+@dataclass(frozen=True)
+class DeadLettered:
+    message_id: str
+    session_id: str | None
+    sequence_number: int
+    enqueued_at: datetime
+    reason: str | None
+    description: str | None
+
+
+def _dead_letters(connection: str, queue: str) -> list[DeadLettered]:
+    """Every message in `queue`'s dead-letter sub-queue (peeked: nothing is removed)."""
+    from orderflow.bus import from_connection_string  # noqa: PLC0415
+
+    found: list[DeadLettered] = []
+    with from_connection_string(connection) as bus, \
+            bus.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+        next_seq = 0
+        while True:
+            page = dlq.peek_messages(max_message_count=100, sequence_number=next_seq)
+            for m in page:
+                next_seq = max(next_seq, int(m.sequence_number) + 1)
+                found.append(DeadLettered(str(m.message_id), m.session_id, int(m.sequence_number),
+                                          m.enqueued_time_utc, m.dead_letter_reason, m.dead_letter_error_description))
+            if len(page) < 100:
+                return found
+
+
+def _drain_alerts(connection: str, queue: str) -> list[OperatorAlert]:
+    """Every operator alert queued so far (received and deleted: the drill is their operator)."""
+    from orderflow.bus import from_connection_string  # noqa: PLC0415
+
+    alerts: list[OperatorAlert] = []
+    with from_connection_string(connection) as bus, \
+            bus.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver:
+        while batch := receiver.receive_messages(max_message_count=100, max_wait_time=0.2):
+            alerts.extend(OperatorAlert.model_validate_json(b"".join(m.body)) for m in batch)
+    return alerts
+
+
+def _active_messages(connection: str, queue: str) -> int:
+    """Messages of `queue` not yet settled (locked ones included), on the embedded broker."""
+    from orderflow.bus import from_connection_string  # noqa: PLC0415
+
+    with from_connection_string(connection) as bus:
+        return int(bus.broker.counts(queue).active)
+
+
+def durable_instances(db: Path) -> dict[str, dict[str, Any]]:
+    """devhost's durable.db: each instance's runtime status, output and ExecutionStarted.Version."""
+    out: dict[str, dict[str, Any]] = {}
+    if not db.exists():
+        return out
+    with sqlite3.connect(db, timeout=30) as conn:
+        for instance_id, status, output in conn.execute("SELECT instance_id, status, output FROM instances"):
+            out[instance_id] = {"status": status, "output": json.loads(output) if output else None}
+        for instance_id, text in conn.execute("SELECT instance_id, event FROM history ORDER BY instance_id, seq"):
+            event = json.loads(text)
+            entry = out.setdefault(instance_id, {"status": None, "output": None})
+            if event.get("EventType") == HistoryEventType.EXECUTION_STARTED and "version" not in entry:
+                entry["version"] = event.get("Version")
+    return out
+
+
+async def until(probe: Callable[[], Any], timeout: float, every: float = 0.1) -> Any:
+    """Poll `probe` (a function, sync or async) until it returns something truthy (returned) or `timeout` s pass
+    (None)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            return None
+        await asyncio.sleep(every)
+
+
+class Lab:
+    """A started system as the drill sees and drives it: the client app (its statuses), the stores, the simulator,
+    the orders queue, the dead-letter sub-queue and the operator alerts. Each wait that times out is noted."""
+
+    def __init__(self, system: LocalSystem, client: ClientApp) -> None:
+        from orderflow.store import open_stores  # noqa: PLC0415
+
+        self.system = system
+        self.client = client
+        self.env = system.env()
+        self.stores = open_stores(self.env)
+        self.orders_queue = self.env.get("OrdersQueueName", "orders-inbound")
+        self.alerts_queue = self.env.get("OperatorAlertsQueueName", "operator-alerts")
+        self.timeouts: list[str] = []
+        self.alerts: list[OperatorAlert] = []
+
+    async def aclose(self) -> None:
+        await self.stores.aclose()
+
+    async def wait(self, probe: Callable[[], Any], what: str, timeout: float = WAIT_STEP_S) -> Any:
+        found = await until(probe, timeout)
+        if not found:
+            self.timeouts.append(what)
+        return found
+
+    # sending
+    async def send(self, messages: list[ServiceBusMessage]) -> None:
+        """One batch on the orders queue: the messages of one session keep their order (sequence numbers)."""
+        async with self.client.bus.get_queue_sender(self.orders_queue) as sender:
+            await sender.send_messages(messages)
+
+    async def submit(self, orders: list[SubmitOrder]) -> None:
+        await self.client.submit(orders)
+
+    async def cancel(self, order_id: str, reason: str | None = None) -> float:
+        """A client's CancelOrder (devhost/client.py `cancel_message`); returns when it was sent (Unix s)."""
+        sent = time.time()
+        await self.send([cancel_message(order_id, self.client.reply_queue, reason)])
+        return sent
+
+    async def script(self, script: dict[str, list[str]]) -> None:
+        await simulator_json(self.system, "/script", script)
+
+    # reading
+    def statuses(self, order_id: str, state: OrderStatus | None = None) -> list[StatusMessage]:
+        return [s for s in self.client.statuses.get(order_id, []) if state is None or s.state is state]
+
+    def status(self, order_id: str, state: OrderStatus) -> StatusMessage | None:
+        found = self.statuses(order_id, state)
+        return found[0] if found else None
+
+    async def record(self, order_id: str) -> tuple[OrderStateRecord, str] | None:
+        found = await self.stores.state.get(order_id)
+        return None if found is None else (found[0], found[1])
+
+    async def records(self, order_ids: list[str]) -> dict[str, OrderStateRecord]:
+        out: dict[str, OrderStateRecord] = {}
+        for order_id in order_ids:
+            found = await self.record(order_id)
+            if found is not None:
+                out[order_id] = found[0]
+        return out
+
+    async def ledger(self) -> Ledger:
+        return await read_ledger(self.system)
+
+    async def applied(self, order_id: str, step: StepName) -> bool:
+        return step.value in (await self.ledger()).applied(order_id)
+
+    async def dead_letters(self) -> list[DeadLettered]:
+        return await asyncio.to_thread(_dead_letters, self.system.config.bus_connection, self.orders_queue)
+
+    async def read_alerts(self) -> list[OperatorAlert]:
+        self.alerts.extend(await asyncio.to_thread(_drain_alerts, self.system.config.bus_connection,
+                                                   self.alerts_queue))
+        return self.alerts
+
+    def alerts_of(self, order_id: str, kind: AlertKind) -> list[OperatorAlert]:
+        return [a for a in self.alerts if a.order_id == order_id and a.kind is kind]
+
+    async def inbound_settled(self) -> bool:
+        return await asyncio.to_thread(_active_messages, self.system.config.bus_connection, self.orders_queue) == 0
+
+
+def status_matches_ledger(status: StatusMessage | None, ledger: Ledger, order_id: str) -> bool:
+    """The terminal status tells what the remote did: its `effects` (applied, undone) equal the ledger's."""
+    if status is None:
+        return False
+    applied, undone = ledger.applied(order_id), ledger.undone(order_id)
+    if status.effects is None:
+        return not applied and not undone
+    return ([s.value for s in status.effects.applied], [s.value for s in status.effects.undone]) == (applied, undone)
+
+
+def lifecycle_verdict(drill: str, lab: Lab, order_ids: list[str], records: dict[str, OrderStateRecord],
+                      ledger: Ledger, checks: dict[str, bool], figures: dict[str, Any], elapsed: float) -> Verdict:
+    """The verdict with the checks every drill has: none lost (every order has its final status and its record),
+    no duplicate side effect (the ledger), none stuck (Pending, Processing or CompensationInProgress at the end)."""
+    lost = sum(1 for o in order_ids if o not in lab.client.terminal_at or o not in records)
+    stuck = sum(1 for o in order_ids if o in records and records[o].process_state in PENDING_LIKE)
+    duplicates = ledger.duplicates
+    common = {"none lost": lost == 0, "no duplicate side effect": duplicates == 0, "none stuck": stuck == 0}
+    figures = {**figures, "waits_timed_out": lab.timeouts, "elapsed_s": round(elapsed, 1),
+               "work_dir": str(lab.system.config.work_dir)}
+    return Verdict(drill, len(order_ids), lost, duplicates, stuck, {**common, **checks}, figures)
+
+
+def _s(at: float | None, since: float | None) -> float | None:
+    return None if at is None or since is None else round(at - since, 3)
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+    return {"p50": round(ordered[len(ordered) // 2], 3), "max": round(ordered[-1], 3)}
+
+
+# --- compensation -----------------------------------------------------------------------------------------------
+
+SHIP, CHARGE, RESERVE = StepName.ARRANGE_SHIPPING, StepName.CHARGE_PAYMENT, StepName.RESERVE_INVENTORY
+REFUND, RELEASE, CANCEL_SHIP = (COMPENSATION_OF[CHARGE].value, COMPENSATION_OF[RESERVE].value,
+                                COMPENSATION_OF[SHIP].value)
+
+
+def compensation_roles(order_ids: list[str]) -> dict[str, list[str]]:
+    """A quarter (at least one) whose compensation fails, a quarter (at least one) that completes, the rest (at least
+    one) compensated."""
+    n = len(order_ids)
+    failing = max(1, n // 4)
+    control = max(1, n // 4)
+    return {"compensation-failed": order_ids[:failing], "control": order_ids[n - control:],
+            "compensated": order_ids[failing:n - control]}
+
+
+async def drill_compensation(lab: Lab, options: LifecycleOptions) -> Verdict:
+    orders = make_orders(options.order_count, options.seed, lab.client.reply_queue, prefix="compensation")
+    ids = [o.order_id for o in orders]
+    roles = compensation_roles(ids)
+    script: dict[str, list[str]] = {}
+    for o in roles["compensated"] + roles["compensation-failed"]:
+        script[idempotency_key(o, SHIP.value)] = ["permanent"]
+    for o in roles["compensation-failed"]:
+        script[idempotency_key(o, REFUND)] = ["permanent"]
+    await lab.script(script)
+    started = time.monotonic()
+    await lab.submit(orders)
+    await lab.wait(lambda: lab.client.all_terminal.is_set(), "every final status", options.timeout)
+    elapsed = max(lab.client.terminal_at.values(), default=time.monotonic()) - started
+    records = await lab.records(ids)
+    ledger = await lab.ledger()
+    await lab.wait(lambda: _alerts_for(lab, roles), "the operator alerts", 10)
+
+    compensated, failed, control = roles["compensated"], roles["compensation-failed"], roles["control"]
+
+    def ends(order_id: str, state: ProcessState, status: OrderStatus) -> bool:
+        rec = records.get(order_id)
+        return rec is not None and rec.process_state is state and lab.status(order_id, status) is not None
+
+    def undone_in_order(order_id: str) -> bool:
+        return ledger.call_order(order_id, [REFUND, RELEASE]) == [REFUND, RELEASE] and \
+            (ledger.first_call(order_id, REFUND) or 0) > (ledger.first_call(order_id, SHIP.value) or math.inf)
+
+    def logged_in_order(order_id: str) -> bool:
+        rec = records.get(order_id)
+        return rec is not None and [(c.name.value, c.status, c.undone) for c in rec.compensations] == [
+            (REFUND, StepStatus.SUCCEEDED, True), (RELEASE, StepStatus.SUCCEEDED, True)]
+
+    two = [RESERVE.value, CHARGE.value]
+    checks = {
+        "compensated: Compensated with `compensated`": all(
+            ends(o, ProcessState.COMPENSATED, OrderStatus.COMPENSATED) for o in compensated),
+        "compensated: refund-payment, then release-inventory (call log), after the refused step": all(
+            undone_in_order(o) for o in compensated),
+        "compensated: the record's compensation log, newest step first, both undone": all(
+            logged_in_order(o) for o in compensated),
+        "compensated: one effect per step done, one compensation each, both undone": all(
+            ledger.effect_counts(o) == {RESERVE.value: 1, CHARGE.value: 1}
+            and ledger.compensation_counts(o) == {REFUND: 1, RELEASE: 1} and ledger.undone(o) == two
+            for o in compensated),
+        "compensated: the refused step never applied, never compensated": all(
+            SHIP.value not in ledger.applied(o) and CANCEL_SHIP not in ledger.keys_called(o) for o in compensated),
+        "compensated: an OrderFailed alert each": all(
+            len(lab.alerts_of(o, AlertKind.ORDER_FAILED)) >= 1 for o in compensated),
+        "compensation failed: CompensationFailed with `compensation-failed`": all(
+            ends(o, ProcessState.COMPENSATION_FAILED, OrderStatus.COMPENSATION_FAILED) for o in failed),
+        "compensation failed: a CompensationFailed alert each": all(
+            len(lab.alerts_of(o, AlertKind.COMPENSATION_FAILED)) >= 1 for o in failed),
+        "compensation failed: nothing undone, the refusal recorded": all(
+            ledger.undone(o) == [] and ledger.compensation_counts(o) == {}
+            and "RefundRefused" in (records[o].last_error or "") for o in failed if o in records),
+        "control: Processed with `completed`, one effect per step, nothing undone": all(
+            ends(o, ProcessState.PROCESSED, OrderStatus.COMPLETED)
+            and ledger.effect_counts(o) == {s.value: 1 for s in STEPS} and not ledger.undone(o) for o in control),
+        "every final status tells the ledger's effects (applied, undone)": all(
+            status_matches_ledger(_final(lab, o), ledger, o) for o in ids),
+    }
+    to_compensated = [at for o in compensated
+                      if (at := _s(_status_at(lab, o, OrderStatus.COMPENSATED),
+                                   ledger.first_call(o, SHIP.value))) is not None]
+    figures = {
+        "compensated": len(compensated), "compensation_failed": len(failed), "control": len(control),
+        "states": dict(Counter(r.process_state.value for r in records.values())),
+        "effects_applied": sum(len(ledger.applied(o)) for o in ids),
+        "compensations_applied": int(ledger.report.get("totalCompensations", -1)),
+        "undone": sum(len(ledger.undone(o)) for o in ids),
+        "calls": int(ledger.report.get("calls", -1)),
+        "refused_step_to_compensated_s": _percentiles(to_compensated),
+        "alerts": dict(Counter(a.kind.value for a in lab.alerts if a.order_id in ids)),
+        "compensation_order": ledger.call_order(compensated[0], [REFUND, RELEASE]) if compensated else [],
+    }
+    return lifecycle_verdict(options.drill, lab, ids, records, ledger, checks, figures, elapsed)
+
+
+async def _alerts_for(lab: Lab, roles: dict[str, list[str]]) -> bool:
+    await lab.read_alerts()
+    return all(lab.alerts_of(o, AlertKind.ORDER_FAILED) for o in roles["compensated"]) and all(
+        lab.alerts_of(o, AlertKind.COMPENSATION_FAILED) for o in roles["compensation-failed"])
+
+
+def _final(lab: Lab, order_id: str) -> StatusMessage | None:
+    """The order's first terminal status."""
+    return next((s for s in lab.statuses(order_id) if s.state in TERMINAL_STATUSES), None)
+
+
+def _status_at(lab: Lab, order_id: str, state: OrderStatus) -> float | None:
+    status = lab.status(order_id, state)
+    return None if status is None else status.timestamp.timestamp()
+
+
+# --- cancel-in-flight -------------------------------------------------------------------------------------------
+
+
+async def drill_cancel_in_flight(lab: Lab, options: LifecycleOptions) -> Verdict:
+    orders = make_orders(FIXED_ORDERS["cancel-in-flight"], options.seed, lab.client.reply_queue,
+                         prefix="cancel-in-flight")
+    by_id = {o.order_id: o for o in orders}
+    ids = list(by_id)
+    before, done = ids[0], ids[-1]
+    in_flight = dict(zip(ids[1:-1], STEPS, strict=True))  # order -> the step it is cancelled in
+    role = {before: "before-claim", done: "after-processed",
+            **{o: f"in {step.value}" for o, step in in_flight.items()}}
+    started = time.monotonic()
+    # 1. The three in-flight orders: each step's remote call applies its effect and holds the answer (a hang).
+    await lab.script({idempotency_key(o, step.value): ["hang"] for o, step in in_flight.items()})
+    await lab.submit([by_id[o] for o in in_flight])
+    for o, step in in_flight.items():
+        await lab.wait(lambda o=o, step=step: lab.applied(o, step), f"{o}: {step.value} in flight")
+    # 2. Before the claim: every Processing slot is taken, so the order stays Pending; cancel it there.
+    await lab.submit([by_id[before]])
+    await lab.wait(lambda: lab.status(before, OrderStatus.RECEIVED), f"{before}: received")
+    held = await lab.record(before)
+    cancel_at: dict[str, float] = {before: await lab.cancel(before, "drill: before the claim")}
+    await lab.wait(lambda: before in lab.client.terminal_at, f"{before}: final status")
+    # 3. In flight: cancel each while its step's answer is held.
+    for o in in_flight:
+        cancel_at[o] = await lab.cancel(o, "drill: in flight")
+    cancel_sent = {o: time.monotonic() for o in in_flight}
+    await lab.wait(lambda: all(o in lab.client.terminal_at for o in in_flight), "the in-flight orders' final statuses",
+                   options.timeout)
+    # 4. After Processed: too late.
+    await lab.submit([by_id[done]])
+    await lab.wait(lambda: lab.status(done, OrderStatus.COMPLETED), f"{done}: completed")
+    processed = await lab.record(done)
+    cancel_at[done] = await lab.cancel(done, "drill: after processed")
+    await lab.wait(lambda: lab.status(done, OrderStatus.REJECTED), f"{done}: rejected")
+    after_refusal = await lab.record(done)
+    # 5. A second cancel of each: nothing may change.
+    ledger_before = await lab.ledger()
+    snapshot = {o: await lab.record(o) for o in ids}
+    seen = {o: len(lab.statuses(o)) for o in ids}
+    for o in ids:
+        await lab.cancel(o, "drill: again")
+    await lab.wait(lambda: len(lab.statuses(done, OrderStatus.REJECTED)) >= 2, f"{done}: rejected again")
+    await lab.wait(lab.inbound_settled, "the repeated cancels settled")
+    await asyncio.sleep(1.0)  # a status the repeats might (wrongly) cause is on the reply queue by now
+    repeat = {o: await lab.record(o) for o in ids}
+    elapsed = time.monotonic() - started
+    records = await lab.records(ids)
+    ledger = await lab.ledger()
+    await lab.read_alerts()
+
+    def in_flight_ok(o: str, step: StepName) -> dict[str, bool]:
+        k = STEPS.index(step)
+        sent = [s.value for s in STEPS[:k + 1]]
+        rec = records.get(o)
+        compensations = [COMPENSATION_OF[s].value for s in reversed(STEPS[:k + 1])]
+        late = [c for c in ledger.calls if c["key"].startswith(f"{o}:") and c["at"] >= cancel_at[o]
+                and c["status"] == 200 and c["key"].split(":", 1)[1] in {s.value for s in STEPS}]
+        return {
+            "compensated": rec is not None and rec.process_state is ProcessState.COMPENSATED
+            and lab.status(o, OrderStatus.COMPENSATED) is not None,
+            "mid-step": rec is not None and rec.step(step).status is StepStatus.RUNNING
+            and (ledger.first_call(o, step.value) or math.inf) < cancel_at[o],
+            "undone newest first": ledger.call_order(o, compensations) == compensations,
+            "all undone, once": ledger.applied(o) == sent and ledger.undone(o) == sent
+            and ledger.effect_counts(o) == {s: 1 for s in sent}
+            and ledger.compensation_counts(o) == {c: 1 for c in compensations},
+            "nothing after": all(s.value not in ledger.keys_called(o) for s in STEPS[k + 1:])
+            and all(c["key"].split(":", 1)[1] in ledger.undone(o) for c in late),
+        }
+
+    flights = {o: in_flight_ok(o, step) for o, step in in_flight.items()}
+    before_rec = records.get(before)
+    rejected = lab.statuses(done, OrderStatus.REJECTED)
+    statuses_after = {o: len(lab.statuses(o)) for o in ids}
+    checks = {
+        "before the claim: held Pending (no slot), then Cancelled with `cancelled`": held is not None
+        and held[0].process_state is ProcessState.PENDING and held[0].attempt == 0
+        and before_rec is not None and before_rec.process_state is ProcessState.CANCELLED
+        and before_rec.attempt == 0 and lab.status(before, OrderStatus.CANCELLED) is not None,
+        "before the claim: no remote call for the order at all": ledger.keys_called(before) == {},
+        "in flight: Compensated with `compensated`, at each step": all(f["compensated"] for f in flights.values()),
+        "in flight: the cancel landed mid-step (its answer never recorded)": all(
+            f["mid-step"] for f in flights.values()),
+        "in flight: the steps sent undone newest first (call log)": all(
+            f["undone newest first"] for f in flights.values()),
+        "in flight: every effect applied once and undone once": all(f["all undone, once"] for f in flights.values()),
+        "in flight: nothing applied after the cancel that is not undone, no later step called": all(
+            f["nothing after"] for f in flights.values()),
+        "after Processed: `rejected` with the reason, record unchanged, still Processed": processed is not None
+        and after_refusal is not None and after_refusal[1] == processed[1]
+        and after_refusal[0].process_state is ProcessState.PROCESSED and bool(rejected)
+        and "already processed" in rejected[0].reason and not any(
+            k in ledger.keys_called(done) for k in (c.value for c in COMPENSATION_OF.values())),
+        "a repeated cancel changes nothing (records, statuses, remote calls)": all(
+            snapshot[o] is not None and repeat[o] is not None and repeat[o][1] == snapshot[o][1] for o in ids)
+        and all(statuses_after[o] == seen[o] + (o == done) for o in ids)
+        and ledger.report.get("callsByKey") == ledger_before.report.get("callsByKey"),
+        "every final status tells the ledger's effects (applied, undone)": all(
+            status_matches_ledger(_final(lab, o), ledger, o) for o in ids),
+        "no operator alert for a cancel": not [a for a in lab.alerts if a.order_id in ids],
+    }
+    figures = {
+        "stages": {role[o]: {
+            "final": (_final(lab, o) or _last_state(lab, o)),
+            "state": records[o].process_state.value if o in records else None,
+            "attempt": records[o].attempt if o in records else None,
+            "calls": sum(ledger.keys_called(o).values()),
+            "applied": ledger.applied(o), "undone": ledger.undone(o),
+            "compensation_order": ledger.call_order(o, [c.value for c in COMPENSATION_OF.values()]),
+        } for o in ids},
+        "cancel_to_compensated_s": {role[o]: round(lab.client.terminal_at[o] - cancel_sent[o], 2)
+                                    for o in in_flight if o in lab.client.terminal_at},
+        "rejected_reason": rejected[0].reason if rejected else None,
+        "hang_s": options.hang_seconds,
+    }
+    for stage in figures["stages"].values():
+        final = stage["final"]
+        stage["final"] = final.state.value if isinstance(final, StatusMessage) else final
+        stage["reason"] = final.reason if isinstance(final, StatusMessage) else None
+    return lifecycle_verdict(options.drill, lab, ids, records, ledger, checks, figures, elapsed)
+
+
+def _last_state(lab: Lab, order_id: str) -> str | None:
+    statuses = lab.statuses(order_id)
+    return statuses[-1].state.value if statuses else None
+
+
+# --- poison-in-session ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PoisonCase:
+    """One order's session: `messages` in the order sent (one batch); `poison` the index of the poison among them;
+    the dead-letter reason it must get and the field its description must name."""
+
+    name: str
+    order: SubmitOrder
+    messages: list[ServiceBusMessage]
+    poison: int
+    reason: str
+    field_name: str
+    outcome: tuple[OrderStatus, ...]  # the order's acceptable final statuses
+    cancels: bool = False  # the good message after the poison is a CancelOrder
+
+    @property
+    def poison_id(self) -> str:
+        return str(self.messages[self.poison].message_id)
+
+
+def _message(body: str | bytes, order_id: str, message_id: str) -> ServiceBusMessage:
+    return ServiceBusMessage(body, session_id=order_id, message_id=message_id, content_type="application/json")
+
+
+def poison_cases(orders: list[SubmitOrder], reply_to: str) -> list[PoisonCase]:
+    a, b, c, d = orders
+
+    def submit(o: SubmitOrder) -> ServiceBusMessage:
+        return _message(o.to_json(), o.order_id, f"submit:{o.order_id}")
+
+    bad_quantity = json.loads(b.to_json())
+    bad_quantity["items"][0]["quantity"] = 0
+    naive_cancel = json.loads(cancel_body(c.order_id, reply_to))
+    naive_cancel["requestedAt"] = "2024-01-01T00:00:00"  # no time zone
+    internal_reply = json.loads(cancel_body(d.order_id, reply_to))
+    internal_reply["replyTo"] = "agent-requests"
+    good_cancel = cancel_message(c.order_id, reply_to, "drill: after a poison cancel")
+    good_cancel.message_id = f"cancel:{c.order_id}"
+    done = (OrderStatus.COMPLETED,)
+    return [
+        PoisonCase("not JSON, then the SubmitOrder", a,
+                   [_message(b'{"type": "SubmitOrder", "orderId": ', a.order_id, f"poison:{a.order_id}"), submit(a)],
+                   0, "InvalidJson", "body", done),
+        PoisonCase("a SubmitOrder with a bad field, then the good one", b,
+                   [_message(json.dumps(bad_quantity), b.order_id, f"poison:{b.order_id}"), submit(b)],
+                   0, "InvalidField:items.0.quantity", "items.0.quantity", done),
+        PoisonCase("the SubmitOrder, a CancelOrder with a bad field, then a good CancelOrder", c,
+                   [submit(c), _message(json.dumps(naive_cancel), c.order_id, f"poison:{c.order_id}"), good_cancel],
+                   1, "InvalidField:requestedAt", "requestedAt", (OrderStatus.CANCELLED, OrderStatus.COMPENSATED),
+                   cancels=True),
+        PoisonCase("a CancelOrder with an internal replyTo, then the SubmitOrder", d,
+                   [_message(json.dumps(internal_reply), d.order_id, f"poison:{d.order_id}"), submit(d)],
+                   0, "InvalidField:replyTo", "replyTo", done),
+    ]
+
+
+async def drill_poison_in_session(lab: Lab, options: LifecycleOptions) -> Verdict:
+    orders = make_orders(FIXED_ORDERS["poison-in-session"], options.seed, lab.client.reply_queue,
+                         prefix="poison-in-session")
+    cases = poison_cases(orders, lab.client.reply_queue)
+    ids = [c.order.order_id for c in cases]
+    # The cancelled order's first step holds its answer, so the cancel finds it in flight (not yet processed).
+    cancelled = [c.order.order_id for c in cases if c.cancels]
+    await lab.script({idempotency_key(o, RESERVE.value): ["hang"] for o in cancelled})
+    lab.client._expected.update(ids)  # the drill sends these orders itself (raw messages), not client.submit
+    lab.client.all_terminal.clear()
+    started = time.monotonic()
+    for case in cases:  # each session's messages in one batch: the broker keeps their order
+        await lab.send(case.messages)
+    await lab.wait(lambda: lab.client.all_terminal.is_set(), "every final status", options.timeout)
+    await lab.wait(lambda: _poison_seen(lab, cases), "the dead letters and alerts")
+    elapsed = time.monotonic() - started
+    records = await lab.records(ids)
+    ledger = await lab.ledger()
+    dead = {d.message_id: d for d in await lab.dead_letters()}
+
+    rows: dict[str, dict[str, Any]] = {}
+    for case in cases:
+        o = case.order.order_id
+        letter = dead.get(case.poison_id)
+        alert = next((a for a in lab.alerts if a.kind is AlertKind.POISON_MESSAGE
+                      and a.details.get("messageId") == case.poison_id), None)
+        rec = records.get(o)
+        final = _final(lab, o)
+        received = _status_at(lab, o, OrderStatus.RECEIVED)
+        # When the good message after the poison was handled: the order's `received` (a SubmitOrder), or the
+        # record's cancelRequestedAt (a CancelOrder). The poison's handling: its alert's raisedAt.
+        good_at = (rec.cancel_requested_at.timestamp() if rec and rec.cancel_requested_at else None) \
+            if case.cancels else received
+        poison_at = alert.raised_at.timestamp() if alert else None
+        before_poison = rec.created_at.timestamp() if (case.cancels and rec) else None  # the SubmitOrder, first
+        rows[case.name] = {
+            "order": o,
+            "dead_lettered": letter is not None and letter.reason == case.reason
+            and case.field_name in (letter.description or ""),
+            "alert": alert is not None and alert.reason == case.reason
+            and alert.details.get("sessionId") == o
+            and (letter is None or alert.details.get("sequenceNumber") == letter.sequence_number),
+            "good processed": final is not None and final.state in case.outcome and rec is not None
+            and (rec.cancel_requested_at is not None if case.cancels else rec.process_state is ProcessState.PROCESSED),
+            "in order": poison_at is not None and good_at is not None and poison_at <= good_at
+            and (before_poison is None or before_poison <= poison_at),
+            "only the poison dead-lettered": [m for m in dead.values() if m.session_id == o] == (
+                [letter] if letter else []),
+            "figures": {
+                "reason": letter.reason if letter else None, "description": letter.description if letter else None,
+                "sequence_number": letter.sequence_number if letter else None,
+                "poison_to_good_ms": None if poison_at is None or good_at is None else
+                round((good_at - poison_at) * 1000, 1),
+                "final": final.state.value if final else None,
+            },
+        }
+    checks = {
+        "each poison dead-lettered with the reason that names its field": all(
+            r["dead_lettered"] for r in rows.values()),
+        "a PoisonMessage alert for each poison (its reason, session and sequence number)": all(
+            r["alert"] for r in rows.values()),
+        "the good message after each poison processed": all(r["good processed"] for r in rows.values()),
+        "in order: each poison handled before the good message after it (and after the one before it)": all(
+            r["in order"] for r in rows.values()),
+        "only the poison dead-lettered in each session": all(r["only the poison dead-lettered"] for r in rows.values()),
+        "processed orders: one effect per step": all(
+            ledger.effect_counts(c.order.order_id) == {s.value: 1 for s in STEPS} for c in cases if not c.cancels),
+        "every final status tells the ledger's effects (applied, undone)": all(
+            status_matches_ledger(_final(lab, o), ledger, o) for o in ids),
+    }
+    figures = {"cases": {name: r["figures"] for name, r in rows.items()},
+               "dead_lettered": len(dead), "poison_alerts": sum(1 for a in lab.alerts
+                                                                 if a.kind is AlertKind.POISON_MESSAGE)}
+    return lifecycle_verdict(options.drill, lab, ids, records, ledger, checks, figures, elapsed)
+
+
+async def _poison_seen(lab: Lab, cases: list[PoisonCase]) -> bool:
+    await lab.read_alerts()
+    alerted = {a.details.get("messageId") for a in lab.alerts if a.kind is AlertKind.POISON_MESSAGE}
+    dead = {d.message_id for d in await lab.dead_letters()}
+    return all(c.poison_id in alerted and c.poison_id in dead for c in cases)
+
+
+# --- upgrade-in-flight ------------------------------------------------------------------------------------------
+
+
+async def drill_upgrade_in_flight(lab: Lab, options: LifecycleOptions) -> Verdict:
+    system = lab.system
+    first = make_orders(options.order_count, options.seed, lab.client.reply_queue, prefix="upgrade-v1")
+    later = make_orders(max(1, options.order_count // 2), options.seed, lab.client.reply_queue, prefix="upgrade-v2")
+    first_ids, later_ids = [o.order_id for o in first], [o.order_id for o in later]
+    ids = first_ids + later_ids
+    version_before = system.config.settings.get(DEFAULT_VERSION_SETTING)
+    started = time.monotonic()
+    await lab.submit(first)
+    # In flight: every order claimed, half of them (at least one) with a step done, not all of them finished.
+    half = max(1, math.ceil(len(first_ids) / 2))
+
+    async def mid_flight() -> bool:
+        ledger = await lab.ledger()
+        return sum(1 for o in first_ids if ledger.applied(o)) >= half
+
+    await lab.wait(mid_flight, "half of the first orders with a step done")
+    claimed = [o for o, r in (await lab.records(first_ids)).items() if r.attempt >= 1]
+    at_restart = await lab.ledger()
+    # The upgrade: devhost goes (kill -9, or SIGTERM), comes back with host.json's defaultVersion.
+    assert system.devhost is not None
+    down_at, down_wall = time.monotonic(), time.time()
+    if options.restart == "kill":
+        system.devhost.kill()
+    else:
+        system.devhost.stop()
+    # In flight: Processing once devhost is gone (only devhost writes records, so this is what it left).
+    left = await lab.records(first_ids)
+    in_flight = [o for o in first_ids if o in left and left[o].process_state is ProcessState.PROCESSING]
+    mid_step = [o for o in in_flight if 0 < len(at_restart.applied(o)) < len(STEPS)]
+    system.config.settings.pop(DEFAULT_VERSION_SETTING, None)
+    await asyncio.to_thread(system.start_devhost)
+    restart_s = time.monotonic() - down_at
+    await lab.submit(later)
+    await lab.wait(lambda: lab.client.all_terminal.is_set(), "every final status", options.timeout)
+    elapsed = max(lab.client.terminal_at.values(), default=time.monotonic()) - started
+    records = await lab.records(ids)
+    ledger = await lab.ledger()
+    instances = durable_instances(system.config.work_dir / "devhost" / "durable.db")
+
+    def instance(o: str) -> dict[str, Any]:
+        rec = records.get(o)
+        return instances.get(f"{o}:{rec.attempt}", {}) if rec else {}
+
+    def completed_instance(o: str) -> bool:
+        found = instance(o)
+        return found.get("status") == "Completed" and (found.get("output") or {}).get("outcome") == "completed"
+
+    failed = sorted(i for i, v in instances.items() if v.get("status") == "Failed")
+    versions = {o: instance(o).get("version", "?") for o in ids}
+    # Finished by the new devhost: its `completed` stamped after the old one was gone.
+    after_restart = [o for o in in_flight if (_status_at(lab, o, OrderStatus.COMPLETED) or 0) > down_wall]
+    checks = {
+        "devhost ran version 1.0 from the app setting, then host.json's 2.0": version_before == WORKFLOW_V1
+        and all(versions[o] == WORKFLOW_V1 for o in first_ids) and all(versions[o] == WORKFLOW_VERSION
+                                                                       for o in later_ids),
+        "several orders in flight at the restart, some between steps": len(in_flight) >= 2 and len(mid_step) >= 1
+        and len(claimed) == len(first_ids),
+        "every order Processed with `completed`": all(
+            o in records and records[o].process_state is ProcessState.PROCESSED
+            and lab.status(o, OrderStatus.COMPLETED) is not None for o in ids),
+        "the orders in flight completed after the restart": sorted(after_restart) == sorted(in_flight),
+        "first orders on the version-1 path: workflowVersion null, attempt 1, its instance completed": all(
+            o in records and records[o].workflow_version is None and records[o].attempt == 1
+            and completed_instance(o) for o in first_ids),
+        "later orders on 2.0: workflowVersion 2.0, its instance completed": all(
+            o in records and records[o].workflow_version == WORKFLOW_VERSION and completed_instance(o)
+            for o in later_ids),
+        "no orchestration Failed": not failed,
+        "one effect per step, nothing undone": all(
+            ledger.effect_counts(o) == {s.value: 1 for s in STEPS} and not ledger.undone(o) for o in ids),
+    }
+    figures = {
+        "before_restart": len(first_ids), "after_restart": len(later_ids),
+        "in_flight_at_restart": len(in_flight), "between_steps_at_restart": len(mid_step),
+        "steps_done_at_restart": sum(len(at_restart.applied(o)) for o in first_ids),
+        "completed_after_restart": len(after_restart),
+        "restart": options.restart, "restart_s": round(restart_s, 2),
+        "versions": dict(Counter(str(v) for v in versions.values())),
+        "workflow_versions": dict(Counter(str(r.workflow_version) for r in records.values())),
+        "attempts": dict(Counter(str(r.attempt) for r in records.values())),
+        "instances": len(instances), "failed_instances": failed,
+        "latency_ms_mean": options.latency_ms,
+    }
+    return lifecycle_verdict(options.drill, lab, ids, records, ledger, checks, figures, elapsed)
+
+
+# --- running ----------------------------------------------------------------------------------------------------
+
+DRILL_FUNCTIONS: dict[str, Callable[[Lab, LifecycleOptions], Awaitable[Verdict]]] = {
+    "compensation": drill_compensation,
+    "cancel-in-flight": drill_cancel_in_flight,
+    "poison-in-session": drill_poison_in_session,
+    "upgrade-in-flight": drill_upgrade_in_flight,
+}
+
+
+async def run_lifecycle_drill(system: LocalSystem, options: LifecycleOptions) -> Verdict:
+    """The drill on a started `system` (built from `lifecycle_config`); the caller stops the system."""
+    async with client_app(system) as client:
+        lab = Lab(system, client)
+        try:
+            return await DRILL_FUNCTIONS[options.drill](lab, options)
+        finally:
+            await lab.aclose()
+
+
+def run_lifecycle_command(args: argparse.Namespace) -> int:
+    try:
+        options = LifecycleOptions(drill=args.scenario, orders=args.orders, seed=args.seed, settings=args.settings,
+                                   overrides=parse_overrides(args.overrides), timeout=args.timeout,
+                                   hang_seconds=args.hang_seconds, latency_ms=args.latency_ms, restart=args.restart)
+    except ValueError as exc:
+        Console(stderr=True).print(f"devhost drill: {exc}")
+        return 2
+    work = Path(args.work_dir or default_work_dir("drill-"))
+    console = Console(stderr=args.json)
+    system = LocalSystem(lifecycle_config(work, options, args.servicebus_config))
+    verdict = _run_on_system(system, console, lambda: run_lifecycle_drill(system, options))
+    title = f"drill {args.scenario} ({args.settings} settings)"
+    return _report(console, summary_table(verdict.display(), title), verdict.to_json() if args.json else None,
+                   verdict.failed_checks())
