@@ -606,3 +606,52 @@ def test_restart_and_defer_keep_a_compensation_compensating() -> None:
     deferred = defer(rec, FIRST, NOW + LEASE, NOW, "CircuitOpen")
     assert (deferred.process_state, deferred.locked_by, deferred.retry_at) == (
         ProcessState.COMPENSATING, None, NOW + LEASE)
+
+
+@pytest.mark.parametrize("state", list(ProcessState))
+@pytest.mark.parametrize("event", list(Event))
+def test_every_pair_outside_the_table_is_refused(state: ProcessState, event: Event) -> None:
+    """The table is the whole truth for every state and event, the compensation and cancel rows included: a pair
+    it lacks is refused with the move named (the generic table test above drives the forward rows through their
+    functions; the compensation and cancel functions have their own tests)."""
+    if (state, event) in TRANSITIONS:
+        assert next_state(state, event) is TRANSITIONS[(state, event)]
+    else:
+        with pytest.raises(IllegalTransition, match=f"{event.value} is not allowed in state {state.value}"):
+            next_state(state, event)
+
+
+@pytest.mark.parametrize("state", [ProcessState.COMPENSATED, ProcessState.COMPENSATION_FAILED,
+                                   ProcessState.CANCELLED])
+def test_the_new_terminal_states_refuse_every_scheduler_and_supervisor_move(state: ProcessState) -> None:
+    """Through the functions, not only the table: nothing moves an order out of its end."""
+    rec = compensating(StepName.RESERVE_INVENTORY).model_copy(update={"process_state": state})
+    for move in (lambda r: claim(r.model_copy(update={"locked_by": None}), instance_id(ORDER, 2), NOW + LEASE, NOW),
+                 lambda r: set_step_deadline(r, FIRST, RELEASE, NOW + LEASE, NOW),
+                 lambda r: record_step(r, FIRST, RELEASE, StepStatus.SUCCEEDED, NOW),
+                 lambda r: recover(r, FIRST, NOW, THRESHOLD, BACKOFF),
+                 lambda r: defer(r, FIRST, NOW + LEASE, NOW, "x"),
+                 lambda r: restart(r, FIRST, NOW + LEASE, NOW),
+                 lambda r: begin_compensation(r, FIRST, "another", NOW + LEASE, NOW)):
+        with pytest.raises(IllegalTransition):
+            move(rec)
+
+
+def test_a_version_1_record_reads_as_version_2_and_completes_under_the_current_code() -> None:
+    """A state record written before schemaVersion 2 (no compensation log, cancel or workflow version; the fields of
+    commit 230c614) is read with the defaults, runs its order to the end, and is written back as version 2."""
+    v1 = {"id": ORDER, "orderId": ORDER, "processState": "Pending", "lockedBy": None, "completeBy": None,
+          "failureCount": 0, "attempt": 0, "replyTo": "app-status", "lastError": None, "previousErrors": [],
+          "retryAt": None, "deferrals": 0, "restarts": 0, "orderHash": "h" * 64, "schemaVersion": 1,
+          "createdAt": "2024-05-01T11:00:00.000000Z", "updatedAt": "2024-05-01T11:00:00.000000Z",
+          "notifiedAt": None, "steps": [{"name": s.value, "status": "pending", "attempt": 0, "startedAt": None,
+                                         "completedAt": None} for s in STEPS]}
+    rec = OrderStateRecord.from_doc(v1)
+    assert rec.schema_version == 2 and rec.compensations == () and rec.cancel_requested_at is None
+    rec = claim(rec, FIRST, NOW + LEASE, NOW)
+    for step in STEPS:
+        rec = record_step(set_step_deadline(rec, FIRST, step, NOW + LEASE, NOW, "2.0"), FIRST, step,
+                          StepStatus.SUCCEEDED, NOW)
+    done = complete(rec, FIRST, NOW)
+    assert done.process_state is ProcessState.PROCESSED and done.workflow_version == "2.0"
+    assert done.to_doc()["schemaVersion"] == 2
