@@ -22,7 +22,7 @@ Time comes from an injected `Clock`, so tests drive the loop without sleeping.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -98,23 +98,31 @@ async def call_with_retries(
     failures) is one failure; calls whose failures the retries absorbed count for nothing, so a remote that fails
     30 % of calls but answers every request keeps the breaker closed. A half-open probe is one call: its own outcome
     closes or re-opens the breaker."""
-    calls: list[Permit] = []
-    outcome = await _calls(caller, step, body, deadline, policy, clock, gate, calls)
+    request = _Request(caller, step, body, deadline, policy, clock, gate)
+    outcome = await _calls(request)
+    calls = request.permits
     if gate is not None and calls and not calls[-1].probe and not outcome.succeeded and not outcome.permanent:
         await gate.record(calls[-1], False)
     return outcome
 
 
-async def _calls(
-    caller: RemoteCaller,
-    step: str,
-    body: dict[str, Any],
-    deadline: datetime,
-    policy: RetryPolicy,
-    clock: Clock,
-    gate: CallGate | None,
-    calls: list[Permit],
-) -> StepOutcome:
+@dataclass
+class _Request:
+    """One request's calls: what `call_with_retries` was given, and the permits of the calls made so far."""
+
+    caller: RemoteCaller
+    step: str
+    body: dict[str, Any]
+    deadline: datetime
+    policy: RetryPolicy
+    clock: Clock
+    gate: CallGate | None
+    permits: list[Permit] = field(default_factory=list)
+
+
+async def _calls(request: _Request) -> StepOutcome:
+    caller, step, body, deadline = request.caller, request.step, request.body, request.deadline
+    policy, clock, gate, calls = request.policy, request.clock, request.gate, request.permits
     key = str(body.get("idempotencyKey", ""))
     last: CallResult | None = None
     attempts = policy.max_retries + 1

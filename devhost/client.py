@@ -15,6 +15,7 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -232,28 +233,21 @@ def _follow_cancel(client: Any, reply_to: str, order_id: str, sent_at: datetime,
                    watch: _Watch) -> int:
     """Print the order's statuses until the cancel's answer: a terminal status or `rejected` stamped after the cancel
     was sent (the order's earlier statuses, if still queued, are shown as such and do not end the wait)."""
-    deadline = time.monotonic() + wait
     since = sent_at.timestamp() - 1.0  # the system's clock may trail this one a little
     try:
-        with client.get_queue_receiver(reply_to, session_id=order_id, max_wait_time=wait) as receiver:
-            while (remaining := deadline - time.monotonic()) > 0:
-                for message in receiver.receive_messages(max_message_count=10, max_wait_time=min(1.0, remaining)):
-                    status = StatusMessage.model_validate_json(b"".join(message.body))
-                    receiver.complete_message(message)
-                    earlier = status.timestamp.timestamp() < since
-                    effects = "" if status.effects is None else (
-                        f"  applied {[s.value for s in status.effects.applied]} undone "
-                        f"{[s.value for s in status.effects.undone]}")
-                    console.print(f"  {status.timestamp.isoformat()}  {status.state.value:<19} attempt "
-                                  f"{status.attempt}  {status.reason}{effects}" + ("  (before the cancel)"
-                                                                                   if earlier else ""))
-                    if not earlier and status.state in CANCEL_ANSWERS:
-                        return 0 if status.state in CANCEL_DONE else 1
-                if (dead := watch.dead_lettered()) is not None:
-                    console.print(f"[red]rejected: {dead.dead_letter_reason}: "
-                                  f"{dead.dead_letter_error_description or ''} (dead-lettered on "
-                                  f"{watch.orders_queue}; python -m devhost queues)[/]")
+        for status in _statuses(client, reply_to, order_id, wait):
+            if status is None:
+                if watch.report_dead_letter(console):
                     return 1
+                continue
+            earlier = status.timestamp.timestamp() < since
+            effects = "" if status.effects is None else (
+                f"  applied {[s.value for s in status.effects.applied]} undone "
+                f"{[s.value for s in status.effects.undone]}")
+            console.print(f"  {status.timestamp.isoformat()}  {status.state.value:<19} attempt "
+                          f"{status.attempt}  {status.reason}{effects}" + ("  (before the cancel)" if earlier else ""))
+            if not earlier and status.state in CANCEL_ANSWERS:
+                return 0 if status.state in CANCEL_DONE else 1
     except OperationTimeoutError:
         pass
     except MessagingEntityNotFoundError:
@@ -268,6 +262,15 @@ class _Watch:
     """What the client can see of the system while it waits: whether its message was dead-lettered (peeked from
     the orders queue's dead-letter sub-queue, from where the last look ended) and, on the embedded broker, the
     backlog of orders-inbound and agent-requests when the wait began."""
+
+    def report_dead_letter(self, console: Console) -> bool:
+        """Print the dead-lettering of the client's message, if it happened; whether it did."""
+        dead = self.dead_lettered()
+        if dead is None:
+            return False
+        console.print(f"[red]rejected: {dead.dead_letter_reason}: {dead.dead_letter_error_description or ''} "
+                      f"(dead-lettered on {self.orders_queue}; python -m devhost queues)[/]")
+        return True
 
     def __init__(self, client: Any, orders_queue: str, message_id: str) -> None:
         self.client, self.orders_queue, self.message_id = client, orders_queue, message_id
@@ -301,30 +304,36 @@ class _Watch:
         return None
 
 
+def _statuses(client: Any, reply_to: str, order_id: str, wait: float) -> Iterator[StatusMessage | None]:
+    """The order's statuses from its reply-queue session, each completed as it is read, for at most `wait` seconds;
+    None after each batch (the caller's moment to look for a dead-letter)."""
+    deadline = time.monotonic() + wait
+    with client.get_queue_receiver(reply_to, session_id=order_id, max_wait_time=wait) as receiver:
+        while (remaining := deadline - time.monotonic()) > 0:
+            for message in receiver.receive_messages(max_message_count=10, max_wait_time=min(1.0, remaining)):
+                receiver.complete_message(message)
+                yield StatusMessage.model_validate_json(b"".join(message.body))
+            yield None
+
+
 def _follow(client: Any, reply_to: str, order_id: str, wait: float, console: Console,
             watch: _Watch) -> tuple[int | None, list[StatusMessage]]:
     """Print the order's statuses until a terminal one (0) or a known rejection (1); None when `wait` ran out."""
     statuses: list[StatusMessage] = []
-    deadline = time.monotonic() + wait
     try:
-        with client.get_queue_receiver(reply_to, session_id=order_id, max_wait_time=wait) as receiver:
-            while (remaining := deadline - time.monotonic()) > 0:
-                for message in receiver.receive_messages(max_message_count=10, max_wait_time=min(1.0, remaining)):
-                    status = StatusMessage.model_validate_json(b"".join(message.body))
-                    receiver.complete_message(message)
-                    statuses.append(status)
-                    console.print(f"  {status.timestamp.isoformat()}  {status.state.value:<10} attempt "
-                                  f"{status.attempt}  {status.reason}")
-                    if status.state in TERMINAL_STATUSES:
-                        return 0, statuses
-                    if status.state is OrderStatus.REJECTED:  # admission control: nothing was stored
-                        console.print(f"[red]rejected: {status.reason} (nothing stored; submit it again later)[/]")
-                        return 1, statuses
-                if not statuses and (dead := watch.dead_lettered()) is not None:
-                    console.print(f"[red]rejected: {dead.dead_letter_reason}: "
-                                  f"{dead.dead_letter_error_description or ''} (dead-lettered on "
-                                  f"{watch.orders_queue}; python -m devhost queues)[/]")
+        for status in _statuses(client, reply_to, order_id, wait):
+            if status is None:
+                if not statuses and watch.report_dead_letter(console):
                     return 1, statuses
+                continue
+            statuses.append(status)
+            console.print(f"  {status.timestamp.isoformat()}  {status.state.value:<10} attempt "
+                          f"{status.attempt}  {status.reason}")
+            if status.state in TERMINAL_STATUSES:
+                return 0, statuses
+            if status.state is OrderStatus.REJECTED:  # admission control: nothing was stored
+                console.print(f"[red]rejected: {status.reason} (nothing stored; submit it again later)[/]")
+                return 1, statuses
     except OperationTimeoutError:
         pass
     except MessagingEntityNotFoundError:
