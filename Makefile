@@ -11,8 +11,9 @@ PYTHON313 ?= $(shell PYENV_VERSION=$$(pyenv versions --bare 2>/dev/null | grep '
 ORDERS ?= 50
 SEED ?= 1
 # The three installs (.venv, .venv-worker, node_modules) and the lint run side by side on a fresh machine (about 40 s
-# less than one after another); each target's output stays together.
-MAKEFLAGS += --jobs=3 --output-sync=target
+# less than one after another). The installs are quiet, so nothing needs --output-sync (which would hold back the
+# demo's progress bar and the tests' output).
+MAKEFLAGS += --jobs=3
 
 .PHONY: setup worker-env demo up down lint test test-fast bench clean
 
