@@ -32,7 +32,8 @@ duplicate_side_effects, stuck, checks, figures}`, the last line of `--json`; `pa
 - `remote-outage`: the remote is healthy, goes down (every call 503, `POST /outage`) `--outage-after` seconds after the
   submission for `--outage-for` seconds, then recovers. No order may reach Error, every order must be Processed once,
   and the calls that reached the remote while the breaker was not closed must be at most its probes per half-open
-  round (the breaker's document, polled, against the simulator's call log).
+  round (the breaker's document, polled, against the simulator's call log; a call arriving within
+  orderflow.breaker.CACHE_TTL of the opening was granted before it).
 - `backlog-flood`: far more orders at once than `MaxPendingOrders`, with a small `MaxOrdersInProcessing`. Every order
   gets one answer: `rejected` (`backlog full`, no state record and no orders-DB record) or admitted and Processed in
   attempt 1; the sampled Processing count stays within MaxOrdersInProcessing and the Pending count within
@@ -62,7 +63,7 @@ from rich.console import Console
 
 from agent.config import AGENT_SETTINGS
 from orderflow import settings as app_settings
-from orderflow.breaker import BreakerDoc, BreakerState
+from orderflow.breaker import CACHE_TTL, BreakerDoc, BreakerState
 from orderflow.messages import COMPENSATION_OF, STEPS, OrderStatus, idempotency_key
 from orderflow.records import ProcessState
 from orderflow.retry_budget import RetryBudget
@@ -662,9 +663,10 @@ class BreakerHistory:
 
 @dataclass(frozen=True)
 class CallsWhileOpen:
-    """The remote's calls against the breaker's episodes: `at_opening` arrived after a round's openedAt but before
-    its document was seen stored (let through while it was still closed, in flight), `while_open` from then to the
-    closing (each must be a half-open probe), `strictly_open` those of `while_open` outside a half-open round."""
+    """The remote's calls against the breaker's episodes: `at_opening` arrived after an episode's openedAt but before
+    its document was seen stored or within the grace (let through while it was still closed: in flight, or from a
+    cached read), `while_open` from then to the closing (each must be a half-open probe), `strictly_open` those of
+    `while_open` outside a half-open round."""
 
     at_opening: int
     while_open: int
@@ -672,10 +674,18 @@ class CallsWhileOpen:
     half_open_rounds: int
 
     @classmethod
-    def count(cls, history: BreakerHistory, calls: list[dict[str, Any]], end: float) -> CallsWhileOpen:
+    def count(cls, history: BreakerHistory, calls: list[dict[str, Any]], end: float,
+              grace: float = CACHE_TTL.total_seconds()) -> CallsWhileOpen:
+        """`grace`: calls granted before the opening may still arrive after it (in flight, or granted from an Agent's
+        read of the breaker up to orderflow.breaker.CACHE_TTL old): those arriving within it of the opening count as
+        `at_opening`, not as calls while open."""
         episodes = history.episodes(end)
-        at_opening = [c for c in calls if any(e.opened_at <= c["at"] < e.seen_at for e in episodes)]
-        while_open = [c for c in calls if any(e.seen_at <= c["at"] < e.closed_at for e in episodes)]
+
+        def excused_until(e: Episode) -> float:
+            return max(e.seen_at, e.opened_at + grace)
+
+        at_opening = [c for c in calls if any(e.opened_at <= c["at"] < excused_until(e) for e in episodes)]
+        while_open = [c for c in calls if any(excused_until(e) <= c["at"] < e.closed_at for e in episodes)]
         strictly = [c for c in while_open if any(
             r.opened_at <= c["at"] < (end if r.open_until is None else r.open_until) for r in history.rounds)]
         return cls(len(at_opening), len(while_open), len(strictly), sum(e.half_open_rounds for e in episodes))

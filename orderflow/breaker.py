@@ -262,11 +262,16 @@ class BreakerView:
 OnTransition = Callable[[Transition], Awaitable[None]]
 
 
+# How long an Agent trusts its last read of the breaker: it may make calls for up to this long after another instance
+# opened it (and a call granted just before the opening still reaches the remote after it).
+CACHE_TTL = timedelta(seconds=1)
+
+
 class SharedBreaker:
     """The breaker of one remote service over its stored document (see the module docstring)."""
 
     def __init__(self, documents: DocumentStore, service: str, config: BreakerConfig, clock: Clock,
-                 on_transition: OnTransition | None = None, cache_ttl: timedelta = timedelta(seconds=1)) -> None:
+                 on_transition: OnTransition | None = None, cache_ttl: timedelta = CACHE_TTL) -> None:
         self.documents = documents
         self.service = service
         self.config = config
