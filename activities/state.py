@@ -19,9 +19,11 @@ from orderflow import function_names as fn
 from orderflow.messages import parse_action
 from orderflow.notifications import entered_end
 from orderflow.records import TERMINAL_STATES, OrderStateRecord, ProcessState, StepStatus, parse_utc
+from orderflow.recovery_index import index_deadline
 from orderflow.runtime import Services, get_services
 from orderflow.state_machine import (
     Fenced,
+    Wrote,
     begin_compensation,
     complete,
     defer,
@@ -29,7 +31,6 @@ from orderflow.state_machine import (
     record_step,
     set_step_deadline,
 )
-from orderflow.store.ports import IndexEntry
 from orderflow.workflow import PLAN, SUCCEEDED_STEPS
 
 bp = df.Blueprint()
@@ -76,27 +77,6 @@ async def _fenced(order_id: str, mutate: Callable[[OrderStateRecord], OrderState
     return True
 
 
-class Wrote:
-    """A mutation that remembers whether its last application changed the record (what `update_with_retry` wrote):
-    a repeated activity finds the record already moved and writes nothing."""
-
-    def __init__(self, mutate: Callable[[OrderStateRecord], OrderStateRecord]) -> None:
-        self._mutate = mutate
-        self.changed = False
-        self.before: ProcessState | None = None
-
-    def __call__(self, rec: OrderStateRecord) -> OrderStateRecord:
-        updated = self._mutate(rec)
-        self.changed = updated is not rec
-        self.before = rec.process_state
-        return updated
-
-    @property
-    def left_processing(self) -> bool:
-        """Whether the write this call made took the order out of Processing (what holds an admission slot)."""
-        return self.changed and self.before is ProcessState.PROCESSING
-
-
 async def free_slot(services: Services, rec: OrderStateRecord, wrote: Wrote, now: datetime) -> None:
     """Free the order's admission slot if this call wrote its exit from Processing (a repeated call wrote nothing and
     frees nothing; a compensation's end frees nothing: its slot was freed when it left Processing). Best effort: a
@@ -127,8 +107,7 @@ async def set_step_deadline_activity(request: ActivityInput) -> bool | str:
     services = await get_services()
     action, deadline = parse_action(request["step"]), parse_utc(request["completeBy"])
     instance, honours_cancel = request["instanceId"], bool(request.get("honoursCancel"))
-    if services.index is not None:  # before the record: a crash leaves a stale entry, never a missing one
-        await services.index.add(IndexEntry(request["orderId"], deadline, instance))
+    await index_deadline(services.index, request["orderId"], deadline, instance)
 
     def mutate(r: OrderStateRecord) -> OrderStateRecord:
         if honours_cancel and _cancel_pending(r, instance):
@@ -160,8 +139,7 @@ async def begin_compensation_activity(request: ActivityInput) -> list[str] | Non
     services = await get_services()
     now = services.clock.now()
     deadline = parse_utc(request["completeBy"])
-    if services.index is not None:  # the compensation's first CompleteBy, as for a step deadline
-        await services.index.add(IndexEntry(request["orderId"], deadline, request["instanceId"]))
+    await index_deadline(services.index, request["orderId"], deadline, request["instanceId"])
     rec = await _write_and_notify(services, request["orderId"], Wrote(
         lambda r: begin_compensation(r, request["instanceId"], request["cause"], deadline, now)), now,
         fn.BEGIN_COMPENSATION)

@@ -38,6 +38,7 @@ from orderflow.messages import (
     idempotency_key,
     reply_event_name,
 )
+from orderflow.state_machine import CANCELLED_PREFIX  # the cause a cancel gives BEGIN_COMPENSATION
 from orderflow.workflow import CANCEL_EVENT, PLAN, SUCCEEDED_STEPS, WORKFLOW_V1, Outcome, WorkflowInput
 
 bp = df.Blueprint()
@@ -275,7 +276,7 @@ def _finish(context: df.DurableOrchestrationContext, inp: WorkflowInput, order: 
         "orderId": inp.order_id, "instanceId": context.instance_id, "attempt": inp.attempt, "outcome": outcome,
         "reason": reason, **({"honoursCancel": True} if forward else {})})
     if forward and finished == CANCEL_REQUESTED:
-        return (yield from _undo(context, inp, order, version, "cancelled"))
+        return (yield from _undo(context, inp, order, version, CANCELLED_PREFIX))
     context.set_custom_status({"step": None, "attempt": inp.attempt})
     return {"outcome": (done if finished else Outcome.SUPERSEDED).value}
 
@@ -297,7 +298,7 @@ def order_workflow_v2(context: df.DurableOrchestrationContext, inp: WorkflowInpu
         context.set_custom_status({"step": step.value, "attempt": inp.attempt})
         result = yield from _race_step(context, inp, step, order, version, cancel)
         if result is Outcome.CANCELLED:
-            return (yield from _undo(context, inp, order, version, "cancelled"))
+            return (yield from _undo(context, inp, order, version, CANCELLED_PREFIX))
         if isinstance(result, Outcome):
             return {"outcome": result.value, "step": step.value}
         reply: AgentReply = result
@@ -322,7 +323,7 @@ def _undo(context: df.DurableOrchestrationContext, inp: WorkflowInput, order: di
     if names is None:
         return {"outcome": Outcome.SUPERSEDED.value}
     if not names:
-        return {"outcome": (Outcome.CANCELLED if cause == "cancelled" else Outcome.FAILED).value}
+        return {"outcome": (Outcome.CANCELLED if cause == CANCELLED_PREFIX else Outcome.FAILED).value}
     return (yield from _compensate(context, inp, order, version, names))
 
 

@@ -26,6 +26,13 @@ from orderflow.store.ports import ExpiredCursor, IndexEntry, Page, RecoveryIndex
 
 log = logging.getLogger("orderflow.supervisor")
 
+
+async def index_deadline(index: RecoveryIndex | None, order_id: str, complete_by: datetime, locked_by: str) -> None:
+    """The index entry of a CompleteBy the caller is about to write, written first (in both scan modes): a crash in
+    between leaves at most a stale entry, never a missing one. No-op without an index."""
+    if index is not None:
+        await index.add(IndexEntry(order_id, complete_by, locked_by))
+
 # A range wider than this many buckets starts with one query for its earliest entry instead of bucket by bucket.
 MAX_BUCKETS_WITHOUT_JUMP = 24
 

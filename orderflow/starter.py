@@ -18,10 +18,10 @@ from orderflow import admission
 from orderflow import function_names as fn
 from orderflow.breaker import BreakerConfig, SharedBreaker
 from orderflow.records import OrderStateRecord, ProcessState, instance_id
+from orderflow.recovery_index import index_deadline
 from orderflow.runtime import Services
 from orderflow.state_machine import IllegalTransition, claim
 from orderflow.store.errors import PreconditionFailed
-from orderflow.store.ports import IndexEntry
 from orderflow.workflow import WORKFLOW_VERSION, WorkflowInput
 
 log = logging.getLogger("orderflow.starter")
@@ -64,8 +64,7 @@ async def try_claim(services: Services, rec: OrderStateRecord, etag: str) -> Wor
     instance = instance_id(rec.order_id, rec.attempt + 1)
     try:
         claimed = claim(rec, instance, now + services.tunables.claim_lease, now)
-        if services.index is not None:  # before the record: a crash leaves a stale entry, never a missing one
-            await services.index.add(IndexEntry(rec.order_id, claimed.complete_by or now, instance))
+        await index_deadline(services.index, rec.order_id, claimed.complete_by or now, instance)
         await services.state.replace(claimed, etag)
     except (PreconditionFailed, IllegalTransition):
         return None

@@ -17,6 +17,7 @@ from enum import StrEnum
 from orderflow.clock import ensure_utc
 from orderflow.messages import COMPENSATION_OF, MAX_ATTEMPT, CompensationName, StepName
 from orderflow.records import (
+    CLAIMABLE_STATES,
     TERMINAL_STATES,
     CompensationRecord,
     OrderStateRecord,
@@ -35,6 +36,7 @@ __all__ = [
     "ProcessState",
     "STEP_TRANSITIONS",
     "TERMINAL_STATES",
+    "Wrote",
     "TRANSITIONS",
     "claim",
     "complete",
@@ -451,7 +453,7 @@ def defer(rec: OrderStateRecord, instance: str, retry_at: datetime, now: datetim
     breaker of the remote service is open, or admission control gave a claim back. FailureCount is unchanged (no
     attempt was spent on the remote service); `deferrals` counts these. The next claim starts a new attempt. A
     cancelled order is undone instead. Repeating it is a no-op (the lock is gone)."""
-    if rec.process_state in CLAIMABLE and rec.locked_by is None and rec.retry_at == ensure_utc(retry_at) \
+    if rec.process_state in CLAIMABLE_STATES and rec.locked_by is None and rec.retry_at == ensure_utc(retry_at) \
             and rec.last_error == reason:
         return rec
     _fence(rec, instance)
@@ -462,8 +464,6 @@ def defer(rec: OrderStateRecord, instance: str, retry_at: datetime, now: datetim
     return _move(rec, Event.DEFER, at, retry_at=ensure_utc(retry_at), **unlocked, **_error_changes(rec, reason))
 
 
-CLAIMABLE = frozenset({ProcessState.PENDING, ProcessState.COMPENSATING})
-
 
 def mark_notified(rec: OrderStateRecord, now: datetime) -> OrderStateRecord:
     """A terminal record's status (and alert) has been sent; repeating it is a no-op. Not a state change."""
@@ -472,3 +472,24 @@ def mark_notified(rec: OrderStateRecord, now: datetime) -> OrderStateRecord:
     if rec.notified_at is not None:
         return rec
     return rec.model_copy(update={"notified_at": ensure_utc(now), "updated_at": ensure_utc(now)})
+
+
+class Wrote:
+    """A mutation that remembers whether its last application changed the record (what `update_with_retry` wrote):
+    a repeated activity, or a repeated cancel, finds the record already moved and writes nothing."""
+
+    def __init__(self, mutate: Callable[[OrderStateRecord], OrderStateRecord]) -> None:
+        self._mutate = mutate
+        self.changed = False
+        self.before: ProcessState | None = None
+
+    def __call__(self, rec: OrderStateRecord) -> OrderStateRecord:
+        updated = self._mutate(rec)
+        self.changed = updated is not rec
+        self.before = rec.process_state
+        return updated
+
+    @property
+    def left_processing(self) -> bool:
+        """Whether the write this call made took the order out of Processing (what holds an admission slot)."""
+        return self.changed and self.before is ProcessState.PROCESSING

@@ -36,7 +36,7 @@ from orderflow.notifications import entered_end, send_terminal_status
 from orderflow.outbound import about_message, raise_alert, send_status
 from orderflow.records import OrderRecord, OrderStateRecord, ProcessState
 from orderflow.runtime import Services
-from orderflow.state_machine import TERMINAL_STATES, CancelRefused, cancel
+from orderflow.state_machine import TERMINAL_STATES, CancelRefused, Wrote, cancel
 
 
 @dataclass(frozen=True)
@@ -124,15 +124,9 @@ async def cancel_order(services: Services, body: bytes, session_id: str | None, 
     if before is None:
         return await _reject(services, "UnknownOrder", f"field 'orderId': no order {order_id!r} to cancel",
                              order_id=order_id, kind=AlertKind.POISON_MESSAGE, where=where)
-    changed: list[bool] = []
-
-    def apply(rec: OrderStateRecord) -> OrderStateRecord:
-        updated = cancel(rec, now, request.reason)
-        changed[:] = [updated is not rec]
-        return updated
-
+    wrote = Wrote(lambda r: cancel(r, now, request.reason))
     try:
-        rec, _ = await services.state.update_with_retry(order_id, apply)
+        rec, _ = await services.state.update_with_retry(order_id, wrote)
     except CancelRefused as exc:
         await send_status(services.bus, request.reply_to, order_id=order_id, state=OrderStatus.REJECTED,
                           attempt=before[0].attempt, reason=f"cancel refused: {exc}", now=now,
@@ -140,8 +134,8 @@ async def cancel_order(services: Services, body: bytes, session_id: str | None, 
         return CancelTooLate(order_id=order_id, reason=str(exc))
     if rec.process_state in TERMINAL_STATES and rec.notified_at is None:
         await entered_end(services, rec)  # Cancelled: nothing was sent, nothing to undo
-    tell = rec.locked_by if changed and changed[0] and rec.process_state is ProcessState.PROCESSING else None
-    return CancelDone(order_id=order_id, state=rec.process_state, changed=bool(changed and changed[0]), tell=tell)
+    tell = rec.locked_by if wrote.changed and rec.process_state is ProcessState.PROCESSING else None
+    return CancelDone(order_id=order_id, state=rec.process_state, changed=wrote.changed, tell=tell)
 
 
 async def submit(services: Services, body: bytes, session_id: str | None,

@@ -25,12 +25,11 @@ from datetime import UTC, datetime, timedelta
 from orderflow import admission, telemetry
 from orderflow.notifications import entered_end, sweep_unnotified
 from orderflow.records import TERMINAL_STATES, OrderStateRecord, ProcessState, format_utc, parse_utc
-from orderflow.recovery_index import ExpiredSource, ScanCost, expired_source
+from orderflow.recovery_index import ExpiredSource, ScanCost, expired_source, index_deadline
 from orderflow.runtime import Services
 from orderflow.starter import DurableStarts, StarterRun, never_started, start_attempt, workflow_input
 from orderflow.state_machine import Fenced, IllegalTransition, recover, restart
 from orderflow.store.errors import Conflict, NotFound, PreconditionFailed
-from orderflow.store.ports import IndexEntry
 
 log = logging.getLogger("orderflow.supervisor")
 
@@ -178,8 +177,7 @@ async def _restarted(services: Services, run: SupervisorRun, seen: OrderStateRec
         return False
     now = services.clock.now()
     lease_until = now + services.tunables.claim_lease
-    if services.index is not None:  # before the record: a crash leaves a stale entry, never a missing one
-        await services.index.add(IndexEntry(seen.order_id, lease_until, expired_by))
+    await index_deadline(services.index, seen.order_id, lease_until, expired_by)
     try:
         rec, _ = await services.state.update_with_retry(
             seen.order_id, lambda r: restart(r, expired_by, lease_until, now))
