@@ -16,9 +16,11 @@ import azure.durable_functions as df
 from activities import ActivityInput
 from orderflow import admission
 from orderflow import function_names as fn
-from orderflow.messages import parse_action
+from orderflow.advance import Decision, StepResult, advance
+from orderflow.messages import AgentRequest, idempotency_key, parse_action
 from orderflow.notifications import entered_end
-from orderflow.records import TERMINAL_STATES, OrderStateRecord, ProcessState, StepStatus, parse_utc
+from orderflow.outbound import send_agent_request
+from orderflow.records import TERMINAL_STATES, OrderRecord, OrderStateRecord, ProcessState, StepStatus, parse_utc
 from orderflow.recovery_index import index_deadline
 from orderflow.runtime import Services, get_services
 from orderflow.state_machine import (
@@ -48,16 +50,22 @@ async def load_order(request: ActivityInput) -> dict[str, Any] | None:
     stored = await services.orders.get(request["orderId"])
     if stored is None:
         return None
-    order, rec = stored.submit_order(), current[0]
+    rec = current[0]
     loaded: dict[str, Any] = {
-        "orderId": order.order_id, "customer": order.customer.to_dict(), "currency": order.currency,
-        "total": str(order.total()), "items": [i.to_dict() for i in order.items],
+        **order_payload(stored),
         # Steps an earlier attempt completed: the Scheduler skips them (no remote call; the retry budget).
         SUCCEEDED_STEPS: [s.name.value for s in rec.steps if s.status is StepStatus.SUCCEEDED]}
     if rec.process_state is ProcessState.COMPENSATING:  # version 2 reads it; version 1 never claims a compensation
         loaded[PLAN] = {"compensations": [c.name.value for c in rec.compensations
                                           if c.status is not StepStatus.SUCCEEDED]}
     return loaded
+
+
+def order_payload(stored: OrderRecord) -> dict[str, Any]:
+    """The order as the Agent's requests carry it (`payload`)."""
+    order = stored.submit_order()
+    return {"orderId": order.order_id, "customer": order.customer.to_dict(), "currency": order.currency,
+            "total": str(order.total()), "items": [i.to_dict() for i in order.items]}
 
 
 async def _fenced(order_id: str, mutate: Callable[[OrderStateRecord], OrderStateRecord], what: str,
@@ -209,3 +217,55 @@ async def _write_and_notify(services: Services, order_id: str, wrote: Wrote, now
     if rec.process_state in TERMINAL_STATES and rec.notified_at is None:
         await entered_end(services, rec)
     return rec
+
+
+@bp.function_name(fn.ADVANCE_ORDER)
+@bp.activity_trigger(input_name="request")
+async def advance_order(request: ActivityInput) -> dict[str, Any] | None:
+    """Workflow version 3: one decision point of the Scheduler in one fenced write (orderflow/advance.py): record the
+    last action's result, honour a cancel, then set the next step's or compensation's CompleteBy and send its Agent
+    request — or end the order and send what it owes. Answers {"send": action} (the request is on its way; its
+    CompleteBy is the one given), {"done": state} (the record is terminal) or None (superseded: fenced out).
+
+    Idempotent: the recovery-index entry is written before the CompleteBy, the write is a no-op when repeated, the
+    request's MessageId `<instanceId>:<step>` lets duplicate detection absorb a resend, and a terminal record still
+    owing its notification sends it."""
+    services = await get_services()
+    now = services.clock.now()
+    order_id, instance = request["orderId"], request["instanceId"]
+    complete_by = parse_utc(request["completeBy"])
+    result = StepResult.from_request(request["result"]) if request.get("result") else None
+    cancel = bool(request.get("cancel"))
+    version = str(request["workflowVersion"])
+    decisions: list[Decision] = []
+
+    def decide(r: OrderStateRecord) -> OrderStateRecord:
+        decisions.append(advance(r, instance, result, complete_by, now, version, cancel))
+        return decisions[-1].record
+
+    # The entry of the CompleteBy this decision may write, first: a crash in between leaves a stale entry, never a
+    # missing one. Written even when the decision turns out to end the order (one stale entry; knowing it would
+    # cost a read).
+    await index_deadline(services.index, order_id, complete_by, instance)
+    wrote = Wrote(decide)
+    try:
+        rec, _ = await services.state.update_with_retry(order_id, wrote)
+    except Fenced as exc:
+        log.info("%s fenced: %s", fn.ADVANCE_ORDER, exc)
+        return None
+    decision = decisions[-1]
+    await free_slot(services, rec, wrote, now)
+    if decision.send is None:
+        if rec.notified_at is None:
+            await entered_end(services, rec)
+        return {"done": rec.process_state.value}
+    stored = await services.orders.get(order_id)
+    if stored is None:
+        raise LookupError(f"order {order_id} has a state record but no order record")
+    message = AgentRequest.model_validate({
+        "instanceId": instance, "orderId": order_id, "attempt": rec.attempt, "step": decision.send.value,
+        "idempotencyKey": idempotency_key(order_id, decision.send.value), "deadline": complete_by.isoformat(),
+        "maxRetries": request["agentRetries"], "payload": order_payload(stored),
+        "replyTo": services.tunables.agent_replies_queue})
+    await send_agent_request(services.bus, services.tunables.agent_requests_queue, message)
+    return {"send": decision.send.value}

@@ -178,6 +178,8 @@ def add_command(sub: Any) -> None:
     d.add_argument("--restart", choices=("kill", "stop"), default="kill",
                    help="upgrade-in-flight: how devhost goes before it restarts with the new version: kill (-9, "
                         "default) or stop (SIGTERM)")
+    d.add_argument("--from-version", choices=("1.0", "2.0"), default="1.0",
+                   help="upgrade-in-flight: the workflow version devhost runs before the restart (default 1.0)")
     d.add_argument("--json", action="store_true", help="print one JSON object with the figures as the last line")
 
 

@@ -19,11 +19,12 @@ alerts) and devhost's durable history — never from logs — and ends with the 
 - `poison-in-session`: in each of four orders' sessions a poison message (not JSON; a SubmitOrder with a bad field; a
   CancelOrder with a bad field; a CancelOrder with an internal replyTo) next to a good one: the poison is dead-lettered
   with the reason that names the field and a PoisonMessage alert, the good one is processed, in the order sent.
-- `upgrade-in-flight`: devhost runs the product's host.json (`defaultVersion` "2.0") as version "1.0" through the app
+- `upgrade-in-flight`: devhost runs the product's host.json (`defaultVersion` "3.0") as version "1.0" (or, with
+  `--from-version 2.0`, "2.0") through the app
   setting `AzureFunctionsJobHost__extensions__durableTask__defaultVersion` (devhost/config.py); orders are submitted
   with a slow remote; while they are in flight devhost is killed (-9; `--restart stop`: SIGTERM) and started again
   without the setting, and more orders are submitted. Every order completes: the first ones on the version-1 path
-  (ExecutionStarted.Version "1.0", record.workflowVersion null, attempt 1), the later ones on "2.0"; no orchestration
+  (ExecutionStarted.Version "1.0", record.workflowVersion null, attempt 1), the later ones on "3.0"; no orchestration
   Failed (no non-determinism on replay); one effect per step.
 """
 
@@ -60,7 +61,7 @@ from orderflow.messages import (
     idempotency_key,
 )
 from orderflow.records import OrderStateRecord, ProcessState, StepStatus
-from orderflow.workflow import WORKFLOW_V1, WORKFLOW_VERSION
+from orderflow.workflow import WORKFLOW_V1, WORKFLOW_V2, WORKFLOW_VERSION
 
 from .client import cancel_body, cancel_message
 from .demo import ClientApp, client_app, default_work_dir, make_orders, simulator_json, summary_table
@@ -105,6 +106,7 @@ class LifecycleOptions:
     hang_seconds: float = 8.0  # cancel-in-flight, poison-in-session: how long a scripted hang holds the answer
     latency_ms: float = 800.0  # upgrade-in-flight: the simulator's mean latency per call
     restart: str = "kill"  # upgrade-in-flight: kill (SIGKILL) or stop (SIGTERM) devhost
+    from_version: str = WORKFLOW_V1  # upgrade-in-flight: the version devhost runs before the restart
 
     def __post_init__(self) -> None:
         if self.drill not in LIFECYCLE_DRILLS:
@@ -116,6 +118,8 @@ class LifecycleOptions:
                              "not apply")
         if self.drill == "compensation" and self.order_count < 3:
             raise ValueError("compensation needs at least 3 orders (compensated, compensation-failed, control)")
+        if self.from_version not in (WORKFLOW_V1, WORKFLOW_V2):
+            raise ValueError(f"from_version must be {WORKFLOW_V1} or {WORKFLOW_V2}")
         if self.order_count < 1 or self.hang_seconds <= 0 or self.latency_ms < 0:
             raise ValueError("need at least one order, hang_seconds > 0 and latency_ms >= 0")
         if self.restart not in ("kill", "stop"):
@@ -136,7 +140,7 @@ def lifecycle_config(work_dir: Path, options: LifecycleOptions, servicebus_confi
     orders are in flight at the restart) and its devhost starts as version 1.0 (the app setting over host.json)."""
     settings = options.settings_values()
     if options.drill == "upgrade-in-flight":
-        settings.setdefault(DEFAULT_VERSION_SETTING, WORKFLOW_V1)
+        settings.setdefault(DEFAULT_VERSION_SETTING, options.from_version)
     config = SystemConfig(work_dir=work_dir.resolve(), seed=options.seed, transient_failure_rate=0.0,
                           permanent_failure_rate=0.0, hang_rate=0.0, hang_seconds=options.hang_seconds,
                           settings=settings)
@@ -832,11 +836,14 @@ async def drill_upgrade_in_flight(lab: Lab, options: LifecycleOptions) -> Verdic
 
     failed = sorted(i for i, v in instances.items() if v.get("status") == "Failed")
     versions = {o: instance(o).get("version", "?") for o in ids}
+    # What the first orders' records say: version 1 recorded none, version 2 recorded its own.
+    first_recorded = None if options.from_version == WORKFLOW_V1 else options.from_version
     # Finished by the new devhost: its `completed` stamped after the old one was gone.
     after_restart = [o for o in in_flight if (_status_at(lab, o, OrderStatus.COMPLETED) or 0) > down_wall]
     checks = {
-        "devhost ran version 1.0 from the app setting, then host.json's 2.0": version_before == WORKFLOW_V1
-        and all(versions[o] == WORKFLOW_V1 for o in first_ids) and all(versions[o] == WORKFLOW_VERSION
+        f"devhost ran version {options.from_version} from the app setting, then host.json's {WORKFLOW_VERSION}":
+            version_before == options.from_version
+        and all(versions[o] == options.from_version for o in first_ids) and all(versions[o] == WORKFLOW_VERSION
                                                                        for o in later_ids),
         "several orders in flight at the restart, some between steps": len(in_flight) >= 2 and len(mid_step) >= 1
         and len(claimed) == len(first_ids),
@@ -844,10 +851,11 @@ async def drill_upgrade_in_flight(lab: Lab, options: LifecycleOptions) -> Verdic
             o in records and records[o].process_state is ProcessState.PROCESSED
             and lab.status(o, OrderStatus.COMPLETED) is not None for o in ids),
         "the orders in flight completed after the restart": sorted(after_restart) == sorted(in_flight),
-        "first orders on the version-1 path: workflowVersion null, attempt 1, its instance completed": all(
-            o in records and records[o].workflow_version is None and records[o].attempt == 1
+        f"first orders on the version-{options.from_version} path: workflowVersion {first_recorded}, attempt 1, its "
+        "instance completed": all(
+            o in records and records[o].workflow_version == first_recorded and records[o].attempt == 1
             and completed_instance(o) for o in first_ids),
-        "later orders on 2.0: workflowVersion 2.0, its instance completed": all(
+        f"later orders on {WORKFLOW_VERSION}: workflowVersion {WORKFLOW_VERSION}, its instance completed": all(
             o in records and records[o].workflow_version == WORKFLOW_VERSION and completed_instance(o)
             for o in later_ids),
         "no orchestration Failed": not failed,
@@ -864,7 +872,7 @@ async def drill_upgrade_in_flight(lab: Lab, options: LifecycleOptions) -> Verdic
         "workflow_versions": dict(Counter(str(r.workflow_version) for r in records.values())),
         "attempts": dict(Counter(str(r.attempt) for r in records.values())),
         "instances": len(instances), "failed_instances": failed,
-        "latency_ms_mean": options.latency_ms,
+        "latency_ms_mean": options.latency_ms, "from_version": options.from_version,
     }
     return lifecycle_verdict(options.drill, lab, ids, records, ledger, checks, figures, elapsed)
 
@@ -893,7 +901,8 @@ def run_lifecycle_command(args: argparse.Namespace) -> int:
     try:
         options = LifecycleOptions(drill=args.scenario, orders=args.orders, seed=args.seed, settings=args.settings,
                                    overrides=parse_overrides(args.overrides), timeout=args.timeout,
-                                   hang_seconds=args.hang_seconds, latency_ms=args.latency_ms, restart=args.restart)
+                                   hang_seconds=args.hang_seconds, latency_ms=args.latency_ms, restart=args.restart,
+                                   from_version=args.from_version)
     except ValueError as exc:
         Console(stderr=True).print(f"devhost drill: {exc}")
         return 2

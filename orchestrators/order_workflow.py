@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Generator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import azure.durable_functions as df
@@ -36,10 +36,19 @@ from orderflow.messages import (
     CompensationName,
     StepName,
     idempotency_key,
+    parse_action,
     reply_event_name,
 )
 from orderflow.state_machine import CANCELLED_PREFIX  # the cause a cancel gives BEGIN_COMPENSATION
-from orderflow.workflow import CANCEL_EVENT, PLAN, SUCCEEDED_STEPS, WORKFLOW_V1, Outcome, WorkflowInput
+from orderflow.workflow import (
+    CANCEL_EVENT,
+    PLAN,
+    SUCCEEDED_STEPS,
+    WORKFLOW_V1,
+    WORKFLOW_V2,
+    Outcome,
+    WorkflowInput,
+)
 
 bp = df.Blueprint()
 log = logging.getLogger("orderflow.scheduler")
@@ -132,7 +141,9 @@ def order_workflow(context: df.DurableOrchestrationContext) -> Generator[TaskBas
     version = workflow_version(context, inp)
     if version == WORKFLOW_V1:
         return (yield from order_workflow_v1(context, inp))
-    return (yield from order_workflow_v2(context, inp, version))
+    if version == WORKFLOW_V2:
+        return (yield from order_workflow_v2(context, inp, version))
+    return (yield from order_workflow_v3(context, inp, version))
 
 
 def order_workflow_v1(context: df.DurableOrchestrationContext,
@@ -207,6 +218,14 @@ def _race_step(context: df.DurableOrchestrationContext, inp: WorkflowInput, acti
         "instanceId": instance_id, "orderId": inp.order_id, "attempt": inp.attempt, "step": action.value,
         "idempotencyKey": idempotency_key(inp.order_id, action.value), "deadline": complete_by.isoformat(),
         "maxRetries": inp.agent_retries, "payload": order})
+    return (yield from _race(context, action, complete_by, cancel))
+
+
+def _race(context: df.DurableOrchestrationContext, action: Action, complete_by: datetime,
+          cancel: TaskBase | None) -> Generator[TaskBase, Any, AgentReply | Outcome]:
+    """The race between the timer at CompleteBy, the Agent's reply and (for a forward step) the client's cancel. A
+    reply for another instance or action, or a malformed one, is ignored and the wait goes on."""
+    instance_id = context.instance_id
     timer = context.create_timer(complete_by)
     event_name = reply_event_name(action.value)
     while True:
@@ -343,3 +362,59 @@ def _compensate(context: df.DurableOrchestrationContext, inp: WorkflowInput, ord
             reason = f"{action.value}: {reply.error_code or 'PermanentFailure'}: {reply.error or ''}".strip()
             return (yield from _finish(context, inp, order, version, "failed", reason, Outcome.COMPENSATION_FAILED))
     return (yield from _finish(context, inp, order, version, "completed", "compensated", Outcome.COMPENSATED))
+
+
+# --- version 3: one activity per decision point ----------------------------------------------------------------
+# ADVANCE_ORDER's answer `{"done": state}` as the orchestration's outcome.
+DONE_OUTCOMES = {"Processed": Outcome.COMPLETED, "Error": Outcome.FAILED, "Cancelled": Outcome.CANCELLED,
+                 "Compensated": Outcome.COMPENSATED, "CompensationFailed": Outcome.COMPENSATION_FAILED}
+
+
+def _result(action: Action, reply: AgentReply) -> dict[str, Any]:
+    """A success or permanent failure as ADVANCE_ORDER records it."""
+    succeeded = reply.outcome is AgentOutcome.SUCCEEDED
+    result: dict[str, Any] = {"step": action.value, "status": "succeeded" if succeeded else "failed",
+                              "error": reply.error}
+    if not succeeded:
+        result["cause"] = f"{action.value}: {reply.error_code or 'PermanentFailure'}: {reply.error or ''}".strip()
+    if isinstance(action, CompensationName):
+        result["undone"] = bool(reply.result.get("undone")) if succeeded else None
+    return result
+
+
+def order_workflow_v3(context: df.DurableOrchestrationContext, inp: WorkflowInput,
+                      version: str) -> Generator[TaskBase, Any, dict[str, Any]]:
+    """Each decision point is one ADVANCE_ORDER (orderflow/advance.py): it records the last reply, honours a cancel,
+    and sets the next step's (or compensation's) CompleteBy and sends its request — or ends the order. Between two
+    decisions the same race as version 2: the timer at CompleteBy, the Agent's reply, and for a forward step the
+    client's cancel. Steps an earlier attempt completed are skipped by the activity (never called again), and a
+    compensation claimed by the Starter starts at its first compensation still to run."""
+    cancel = context.wait_for_external_event(CANCEL_EVENT)
+    base = {"orderId": inp.order_id, "instanceId": context.instance_id, "attempt": inp.attempt,
+            "workflowVersion": version, "agentRetries": inp.agent_retries}
+    result: dict[str, Any] | None = None
+    cancelled = False
+    while True:
+        complete_by = context.current_utc_datetime + timedelta(seconds=inp.step_timeout_seconds)
+        decided = yield _call(context, fn.ADVANCE_ORDER, {**base, "completeBy": complete_by.isoformat(),
+                                                          "result": result, "cancel": cancelled})
+        if decided is None:
+            return {"outcome": Outcome.SUPERSEDED.value}
+        if "done" in decided:
+            context.set_custom_status({"step": None, "attempt": inp.attempt})
+            return {"outcome": DONE_OUTCOMES[decided["done"]].value}
+        action = parse_action(decided["send"])
+        forward = isinstance(action, StepName)
+        context.set_custom_status({"step" if forward else "compensation": action.value, "attempt": inp.attempt})
+        raced = yield from _race(context, action, complete_by, cancel if forward and not cancel.is_completed else None)
+        if raced is Outcome.CANCELLED:
+            result, cancelled = None, True
+            continue
+        if isinstance(raced, Outcome):  # timed out: the Supervisor recovers the expired CompleteBy
+            return {"outcome": raced.value, "step": action.value}
+        reply: AgentReply = raced
+        if reply.outcome is AgentOutcome.FAILED and reply.error_code == CIRCUIT_OPEN:
+            return (yield from _not_now(context, inp, action, reply))
+        if reply.outcome is AgentOutcome.FAILED and not reply.permanent:
+            return {"outcome": Outcome.TIMED_OUT.value, "step": action.value, "error": reply.error}
+        result, cancelled = _result(action, reply), False

@@ -17,3 +17,5 @@ RECORD_STEP_RESULT = "record_step_result"
 FINISH_ORDER = "finish_order"
 DEFER_ORDER = "defer_order"
 BEGIN_COMPENSATION = "begin_compensation"
+# Workflow version 3: one activity per decision point (orderflow/advance.py).
+ADVANCE_ORDER = "advance_order"

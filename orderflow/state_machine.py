@@ -157,7 +157,7 @@ def exponential_backoff(base_seconds: float, max_seconds: float) -> Backoff:
     return delay
 
 
-def _fence(rec: OrderStateRecord, instance: str) -> None:
+def fence(rec: OrderStateRecord, instance: str) -> None:
     if rec.locked_by != instance:
         raise Fenced(rec.order_id, instance, rec.locked_by)
 
@@ -256,7 +256,7 @@ def set_step_deadline(
 ) -> OrderStateRecord:
     """Scheduler (fenced): CompleteBy = the step's (or compensation's) deadline; it is running in this attempt. The
     Scheduler's workflow version, when given, is recorded with it (no write of its own)."""
-    _fence(rec, instance)
+    fence(rec, instance)
     next_state(rec.process_state, Event.SET_STEP_DEADLINE)
     status, attempt = _current_status(rec, step)
     version = workflow_version or rec.workflow_version
@@ -282,7 +282,7 @@ def record_step(
 ) -> OrderStateRecord:
     """Scheduler (fenced): a step's (or compensation's, with the remote's `undone`) outcome in this attempt;
     repeating the same outcome is a no-op."""
-    _fence(rec, instance)
+    fence(rec, instance)
     next_state(rec.process_state, Event.RECORD_STEP)
     current, attempt = _current_status(rec, step)
     if current is status and attempt == rec.attempt and status is not StepStatus.RUNNING:
@@ -303,7 +303,7 @@ def complete(rec: OrderStateRecord, instance: str, now: datetime) -> OrderStateR
 
     An error left by an earlier attempt (or a failed step that later succeeded) is history, not the outcome: it
     moves to `previous_errors` and `last_error` is cleared."""
-    _fence(rec, instance)
+    fence(rec, instance)
     if rec.process_state in (ProcessState.PROCESSED, ProcessState.COMPENSATED):
         return rec
     if rec.process_state is ProcessState.COMPENSATING:
@@ -317,7 +317,7 @@ def complete(rec: OrderStateRecord, instance: str, now: datetime) -> OrderStateR
 def fail(rec: OrderStateRecord, instance: str, error: str, now: datetime) -> OrderStateRecord:
     """Scheduler (fenced): Processing → Error with the permanent error; CompensationInProgress → CompensationFailed
     (a compensation failed permanently)."""
-    _fence(rec, instance)
+    fence(rec, instance)
     if rec.process_state in (ProcessState.ERROR, ProcessState.COMPENSATION_FAILED) and rec.last_error == error:
         return rec
     return _move(rec, Event.FAIL, now, complete_by=None, **_error_changes(rec, error))
@@ -347,7 +347,7 @@ def begin_compensation(rec: OrderStateRecord, instance: str, cause: str, complet
     """Scheduler (fenced): a step failed permanently, or the order was cancelled, while this attempt runs:
     Processing → CompensationInProgress with the log of every step sent (this instance keeps the lock and runs
     them), or straight to Cancelled / Error when nothing was sent. A repeat is a no-op."""
-    _fence(rec, instance)
+    fence(rec, instance)
     if cause == CANCELLED_PREFIX:
         cause = _cancel_cause(rec.cancel_reason)  # the client's reason, recorded with the cancel
     if rec.compensation_cause == cause and rec.process_state is not ProcessState.PROCESSING:
@@ -408,7 +408,7 @@ def recover(
 
     Raises NotDue while CompleteBy has not expired (a Scheduler extended it since the Supervisor's query).
     """
-    _fence(rec, expected_locked_by)
+    fence(rec, expected_locked_by)
     at = ensure_utc(now)
     next_state(rec.process_state, Event.RECOVER_RETRY)
     if rec.complete_by is not None and rec.complete_by > at:
@@ -440,7 +440,7 @@ def restart(rec: OrderStateRecord, expected_locked_by: str, lease_until: datetim
     between the Starter's claim and its `start_new` — so the same attempt starts again under a new claim lease.
     FailureCount and the attempt are unchanged (a crash delays a healthy order, it never spends its failure budget);
     `restarts` counts these. Raises NotDue while CompleteBy has not expired."""
-    _fence(rec, expected_locked_by)
+    fence(rec, expected_locked_by)
     at = ensure_utc(now)
     next_state(rec.process_state, Event.RESTART)
     if rec.complete_by is not None and rec.complete_by > at:
@@ -456,7 +456,7 @@ def defer(rec: OrderStateRecord, instance: str, retry_at: datetime, now: datetim
     if rec.process_state in CLAIMABLE_STATES and rec.locked_by is None and rec.retry_at == ensure_utc(retry_at) \
             and rec.last_error == reason:
         return rec
-    _fence(rec, instance)
+    fence(rec, instance)
     at = ensure_utc(now)
     unlocked: dict[str, object] = {"locked_by": None, "complete_by": None, "deferrals": rec.deferrals + 1}
     if rec.process_state is ProcessState.PROCESSING and rec.cancel_requested_at is not None:

@@ -24,6 +24,7 @@ from support.hosted import HostedSample, wait_until
 from devhost.config import HostConfig, apply_host_json_overrides
 from devhost.durable import versioning_policy
 from devhost.system import ROOT
+from orderflow.workflow import WORKFLOW_VERSION
 
 DEFAULT_VERSION = "AzureFunctionsJobHost__extensions__durableTask__defaultVersion"
 
@@ -38,14 +39,15 @@ def _app(tmp_path: Path, host_json: dict, values: dict[str, str] | None = None) 
 
 
 def test_the_app_setting_overrides_the_repos_default_version() -> None:
-    # The upgrade drill runs the product's host.json ("2.0") as version "1.0" this way.
-    assert HostConfig.load(ROOT, environ={}).durable_options().default_version == "2.0"
+    # The upgrade drill runs the product's host.json (WORKFLOW_VERSION) as version "1.0" this way.
+    assert HostConfig.load(ROOT, environ={}).durable_options().default_version == WORKFLOW_VERSION
     config = HostConfig.load(ROOT, environ={DEFAULT_VERSION: "1.0"})
     assert config.durable_options().default_version == "1.0"
     assert versioning_policy(config.durable_options()).version_for_new_instance(None) == "1.0"
     assert config.overrides == {"extensions.durableTask.defaultVersion": "1.0"}
     # The file is untouched: the override lives in the loaded configuration only.
-    assert json.loads((ROOT / "host.json").read_text())["extensions"]["durableTask"]["defaultVersion"] == "2.0"
+    durable = json.loads((ROOT / "host.json").read_text())["extensions"]["durableTask"]
+    assert durable["defaultVersion"] == WORKFLOW_VERSION
 
 
 def test_keys_compare_case_insensitively_and_keep_host_jsons_spelling(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from devhost.lifecycle_drills import (
 from devhost.system import ROOT
 from orderflow.messages import STEPS, idempotency_key
 from orderflow.records import ProcessState
+from orderflow.workflow import WORKFLOW_V1, WORKFLOW_V2, WORKFLOW_VERSION
 
 # --- options and pieces -----------------------------------------------------------------------------------------
 
@@ -206,20 +207,28 @@ def test_poison_in_session_drill_dead_letters_the_poison_and_processes_the_next_
 
 
 @pytest.mark.slow
-def test_upgrade_in_flight_drill_finishes_version_1_orders_after_the_restart_on_2(tmp_path: Path) -> None:
-    verdict = _cli("upgrade-in-flight", tmp_path, "--orders", "6", "--latency-ms", "600")
-    _assert_passed(verdict, 9)
+@pytest.mark.parametrize(("before", "orders"), [(WORKFLOW_V1, 6), (WORKFLOW_V2, 4)])
+def test_upgrade_in_flight_drill_finishes_old_version_orders_after_the_restart_on_the_current(
+        tmp_path: Path, before: str, orders: int) -> None:
+    verdict = _cli("upgrade-in-flight", tmp_path, "--orders", str(orders), "--latency-ms", "600",
+                   "--from-version", before)
+    later = orders // 2
+    _assert_passed(verdict, orders + later)
     figures = verdict["figures"]
     text = json.dumps(verdict)
-    assert figures["versions"] == {"1.0": 6, "2.0": 3} and figures["failed_instances"] == [], text
-    assert figures["workflow_versions"] == {"None": 6, "2.0": 3} and figures["attempts"] == {"1": 9}, text
+    current = WORKFLOW_VERSION  # host.json defaultVersion
+    recorded = None if before == WORKFLOW_V1 else before  # version 1 recorded no workflowVersion
+    assert figures["versions"] == {before: orders, current: later} and figures["failed_instances"] == [], text
+    assert figures["workflow_versions"] == {str(recorded): orders, current: later}, text
+    assert figures["attempts"] == {"1": orders + later}, text
     assert figures["in_flight_at_restart"] >= 2 and figures["completed_after_restart"] == figures[
         "in_flight_at_restart"], text
     # Independently, from devhost's durable.db: each order's one instance, its ExecutionStarted.Version, Completed.
     instances = durable_instances(tmp_path / "devhost" / "durable.db")
     assert {i: v["version"] for i, v in instances.items()} == {
-        **{f"upgrade-v1-1-{i:05d}:1": "1.0" for i in range(6)}, **{f"upgrade-v2-1-{i:05d}:1": "2.0" for i in range(3)}}
+        **{f"upgrade-v1-1-{i:05d}:1": before for i in range(orders)},
+        **{f"upgrade-v2-1-{i:05d}:1": current for i in range(later)}}
     assert {v["status"] for v in instances.values()} == {"Completed"}
     records = _records(tmp_path)
     assert all(records[i.split(":")[0]]["processState"] == "Processed" for i in instances)
-    assert {records[i.split(":")[0]].get("workflowVersion") for i in instances} == {None, "2.0"}
+    assert {records[i.split(":")[0]].get("workflowVersion") for i in instances} == {recorded, current}

@@ -21,12 +21,12 @@ from support.product_app import user_function
 
 from orderflow import function_names as fn
 from orderflow.messages import STEPS, AgentReply, reply_event_name
-from orderflow.workflow import CANCEL_EVENT, WORKFLOW_V1, WORKFLOW_VERSION
+from orderflow.workflow import CANCEL_EVENT, WORKFLOW_V1, WORKFLOW_V2
 
 ORDER = "o-1"
 INSTANCE = f"{ORDER}:1"
 CALLS = (ActionType.CALL_ACTIVITY, ActionType.CALL_ACTIVITY_WITH_RETRY)
-V2 = WORKFLOW_VERSION  # what the Starter puts in the input (and host.json defaultVersion)
+V2 = WORKFLOW_V2  # what the Starter put in the input (and host.json defaultVersion) before version 3
 V2_INPUT = {"orderId": ORDER, "attempt": 1, "stepTimeoutSeconds": 30, "workflowVersion": V2}
 RESERVE, CHARGE, SHIP = (s.value for s in STEPS)
 REFUND, RELEASE = "refund-payment", "release-inventory"

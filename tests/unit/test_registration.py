@@ -27,7 +27,8 @@ def test_every_function_is_registered_under_its_constant(triggers: dict[str, dic
                 fn.ORDER_WORKFLOW: "orchestrationTrigger", fn.SET_STEP_DEADLINE: "activityTrigger",
                 fn.LOAD_ORDER: "activityTrigger", fn.SEND_AGENT_REQUEST: "activityTrigger",
                 fn.RECORD_STEP_RESULT: "activityTrigger", fn.FINISH_ORDER: "activityTrigger",
-                fn.DEFER_ORDER: "activityTrigger", fn.BEGIN_COMPENSATION: "activityTrigger"}
+                fn.DEFER_ORDER: "activityTrigger", fn.BEGIN_COMPENSATION: "activityTrigger",
+                fn.ADVANCE_ORDER: "activityTrigger"}
     assert {name: t["type"] for name, t in triggers.items()} == expected
 
 

@@ -1,4 +1,5 @@
-"""An instance started under workflow version 1 resumes under the current code without a non-determinism failure.
+"""An instance started under workflow version 1 or 2 resumes under the current code without a non-determinism
+failure.
 
 tests/fixtures/histories/v1.json holds the replay transcripts of the Scheduler as it was before versioning (commit
 230c614, tests/fixtures/histories/record.py): for each scenario, the history the extension would have stored and, per
@@ -8,6 +9,11 @@ exactly the same actions, done flag and output. That is what the Durable extensi
 after a deployment: a replay whose actions differ from the recorded TaskScheduled/TimerCreated events fails the
 orchestration with a non-determinism error (seed 004, orchestrator code constraints; DurableTask.Core
 TaskOrchestrationExecutor).
+
+tests/fixtures/histories/v2.json does the same for version 2 (recorded at commit 17a0ced, the last to start version-2
+instances: ExecutionStarted.Version and the input's workflowVersion "2.0"), with its compensation and cancel
+scenarios: version 3 replaced its five activities by ADVANCE_ORDER, and a version-2 instance must still finish on
+the version-2 path.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from support.product_app import user_function
 
 from orderflow import function_names as fn
 
-FIXTURE = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "histories" / "v1.json").read_text())
+HISTORIES = Path(__file__).resolve().parents[1] / "fixtures" / "histories"
+FIXTURE = json.loads((HISTORIES / "v1.json").read_text())
+FIXTURE_V2 = json.loads((HISTORIES / "v2.json").read_text())
 # Events the extension appends after an episode ran (its new actions, then the end of the episode).
 AFTER_THE_EPISODE = {int(H.TASK_SCHEDULED), int(H.TIMER_CREATED), int(H.ORCHESTRATOR_COMPLETED)}
 
@@ -47,19 +55,40 @@ def episodes(scenario: dict[str, Any]) -> list[tuple[list[dict[str, Any]], dict[
     return out
 
 
-@pytest.mark.parametrize("name", sorted(FIXTURE["scenarios"]))
-def test_a_version_1_history_replays_to_the_same_actions_under_the_current_code(handle: Any, name: str) -> None:
-    scenario = FIXTURE["scenarios"][name]
+def replays_identically(handle: Any, fixture: dict[str, Any], name: str) -> None:
+    scenario = fixture["scenarios"][name]
     replayed = episodes(scenario)
     assert len(replayed) == len(scenario["episodes"]) >= 5
     for number, (history, recorded) in enumerate(replayed):
-        context = {"history": history, "input": json.dumps(FIXTURE["input"]), "instanceId": FIXTURE["instanceId"],
+        context = {"history": history, "input": json.dumps(fixture["input"]), "instanceId": fixture["instanceId"],
                    "isReplaying": False, "parentInstanceId": None, "upperSchemaVersion": 0}
         state = json.loads(handle(json.dumps(context)))
         assert state["actions"] == recorded["actions"], (name, number)
         assert (bool(state.get("isDone")), state.get("output")) == (recorded["isDone"], recorded["output"]), \
             (name, number)
     assert replayed[-1][1]["isDone"]
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURE["scenarios"]))
+def test_a_version_1_history_replays_to_the_same_actions_under_the_current_code(handle: Any, name: str) -> None:
+    replays_identically(handle, FIXTURE, name)
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURE_V2["scenarios"]))
+def test_a_version_2_history_replays_to_the_same_actions_under_the_current_code(handle: Any, name: str) -> None:
+    replays_identically(handle, FIXTURE_V2, name)
+
+
+def test_the_version_2_fixture_is_a_version_2_instance_with_its_five_activities() -> None:
+    for scenario in FIXTURE_V2["scenarios"].values():
+        started = [e for e in scenario["history"] if e["EventType"] == int(H.EXECUTION_STARTED)]
+        assert [e["Version"] for e in started] == ["2.0"]
+    assert FIXTURE_V2["input"]["workflowVersion"] == "2.0"
+    called = {e["Name"] for s in FIXTURE_V2["scenarios"].values() for e in s["history"]
+              if e["EventType"] == int(H.TASK_SCHEDULED)}
+    assert {fn.LOAD_ORDER, fn.SET_STEP_DEADLINE, fn.SEND_AGENT_REQUEST, fn.RECORD_STEP_RESULT, fn.FINISH_ORDER,
+            fn.BEGIN_COMPENSATION} <= called
+    assert fn.ADVANCE_ORDER not in called
 
 
 def test_the_fixture_is_a_version_1_instance() -> None:

@@ -133,7 +133,8 @@ def test_the_product_app_has_the_functions_the_pattern_needs(indexed: dict[str, 
     worker, _ = indexed["product"]
     names = {f["name"] for f in worker["functions"]}
     assert {"submission", "starter_timer", "agent_replies", "supervisor", "order_workflow", "load_order",
-            "set_step_deadline", "record_step_result", "finish_order", "send_agent_request", "defer_order"} <= names
+            "set_step_deadline", "record_step_result", "finish_order", "send_agent_request", "defer_order",
+            "begin_compensation", "advance_order"} <= names
 
 
 @pytest.fixture(scope="module")
