@@ -16,6 +16,14 @@ two narrow ones, which the next refresh corrects: a claim that lands more than `
 reserved (a host stalled in between), and an exit stamped by a host whose clock runs ahead of the Starter's by more
 than the time between that exit and the refresh's count.
 
+**Writes are coalesced per process (group commit).** Reservations and exits queue for the process's next write;
+whoever takes the write lock writes every request queued by then in one If-Match write (exits first, then
+reservations in arrival order, never past the bound). An exit does not write by itself: it waits for the next
+reservation, or for up to `EXIT_COALESCE` (then the next exit writes them all). So a steady flow costs one
+admission write per order (its reservation, carrying the exits since the last one), and a burst far fewer
+(issue 13: state-store writes per order). An exit still waiting is an over-count, the bound's safe direction; a crash
+loses it like any best-effort exit, and the next refresh corrects it.
+
 **Backlog bound (`MaxPendingOrders`), O(1) per submission.** A submission reads the document with one point read
 (cached for `BACKLOG_CACHE_SECONDS` per process) and adds the orders this process admitted since that figure was
 counted; checking and counting happen in one step, so concurrent submissions in one process cannot all pass at the
@@ -50,6 +58,8 @@ BACKLOG_FULL = "backlog full"
 # one If-Match write each): a refresh counts every slot reserved this long before its count query as in flight,
 # whether or not the count already saw its claim.
 RESERVATION_GRACE = timedelta(seconds=2)
+# How long an exit may wait in its process for a write to ride on (`exited`).
+EXIT_COALESCE = timedelta(seconds=1)
 
 
 @dataclass(frozen=True)
@@ -105,16 +115,24 @@ async def refresh(services: Services) -> Figures:
 async def exited(services: Services, left_at: datetime) -> None:
     """An order left Processing at `left_at` (Processed, Error, deferred, recovered to Pending): one slot free, unless
     the last refresh's counts already left it out (it left before they finished). Called once, by whoever wrote that
-    transition; a crash before this call leaves an over-count, which the next refresh corrects. Best effort."""
-    async with _lock(services):
-        for _ in range(WRITE_ATTEMPTS):
-            figures, etag = await read_figures(services)
-            if figures.processing == 0 or (figures.refreshed_at is not None
-                                           and left_at < parse_utc(figures.refreshed_at)):
-                return
-            updated = Figures(figures.processing - 1, figures.pending, figures.refreshed_at, figures.reserved)
-            if await _write(services, updated, etag):
-                return
+    transition; a crash before the write leaves an over-count, which the next refresh corrects. Best effort.
+
+    Deferred, not written at once: the exit rides on this process's next admission write (a reservation's, or
+    another exit's once the oldest waiting exit is `EXIT_COALESCE` old). Until then it is an over-count, the safe
+    direction for the bound; a reservation at the bound writes the waiting exits first, so no slot stays blocked."""
+    _waiting(services).append(_Request(exit_at=left_at))
+    if services.clock.now() - _oldest_exit(services) >= EXIT_COALESCE:
+        await flush(services)
+
+
+def _oldest_exit(services: Services) -> datetime:
+    return min(r.exit_at for r in _waiting(services) if r.exit_at is not None)
+
+
+async def flush(services: Services) -> None:
+    """Write whatever this process has waiting (deferred exits); nothing when nothing waits."""
+    if _waiting(services):
+        await _queue(services, None)
 
 
 def _lock(services: Services) -> asyncio.Lock:
@@ -126,21 +144,76 @@ def _lock(services: Services) -> asyncio.Lock:
 
 
 async def reserve(services: Services, wanted: int = 1) -> int:
-    """Reserve up to `wanted` Processing slots before claiming; the number granted (0 at the bound)."""
-    bound = services.tunables.max_in_processing
+    """Reserve up to `wanted` Processing slots before claiming; the number granted (0 at the bound). Coalesced with
+    the other reservations and exits waiting in this process (`_flush`)."""
+    if wanted <= 0:
+        return 0
+    return await _queue(services, _Request(wanted=wanted))
+
+
+@dataclass
+class _Request:
+    """A reservation (`wanted` slots) or an exit (`exit_at`) waiting for the process's next admission write."""
+
+    wanted: int = 0
+    exit_at: datetime | None = None
+    granted: int = 0
+    done: bool = False
+
+
+async def _queue(services: Services, request: _Request | None) -> int:
+    """Group commit: requests queue while a write is in flight, and whoever takes the lock next writes every request
+    queued by then in one If-Match write — under load, many submissions' reservations and many activities' exits
+    cost one write between them instead of one each. A request someone else wrote returns at once. None: write
+    what waits."""
+    waiting = _waiting(services)
+    if request is not None:
+        waiting.append(request)
     async with _lock(services):
-        for _ in range(WRITE_ATTEMPTS):
-            figures, etag = await read_figures(services)
-            granted = max(0, min(wanted, bound - figures.processing))
-            if granted == 0:
-                return 0
-            now = services.clock.now()
-            recent = tuple(at for at in figures.reserved if parse_utc(at) >= now - RESERVATION_GRACE)
-            updated = Figures(figures.processing + granted, max(0, figures.pending - granted), figures.refreshed_at,
-                              recent + (format_utc(now),) * granted)
-            if await _write(services, updated, etag):
-                return granted
-    return 0
+        if (request is None and waiting) or (request is not None and not request.done):
+            batch = list(waiting)
+            waiting.clear()
+            try:
+                await _flush(services, batch)
+            finally:
+                for queued in batch:
+                    queued.done = True
+    return 0 if request is None else request.granted
+
+
+def _waiting(services: Services) -> list[_Request]:
+    if services.admission_waiting is None:
+        services.admission_waiting = []
+    queue: list[_Request] = services.admission_waiting
+    return queue
+
+
+async def _flush(services: Services, batch: list[_Request]) -> None:
+    """One write for `batch`: exits first (each frees a slot unless the last refresh's counts already left it out),
+    then reservations in arrival order, each granted what is left under the bound. No write when nothing changes."""
+    bound = services.tunables.max_in_processing
+    for _ in range(WRITE_ATTEMPTS):
+        figures, etag = await read_figures(services)
+        refreshed = None if figures.refreshed_at is None else parse_utc(figures.refreshed_at)
+        processing = figures.processing
+        for request in batch:
+            if request.exit_at is not None and processing > 0 and (refreshed is None or request.exit_at >= refreshed):
+                processing -= 1
+        granted_total = 0
+        for request in batch:
+            request.granted = max(0, min(request.wanted, bound - processing - granted_total))
+            granted_total += request.granted
+        if processing == figures.processing and granted_total == 0:
+            return
+        now = services.clock.now()
+        recent = tuple(at for at in figures.reserved if parse_utc(at) >= now - RESERVATION_GRACE)
+        updated = Figures(processing + granted_total, max(0, figures.pending - granted_total), figures.refreshed_at,
+                          recent + (format_utc(now),) * granted_total)
+        if await _write(services, updated, etag):
+            return
+    for request in batch:
+        request.granted = 0  # lost every race: nothing reserved, exits left counted until the next refresh
+    log.info("admission: a write lost %d races in a row; the next refresh corrects the figures", WRITE_ATTEMPTS)
 
 
 async def release(services: Services, count: int) -> None:

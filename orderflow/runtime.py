@@ -94,6 +94,7 @@ class Services:
     backlog: Any = None
     # One admission-document write at a time in this process (orderflow/admission.py).
     admission_lock: asyncio.Lock | None = None
+    admission_waiting: list[Any] | None = None  # orderflow/admission.py: requests for the next write
     # The recovery index: written with every CompleteBy change in both scan modes (so a switch to `index` finds the
     # orders already in flight), read by the Supervisor in SupervisorScanMode `index`. None: not written (tests).
     index: RecoveryIndex | None = None

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from orderflow import telemetry
+from orderflow import admission, telemetry
 from orderflow.admission import BACKLOG_FULL, backlog_gate
 from orderflow.messages import (
     AlertKind,
@@ -34,15 +34,22 @@ from orderflow.messages import (
 )
 from orderflow.notifications import entered_end, send_terminal_status
 from orderflow.outbound import about_message, raise_alert, send_status
-from orderflow.records import OrderRecord, OrderStateRecord, ProcessState
+from orderflow.records import OrderRecord, OrderStateRecord, ProcessState, instance_id
+from orderflow.recovery_index import index_deadline
 from orderflow.runtime import Services
+from orderflow.starter import claims_allowed, workflow_input
 from orderflow.state_machine import TERMINAL_STATES, CancelRefused, Wrote, cancel
+from orderflow.state_machine import claim as claim_record
+from orderflow.workflow import WorkflowInput
 
 
 @dataclass(frozen=True)
 class Accepted:
     order: SubmitOrder
     created: bool  # False: a duplicate of an order already stored
+    # The fast path (`receive(..., claim=True)`): the state record was created already claimed for attempt 1 (one
+    # write instead of a Pending create and a claim); the caller starts this Scheduler.
+    claimed: WorkflowInput | None = None
 
 
 @dataclass(frozen=True)
@@ -97,15 +104,17 @@ def check_routing(order: SubmitOrder | CancelOrder, session_id: str | None, serv
 
 
 async def receive(services: Services, body: bytes, session_id: str | None, message_id: str | None = None,
-                  sequence_number: int | None = None) -> Accepted | Rejected | Refused | CancelDone | CancelTooLate:
-    """One orders-inbound message, by its `type`: a SubmitOrder (`submit`) or a CancelOrder (`cancel_order`)."""
+                  sequence_number: int | None = None, *,
+                  claim: bool = False) -> Accepted | Rejected | Refused | CancelDone | CancelTooLate:
+    """One orders-inbound message, by its `type`: a SubmitOrder (`submit`) or a CancelOrder (`cancel_order`).
+    `claim`: the submission trigger's fast path (see `submit`)."""
     try:
         kind = inbound_type(body)
     except InvalidMessage:
         kind = "SubmitOrder"  # `submit` rejects it with the reason that names the field
     if kind == "CancelOrder":
         return await cancel_order(services, body, session_id, message_id, sequence_number)
-    return await submit(services, body, session_id, message_id, sequence_number)
+    return await submit(services, body, session_id, message_id, sequence_number, claim=claim)
 
 
 async def cancel_order(services: Services, body: bytes, session_id: str | None, message_id: str | None = None,
@@ -139,10 +148,17 @@ async def cancel_order(services: Services, body: bytes, session_id: str | None, 
 
 
 async def submit(services: Services, body: bytes, session_id: str | None,
-                 message_id: str | None = None, sequence_number: int | None = None) -> Accepted | Rejected | Refused:
+                 message_id: str | None = None, sequence_number: int | None = None, *,
+                 claim: bool = False) -> Accepted | Rejected | Refused:
     """Validate and store one order. The caller settles the message: complete on Accepted, dead-letter on Rejected.
     Alerts name the message (queue, MessageId, SessionId, SequenceNumber, whole) and, when the body parsed, the
-    order."""
+    order.
+
+    `claim` (the submission trigger's fast path): when the circuit breaker is closed and admission control grants a
+    Processing slot, a new order's state record is created already claimed for attempt 1 — Pending → Processing
+    applied in memory by the state machine's own `claim`, one write instead of two — and `Accepted.claimed` tells the
+    caller to start its Scheduler. Otherwise (no slot, breaker not closed, an order already stored) it is created
+    Pending as without `claim`, for the Starter."""
     where = about_message(services.tunables.orders_queue, message_id, session_id, sequence_number)
     try:
         order = parse_submit_order(body)
@@ -166,23 +182,41 @@ async def submit(services: Services, body: bytes, session_id: str | None,
         telemetry.count_rejected(BACKLOG_FULL)
         return Refused(order=order, reason=BACKLOG_FULL)
     created = False
+    outcome: Accepted | Rejected | None = None
+    slot = claim and await fast_path_slot(services)
     try:
-        outcome, created = await _store(services, order, now, where)
+        outcome, created = await _store(services, order, now, where, claim_slot=slot)
     finally:
         if admitted and not created:
             gate.release()  # an order already stored, a conflict, or a failure: not a new Pending record
+        if slot and not (isinstance(outcome, Accepted) and outcome.claimed is not None):
+            await admission.release(services, 1)  # the record existed, or the write failed: no claim was made
     return outcome
 
 
-async def _store(services: Services, order: SubmitOrder, now: datetime,
-                 where: dict[str, Any]) -> tuple[Accepted | Rejected, bool]:
-    """Write the order and its state record (each create-if-absent) and answer; whether the state record is new."""
+async def fast_path_slot(services: Services) -> bool:
+    """Whether the fast path may claim at creation: the breaker is closed (half-open probes are the Starter's) and
+    admission control granted a Processing slot."""
+    if await claims_allowed(services) is not None:
+        return False
+    return await admission.reserve(services, 1) == 1
+
+
+async def _store(services: Services, order: SubmitOrder, now: datetime, where: dict[str, Any], *,
+                 claim_slot: bool = False) -> tuple[Accepted | Rejected, bool]:
+    """Write the order and its state record (each create-if-absent) and answer; whether the state record is new.
+    With `claim_slot`, a new state record is created claimed for attempt 1 (see `submit`)."""
     stored, order_created = await services.orders.create_if_absent(OrderRecord.from_order(order, now))
     if stored.order_hash != order.immutable_hash():
         return await _reject(services, "OrderConflict",
                              f"order {order.order_id} exists with different data (hash {stored.order_hash[:12]}…)",
                              order_id=order.order_id, kind=AlertKind.ORDER_CONFLICT, where=where), False
-    state, state_created = await services.state.create_if_absent(OrderStateRecord.new(order, now))
+    new = OrderStateRecord.new(order, now)
+    if claim_slot:
+        first = instance_id(order.order_id, 1)
+        new = claim_record(new, first, now + services.tunables.claim_lease, now)
+        await index_deadline(services.index, order.order_id, new.complete_by or now, first)
+    state, state_created = await services.state.create_if_absent(new)
     if state.order_hash != order.immutable_hash():  # a state record from another order under this id: never touch
         return await _reject(services, "OrderConflict", f"state record of {order.order_id} belongs to other data",
                              order_id=order.order_id, kind=AlertKind.ORDER_CONFLICT, where=where), False
@@ -195,7 +229,8 @@ async def _store(services: Services, order: SubmitOrder, now: datetime,
         # with its terminal status again — same state, reason, attempt and MessageId as the original, so a repeat
         # inside the window is absorbed. No operator alert: that was raised when the order ended.
         await send_terminal_status(services, state)
-    return Accepted(order=order, created=order_created or state_created), state_created
+    claimed = workflow_input(services, state) if claim_slot and state_created else None
+    return Accepted(order=order, created=order_created or state_created, claimed=claimed), state_created
 
 
 async def _reject(services: Services, reason: str, description: str, *, order_id: str | None,

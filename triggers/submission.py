@@ -18,7 +18,7 @@ import azurefunctions.extensions.bindings.servicebus as servicebus
 
 from orderflow import function_names as fn
 from orderflow.runtime import get_services
-from orderflow.starter import start_one
+from orderflow.starter import StarterRun, start_attempt, start_one
 from orderflow.submission import Accepted, CancelDone, CancelTooLate, Refused, receive
 from orderflow.workflow import CANCEL_EVENT
 
@@ -39,7 +39,8 @@ async def submission(message: servicebus.ServiceBusReceivedMessage,
         # MessageId/SessionId as the binding decoded them, and the SequenceNumber (exact: the dead-lettered message
         # keeps it) for the alert. None stays None (str(None) would name a message "None").
         message_id = None if message.message_id is None else str(message.message_id)
-        outcome = await receive(services, body, message.session_id, message_id, message.sequence_number)
+        outcome = await receive(services, body, message.session_id, message_id, message.sequence_number,
+                                claim=True)
     except Exception:
         await asyncio.to_thread(message_actions.abandon, message)
         raise
@@ -66,8 +67,13 @@ async def submission(message: servicebus.ServiceBusReceivedMessage,
                                 deadletter_error_description=outcome.description)
         return
     await asyncio.to_thread(message_actions.complete, message)
-    # Fast path: claim and start at once; the Starter's timer poll is the safety net if this fails.
+    # Fast path: start at once — the record was created claimed (one write), or else (no slot at creation, a Pending
+    # record from an earlier delivery) claim it now. The Starter's timer poll is the safety net if this fails, and
+    # the Supervisor starts a claim whose start_new never happened (orderflow/starter.py).
     try:
-        await start_one(services, client.start_new, outcome.order.order_id)
+        if outcome.claimed is not None:
+            await start_attempt(client.start_new, outcome.claimed, StarterRun())
+        else:
+            await start_one(services, client.start_new, outcome.order.order_id)
     except Exception:
         log.exception("fast-path start of %s failed; the Starter poll will pick it up", outcome.order.order_id)

@@ -72,6 +72,8 @@ async def counted(p: Pipeline) -> None:
 
 
 async def processing_slots(p: Pipeline) -> int:
+    """The stored Processing figure once this process's deferred exits are written (admission.exited)."""
+    await admission.flush(p.services)
     return (await admission.read_figures(p.services))[0].processing
 
 

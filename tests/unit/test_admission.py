@@ -221,10 +221,68 @@ async def test_an_exit_frees_a_slot_unless_the_last_count_already_left_it_out(se
     figures = await refresh(services)  # counted at `refreshedAt`: 2 (the fresh reservations)
     assert figures.processing == 2
     await admission.exited(services, clock.now() - timedelta(seconds=1))  # left before the count: not in it
+    await admission.flush(services)
     assert (await stored(services)).processing == 2
     clock.advance(1)
     await admission.exited(services, clock.now())  # left after the count: its slot is free
+    await admission.flush(services)
     assert (await stored(services)).processing == 1
     await admission.exited(services, clock.now())
     await admission.exited(services, clock.now())  # never below zero
+    await admission.flush(services)
     assert (await stored(services)).processing == 0
+
+
+def count_writes(services: Services) -> list[int]:
+    """One entry per write of the admission document."""
+    writes: list[int] = []
+    put_checkpoint = services.state.put_checkpoint
+
+    async def counted(*args: object, **kwargs: object) -> str:
+        writes.append(1)
+        return await put_checkpoint(*args, **kwargs)  # type: ignore[arg-type]
+
+    services.state.put_checkpoint = counted  # type: ignore[method-assign]
+    return writes
+
+
+async def test_concurrent_reservations_and_exits_share_writes_and_keep_the_bound(tmp_path: Path,
+                                                                                 clock: FakeClock) -> None:
+    """Group commit (issue 13): the requests that queue while a write is in flight are written together by the next
+    one, so 20 submissions reserving at once cost far fewer than 20 writes, and the bound still holds exactly."""
+    services = open_services(tmp_path / "s.db", clock, max_in_processing=12)
+    try:
+        await refresh(services)
+        clock.advance(1)
+        writes = count_writes(services)
+        granted = await asyncio.gather(*(reserve(services) for _ in range(20)))
+        assert sum(granted) == 12 and (await stored(services)).processing == 12
+        assert granted[:12] == [1] * 12  # in arrival order
+        assert len(writes) <= 3
+        writes.clear()
+        await asyncio.gather(*(admission.exited(services, clock.now()) for _ in range(8)))
+        assert writes == []  # the exits wait for a write to ride on
+        assert await reserve(services) == 1  # which a reservation brings: 8 slots free, one taken
+        assert (await stored(services)).processing == 5 and len(writes) == 1
+    finally:
+        await services.state.aclose()
+
+
+async def test_an_exit_waits_at_most_exit_coalesce_for_a_write_to_ride_on(services: Services,
+                                                                          clock: FakeClock) -> None:
+    await reserve(services, 3)
+    writes = count_writes(services)
+    await admission.exited(services, clock.now())
+    clock.advance(admission.EXIT_COALESCE.total_seconds() / 2)
+    await admission.exited(services, clock.now())
+    assert writes == [] and (await stored(services)).processing == 3  # an over-count meanwhile: the safe side
+    clock.advance(admission.EXIT_COALESCE.total_seconds() / 2)
+    await admission.exited(services, clock.now())  # the oldest has waited EXIT_COALESCE: all three are written
+    assert len(writes) == 1 and (await stored(services)).processing == 0
+
+
+async def test_a_reservation_at_the_bound_frees_the_waiting_exits_first(services: Services, clock: FakeClock) -> None:
+    assert await reserve(services, 3) == 3  # the bound
+    await admission.exited(services, clock.now())
+    assert (await stored(services)).processing == 3
+    assert await reserve(services) == 1

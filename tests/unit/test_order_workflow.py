@@ -422,7 +422,9 @@ async def test_a_deferral_frees_the_admission_slot_once(tmp_path: Any, monkeypat
                "retryAt": (services.clock.now() + timedelta(seconds=5)).isoformat(), "reason": "CircuitOpen"}
     defer_order = _activity_function(fn.DEFER_ORDER)
     assert await defer_order(request) is True
+    await admission.flush(services)  # the exit is deferred (admission.exited): written with the next write
     assert (await admission.read_figures(services))[0].processing == 0
     await admission.reserve(services)  # another order takes the slot
     assert await defer_order(request) is True  # the activity's resend: nothing written, nothing freed
+    await admission.flush(services)
     assert (await admission.read_figures(services))[0].processing == 1
