@@ -16,8 +16,8 @@ transient ones (5xx, 408, 429, timeouts, connection errors) count towards openin
 `CircuitOpened` / `CircuitClosed` alerts on operator-alerts. If the breaker's store cannot be reached, calls go
 through (logged).
 
-On Azure, raise AGENT_RECEIVE_WAIT_MS (e.g. 5000-30000): each wait for a session opens an AMQP link, and
-the wait also bounds how long a stop request waits for an idle slot.
+On Azure, raise AGENT_RECEIVE_WAIT_MS (e.g. 5000-30000): a held session is released after that idle wait, and each
+session taken anew opens an AMQP link (one wait for a session at a time, however many slots are free: `worker`).
 
 App settings (environment variables; every one can be overridden by the flag in `python -m agent --help`):
 

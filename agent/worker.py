@@ -1,11 +1,16 @@
 """The Agent's receive loop: sessions of `agent-requests`, several at once, FIFO within each, graceful stop.
 
-`AgentWorker` runs `max_concurrent_sessions` slots. Each slot accepts the next available session
-(`NEXT_AVAILABLE_SESSION`, i.e. one order), handles its requests one by one in order (`agent.handler`), and
-releases the session when it has been idle for `receive_wait_ms`, so one order never starves the others
-(seed 002, Sequential Convoy: FIFO per session, parallel across sessions). The session lock is renewed while
-a slot holds it: for a session queue the message lock *is* the session lock (Service Bus docs, "Message
-sessions": "the lock on the session is held ... messages in a session are locked by the session lock").
+`AgentWorker` holds up to `max_concurrent_sessions` sessions at once. One acceptor takes the next available session
+(`NEXT_AVAILABLE_SESSION`, i.e. one order) whenever a slot is free and hands it to a task of its own, which handles
+the session's requests one by one in order (`agent.handler`) and releases the session when it has been idle for
+`receive_wait_ms`, so one order never starves the others (seed 002, Sequential Convoy: FIFO per session, parallel
+across sessions). One acceptor, not one per free slot: on the embedded broker every receiver waiting for a session is
+woken by each message sent to the queue and looks for one, so `max_concurrent_sessions` idle acceptors (32 locally)
+cost 32 looks per message for the one session there is to take (on Service Bus, each is an open link). An accept that
+finds a session returns at once and the next one starts right after it, so sessions are still taken as they come.
+The session lock is renewed while a session is held: for a session queue the message lock *is* the session lock
+(Service Bus docs, "Message sessions": "the lock on the session is held ... messages in a session are locked by the
+session lock").
 `agent-requests` has a 5 s LockDuration so that an Agent killed while it holds an order's session blocks that
 order for at most 5 s (`orderflow/session_locks.py`); the live Agent renews every 2.5 s.
 
@@ -13,7 +18,7 @@ Written against the azure-servicebus aio API only (the client comes by injection
 Azure Service Bus and on the embedded broker. A bus failure while handling a request abandons it and the
 rest of its batch, so order is kept and the request is redelivered (MaxDeliveryCount ends a hopeless one).
 
-Shutdown (SIGTERM/SIGINT set `stop`): slots take no new session or message; a request in flight gets
+Shutdown (SIGTERM/SIGINT set `stop`): no new session or message is taken; a request in flight gets
 `shutdown_grace_ms` to finish, the rest of a batch is abandoned; past the grace, in-flight work is cancelled
 unsettled and redelivered later — safe, because every step is idempotent by its key.
 
@@ -75,7 +80,7 @@ class AgentWorker:
         self._clock = clock or SystemClock()
         self._make_breaker = breaker
         self.stats: Counter[str] = Counter()
-        self._busy: set[asyncio.Task[Any]] = set()  # slots handling a request right now
+        self._busy: set[asyncio.Task[Any]] = set()  # session tasks handling a request right now
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set, then finish in-flight requests within the grace period."""
@@ -88,30 +93,47 @@ class AgentWorker:
             if self._make_breaker is not None:
                 breaker = self._make_breaker(circuit_alerter(alerts, self._clock))
             handler = RequestHandler(self._caller, outbox, cfg.retry_policy(), self._clock, breaker)
-            slots = [
-                asyncio.create_task(self._slot(handler, stop), name=f"agent-slot-{i}")
-                for i in range(cfg.max_concurrent_sessions)
-            ]
-            log.info("agent serving %s with %d session slot(s)", cfg.requests_queue, len(slots))
+            sessions: set[asyncio.Task[None]] = set()
+            acceptor = asyncio.create_task(self._accept_sessions(handler, stop, sessions), name="agent-acceptor")
+            log.info("agent serving %s with %d session slot(s)", cfg.requests_queue, cfg.max_concurrent_sessions)
             await stop.wait()
-            for slot in slots:  # idle slots (waiting for a session or a message) stop at once
-                if slot not in self._busy:
-                    slot.cancel()
-            await _finish(slots, cfg.shutdown_grace_ms / 1000)
+            acceptor.cancel()  # takes no new session; an accept under way is given up
+            held = list(sessions)
+            for session in held:  # sessions waiting for a message stop at once; those handling one get the grace
+                if session not in self._busy:
+                    session.cancel()
+            await _finish([acceptor, *held], cfg.shutdown_grace_ms / 1000)
         log.info("agent stopped: %s", dict(self.stats))
 
-    async def _slot(self, handler: RequestHandler, stop: asyncio.Event) -> None:
+    async def _accept_sessions(
+        self, handler: RequestHandler, stop: asyncio.Event, sessions: set[asyncio.Task[None]]
+    ) -> None:
+        """Whenever a slot is free, take the next available session and serve it in a task of its own."""
+        slots = asyncio.Semaphore(self._config.max_concurrent_sessions)
         while not stop.is_set():
+            await slots.acquire()
             try:
-                await self._serve_next_session(handler, stop)
-            except OperationTimeoutError:
-                continue  # no session became available within the wait: ask again
-            except Exception:  # noqa: BLE001 - a slot must outlive any one failure
+                session = await self._accept_session()
+            except OperationTimeoutError:  # no session became available within the wait: ask again
+                slots.release()
+                continue
+            except Exception:  # noqa: BLE001 - the acceptor must outlive any one failure
+                slots.release()
                 self.stats["errors"] += 1
-                log.exception("agent slot error; pausing")
+                log.exception("agent could not accept a session; pausing")
                 await _wait(stop, ERROR_PAUSE_SECONDS)
+                continue
+            except BaseException:  # cancelled (stop)
+                slots.release()
+                raise
+            task = asyncio.create_task(self._serve_session(session, handler, stop))
+            sessions.add(task)
+            task.add_done_callback(sessions.discard)
+            task.add_done_callback(lambda _: slots.release())
 
-    async def _serve_next_session(self, handler: RequestHandler, stop: asyncio.Event) -> None:
+    async def _accept_session(self) -> tuple[Any, AsyncExitStack]:
+        """The receiver of the next available session, opened, and the stack that closes it (releases the session);
+        OperationTimeoutError when no session comes within the wait."""
         wait = self._config.receive_wait_ms / 1000
         # Waiting for a session is woken by the broker when one gets messages, so this wait is long: an idle Agent
         # does not poll. Once a session is held, `receive_wait_ms` bounds how long it is kept while idle.
@@ -119,14 +141,36 @@ class AgentWorker:
             self._config.requests_queue, session_id=NEXT_AVAILABLE_SESSION,
             max_wait_time=max(wait, SESSION_ACCEPT_WAIT_SECONDS)
         )
-        async with receiver:
-            renewer = asyncio.create_task(self._keep_session_locked(receiver))
-            try:
-                await self._drain_session(receiver, handler, stop, wait)
-            finally:
-                renewer.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await renewer
+        stack = AsyncExitStack()
+        try:
+            return await stack.enter_async_context(receiver), stack
+        except BaseException:
+            # No session (or cancelled): close what the attempt opened, e.g. the embedded broker's wake-up socket.
+            with contextlib.suppress(Exception):
+                await receiver.close()
+            raise
+
+    async def _serve_session(
+        self, session: tuple[Any, AsyncExitStack], handler: RequestHandler, stop: asyncio.Event
+    ) -> None:
+        """Handle an accepted session until it is idle, lost, or stop; then release it (close its receiver). The
+        slot stays taken for `ERROR_PAUSE_SECONDS` after a failure, so a failing bus is not hammered."""
+        receiver, stack = session
+        try:
+            async with stack:
+                renewer = asyncio.create_task(self._keep_session_locked(receiver))
+                try:
+                    await self._drain_session(receiver, handler, stop, self._config.receive_wait_ms / 1000)
+                finally:
+                    renewer.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await renewer
+        except OperationTimeoutError:
+            pass
+        except Exception:  # noqa: BLE001 - one session's failure must not stop the Agent
+            self.stats["errors"] += 1
+            log.exception("agent session error; pausing")
+            await _wait(stop, ERROR_PAUSE_SECONDS)
 
     async def _drain_session(
         self, receiver: Any, handler: RequestHandler, stop: asyncio.Event, wait: float

@@ -77,23 +77,44 @@ class ClientApp:
                                                               content_type="application/json") for o in batch])
 
     async def listen(self, stop: asyncio.Event, consumers: int = 32) -> None:
-        tasks = [asyncio.create_task(self._consume(stop)) for _ in range(consumers)]
+        """Read statuses from up to `consumers` sessions (orders) at once until `stop`. One acceptor takes the next
+        session whenever fewer are held: every receiver waiting for a session is woken by each status sent to the
+        queue, so `consumers` idle acceptors would cost that many looks per status for the one session to take."""
+        sessions: set[asyncio.Task[None]] = set()
+        acceptor = asyncio.create_task(self._accept(consumers, sessions))
         await stop.wait()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for task in (acceptor, *sessions):
+            task.cancel()
+        await asyncio.gather(acceptor, *sessions, return_exceptions=True)
 
-    async def _consume(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
+    async def _accept(self, consumers: int, sessions: set[asyncio.Task[None]]) -> None:
+        slots = asyncio.Semaphore(consumers)
+        while True:
+            await slots.acquire()
+            receiver = self.bus.get_queue_receiver(self.reply_queue, session_id=NEXT_AVAILABLE_SESSION,
+                                                   max_wait_time=5)
             try:
-                async with self.bus.get_queue_receiver(self.reply_queue, session_id=NEXT_AVAILABLE_SESSION,
-                                                       max_wait_time=5) as receiver:
-                    while batch := await receiver.receive_messages(max_message_count=20, max_wait_time=0.2):
-                        for msg in batch:
-                            self._record(StatusMessage.model_validate_json(b"".join(msg.body)))
-                            await receiver.complete_message(msg)
-            except OperationTimeoutError:
-                continue
+                await receiver.__aenter__()
+            except BaseException as exc:
+                slots.release()
+                await receiver.close()
+                if isinstance(exc, OperationTimeoutError):
+                    continue
+                raise
+            task = asyncio.create_task(self._consume(receiver))
+            sessions.add(task)
+            task.add_done_callback(sessions.discard)
+            task.add_done_callback(lambda _: slots.release())
+
+    async def _consume(self, receiver: Any) -> None:
+        """The statuses of one accepted session until it is idle for 0.2 s; then the session is released."""
+        try:
+            while batch := await receiver.receive_messages(max_message_count=20, max_wait_time=0.2):
+                for msg in batch:
+                    self._record(StatusMessage.model_validate_json(b"".join(msg.body)))
+                    await receiver.complete_message(msg)
+        finally:
+            await receiver.close()
 
     def _record(self, status: StatusMessage) -> None:
         self.statuses.setdefault(status.order_id, []).append(status)

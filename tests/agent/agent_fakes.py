@@ -94,8 +94,13 @@ class FakeBus:
         self.locked_sessions: set[tuple[str, str]] = set()
         self.events: list[str] = []  # settlement and send log, in order
         self.send_failures: dict[str, int] = {}  # queue → number of sends to fail
+        self.receive_failures = 0  # number of receive_messages calls to fail (in any session)
         self._changed = asyncio.Condition()
         self._seq = itertools.count(1)
+        self.session_waiters = 0  # receivers waiting for a session right now
+        self.peak_session_waiters = 0
+        self.accept_timeouts = 0  # session waits that ended with OperationTimeoutError
+        self.receivers: list[FakeSessionReceiver] = []  # every session receiver created, in order
 
     def queue(self, name: str) -> _Queue:
         return self.queues.setdefault(name, _Queue())
@@ -107,7 +112,9 @@ class FakeBus:
     def get_queue_receiver(
         self, queue_name: str, *, session_id: Any = None, max_wait_time: float | None = None
     ) -> FakeSessionReceiver:
-        return FakeSessionReceiver(self, queue_name, max_wait_time or 1.0)
+        receiver = FakeSessionReceiver(self, queue_name, max_wait_time or 1.0)
+        self.receivers.append(receiver)
+        return receiver
 
     async def __aenter__(self) -> FakeBus:
         return self
@@ -158,10 +165,17 @@ class FakeBus:
 
     async def lock_session(self, queue_name: str, wait: float) -> str:
         async with self._changed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait_for(lambda: self._free_session(queue_name)), wait)
+            self.session_waiters += 1
+            self.peak_session_waiters = max(self.peak_session_waiters, self.session_waiters)
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait_for(lambda: self._free_session(queue_name)), wait)
+            finally:
+                self.session_waiters -= 1
             session = self._free_session(queue_name)
             if session is None:
+                self.accept_timeouts += 1
+                self._changed.notify_all()
                 raise OperationTimeoutError(message="no session available")
             self.locked_sessions.add((queue_name, session))
             return session
@@ -227,6 +241,8 @@ class FakeSessionReceiver:
         self._queue = queue_name
         self._wait = wait
         self.session: FakeSession | None = None
+        self.closes = 0
+        self._released = False
 
     async def __aenter__(self) -> FakeSessionReceiver:
         self.session = FakeSession(await self._bus.lock_session(self._queue, self._wait))
@@ -234,6 +250,14 @@ class FakeSessionReceiver:
 
     async def __aexit__(self, *exc: object) -> None:
         assert self.session is not None
+        await self.close()
+
+    async def close(self) -> None:
+        """As the SDK's: releases the session, if one was accepted; closing twice is a no-op."""
+        self.closes += 1
+        if self.session is None or self._released:
+            return
+        self._released = True
         q = self._bus.queue(self._queue)
         for m in q.active:  # closing the receiver releases its unsettled messages (the lock is gone)
             if m.session_id == self.session.session_id:
@@ -245,6 +269,9 @@ class FakeSessionReceiver:
         self, max_message_count: int = 1, max_wait_time: float | None = None
     ) -> list[FakeMessage]:
         assert self.session is not None
+        if self._bus.receive_failures:
+            self._bus.receive_failures -= 1
+            raise ConnectionError("injected receive failure")
         return await self._bus.take(
             self._queue, self.session.session_id, max_message_count, max_wait_time or self._wait
         )

@@ -1,5 +1,6 @@
 """The receive loop on fakes: happy path through the simulator, FIFO per session, concurrency cap, poison,
-redelivery after a failed reply, graceful stop with a request in flight."""
+redelivery after a failed reply, graceful stop with a request in flight, one wait for a session at a time and the
+slots it hands out."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from agent_fakes import (
     ALERTS,
     REPLIES,
@@ -21,6 +23,7 @@ from agent_fakes import (
     request_message,
 )
 
+from agent import worker as worker_module
 from agent.remote import CallResult, HttpRemoteCaller, RemoteCaller
 from agent.simulator import FaultConfig, Simulator
 from agent.worker import AgentWorker
@@ -135,6 +138,60 @@ async def test_failed_reply_send_abandons_and_redelivers_once_replied(bus: FakeB
         report["calls"] == 3 and report["totalApplied"] == 2 and report["duplicates"] == 0
     )  # retried call replayed
     assert worker.stats["abandoned"] == 1
+
+
+async def test_one_receiver_waits_for_a_session_however_many_slots_are_free(bus: FakeBus) -> None:
+    # A receiver waiting for a session is woken by every message sent to the queue (the embedded broker pokes each
+    # waiter; on Service Bus each wait is an open link): one wait at a time, not one per free slot.
+    caller = Tracking(Instant())
+    worker = AgentWorker(bus, caller, agent_config(max_concurrent_sessions=8))
+    await enqueue_orders(bus, 6)
+    await run_until(worker, bus, lambda: len(bus.queue(REPLIES).active) == 18)
+    assert bus.peak_session_waiters == 1
+    assert 1 < caller.peak <= 8  # still several sessions at once
+    assert all(caller.order[f"o-{i}"] == [s.value for s in STEPS] for i in range(6))  # FIFO
+
+
+async def test_a_single_slot_serves_every_session_in_turn(bus: FakeBus) -> None:
+    caller = Tracking(Instant())
+    worker = AgentWorker(bus, caller, agent_config(max_concurrent_sessions=1))
+    await enqueue_orders(bus, 3)
+    await run_until(worker, bus, lambda: len(bus.queue(REPLIES).active) == 9)
+    assert caller.peak == 1  # a session's slot is free again once it is released, never before
+    assert bus.locked_sessions == set()
+
+
+async def test_a_session_wait_that_times_out_frees_its_slot_and_closes_its_receiver(
+    bus: FakeBus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker_module, "SESSION_ACCEPT_WAIT_SECONDS", 0.01)
+    worker = AgentWorker(bus, Instant(), agent_config(max_concurrent_sessions=1, receive_wait_ms=10))
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        await bus.wait_for(lambda: bus.accept_timeouts >= 3)  # more timed-out waits than there are slots
+        await bus.send(REQUESTS, request_message(make_request("o-1", deadline=far_future())))
+        await bus.wait_for(lambda: len(bus.queue(REPLIES).active) == 1)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+    without_session = [r for r in bus.receivers if r.session is None]
+    assert len(without_session) >= 3
+    assert all(r.closes == 1 for r in without_session)  # a wait that got no session leaves nothing open
+    assert worker.stats["errors"] == 0  # a timeout is no error
+
+
+async def test_a_failing_session_is_released_and_its_slot_serves_again_after_the_pause(
+    bus: FakeBus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker_module, "ERROR_PAUSE_SECONDS", 0.01)
+    bus.receive_failures = 1
+    await bus.send(REQUESTS, request_message(make_request("o-1", deadline=far_future())))
+    worker = AgentWorker(bus, Instant(), agent_config(max_concurrent_sessions=1))
+    await run_until(worker, bus, lambda: len(bus.queue(REPLIES).active) == 1)
+    assert worker.stats["errors"] == 1 and worker.stats["succeeded"] == 1
+    assert [r.session.session_id for r in bus.receivers if r.session is not None][:2] == ["o-1", "o-1"]
+    assert bus.locked_sessions == set()
 
 
 async def test_stop_lets_the_request_in_flight_finish(bus: FakeBus) -> None:
