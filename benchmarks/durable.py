@@ -2,7 +2,8 @@
 4-activity chain
 at several instance counts, activity dispatch latency, the cost of an episode as the history grows (each
 episode
-replays the whole history, so an N-activity chain costs O(N^2) in total), and the process's peak RSS.
+replays the whole history, so an N-activity chain costs O(N^2) in total), what the store writes per episode
+(Store.stats: commits, write transactions, idle writes, bytes), and the process's peak RSS.
 
 The engine is built as tests/devhost_durable/harness.py builds it (DurableEngine + Invoker on one
 asyncio loop),
@@ -26,6 +27,7 @@ from azure.durable_functions.models.history import HistoryEventType as T
 
 from devhost.durable import DurableEngine
 from devhost.durable.history import parse_time
+from devhost.durable.store import StoreStats
 from devhost.invoke import Invoker
 
 from . import durable_app
@@ -53,8 +55,8 @@ class DurableSizes:
 
 @dataclass
 class Probe:
-    """Times every engine step (load history + replay + commit) and every orchestrator replay call, in
-    order."""
+    """Times every engine step (reads + replay + commit) and every orchestrator replay call, in order; a step
+    minus its replay is the engine's own part (engine_ms)."""
 
     steps: list[float] = field(default_factory=list)
     replays: list[float] = field(default_factory=list)
@@ -122,11 +124,13 @@ async def chain_throughput(tmp: Path, instances: int, length: int) -> dict[str, 
     db_path = tmp / f"throughput-{instances}.db"
     probe = Probe()
     async with engine_on(db_path, probe) as engine:
+        cpu_before = time.process_time()
         with stopwatch() as elapsed:
             ids = [
                 await engine.start_new(CHAIN, f"chain-{instances}-{n:05d}", length) for n in range(instances)
             ]
             await wait_terminal(db_path, instances)
+        cpu = time.process_time() - cpu_before
         rows = [engine.store.instance(i) for i in ids]
         latencies = [
             (parse_time(r.last_updated_time) - parse_time(r.created_time)).total_seconds()
@@ -135,23 +139,27 @@ async def chain_throughput(tmp: Path, instances: int, length: int) -> dict[str, 
         ]
         completed = sum(1 for r in rows if r is not None and r.status == "Completed")
         dispatch = _dispatch_latencies(engine, ids)
+        writes = store_writes(engine.store.stats, len(probe.steps))
     return {
         "instances": instances,
         "activities_per_instance": length,
         "completed": completed,
         "seconds": round(elapsed(), 3),
         "orchestrations_per_s": rate(instances, elapsed()),
+        # CPU time of the whole process (every thread) per orchestration: steadier than rates on a shared machine.
+        "cpu_ms_per_orchestration": round(cpu * 1000 / instances, 2),
         "activities_per_s": rate(instances * length, elapsed()),
         "episodes": len(probe.steps),
         "instance_latency": latency_summary(latencies),
         "dispatch_under_load": latency_summary(dispatch["dispatch"]),
+        "store_writes": writes,
         "rss_after_mib": rss_mib(),
     }
 
 
 def _dispatch_latencies(engine: DurableEngine, ids: list[str]) -> dict[str, list[float]]:
     """From history and the activity's own start stamps: TaskScheduled → activity start ("dispatch"), and
-    TaskCompleted → the next episode's TaskScheduled ("resume": completion commit, history load, replay)."""
+    TaskCompleted → the next episode's TaskScheduled ("resume": completion commit, reads, replay)."""
     dispatch: list[float] = []
     resume: list[float] = []
     for instance_id in ids:
@@ -194,8 +202,10 @@ async def replay_cost(tmp: Path, length: int) -> dict[str, Any]:
             instance_id = await engine.start_new(CHAIN, f"replay-{length}", length)
             await wait_terminal(db_path, 1)
         history_events = len(engine.store.history(instance_id))
+        writes = store_writes(engine.store.stats, len(probe.steps))
     steps_ms = [s * 1000 for s in probe.steps]
     replays_ms = [s * 1000 for s in probe.replays]
+    own_ms = [step - replay for step, replay in zip(steps_ms, replays_ms, strict=True)]
     return {
         "activities": length,
         "history_events": history_events,
@@ -209,6 +219,27 @@ async def replay_cost(tmp: Path, length: int) -> dict[str, Any]:
         "replay_ms_first": round(replays_ms[0], 3),
         "replay_ms_last": round(replays_ms[-1], 3),
         "replay_us_per_history_event": round(_slope(replays_ms) * 1000 / 2, 2),
+        "engine_ms_median": round(statistics.median(own_ms), 3),
+        "engine_ms_last": round(own_ms[-1], 3),
+        "store_writes": writes,
+    }
+
+
+def store_writes(stats: StoreStats, episodes: int) -> dict[str, Any]:
+    """What the store wrote over a run, per episode: commits (write transactions that committed), write
+    transactions, idle writes (write transactions that changed no row; 0 is the claim), and the text bound to
+    INSERT/UPDATE statements, by table."""
+    per = max(episodes, 1)
+    return {
+        "episodes": episodes,
+        "commits": stats.commits,
+        "write_transactions": stats.write_transactions,
+        "idle_writes": stats.idle_writes,
+        "conflicts": stats.conflicts,
+        "commits_per_episode": round(stats.commits / per, 3),
+        "write_transactions_per_episode": round(stats.write_transactions / per, 3),
+        "bytes_per_episode": round(stats.bytes_written / per, 1),
+        "bytes_per_episode_by_table": {k: round(v / per, 1) for k, v in sorted(stats.bytes_by_table.items())},
     }
 
 

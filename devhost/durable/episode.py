@@ -25,8 +25,9 @@ from azure.durable_functions.models.history import HistoryEventType as T
 from . import history as h
 from .actions import ENTITY_ACTIONS, Action, flatten, nondeterminism
 from .errors import ENTITIES_NOT_SUPPORTED
+from .records import Commit, InstanceRow, Message
 from .retry import RetryPolicy
-from .store import Commit, InstanceRow, Message
+from .timeline import Bookkeeping, Timeline
 from .versioning import MISMATCH_OUTPUT
 
 OUT_OF_PROC_MARKER = "$OutOfProcData$:"
@@ -36,14 +37,7 @@ ACTIVITY_KINDS = frozenset({A.CALL_ACTIVITY, A.CALL_ACTIVITY_WITH_RETRY})
 SUB_ORCHESTRATION_KINDS = frozenset({A.CALL_SUB_ORCHESTRATOR, A.CALL_SUB_ORCHESTRATOR_WITH_RETRY})
 
 
-def fresh_state() -> dict[str, Any]:
-    """Per-execution bookkeeping: next sequence number, recorded action signatures, retry groups and their
-    tasks.
-    """
-    return {"next_seq": 0, "recorded": [], "groups": {}, "tasks": {}}
-
-
-def is_retry_event(event: h.Event, state: dict[str, Any]) -> bool:
+def is_retry_event(event: h.Event, state: Bookkeeping) -> bool:
     """A failure of a with-retry call, or the firing of its retry timer: both make the SDK open a new task."""
     kind = event["EventType"]
     if kind in (T.TASK_FAILED, T.SUB_ORCHESTRATION_INSTANCE_FAILED):
@@ -53,7 +47,7 @@ def is_retry_event(event: h.Event, state: dict[str, Any]) -> bool:
     return False
 
 
-def select_batch(inbox: list[tuple[int, h.Event]], state: dict[str, Any]) -> list[tuple[int, h.Event]]:
+def select_batch(inbox: list[tuple[int, h.Event]], state: Bookkeeping) -> list[tuple[int, h.Event]]:
     """The first message plus the following ones up to (not including) the next retry-related event."""
     batch = inbox[:1]
     for item in inbox[1:]:
@@ -63,8 +57,8 @@ def select_batch(inbox: list[tuple[int, h.Event]], state: dict[str, Any]) -> lis
     return batch
 
 
-def _task(state: dict[str, Any], task_id: Any) -> dict[str, Any]:
-    return dict(state["tasks"].get(str(task_id), {}))
+def _task(state: Bookkeeping, task_id: Any) -> dict[str, Any]:
+    return dict(state.tasks.get(str(task_id), {}))
 
 
 @dataclass
@@ -89,43 +83,65 @@ class Outcome:
 
 @dataclass
 class Episode:
-    """Plans one episode of one instance. `prepare()` gives the context JSON, `finish()` the Commit."""
+    """Plans one episode of one instance. `context_json()` gives the orchestrator's input, `finish()` the Commit.
+
+    `timeline` is the history so far (read only: the store advances it once the commit is in); `texts` the stored
+    JSON of the batch's inbox messages, which become history rows as they are; `stale` the ids of older executions'
+    messages, removed by the same commit.
+    """
 
     row: InstanceRow
-    past: list[h.Event]
+    timeline: Timeline
     batch: list[tuple[int, h.Event]]
     now: datetime
     orchestrators: frozenset[str]
     is_busy: Callable[[str], bool]
+    texts: dict[int, str] = field(default_factory=dict)
+    stale: list[int] = field(default_factory=list)
     _commit: Commit = field(init=False)
-    _state: dict[str, Any] = field(init=False)
-    version: str | None = field(init=False)  # the instance's version (its ExecutionStarted's)
+    _state: Bookkeeping = field(init=False)
+    # The instance's version: its ExecutionStarted's, as the SDK reads `context.version` (None without one; instances
+    # recorded before devhost had versions carry "", as the pre-3.1 extension gave them).
+    version: str | None = field(init=False)
 
     def __post_init__(self) -> None:
-        self._state = json.loads(json.dumps(self.row.state or fresh_state()))
+        self._state = self.timeline.book.fork()
         started = h.event(T.ORCHESTRATOR_STARTED, self.now)
         self._new = [started] + [e for _, e in self.batch]
-        self.version = h.started_version(self.past + self._new)
+        self._new_texts = [json.dumps(started)] + [self.texts.get(i) or json.dumps(e) for i, e in self.batch]
+        self._started = self.timeline.started or next(
+            (e for e in self._new if e["EventType"] == T.EXECUTION_STARTED), None
+        )
+        self.version = self._started.get("Version") if self._started is not None else None
         self._commit = Commit(
-            row=replace(self.row), consumed=[i for i, _ in self.batch], append=list(self._new)
+            row=replace(self.row),
+            base=self.row,
+            consumed=[i for i, _ in self.batch] + list(self.stale),
+            append=list(self._new),
+            encoded=list(self._new_texts),
+            timeline=self.timeline,
         )
         self._expand_retry(self._new[1])
 
     # ---- phase 1 -------------------------------------------------------------------------------------------
     def context_json(self) -> str:
-        """The orchestrationTrigger payload (DurableOrchestrationContext.from_json)."""
-        started = next(e for e in self.past + self._new if e["EventType"] == T.EXECUTION_STARTED)
-        return json.dumps(
+        """The orchestrationTrigger payload (DurableOrchestrationContext.from_json): the recorded events as
+        replayed (IsPlayed true), then this episode's new ones, joined from their JSON texts."""
+        if self._started is None:
+            raise LookupError(f"instance {self.row.instance_id} has no ExecutionStarted event")
+        past = self.timeline.played
+        new = ", ".join(self._new_texts)
+        rest = json.dumps(
             {
-                "history": h.as_replayed(self.past) + self._new,
                 "instanceId": self.row.instance_id,
-                "isReplaying": bool(self.past),
+                "isReplaying": bool(past),
                 "parentInstanceId": self.row.parent_instance_id,
-                "input": started.get("Input"),
+                "input": self._started.get("Input"),
                 "upperSchemaVersion": UPPER_SCHEMA_VERSION,
                 "upperSchemaVersionNew": UPPER_SCHEMA_VERSION,
             }
         )
+        return f'{{"history": [{past}{", " if past else ""}{new}], {rest[1:]}'
 
     # ---- phase 2 -------------------------------------------------------------------------------------------
     def finish(self, outcome: Outcome) -> Commit:
@@ -136,12 +152,12 @@ class Episode:
         if outcome.state is not None:
             custom = outcome.state.get("customStatus")
             row.custom_status = json.dumps(custom) if custom is not None else None
-        mismatch = nondeterminism(self._state["recorded"], actions, finished=outcome.error is None)
+        mismatch = nondeterminism(self._state.recorded, actions, finished=outcome.error is None)
         if mismatch:
             return self._fail(mismatch)
         if outcome.error is not None:
             return self._fail(outcome.error)
-        unsupported = self._schedule(actions[len(self._state["recorded"]) :])
+        unsupported = self._schedule(actions[len(self._state.recorded) :])
         if unsupported:
             return self._fail(unsupported)
         assert outcome.state is not None
@@ -154,20 +170,20 @@ class Episode:
 
     # ---- scheduling ----------------------------------------------------------------------------------------
     def _take_id(self) -> int:
-        task_id = int(self._state["next_seq"])
-        self._state["next_seq"] = task_id + 1
+        task_id = self._state.next_seq
+        self._state.next_seq = task_id + 1
         return task_id
 
     def _schedule(self, new_actions: list[Action]) -> str | None:
         for action in new_actions:
-            position = len(self._state["recorded"])
+            position = len(self._state.recorded)
             if action.kind in ENTITY_ACTIONS:
                 return ENTITIES_NOT_SUPPORTED
             if action.kind == A.CALL_HTTP:
                 return (
                     "call_http (durable HTTP) is not supported by devhost; call the service from an activity."
                 )
-            self._state["recorded"].append(action.signature)
+            self._state.recorded.append(action.signature)
             if action.kind == A.CREATE_TIMER:
                 self._create_timer(self._take_id(), str(action.fire_at))
             elif action.kind in ACTIVITY_KINDS or action.kind in SUB_ORCHESTRATION_KINDS:
@@ -176,36 +192,44 @@ class Episode:
 
     def _call(self, action: Action, position: int) -> None:
         task_id = self._take_id()
-        group: dict[str, Any] = {
+        target: dict[str, Any] = {
             "kind": int(action.kind),
             "name": action.name,
             "input": action.input,
             "instance_id": action.instance_id or f"{self.row.instance_id}:{task_id:04d}",
-            "attempt": 1,
+            "version": action.version,
         }
-        if action.kind in SUB_ORCHESTRATION_KINDS:
-            group["version"] = action.version
         if action.retry is not None:
-            group["retry"] = action.retry.to_json()
-            self._state["groups"][str(position)] = group
-            self._state["tasks"][str(task_id)] = {"group": str(position), "role": "call"}
-        self._dispatch(group, task_id)
+            # What the history does not hold: the call itself is its first attempt's event (`_target`).
+            self._state.groups[str(position)] = {"kind": int(action.kind), "first": task_id,
+                                                 "retry": action.retry.to_json()}
+            self._state.tasks[str(task_id)] = {"group": str(position), "role": "call"}
+        self._dispatch(target, task_id)
 
-    def _dispatch(self, group: dict[str, Any], task_id: int) -> None:
-        if group["kind"] in ACTIVITY_KINDS:
+    def _target(self, group: dict[str, Any]) -> dict[str, Any]:
+        """A retried call, from its first attempt's TaskScheduled or SubOrchestrationInstanceCreated (whose Version
+        is the one the child got). A group recorded by an older devhost holds the call itself."""
+        if "name" in group:
+            return group
+        first = self.timeline.scheduled[int(group["first"])]
+        return {"kind": group["kind"], "name": first["Name"], "input": first.get("Input"),
+                "instance_id": first.get("InstanceId"), "version": first.get("Version")}
+
+    def _dispatch(self, target: dict[str, Any], task_id: int) -> None:
+        if target["kind"] in ACTIVITY_KINDS:
             self._commit.append.append(
-                h.event(T.TASK_SCHEDULED, self.now, task_id, Name=group["name"], Input=group["input"])
+                h.event(T.TASK_SCHEDULED, self.now, task_id, Name=target["name"], Input=target["input"])
             )
-            self._commit.work.append((task_id, group["name"], group["input"]))
+            self._commit.work.append((task_id, target["name"], target["input"]))
         else:
-            self._start_child(group, task_id)
+            self._start_child(target, task_id)
 
-    def _start_child(self, group: dict[str, Any], task_id: int) -> None:
-        name, child_id = group["name"], group["instance_id"]
+    def _start_child(self, target: dict[str, Any], task_id: int) -> None:
+        name, child_id = target["name"], target["instance_id"]
         # The version asked for (call_sub_orchestrator(version=...), extension PR #3213), else the parent's own: a
         # sub-orchestration inherits its parent's version, even when the host's defaultVersion has moved on
         # (extension test/Common/OrchestrationVersionTests.cs ExistingOrchestrationVersionIsImmutable, PR #3072).
-        requested = group.get("version")
+        requested = target.get("version")
         version = self.version if requested is None else requested
         self._commit.append.append(
             h.event(
@@ -215,7 +239,7 @@ class Episode:
                 Name=name,
                 Version=version,
                 InstanceId=child_id,
-                Input=group["input"],
+                Input=target["input"],
             )
         )
         problem = None
@@ -227,9 +251,9 @@ class Episode:
             failed = h.sub_orchestration_failed(self.now, task_id, problem, json.dumps({"Message": problem}))
             self._commit.messages.append(Message(self.row.instance_id, self.row.execution_id, failed))
             return
-        child = new_row(child_id, name, group["input"], self.now, parent=(self.row, task_id))
+        child = new_row(child_id, name, target["input"], self.now, parent=(self.row, task_id))
         first = h.execution_started(
-            self.now, name, group["input"], version=version, parent_instance_id=self.row.instance_id
+            self.now, name, target["input"], version=version, parent_instance_id=self.row.instance_id
         )
         self._commit.children.append((child, first))
 
@@ -243,24 +267,24 @@ class Episode:
             return
         key = first["TimerId"] if first["EventType"] == T.TIMER_FIRED else first["TaskScheduledId"]
         task = _task(self._state, key)
-        group = self._state["groups"][task["group"]]
+        position = task["group"]
+        group = self._state.groups[position]
+        attempt = self._state.attempts.get(position, group.get("attempt", 1))
         policy = RetryPolicy.from_json(group["retry"])
         if task["role"] == "call":
             timer_id = self._take_id()
-            self._state["tasks"][str(timer_id)] = {"group": task["group"], "role": "timer"}
-            self._create_timer(
-                timer_id, h.format_time(self.now + policy.delay_after_attempt(group["attempt"]))
-            )
-        elif policy.may_retry_after(group["attempt"]):
-            group["attempt"] += 1
+            self._state.tasks[str(timer_id)] = {"group": position, "role": "timer"}
+            self._create_timer(timer_id, h.format_time(self.now + policy.delay_after_attempt(attempt)))
+        elif policy.may_retry_after(attempt):
+            self._state.attempts[position] = attempt + 1
             task_id = self._take_id()
-            self._state["tasks"][str(task_id)] = {"group": task["group"], "role": "call"}
-            self._dispatch(group, task_id)
+            self._state.tasks[str(task_id)] = {"group": position, "role": "call"}
+            self._dispatch(self._target(group), task_id)
 
     # ---- endings -------------------------------------------------------------------------------------------
     def _close(self) -> Commit:
         self._commit.append.append(h.event(T.ORCHESTRATOR_COMPLETED, self.now))
-        self._commit.row.state = self._state
+        self._commit.book = self._state
         return self._commit
 
     def _end(self, status: str, output: Any, parent_event: h.Event | None) -> Commit:
@@ -269,7 +293,7 @@ class Episode:
         commit.row.output = json.dumps(output)
         commit.work, commit.timers, commit.children = [], [], []
         commit.messages = [m for m in commit.messages if m.instance_id != self.row.instance_id]
-        commit.drop_pending = True
+        commit.drop_pending, commit.ends, commit.book = True, True, None
         commit.append.append(
             h.event(T.EXECUTION_COMPLETED, self.now, OrchestrationStatus=status, Result=commit.row.output)
         )
@@ -302,8 +326,9 @@ class Episode:
     def _continue_as_new(self, action: Action) -> Commit:
         commit = self._close()
         row = commit.row
-        row.execution_id, row.state, row.input = uuid.uuid4().hex, fresh_state(), json.dumps(action.input)
-        commit.reset_history, commit.append, commit.work, commit.timers = True, [], [], []
+        row.execution_id, row.input = uuid.uuid4().hex, json.dumps(action.input)
+        commit.reset_history, commit.book = True, None
+        commit.append, commit.encoded, commit.work, commit.timers = [], [], [], []
         commit.messages = [
             Message(
                 row.instance_id,
@@ -347,7 +372,6 @@ def new_row(
         parent_instance_id=parent_row.instance_id if parent_row else None,
         parent_execution_id=parent_row.execution_id if parent_row else None,
         parent_task_id=task_id,
-        state=fresh_state(),
     )
 
 

@@ -38,7 +38,7 @@ def format_time(moment: datetime) -> str:
 
 def parse_time(text: str) -> datetime:
     """Parse an ISO-8601 timestamp; naive values are taken as UTC."""
-    moment = isoparse(text)
+    moment: datetime = isoparse(text)
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
@@ -73,15 +73,6 @@ def execution_started(
     )
 
 
-def started_version(events: list[Event]) -> str | None:
-    """The version in the first ExecutionStarted of `events`, as the SDK reads `context.version` (None without one).
-    Instances recorded before devhost had versions carry "", as the pre-3.1 extension gave them."""
-    for e in events:
-        if e["EventType"] == T.EXECUTION_STARTED:
-            return e.get("Version")
-    return None
-
-
 def task_completed(now: datetime, task_id: int, result: str | None) -> Event:
     return event(T.TASK_COMPLETED, now, TaskScheduledId=task_id, Result=result)
 
@@ -109,7 +100,8 @@ def sub_orchestration_failed(now: datetime, task_id: int, reason: str | None, de
 
 
 def as_replayed(events: list[Event]) -> list[Event]:
-    """Copies flagged IsPlayed, for events of earlier episodes."""
+    """Copies flagged IsPlayed, for events of earlier episodes: what the SDK receives for them (the engine builds
+    the same JSON from recorded texts, timeline.played_text)."""
     return [{**e, "IsPlayed": True} for e in events]
 
 

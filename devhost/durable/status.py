@@ -10,7 +10,7 @@ from typing import Any
 from azure.durable_functions.models.history import HistoryEventType as T
 
 from . import history as h
-from .store import InstanceRow
+from .records import InstanceRow
 
 HIDDEN_EVENTS = frozenset({T.ORCHESTRATOR_STARTED, T.ORCHESTRATOR_COMPLETED})
 

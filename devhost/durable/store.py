@@ -1,23 +1,33 @@
-"""Durable persistence of the task hub in one SQLite file (WAL): instances, history, inbox, activity work,
+"""Durable persistence of the task hub in one SQLite file (WAL): instances, history, journal, inbox, activity work,
 timers.
 
-Every state change is one transaction, so a `kill -9` at any point leaves either the old or the new state:
-an episode appends history, consumes its inbox messages and persists the work it scheduled atomically; an
-activity result lands in the inbox in the same transaction that removes its work item (at-least-once
-delivery).
+Every state change is one transaction, so a `kill -9` at any point leaves either the old or the new state: an
+episode consumes its inbox messages, appends its history and journal entry, updates the instance row and persists
+the work it scheduled atomically; an activity result lands in the inbox in the same transaction that removes its
+work item (at-least-once delivery); a timer's firing likewise.
+
+Reads come first and a write transaction (BEGIN IMMEDIATE) is opened only when there is something to write. What
+was read outside it is checked inside it: an episode's commit requires the instance's execution, the inbox
+messages it consumed and the free history and journal row numbers it read; otherwise nothing is written
+(`Conflict`). Rows are appended or changed column by column, never rewritten whole.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from azure.durable_functions.models.history import HistoryEventType as T
+
 from .history import Event
+from .records import INSTANCE_COLUMNS, Commit, Conflict, InstanceRow, Message, Pending, TimerItem, WorkItem
+from .timeline import FRESH_BASE, RETRIED_EVENTS, Bookkeeping, Timeline, TimelineCache
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS instances(
@@ -27,147 +37,137 @@ CREATE TABLE IF NOT EXISTS instances(
 CREATE INDEX IF NOT EXISTS instances_created ON instances(created_time, instance_id);
 CREATE TABLE IF NOT EXISTS history(instance_id TEXT NOT NULL, seq INTEGER NOT NULL, event TEXT NOT NULL,
   PRIMARY KEY(instance_id, seq));
+CREATE TABLE IF NOT EXISTS journal(instance_id TEXT NOT NULL, seq INTEGER NOT NULL, entry TEXT NOT NULL,
+  PRIMARY KEY(instance_id, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS inbox(id INTEGER PRIMARY KEY AUTOINCREMENT, instance_id TEXT NOT NULL,
   execution_id TEXT NOT NULL, event TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS inbox_instance ON inbox(instance_id, id);
 CREATE TABLE IF NOT EXISTS work(id INTEGER PRIMARY KEY AUTOINCREMENT, instance_id TEXT NOT NULL,
   execution_id TEXT NOT NULL, task_id INTEGER NOT NULL, name TEXT NOT NULL, input TEXT);
-CREATE TABLE IF NOT EXISTS timers(instance_id TEXT NOT NULL, execution_id TEXT NOT NULL, timer_id INTEGER NOT
-NULL,
+CREATE TABLE IF NOT EXISTS timers(instance_id TEXT NOT NULL, execution_id TEXT NOT NULL, timer_id INTEGER NOT NULL,
   fire_at TEXT NOT NULL, PRIMARY KEY(instance_id, execution_id, timer_id));
 """
 
-INSTANCE_COLUMNS = (
-    "instance_id",
-    "name",
-    "execution_id",
-    "status",
-    "input",
-    "output",
-    "custom_status",
-    "created_time",
-    "last_updated_time",
-    "parent_instance_id",
-    "parent_execution_id",
-    "parent_task_id",
-    "state",
-)
+_INSERT_INSTANCE = f"INSERT INTO instances({','.join(INSTANCE_COLUMNS)},state) VALUES ({','.join('?' * 13)})"
+_EVENT_TYPE = re.compile(r'\{"EventType": (\d+),')
+_WRITTEN_TABLE = re.compile(r"\s*(?:INSERT(?: OR REPLACE)? INTO|UPDATE)\s+(\w+)", re.IGNORECASE)
 
 
 @dataclass
-class InstanceRow:
-    """One orchestration instance; `input`/`output`/`custom_status` are JSON text; `state` is engine
-    bookkeeping.
-    """
+class StoreStats:
+    """What the store wrote, for tests and benchmarks. A write transaction is a BEGIN IMMEDIATE; `idle_writes`
+    counts those that changed no row; `bytes_written` is the text bound to INSERT and UPDATE statements (JSON is
+    ASCII), per table in `bytes_by_table`."""
 
-    instance_id: str
-    name: str
-    execution_id: str
-    status: str
-    input: str | None
-    output: str | None
-    custom_status: str | None
-    created_time: str
-    last_updated_time: str
-    parent_instance_id: str | None = None
-    parent_execution_id: str | None = None
-    parent_task_id: int | None = None
-    state: dict[str, Any] = field(default_factory=dict)
+    write_transactions: int = 0
+    commits: int = 0
+    rollbacks: int = 0
+    idle_writes: int = 0
+    conflicts: int = 0
+    bytes_written: int = 0
+    bytes_by_table: dict[str, int] = field(default_factory=dict)
 
-    def values(self) -> tuple[Any, ...]:
-        return tuple(json.dumps(self.state) if c == "state" else getattr(self, c) for c in INSTANCE_COLUMNS)
+    def snapshot(self) -> StoreStats:
+        return StoreStats(self.write_transactions, self.commits, self.rollbacks, self.idle_writes, self.conflicts,
+                          self.bytes_written, dict(self.bytes_by_table))
 
 
-@dataclass(frozen=True)
-class WorkItem:
-    id: int
-    instance_id: str
-    execution_id: str
-    task_id: int
-    name: str
-    input: str | None
+class _Writer:
+    """The connection inside a write transaction; counts the text it writes."""
 
+    def __init__(self, db: sqlite3.Connection, stats: StoreStats) -> None:
+        self._db = db
+        self._stats = stats
 
-@dataclass(frozen=True)
-class TimerItem:
-    instance_id: str
-    execution_id: str
-    timer_id: int
-    fire_at: str
+    def execute(self, sql: str, params: Sequence[Any] = (), *, written: int | None = None) -> sqlite3.Cursor:
+        """`written`: how many leading parameters are values written (an UPDATE's SET; the rest select rows)."""
+        self._count(sql, (params[:written],))
+        return self._db.execute(sql, params)
 
+    def executemany(self, sql: str, rows: list[Sequence[Any]]) -> sqlite3.Cursor:
+        self._count(sql, rows)
+        return self._db.executemany(sql, rows)
 
-@dataclass(frozen=True)
-class Message:
-    """An event addressed to an instance's inbox (a child's completion for its parent, for instance)."""
-
-    instance_id: str
-    execution_id: str
-    event: Event
-
-
-@dataclass
-class Commit:
-    """Everything one episode (or a terminate) changes, applied in one transaction."""
-
-    row: InstanceRow
-    consumed: list[int] = field(default_factory=list)
-    append: list[Event] = field(default_factory=list)
-    reset_history: bool = False
-    work: list[tuple[int, str, str | None]] = field(default_factory=list)
-    timers: list[tuple[int, str]] = field(default_factory=list)
-    children: list[tuple[InstanceRow, Event]] = field(default_factory=list)
-    messages: list[Message] = field(default_factory=list)
-    drop_pending: bool = False
+    def _count(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        table = _WRITTEN_TABLE.match(sql)
+        if table is None:
+            return
+        size = sum(len(p) for r in rows for p in r if isinstance(p, str))
+        self._stats.bytes_written += size
+        self._stats.bytes_by_table[table[1]] = self._stats.bytes_by_table.get(table[1], 0) + size
 
 
 class Store:
     """The SQLite task hub. Used from the event-loop thread only; each method is short and transactional."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, cache_size: int = 1024) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
+        self.stats = StoreStats()
+        self.timelines = TimelineCache(cache_size)
 
     def close(self) -> None:
+        self.timelines.clear()
         self._db.close()
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self) -> Iterator[_Writer]:
         self._db.execute("BEGIN IMMEDIATE")
+        self.stats.write_transactions += 1
+        before = self._db.total_changes
         try:
-            yield self._db
+            yield _Writer(self._db, self.stats)
         except BaseException:
             self._db.execute("ROLLBACK")
+            self.stats.rollbacks += 1
+            self.stats.idle_writes += 1
             raise
+        changed = self._db.total_changes != before
         self._db.execute("COMMIT")
+        self.stats.commits += 1
+        self.stats.idle_writes += not changed
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: several SELECTs see one state of the file (no write lock)."""
+        self._db.execute("BEGIN")
+        try:
+            yield self._db
+        finally:
+            self._db.execute("COMMIT")
 
     # ---- reads ---------------------------------------------------------------------------------------------
     def instance(self, instance_id: str) -> InstanceRow | None:
         row = self._db.execute(
             f"SELECT {','.join(INSTANCE_COLUMNS)} FROM instances WHERE instance_id=?", (instance_id,)
         ).fetchone()
-        return _row(row) if row else None
+        return InstanceRow(*row) if row else None
 
     def instances(self, where: str = "1=1", params: tuple[Any, ...] = ()) -> list[InstanceRow]:
         columns = ",".join(INSTANCE_COLUMNS)
         sql = f"SELECT {columns} FROM instances WHERE {where} ORDER BY created_time, instance_id"
-        return [_row(r) for r in self._db.execute(sql, params).fetchall()]
+        return [InstanceRow(*r) for r in self._db.execute(sql, params).fetchall()]
 
     def history(self, instance_id: str) -> list[Event]:
         rows = self._db.execute("SELECT event FROM history WHERE instance_id=? ORDER BY seq", (instance_id,))
         return [json.loads(r[0]) for r in rows.fetchall()]
 
+    def pending(self, instance_id: str, execution_id: str) -> Pending:
+        """The instance's inbox, read without a write transaction (see `Pending`)."""
+        rows = self._db.execute(
+            "SELECT id, execution_id, event FROM inbox WHERE instance_id=? ORDER BY id", (instance_id,)
+        ).fetchall()
+        messages = [(i, json.loads(text)) for i, execution, text in rows if execution == execution_id]
+        texts = {i: text for i, execution, text in rows if execution == execution_id}
+        return Pending(messages, texts, [i for i, execution, _ in rows if execution != execution_id])
+
     def inbox(self, instance_id: str, execution_id: str) -> list[tuple[int, Event]]:
-        """Pending messages of the current execution, oldest first; older executions' are dropped."""
-        with self._tx() as db:
-            db.execute(
-                "DELETE FROM inbox WHERE instance_id=? AND execution_id<>?", (instance_id, execution_id)
-            )
-            rows = db.execute("SELECT id, event FROM inbox WHERE instance_id=? ORDER BY id", (instance_id,))
-            return [(r[0], json.loads(r[1])) for r in rows.fetchall()]
+        """Pending messages of the current execution, oldest first."""
+        return self.pending(instance_id, execution_id).messages
 
     def instances_with_inbox(self) -> list[str]:
         return [r[0] for r in self._db.execute("SELECT DISTINCT instance_id FROM inbox").fetchall()]
@@ -185,103 +185,227 @@ class Store:
     def work_exists(self, work_id: int) -> bool:
         return self._db.execute("SELECT 1 FROM work WHERE id=?", (work_id,)).fetchone() is not None
 
+    def timer_exists(self, timer: TimerItem) -> bool:
+        return self._db.execute(
+            "SELECT 1 FROM timers WHERE instance_id=? AND execution_id=? AND timer_id=?",
+            (timer.instance_id, timer.execution_id, timer.timer_id),
+        ).fetchone() is not None
+
+    def timeline(self, instance_id: str, execution_id: str) -> Timeline:
+        """The execution's timeline: from memory, else rebuilt from the history, the base and the journal."""
+        cached = self.timelines.get(instance_id, execution_id)
+        if cached is not None:
+            return cached
+        with self._snapshot() as db:
+            found = db.execute(
+                "SELECT execution_id, state FROM instances WHERE instance_id=?", (instance_id,)
+            ).fetchone()
+            history = db.execute(
+                "SELECT seq, event FROM history WHERE instance_id=? ORDER BY seq", (instance_id,)
+            ).fetchall()
+            journal = db.execute(
+                "SELECT seq, entry FROM journal WHERE instance_id=? ORDER BY seq", (instance_id,)
+            ).fetchall()
+        if found is None or found[0] != execution_id:
+            raise Conflict(f"instance {instance_id} has no execution {execution_id}")
+        book = Bookkeeping.from_json(json.loads(found[1]))
+        for _, entry in journal:
+            book.fold(json.loads(entry))
+        texts = [text for _, text in history]
+        retried = [json.loads(t) for t in texts if _event_type(t) in RETRIED_EVENTS]
+        timeline = Timeline(execution_id, next_journal=journal[-1][0] + 1 if journal else 0)
+        timeline.advance(texts, retried, _started_in(texts), book, journaled=False)
+        timeline.next_seq = history[-1][0] + 1 if history else 0
+        self.timelines.put(instance_id, timeline)
+        return timeline
+
     # ---- writes --------------------------------------------------------------------------------------------
     def create(self, row: InstanceRow, first: Event) -> None:
         """(Re)create an instance with fresh history, its ExecutionStarted waiting in the inbox."""
-        with self._tx() as db:
-            _forget(db, row.instance_id)
-            db.execute(
-                f"INSERT INTO instances VALUES ({','.join('?' * len(INSTANCE_COLUMNS))})", row.values()
-            )
-            _send(db, Message(row.instance_id, row.execution_id, first))
+        try:
+            with self._tx() as db:
+                _forget(db, row.instance_id)
+                db.execute(_INSERT_INSTANCE, (*row.values(), FRESH_BASE))
+                _send(db, Message(row.instance_id, row.execution_id, first))
+        finally:
+            self.timelines.drop(row.instance_id)
+        self.timelines.put(row.instance_id, Timeline(row.execution_id))
 
     def send(self, message: Message) -> None:
         with self._tx() as db:
             _send(db, message)
 
-    def complete_work(self, work_id: int, message: Message) -> bool:
-        """Record an activity result: inbox message and work-item removal in one transaction."""
+    def drop_messages(self, ids: list[int]) -> int:
+        """Remove inbox messages no episode will take (late ones of a finished instance, older executions')."""
         with self._tx() as db:
-            if db.execute("DELETE FROM work WHERE id=?", (work_id,)).rowcount == 0:
-                return False
-            _send(db, message)
-            return True
+            return db.executemany("DELETE FROM inbox WHERE id=?", [(i,) for i in ids]).rowcount
+
+    def complete_work(self, work_id: int, message: Message) -> bool:
+        """Record an activity result: inbox message and work-item removal in one transaction. False, without a
+        write, when the work item is gone (its execution ended or started over while the activity ran)."""
+        if not self.work_exists(work_id):
+            return False
+        try:
+            with self._tx() as db:
+                if db.execute("DELETE FROM work WHERE id=?", (work_id,)).rowcount == 0:
+                    raise Conflict(f"work item {work_id} is gone")  # removed by another writer since the read
+                _send(db, message)
+        except Conflict:
+            self.stats.conflicts += 1
+            return False
+        return True
 
     def fire_timer(self, timer: TimerItem, message: Message) -> bool:
-        with self._tx() as db:
-            deleted = db.execute(
-                "DELETE FROM timers WHERE instance_id=? AND execution_id=? AND timer_id=?",
-                (timer.instance_id, timer.execution_id, timer.timer_id),
-            ).rowcount
-            if deleted:
+        """Record a timer's firing: inbox message and timer removal in one transaction (no write if it is gone)."""
+        if not self.timer_exists(timer):
+            return False
+        try:
+            with self._tx() as db:
+                deleted = db.execute(
+                    "DELETE FROM timers WHERE instance_id=? AND execution_id=? AND timer_id=?",
+                    (timer.instance_id, timer.execution_id, timer.timer_id),
+                ).rowcount
+                if not deleted:
+                    raise Conflict(f"timer {timer} is gone")
                 _send(db, message)
-            return bool(deleted)
+        except Conflict:
+            self.stats.conflicts += 1
+            return False
+        return True
 
     def commit(self, change: Commit) -> tuple[list[WorkItem], list[TimerItem]]:
-        """Apply an episode; return the work items and timers it persisted, for the engine to run."""
-        row = change.row
-        with self._tx() as db:
-            if change.consumed:
-                db.executemany("DELETE FROM inbox WHERE id=?", [(i,) for i in change.consumed])
-            if change.reset_history or change.drop_pending:
-                db.execute("DELETE FROM work WHERE instance_id=?", (row.instance_id,))
-                db.execute("DELETE FROM timers WHERE instance_id=?", (row.instance_id,))
-            if change.reset_history:
-                db.execute("DELETE FROM history WHERE instance_id=?", (row.instance_id,))
-            _append(db, row.instance_id, change.append)
-            db.execute(
-                f"INSERT OR REPLACE INTO instances VALUES ({','.join('?' * len(INSTANCE_COLUMNS))})",
-                row.values(),
-            )
-            work = [_insert_work(db, row, *w) for w in change.work]
-            timers = [_insert_timer(db, row, *t) for t in change.timers]
-            for child, first in change.children:
-                _forget(db, child.instance_id)
-                db.execute(
-                    f"INSERT INTO instances VALUES ({','.join('?' * len(INSTANCE_COLUMNS))})", child.values()
-                )
-                _send(db, Message(child.instance_id, child.execution_id, first))
-            for message in change.messages:
-                _send(db, message)
+        """Apply an episode; return the work items and timers it persisted, for the engine to run.
+
+        Raises Conflict, having written nothing, when the instance moved on since the episode read it."""
+        row, timeline = change.row, change.timeline
+        texts = change.encoded + [json.dumps(e) for e in change.append[len(change.encoded) :]]
+        entry = None
+        if change.book is not None and timeline is not None and not change.reset_history:
+            delta = change.book.delta(timeline.book)
+            entry = json.dumps(delta) if delta is not None else None
+        try:
+            with self._tx() as db:
+                work, timers = self._apply(db, change, texts, entry)
+        except (Conflict, sqlite3.IntegrityError) as exc:
+            self.timelines.drop(row.instance_id)
+            self.stats.conflicts += 1
+            raise Conflict(f"instance {row.instance_id} changed since the episode read it: {exc}") from exc
+        except BaseException:
+            self.timelines.drop(row.instance_id)
+            raise
+        self._after(change, texts, entry is not None)
         return work, timers
 
+    def _apply(
+        self, db: _Writer, change: Commit, texts: list[str], entry: str | None
+    ) -> tuple[list[WorkItem], list[TimerItem]]:
+        row, base, timeline = change.row, change.base, change.timeline
+        instance_id = row.instance_id
+        if change.consumed:
+            deleted = db.executemany("DELETE FROM inbox WHERE id=?", [(i,) for i in change.consumed]).rowcount
+            if deleted != len(change.consumed):
+                raise Conflict("its inbox messages were consumed")
+        columns = [c for c in INSTANCE_COLUMNS if getattr(row, c) != getattr(base, c)]
+        values = [getattr(row, c) for c in columns]
+        if change.reset_history:
+            columns.append("state")
+            values.append(FRESH_BASE)
+        if columns:
+            found = db.execute(
+                f"UPDATE instances SET {','.join(c + '=?' for c in columns)} WHERE instance_id=? AND execution_id=?",
+                (*values, instance_id, base.execution_id),
+                written=len(values),
+            ).rowcount
+        else:
+            found = len(db.execute(
+                "SELECT 1 FROM instances WHERE instance_id=? AND execution_id=?", (instance_id, base.execution_id)
+            ).fetchall())
+        if found != 1:
+            raise Conflict(f"it is no longer execution {base.execution_id}")
+        if change.reset_history or change.drop_pending:
+            db.execute("DELETE FROM work WHERE instance_id=?", (instance_id,))
+            db.execute("DELETE FROM timers WHERE instance_id=?", (instance_id,))
+        if change.reset_history:
+            db.execute("DELETE FROM history WHERE instance_id=?", (instance_id,))
+            db.execute("DELETE FROM journal WHERE instance_id=?", (instance_id,))
+        if texts:
+            start = timeline.next_seq if timeline is not None and not change.reset_history else _next(
+                db, "history", instance_id
+            )
+            db.executemany(
+                "INSERT INTO history VALUES (?,?,?)", [(instance_id, start + i, t) for i, t in enumerate(texts)]
+            )
+        if entry is not None:
+            assert timeline is not None
+            db.execute("INSERT INTO journal VALUES (?,?,?)", (instance_id, timeline.next_journal, entry))
+        work = [_insert_work(db, row, *w) for w in change.work]
+        timers = [_insert_timer(db, row, *t) for t in change.timers]
+        for child, first in change.children:
+            _forget(db, child.instance_id)
+            db.execute(_INSERT_INSTANCE, (*child.values(), FRESH_BASE))
+            _send(db, Message(child.instance_id, child.execution_id, first))
+        for message in change.messages:
+            _send(db, message)
+        return work, timers
+
+    def _after(self, change: Commit, texts: list[str], journaled: bool) -> None:
+        """Bring the cached timelines up to what was committed."""
+        row, timeline = change.row, change.timeline
+        if change.ends:
+            self.timelines.drop(row.instance_id)
+        elif change.reset_history:
+            self.timelines.put(row.instance_id, Timeline(row.execution_id))
+        elif timeline is not None and change.book is not None:
+            started = _started_in(texts) if timeline.started is None else None
+            timeline.advance(texts, change.append, started, change.book, journaled)
+            self.timelines.put(row.instance_id, timeline)
+        else:
+            self.timelines.drop(row.instance_id)
+        for child, _ in change.children:
+            self.timelines.put(child.instance_id, Timeline(child.execution_id))
+
     def purge(self, instance_id: str) -> int:
-        with self._tx() as db:
-            return _forget(db, instance_id)
+        try:
+            with self._tx() as db:
+                return _forget(db, instance_id)
+        finally:
+            self.timelines.drop(instance_id)
 
 
-def _row(values: tuple[Any, ...]) -> InstanceRow:
-    data = dict(zip(INSTANCE_COLUMNS, values, strict=True))
-    data["state"] = json.loads(data["state"])
-    return InstanceRow(**data)
+def _started_in(texts: list[str]) -> Event | None:
+    """The ExecutionStarted among recorded event texts, decoding only up to it (it is the first or second)."""
+    for text in texts:
+        event: Event = json.loads(text)
+        if event["EventType"] == T.EXECUTION_STARTED:
+            return event
+    return None
 
 
-def _forget(db: sqlite3.Connection, instance_id: str) -> int:
-    for table in ("history", "inbox", "work", "timers"):
+def _event_type(text: str) -> int | None:
+    """The EventType of a recorded event's text without decoding it (h.event() writes it first)."""
+    found = _EVENT_TYPE.match(text)
+    return int(found[1]) if found else json.loads(text).get("EventType")
+
+
+def _next(db: _Writer, table: str, instance_id: str) -> int:
+    found = db.execute(f"SELECT COALESCE(MAX(seq), -1) + 1 FROM {table} WHERE instance_id=?", (instance_id,))
+    return int(found.fetchone()[0])
+
+
+def _forget(db: _Writer, instance_id: str) -> int:
+    for table in ("history", "journal", "inbox", "work", "timers"):
         db.execute(f"DELETE FROM {table} WHERE instance_id=?", (instance_id,))
     return db.execute("DELETE FROM instances WHERE instance_id=?", (instance_id,)).rowcount
 
 
-def _send(db: sqlite3.Connection, message: Message) -> None:
+def _send(db: _Writer, message: Message) -> None:
     db.execute(
         "INSERT INTO inbox(instance_id, execution_id, event) VALUES (?,?,?)",
         (message.instance_id, message.execution_id, json.dumps(message.event)),
     )
 
 
-def _append(db: sqlite3.Connection, instance_id: str, events: list[Event]) -> None:
-    start = db.execute(
-        "SELECT COALESCE(MAX(seq), -1) + 1 FROM history WHERE instance_id=?", (instance_id,)
-    ).fetchone()[0]
-    db.executemany(
-        "INSERT INTO history VALUES (?,?,?)",
-        [(instance_id, start + i, json.dumps(e)) for i, e in enumerate(events)],
-    )
-
-
-def _insert_work(
-    db: sqlite3.Connection, row: InstanceRow, task_id: int, name: str, data: str | None
-) -> WorkItem:
+def _insert_work(db: _Writer, row: InstanceRow, task_id: int, name: str, data: str | None) -> WorkItem:
     cursor = db.execute(
         "INSERT INTO work(instance_id, execution_id, task_id, name, input) VALUES (?,?,?,?,?)",
         (row.instance_id, row.execution_id, task_id, name, data),
@@ -289,7 +413,7 @@ def _insert_work(
     return WorkItem(int(cursor.lastrowid or 0), row.instance_id, row.execution_id, task_id, name, data)
 
 
-def _insert_timer(db: sqlite3.Connection, row: InstanceRow, timer_id: int, fire_at: str) -> TimerItem:
+def _insert_timer(db: _Writer, row: InstanceRow, timer_id: int, fire_at: str) -> TimerItem:
     db.execute(
         "INSERT OR REPLACE INTO timers VALUES (?,?,?,?)",
         (row.instance_id, row.execution_id, timer_id, fire_at),

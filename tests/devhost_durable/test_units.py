@@ -12,6 +12,7 @@ from devhost.durable.episode import select_batch
 from devhost.durable.errors import InvalidInstanceId
 from devhost.durable.ids import validate_instance_id
 from devhost.durable.retry import RetryPolicy
+from devhost.durable.timeline import Bookkeeping
 
 
 def test_instance_id_rules_from_seed_004() -> None:
@@ -65,7 +66,7 @@ def test_nondeterminism_names_expected_and_actual() -> None:
 
 
 def test_a_retry_event_always_opens_its_own_episode() -> None:
-    state = {"tasks": {"0": {"group": "0", "role": "call"}, "3": {"group": "0", "role": "timer"}}}
+    state = Bookkeeping(tasks={"0": {"group": "0", "role": "call"}, "3": {"group": "0", "role": "timer"}})
     completed = {"EventType": 5, "TaskScheduledId": 1}
     failed_retry = {"EventType": 6, "TaskScheduledId": 0}
     retry_timer = {"EventType": 11, "TimerId": 3}

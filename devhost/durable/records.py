@@ -1,0 +1,116 @@
+"""The records the Durable store reads and writes: instance rows, work items, timers, inbox messages, and the Commit
+that carries everything one episode changes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .history import Event
+from .timeline import Bookkeeping, Timeline
+
+# The row's columns as InstanceRow holds them. The `state` column (the bookkeeping base) is not among them: it is
+# written when an execution starts and read only to rebuild a timeline (see timeline.py).
+INSTANCE_COLUMNS = (
+    "instance_id",
+    "name",
+    "execution_id",
+    "status",
+    "input",
+    "output",
+    "custom_status",
+    "created_time",
+    "last_updated_time",
+    "parent_instance_id",
+    "parent_execution_id",
+    "parent_task_id",
+)
+
+
+@dataclass
+class InstanceRow:
+    """One orchestration instance; `input`/`output`/`custom_status` are JSON text."""
+
+    instance_id: str
+    name: str
+    execution_id: str
+    status: str
+    input: str | None
+    output: str | None
+    custom_status: str | None
+    created_time: str
+    last_updated_time: str
+    parent_instance_id: str | None = None
+    parent_execution_id: str | None = None
+    parent_task_id: int | None = None
+
+    def values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, c) for c in INSTANCE_COLUMNS)
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    id: int
+    instance_id: str
+    execution_id: str
+    task_id: int
+    name: str
+    input: str | None
+
+
+@dataclass(frozen=True)
+class TimerItem:
+    instance_id: str
+    execution_id: str
+    timer_id: int
+    fire_at: str
+
+
+@dataclass(frozen=True)
+class Message:
+    """An event addressed to an instance's inbox (a child's completion for its parent, for instance)."""
+
+    instance_id: str
+    execution_id: str
+    event: Event
+
+
+@dataclass(frozen=True)
+class Pending:
+    """An instance's inbox as read (no write): the current execution's messages, oldest first, with their JSON text
+    as stored (it becomes the history row unchanged), and the ids of older executions' messages, which the next
+    write for the instance removes."""
+
+    messages: list[tuple[int, Event]]
+    texts: dict[int, str]
+    stale: list[int]
+
+
+@dataclass
+class Commit:
+    """Everything one episode (or a terminate) changes, applied in one transaction.
+
+    `base` is the row as read: the columns in which `row` differs are written, and its execution id must still be
+    the instance's. `encoded` holds the JSON text of the first events of `append` (encoded once, for the replay).
+    `timeline` is what the episode replayed (its free row numbers are checked); `book` the bookkeeping to journal
+    (None: none, the execution ends or starts over).
+    """
+
+    row: InstanceRow
+    base: InstanceRow
+    consumed: list[int] = field(default_factory=list)
+    append: list[Event] = field(default_factory=list)
+    encoded: list[str] = field(default_factory=list)
+    reset_history: bool = False
+    timeline: Timeline | None = None
+    book: Bookkeeping | None = None
+    work: list[tuple[int, str, str | None]] = field(default_factory=list)
+    timers: list[tuple[int, str]] = field(default_factory=list)
+    children: list[tuple[InstanceRow, Event]] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    drop_pending: bool = False
+    ends: bool = False  # the instance reaches a terminal status: its timeline is dropped
+
+
+class Conflict(Exception):
+    """The store changed since an episode read it (another writer); nothing of the episode was written."""
