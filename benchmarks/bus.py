@@ -2,7 +2,7 @@
 sync and
 aio), receive+complete throughput, session queue throughput, cross-process wake-up latency of a blocked
 receiver,
-and the memory and wake-up fan-out of a process holding N blocked receivers.
+and the memory of a process holding N blocked receivers and what one send costs it (how many it wakes).
 """
 
 from __future__ import annotations
@@ -205,7 +205,8 @@ def wake_latency(conn: str, mode: str, samples: int, pause: float = 0.05) -> dic
 
 def hold_receivers(conn: str, count: int, sends: int = 20) -> dict[str, Any]:
     """RSS of a process holding `count` blocked aio receivers, and what one send costs with that many waiting:
-    the sender pokes every waiter, and every waiter wakes to look (CPU seconds of the holder per send)."""
+    the send's call time, the holder's CPU per send, and how many receivers each send woke (pokes received; the
+    sender claims one idle waiter per message, see orderflow/bus/notify.py)."""
     child = _child("hold", conn, "h", str(count))
     try:
         report = json.loads(_line(child.stdout))
@@ -235,6 +236,7 @@ def hold_receivers(conn: str, count: int, sends: int = 20) -> dict[str, Any]:
         "open_fds": report["open_fds"],
         "send_call_with_waiters": latency_summary(send_cost),
         "holder_cpu_ms_per_send": round((after["cpu_s"] - report["cpu_s"]) / sends * 1000, 2),
+        "woken_per_send": round(after["wakeups"] / sends, 2),
         "delivered": after["received"],
     }
 

@@ -1,6 +1,6 @@
 """Child process of the broker benchmarks: a receiver blocked in another process (wake-up latency), or a
 process
-holding N blocked receivers (memory and wake-up fan-out). Speaks one line of text per event on stdout.
+holding N blocked receivers (memory, and how many of them each send wakes). Speaks one line of text per event on stdout.
 
     python -m benchmarks.bus_child wake-sync  <conn> <queue>
     python -m benchmarks.bus_child wake-async <conn> <queue>
@@ -61,9 +61,11 @@ async def hold(conn: str, queue: str, count: int) -> None:
     client.broker.queue_properties(queue)  # warm the connection and the properties cache
     baseline = rss_mib()
     received = [0]
+    receivers: list[Any] = []
 
     async def one() -> None:
         async with client.get_queue_receiver(queue) as receiver:
+            receivers.append(receiver)
             while True:
                 for msg in await receiver.receive_messages(1, max_wait_time=300):
                     await receiver.complete_message(msg)
@@ -82,7 +84,8 @@ async def hold(conn: str, queue: str, count: int) -> None:
     print(json.dumps(report), flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     cpu_after = sum(proc.cpu_times()[:2])
-    print(json.dumps({"cpu_s": cpu_after, "received": received[0]}), flush=True)
+    wakeups = sum(r._core._waiter.wakeups for r in receivers if r._core._waiter is not None)
+    print(json.dumps({"cpu_s": cpu_after, "received": received[0], "wakeups": wakeups}), flush=True)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,16 +1,18 @@
 """Client-side logic shared by the sync and aio embedded clients: argument checks the SDK makes, session
-acquisition, settlement dispatch, message batches and connection strings. No waiting happens here; the sync
-and aio receivers differ only in how they wait between attempts (`notify.Waiter.wait` / `wait_async`)."""
+acquisition, settlement dispatch, message batches, connection strings, and one look of a waiting receive
+(`ReceiverCore.look`: the notify protocol's register / look / leave steps). No blocking happens here; the sync
+and aio receivers differ only in how they sleep between looks (`notify.Waiter.wait` / `wait_async`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import time
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from azure.servicebus import (
     NEXT_AVAILABLE_SESSION,
@@ -26,13 +28,15 @@ from azure.servicebus.exceptions import (
     ServiceBusError,
 )
 
-from .broker import ACTIVE, DEAD_LETTER, EmbeddedBroker, QueueCounts, SessionLock
+from . import notify
+from .broker import _MIN_WAIT, ACTIVE, DEAD_LETTER, EmbeddedBroker, QueueCounts, SessionLock
 from .message import Envelope, ServiceBusMessage, ServiceBusReceivedMessage, to_envelope
 
 EMBEDDED_SCHEME = "embedded://"
 DEFAULT_RECEIVE_WAIT_TIME_SECS = 60  # azure/servicebus/_common/constants.py
 MAX_MESSAGE_SIZE_BYTES = 256 * 1024  # Standard tier (service-bus-quotas)
 AnyMessage = ServiceBusMessage | SdkServiceBusMessage
+T = TypeVar("T")
 
 
 # -- connection strings --------------------------------------------------------------------------------------
@@ -157,6 +161,12 @@ class ReceiverCore:
         self.lock: SessionLock | None = None
         self.running = True
         self._last_peeked = 0
+        self._waiter: notify.Waiter | None = None
+        self._key = ""
+        self._holder = False
+        self._more: bool | None = None  # whether ready messages remained after the last take (None: unknown)
+        self._left = 0  # the last wait session that ended through `_leave` (not cut short)
+        self.expect_idle = False  # the last receive left nothing ready: the next one will most likely wait
         self._check_entity(broker.queue_properties(queue_name).requires_session)
 
     def _check_entity(self, requires_session: bool) -> None:
@@ -209,7 +219,101 @@ class ReceiverCore:
             return True
         wanted = None if self.session_target is NEXT_AVAILABLE_SESSION else str(self.session_target)
         self.lock = self.broker.accept_session(self.queue, wanted)
+        self._more = None
         return self.lock is not None
+
+    # -- waiting (see notify for the protocol and why it loses no wake-up) -------------------------------------
+
+    @property
+    def waiter(self) -> notify.Waiter:
+        if self._waiter is None:
+            self._waiter = self.broker.new_waiter()
+        return self._waiter
+
+    def begin_wait(self) -> int:
+        """Start a waiting receive (or session accept); returns the wait session's number for `look`/`end_wait`."""
+        self._key = self.broker.wake_key(self.queue, self.sub, self.lock)
+        self._holder = self.lock is not None
+        return self.waiter.start()
+
+    def look(
+        self, attempt: Callable[[], T | None], deadline: float, epoch: int, *, register_first: bool = False
+    ) -> tuple[T | None, float | None]:
+        """One look of a waiting receive: (result, None) when the wait is over, else (None, seconds to sleep).
+
+        Registered before it looks, a send committed after the look claims it (or another waiter). By default it
+        looks first without registering (a busy receiver finds work and never becomes a waiter), and if it found
+        nothing registers and looks again; `register_first` (the last receive left nothing ready) saves that
+        second look. Runs in the caller's thread (for aio, one worker thread per look, database and files)."""
+        waiter = self.waiter
+        if waiter.drain() or waiter.claimed:  # pokes so far are answered by this look; a later one cuts the sleep
+            waiter.notice_claim(epoch)
+        if register_first and deadline > time.monotonic():
+            waiter.ensure_registered(self._key, epoch)
+        result = attempt()
+        remaining = deadline - time.monotonic()
+        if not result and remaining > 0 and waiter.ensure_registered(self._key, epoch):
+            result = attempt()
+            remaining = deadline - time.monotonic()
+        if result or remaining <= 0:
+            return self._leave(attempt, result, epoch), None
+        return None, self._publish_wake(remaining, epoch)
+
+    def _leave(self, attempt: Callable[[], T | None], result: T | None, epoch: int) -> T | None:
+        """Unregister; answer a claim that found us on the way out; hand the timer role over if we had it."""
+        broker, waiter = self.broker, self.waiter
+        claimed_late = waiter.unregister(epoch)
+        fresh = True  # whether what our last look saw is later than every claim that reached us
+        if claimed_late and not result:
+            result = attempt()  # claimed after our last look: its message may be ours to take
+        elif claimed_late:
+            fresh = False
+        last, waiter.last_wake_at = waiter.last_wake_at, None
+        if self._holder:
+            return result  # a session's holder is its key's only waiter: nobody to wake in its place
+        if result and waiter.claimed:
+            # Woken for work: the claim's message may be one we did not take. Wake the next waiter if more is ready.
+            more = self._more if fresh and self._more is not None else broker.has_ready(self.queue, self.sub)
+            if more:
+                notify.claim(broker.notify_dir, self._key, 1)
+        if last is not None and notify.needs_cover(broker.notify_dir, self._key, last):
+            due = broker.due_at(self.queue)  # we may have been the waiter due to wake first: pass that on
+            if due is not None:
+                notify.cover(broker.notify_dir, self._key, due)
+        self._left = epoch
+        return result
+
+    def _publish_wake(self, remaining: float, epoch: int) -> float:
+        """How long to sleep: until the deadline, or until the next due moment when no other waiter of the key
+        wakes by then (one timer wake-up per due moment, not one per waiter); published in the socket file."""
+        broker = self.broker
+        now = broker.now_ts()
+        wake_at, sleep = now + remaining, remaining
+        due = broker.due_at(self.queue, self.lock if self._holder else None)
+        if due is not None and due < wake_at and (
+            self._holder or not notify.covered(broker.notify_dir, self._key, due)
+        ):
+            wake_at, sleep = due, max(due - now, _MIN_WAIT)
+        if not self.waiter.set_wake_at(wake_at, epoch):
+            return 0.0  # claimed meanwhile: look again at once
+        return sleep
+
+    def end_wait(self, epoch: int) -> None:
+        """End a wait session. One cut short by an exception or a cancellation did not leave through `_leave`: then,
+        without the database, a claim that reached it or the timer role it may have had goes to another waiter."""
+        if self._waiter is None:
+            return
+        key, claimed, last = self._waiter.stop(epoch)
+        if self._left == epoch or key is None or self._holder:
+            return
+        claimed = claimed or self._waiter.claimed
+        if claimed or (last is not None and notify.needs_cover(self.broker.notify_dir, key, last)):
+            notify.claim(self.broker.notify_dir, key, 1)
+
+    def close_waiter(self) -> None:
+        if self._waiter is not None:
+            self._waiter.close()
+            self._waiter = None
 
     @staticmethod
     def no_session_error() -> OperationTimeoutError:
@@ -222,8 +326,10 @@ class ReceiverCore:
 
     def try_receive(self, count: int) -> list[ServiceBusReceivedMessage]:
         delete = self.receive_mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE
-        stored = self.broker.receive(self.queue, count, sub_queue=self.sub, session=self.lock, delete=delete)
-        return [ServiceBusReceivedMessage(s, receiver=self.owner, settled=delete) for s in stored]
+        taken = self.broker.take(self.queue, count, sub_queue=self.sub, session=self.lock, delete=delete)
+        self._more = taken.more_ready
+        self.expect_idle = not taken.more_ready
+        return [ServiceBusReceivedMessage(s, receiver=self.owner, settled=delete) for s in taken.messages]
 
     def receive_deferred(self, sequence_numbers: int | Sequence[int]) -> list[ServiceBusReceivedMessage]:
         numbers = [sequence_numbers] if isinstance(sequence_numbers, int) else list(sequence_numbers)

@@ -1,8 +1,13 @@
 """The embedded Service Bus broker: queues, peek-locks, sessions and dead-lettering in one SQLite file.
 
 Several OS processes may use the same file at once (devhost, the Agent worker, a CLI): the database runs in
-WAL mode, every state change is one `BEGIN IMMEDIATE` transaction, and waiting receivers are woken across
-processes by `notify` (datagram pokes), otherwise bounded by the next due scheduled message or lock expiry.
+WAL mode, every state change is one `BEGIN IMMEDIATE` transaction, and a waiting receiver is woken across
+processes by `notify`: each transaction notes which receivers can take what it made available (a queue's
+receivers, its dead-letter receivers, a session's holder or, for a free session, the NEXT_AVAILABLE_SESSION
+acceptors) and, after COMMIT, claims and wakes one idle waiter per message (at most `WAKE_BOUND` per
+transaction and key), not every waiter. Due moments it creates (a scheduled message, a lock that will expire) are
+`cover`ed: some idle waiter of the key wakes by then. Receivers look with a read before they take the write lock,
+so one that finds nothing writes nothing.
 
 Semantics follow Service Bus (https://learn.microsoft.com/azure/service-bus-messaging/):
 message-transfers-locks-settlement (peek-lock, lock expiry → redelivery with delivery count + 1),
@@ -21,6 +26,7 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,6 +44,11 @@ from azure.servicebus.exceptions import (
 )
 
 from . import notify
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; the thread lock and SQLite's busy handler order the writers
+    fcntl = None  # type: ignore[assignment]
 from .config import QueueProperties, load_config_file, queues_from_config
 from .message import Envelope, decode_properties, encode_properties
 
@@ -54,6 +65,9 @@ _NO_SESSION_ID = (
     "support enabled can only receive messages that have the SessionId set to a valid value."
 )
 _MIN_WAIT = 0.005  # floor of a computed wait, so a due time equal to "now" cannot spin
+# Waiters one transaction wakes per key at most: a batch of 100 messages wakes this many at once; each woken waiter
+# that takes messages and sees more ready wakes the next one (notify), so the rest follow without a herd.
+WAKE_BOUND = 8
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS queues(name TEXT PRIMARY KEY, properties TEXT NOT NULL);
@@ -107,6 +121,13 @@ SELECT MIN(t) FROM (
         AND lock_token IS NULL
 )
 """
+_SESSION_DUE_SQL = """
+SELECT MIN(t) FROM (
+    SELECT MIN(visible_at) AS t FROM messages
+        WHERE queue = :q AND sub = '' AND session_id = :sid AND visible_at > :now
+    UNION ALL SELECT locked_until FROM sessions WHERE queue = :q AND session_id = :sid AND lock_token IS NOT NULL
+)
+"""
 _COLUMNS = (
     "seq, session_id, message_id, meta, body, visible_at, expires_at, delivery_count, lock_token, "
     "locked_until, dl_reason, dl_description, dl_source, state"
@@ -125,14 +146,57 @@ def _ready(alias: str = "") -> str:
 _READY = _ready()
 
 
-_WRITER_LOCKS: dict[str, threading.Lock] = {}
+class _WriterLock:
+    """The writer lock of one database file, for every thread and every process: a threading.Lock within the
+    process, then an exclusive flock(2) on `<db>.writer-lock` across processes, both taken before `BEGIN IMMEDIATE`.
+
+    SQLite's own busy handler waits for another connection's write lock by sleeping in growing steps (1, 2, 5, 10 …
+    up to 100 ms) and polling, so writers in several processes (devhost, the Agent, the client) contending for the
+    broker stall for tens of milliseconds while the lock sits free; a blocked flock is woken by the kernel the moment
+    the holder releases it. The kernel releases the flock of a process that dies (kill -9 included), so a crash
+    never leaves it held. SQLite's locking still guards the file; this only orders the writers. Without fcntl
+    (Windows) the thread lock alone is used and SQLite's busy handler orders the processes."""
+
+    def __init__(self, path: str) -> None:
+        self._thread_lock = threading.Lock()
+        self._path = path + ".writer-lock"
+        self._fd = -1
+        self._pid = -1
+
+    def _file(self) -> int:
+        if self._fd < 0 or self._pid != os.getpid():  # a forked child opens its own (flock is per open file)
+            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+            self._pid = os.getpid()
+        return self._fd
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        with self._thread_lock:
+            if fcntl is None:
+                yield
+                return
+            fd = self._file()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+_WRITER_LOCKS: dict[str, _WriterLock] = {}
 _WRITER_LOCKS_GUARD = threading.Lock()
 
 
-def _writer_lock(path: str) -> threading.Lock:
-    """The process-wide writer lock of one database file."""
+def _writer_lock(path: str) -> _WriterLock:
+    """The writer lock of one database file (one per file per process)."""
+    found = _WRITER_LOCKS.get(path)
+    if found is not None:
+        return found
     with _WRITER_LOCKS_GUARD:
-        return _WRITER_LOCKS.setdefault(os.path.realpath(path), threading.Lock())
+        real = os.path.realpath(path)
+        lock = _WRITER_LOCKS.setdefault(real, _WriterLock(real))
+        _WRITER_LOCKS[path] = lock
+        return lock
 
 
 def utc_now() -> datetime:
@@ -158,6 +222,15 @@ class StoredMessage:
     dead_letter_error_description: str | None
     dead_letter_source: str | None
     state: str
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What one receive took, and whether ready messages for the same receivers remained after it (as its
+    transaction saw them): a woken receiver uses that to wake the next one, and to expect to wait next time."""
+
+    messages: list[StoredMessage]
+    more_ready: bool
 
 
 @dataclass(frozen=True)
@@ -187,9 +260,18 @@ class QueueCounts:
 
 @dataclass
 class _Tx:
+    """One write transaction and whom it must wake after COMMIT."""
+
     conn: sqlite3.Connection
     now: float
-    pokes: set[str] = field(default_factory=set)
+    wakes: Counter[str] = field(default_factory=Counter)  # key → messages made available to its waiters
+    watches: set[str] = field(default_factory=set)  # observer keys to poke
+    dues: dict[str, float] = field(default_factory=dict)  # key → earliest due moment created
+    ready_sessions: set[tuple[str, str]] = field(default_factory=set)  # routed at the end: holder or acceptors
+    session_dues: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def due(self, key: str, at: float) -> None:
+        self.dues[key] = min(self.dues.get(key, at), at)
 
 
 class EmbeddedBroker:
@@ -221,7 +303,10 @@ class EmbeddedBroker:
         if conn is None or self._local.pid != os.getpid():
             conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA busy_timeout = 30000")
-            conn.execute("PRAGMA synchronous = FULL")  # a send that returned survives a power loss
+            # NORMAL, as the state and Durable stores: in WAL mode a commit survives any crash of a process (kill -9),
+            # only a power loss of the machine may take back the last ones (sqlite.org/pragma.html#pragma_synchronous).
+            # FULL made every commit an fsync: about 25% of the local system's throughput (docs/devhost.md).
+            conn.execute("PRAGMA synchronous = NORMAL")
             self._local.conn, self._local.pid = conn, os.getpid()
             with self._lock:
                 self._connections.append(conn)
@@ -256,17 +341,72 @@ class EmbeddedBroker:
         processes SQLite's own locking still applies.
         """
         conn = self._conn()
-        with _writer_lock(self.path):
+        with _writer_lock(self.path).held():
             conn.execute("BEGIN IMMEDIATE")
+            changes = conn.total_changes
             tx = _Tx(conn, self._now())
             try:
                 yield tx
+                self._route_sessions(tx)
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
-            conn.execute("COMMIT")
-        for key in tx.pokes:
+            # A transaction that changed nothing (a receive that lost the race for its message) ends as a read.
+            conn.execute("COMMIT" if conn.total_changes != changes else "ROLLBACK")
+        self._wake(tx)
+
+    def _wake(self, tx: _Tx) -> None:
+        """After COMMIT: claim the waiters that can take what the transaction made available (see notify)."""
+        claimed = set()
+        for key, count in tx.wakes.items():
+            if notify.claim(self.notify_dir, key, min(count, WAKE_BOUND)):
+                claimed.add(key)
+        for key in tx.watches:
             notify.poke(self.notify_dir, key)
+        for key, at in tx.dues.items():
+            if key not in claimed:  # a claimed waiter re-reads the due moments before it sleeps again
+                notify.cover(self.notify_dir, key, at)
+
+    def _route_sessions(self, tx: _Tx) -> None:
+        """Route the sessions that got ready (or scheduled) messages: to the receiver holding the session while its
+        lock is valid, else to the NEXT_AVAILABLE_SESSION acceptors. Read at the end of the transaction, so a
+        release in the same transaction routes to the acceptors."""
+        for queue, session_id in tx.ready_sessions | set(tx.session_dues):
+            key = self._session_key(tx, queue, session_id)
+            if (queue, session_id) in tx.ready_sessions:
+                tx.wakes[key] += 1
+                if key == notify.queue_key(queue):
+                    tx.watches.add(notify.watch_key(queue))
+            at = tx.session_dues.get((queue, session_id))
+            if at is not None:
+                tx.due(key, at)
+
+    @staticmethod
+    def _session_key(tx: _Tx, queue: str, session_id: str) -> str:
+        row = tx.conn.execute(
+            "SELECT lock_token, locked_until FROM sessions WHERE queue = ? AND session_id = ?", (queue, session_id)
+        ).fetchone()
+        if row is not None and row[0] is not None and row[1] is not None and row[1] > tx.now:
+            return notify.holder_key(queue, session_id, row[0])
+        return notify.queue_key(queue)
+
+    @staticmethod
+    def _available(
+        tx: _Tx, queue: str, props: QueueProperties, sub: str, session_id: str | None, at: float | None = None
+    ) -> None:
+        """A message became available (at `at`, if that is later than now): note whom to wake or cover."""
+        later = at if at is not None and at > tx.now else None
+        if props.requires_session and sub == ACTIVE and session_id is not None:
+            if later is not None:
+                key = (queue, session_id)
+                tx.session_dues[key] = min(tx.session_dues.get(key, later), later)
+            else:
+                tx.ready_sessions.add((queue, session_id))
+        elif later is not None:
+            tx.due(notify.queue_key(queue, sub), later)
+        else:
+            tx.wakes[notify.queue_key(queue, sub)] += 1
+            tx.watches.add(notify.watch_key(queue, sub))
 
     def _now(self) -> float:
         return self.clock().timestamp()
@@ -327,8 +467,6 @@ class EmbeddedBroker:
             if props.requires_duplicate_detection:
                 tx.conn.execute("DELETE FROM dedup WHERE queue = ? AND expires_at <= ?", (queue, tx.now))
             sequence_numbers = [self._insert(tx, queue, props, env) for env in envelopes]
-            if any(seq is not None for seq in sequence_numbers):
-                tx.pokes.add(notify.queue_key(queue))
         return sequence_numbers
 
     def _insert(self, tx: _Tx, queue: str, props: QueueProperties, env: Envelope) -> int | None:
@@ -343,6 +481,9 @@ class EmbeddedBroker:
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
             (queue, env.session_id, env.message_id, _encode_meta(env), env.body, visible_at, expires_at),
         )
+        self._available(tx, queue, props, ACTIVE, env.session_id, visible_at)
+        if expires_at is not None and props.dead_lettering_on_message_expiration:
+            tx.due(notify.queue_key(queue, DEAD_LETTER), expires_at)  # it will feed the dead-letter queue then
         return cursor.lastrowid
 
     @staticmethod
@@ -368,17 +509,18 @@ class EmbeddedBroker:
                     "DELETE FROM messages WHERE queue = ? AND seq = ? AND sub = '' AND visible_at > ?",
                     (queue, seq, tx.now),
                 )
-            tx.pokes.add(notify.queue_key(queue))
+            # Nothing becomes available: a waiter that was to wake at the cancelled time wakes, finds nothing and
+            # re-reads the next due moment.
 
     # -- housekeeping: expired locks, expired sessions, expired messages -----------------------------------
 
     def _housekeep(self, tx: _Tx, queue: str, props: QueueProperties) -> None:
         expired_locks = tx.conn.execute(
-            "SELECT seq, sub, delivery_count FROM messages WHERE queue = ? AND locked_until <= ?",
+            "SELECT seq, sub, delivery_count, session_id, state FROM messages WHERE queue = ? AND locked_until <= ?",
             (queue, tx.now),
         ).fetchall()
-        for seq, sub, count in expired_locks:
-            self._release(tx, queue, props, seq, sub, count + 1)
+        for seq, sub, count, session_id, state in expired_locks:
+            self._release(tx, queue, props, seq, sub, count + 1, session_id, state)
         expired_sessions = tx.conn.execute(
             "SELECT session_id, lock_token FROM sessions WHERE queue = ? AND lock_token IS NOT NULL "
             "AND locked_until <= ?",
@@ -403,7 +545,17 @@ class EmbeddedBroker:
             else:
                 tx.conn.execute("DELETE FROM messages WHERE seq = ?", (seq,))
 
-    def _release(self, tx: _Tx, queue: str, props: QueueProperties, seq: int, sub: str, count: int) -> None:
+    def _release(
+        self,
+        tx: _Tx,
+        queue: str,
+        props: QueueProperties,
+        seq: int,
+        sub: str,
+        count: int,
+        session_id: str | None,
+        state: int,
+    ) -> None:
         """A delivery failed (abandon, lock expiry): count it; dead-letter at MaxDeliveryCount or unlock."""
         if sub == ACTIVE and count >= props.max_delivery_count:
             description = f"Message could not be consumed after {props.max_delivery_count} delivery attempts."
@@ -414,7 +566,8 @@ class EmbeddedBroker:
             "UPDATE messages SET delivery_count = ?, lock_token = NULL, locked_until = NULL WHERE seq = ?",
             (count, seq),
         )
-        tx.pokes.add(notify.queue_key(queue, sub))
+        if state != STATE_DEFERRED:  # a deferred message is only received by its sequence number: nobody waits
+            self._available(tx, queue, props, sub, session_id)
 
     @staticmethod
     def _dead_letter(tx: _Tx, queue: str, seq: int, reason: str | None, description: str | None) -> None:
@@ -423,7 +576,8 @@ class EmbeddedBroker:
             "expires_at = NULL, dl_reason = ?, dl_description = ? WHERE seq = ?",
             (reason, description, seq),
         )
-        tx.pokes.add(notify.queue_key(queue, DEAD_LETTER))
+        tx.wakes[notify.queue_key(queue, DEAD_LETTER)] += 1
+        tx.watches.add(notify.watch_key(queue, DEAD_LETTER))
 
     def _release_session(
         self, tx: _Tx, queue: str, props: QueueProperties, session_id: str, token: str
@@ -438,18 +592,23 @@ class EmbeddedBroker:
         if current is None or current[0] != token:
             return
         held = tx.conn.execute(
-            "SELECT seq, delivery_count FROM messages WHERE queue = ? AND sub = '' AND session_id = ? "
+            "SELECT seq, delivery_count, state FROM messages WHERE queue = ? AND sub = '' AND session_id = ? "
             "AND lock_token IS NOT NULL AND locked_until IS NULL",
             (queue, session_id),
         ).fetchall()
-        for seq, count in held:
-            self._release(tx, queue, props, seq, ACTIVE, count + 1)
+        for seq, count, state in held:
+            self._release(tx, queue, props, seq, ACTIVE, count + 1, session_id, state)
         tx.conn.execute(
             "UPDATE sessions SET lock_token = NULL, locked_until = NULL "
             "WHERE queue = ? AND session_id = ? AND lock_token = ?",
             (queue, session_id, token),
         )
-        tx.pokes.add(notify.queue_key(queue))
+        ready = tx.conn.execute(
+            f"SELECT 1 FROM messages WHERE queue = :queue AND sub = '' AND session_id = :sid AND {_READY} LIMIT 1",
+            {"queue": queue, "sid": session_id, "now": tx.now},
+        ).fetchone()
+        if ready is not None:  # the session is free now: its messages go to the acceptors
+            tx.ready_sessions.add((queue, session_id))
 
     # -- receiving ------------------------------------------------------------------------------------------
 
@@ -463,15 +622,35 @@ class EmbeddedBroker:
         delete: bool = False,
     ) -> list[StoredMessage]:
         """Lock (or, with `delete`, remove) up to `max_count` ready messages, in sequence order."""
+        return self.take(queue, max_count, sub_queue=sub_queue, session=session, delete=delete).messages
+
+    def take(
+        self,
+        queue: str,
+        max_count: int,
+        *,
+        sub_queue: str = ACTIVE,
+        session: SessionLock | None = None,
+        delete: bool = False,
+    ) -> Taken:
+        """`receive`, also telling whether ready messages remained for the same receivers."""
         props = self.queue_properties(queue)
         if not self._may_receive(queue, sub_queue, session):
-            return []  # a read, not a write transaction: woken receivers that find nothing do not contend
+            return Taken([], False)  # a read, not a write transaction: a receiver that finds nothing writes nothing
         with self._tx() as tx:
             self._housekeep(tx, queue, props)
             if session is not None:
                 self._check_session(tx, queue, session)
-            rows = self._ready_rows(tx, queue, sub_queue, session, max_count)
-            return [self._take(tx, props, row, delete, session is not None) for row in rows]
+            rows = self._ready_rows(tx, queue, sub_queue, session, max_count + 1)  # one more: is more ready?
+            more = len(rows) > max_count
+            taken = [
+                self._take(tx, queue, sub_queue, props, row, delete, session is not None) for row in rows[:max_count]
+            ]
+            if not more:
+                # Housekeeping in this transaction may have made messages available (an expired lock) that this
+                # receive then took: with nothing left, nobody is to be woken for them.
+                tx.wakes.pop(notify.queue_key(queue, sub_queue), None)
+            return Taken(taken, more)
 
     def _ready_rows(
         self, tx: _Tx, queue: str, sub: str, session: SessionLock | None, limit: int
@@ -485,8 +664,15 @@ class EmbeddedBroker:
             f"SELECT {_COLUMNS} FROM messages WHERE {where} ORDER BY seq LIMIT :limit", params
         ).fetchall()
 
+    @staticmethod
     def _take(
-        self, tx: _Tx, props: QueueProperties, row: tuple[Any, ...], delete: bool, in_session: bool
+        tx: _Tx,
+        queue: str,
+        sub: str,
+        props: QueueProperties,
+        row: tuple[Any, ...],
+        delete: bool,
+        in_session: bool,
     ) -> StoredMessage:
         seq = row[0]
         if delete:
@@ -497,6 +683,10 @@ class EmbeddedBroker:
         tx.conn.execute(
             "UPDATE messages SET lock_token = ?, locked_until = ? WHERE seq = ?", (token, locked_until, seq)
         )
+        if locked_until is not None:  # when the lock expires the message is redelivered (or dead-lettered)
+            tx.due(notify.queue_key(queue, sub), locked_until)
+            if sub == ACTIVE and row[7] + 1 >= props.max_delivery_count:
+                tx.due(notify.queue_key(queue, DEAD_LETTER), locked_until)
         return _stored(row, lock_token=token, locked_until=locked_until)
 
     def receive_deferred(
@@ -516,7 +706,7 @@ class EmbeddedBroker:
                 ).fetchone()
                 if row is None:
                     raise MessageNotFoundError(message=f"deferred message {seq} not found in {queue}")
-                taken.append(self._take(tx, props, row, False, session is not None))
+                taken.append(self._take(tx, queue, ACTIVE, props, row, False, session is not None))
             return taken
 
     def peek(
@@ -548,7 +738,7 @@ class EmbeddedBroker:
 
     def abandon(self, queue: str, seq: int, lock_token: str, *, session: SessionLock | None = None) -> None:
         with self._locked_message(queue, seq, lock_token, session) as (tx, props, row):
-            self._release(tx, queue, props, seq, row[0], row[1] + 1)
+            self._release(tx, queue, props, seq, row[0], row[1] + 1, row[2], row[3])
 
     def defer(self, queue: str, seq: int, lock_token: str, *, session: SessionLock | None = None) -> None:
         with self._locked_message(queue, seq, lock_token, session) as (tx, _props, _row):
@@ -578,21 +768,21 @@ class EmbeddedBroker:
     @contextmanager
     def _locked_message(
         self, queue: str, seq: int, lock_token: str, session: SessionLock | None
-    ) -> Iterator[tuple[_Tx, QueueProperties, tuple[str, int]]]:
+    ) -> Iterator[tuple[_Tx, QueueProperties, tuple[str, int, str | None, int]]]:
         """A transaction on a message whose lock the caller still holds, else the SDK's lock-lost error."""
         props = self.queue_properties(queue)
         with self._tx() as tx:
             if session is not None:
                 self._check_session(tx, queue, session)
             row = tx.conn.execute(
-                "SELECT sub, delivery_count, lock_token, locked_until FROM messages "
+                "SELECT sub, delivery_count, lock_token, locked_until, session_id, state FROM messages "
                 "WHERE queue = ? AND seq = ?",
                 (queue, seq),
             ).fetchone()
             expired = row is None or row[2] != lock_token or (session is None and (row[3] or 0) <= tx.now)
             if expired:
                 raise MessageLockLostError()
-            yield tx, props, (row[0], row[1])
+            yield tx, props, (row[0], row[1], row[4], row[5])
 
     # -- sessions -------------------------------------------------------------------------------------------
 
@@ -620,6 +810,10 @@ class EmbeddedBroker:
                 "locked_until = excluded.locked_until",
                 (queue, chosen, token, until),
             )
+            # When the lock expires the session is free again for the acceptors, and its held messages count a
+            # failed delivery (which may dead-letter them).
+            tx.due(notify.queue_key(queue), until)
+            tx.due(notify.queue_key(queue, DEAD_LETTER), until)
         return SessionLock(chosen, token, _dt(until))  # type: ignore[arg-type]
 
     @staticmethod
@@ -708,9 +902,32 @@ class EmbeddedBroker:
             return remaining
         return min(remaining, max((due - self.clock()).total_seconds(), _MIN_WAIT))
 
-    def waiter(self, queue: str, sub_queue: str = ACTIVE) -> notify.Waiter:
-        """Bind a waiter for a queue. Bind before checking for messages, then wait: no wake-up is lost."""
-        return notify.Waiter(self.notify_dir, notify.queue_key(queue, sub_queue))
+    def new_waiter(self) -> notify.Waiter:
+        """A receiver's socket for waking it (see `notify` for how it registers before it sleeps)."""
+        return notify.Waiter(self.notify_dir)
+
+    @staticmethod
+    def wake_key(queue: str, sub_queue: str = ACTIVE, session: SessionLock | None = None) -> str:
+        """Whom a waiting receiver waits with: the session it holds, else its queue (on a session queue: the
+        NEXT_AVAILABLE_SESSION acceptors)."""
+        if session is not None:
+            return notify.holder_key(queue, session.session_id, session.token)
+        return notify.queue_key(queue, sub_queue)
+
+    def now_ts(self) -> float:
+        """The broker clock as a timestamp (due moments and published wake times are in it)."""
+        return self._now()
+
+    def due_at(self, queue: str, session: SessionLock | None = None) -> float | None:
+        """The next moment something may become available to a waiter without a poke, as a timestamp: for the
+        holder of a session, a scheduled message of the session falling due or its own lock expiring; otherwise
+        `next_due` of the queue."""
+        if session is None:
+            row = self._conn().execute(_NEXT_DUE_SQL, {"q": queue, "now": self._now()}).fetchone()
+        else:
+            params = {"q": queue, "sid": session.session_id, "now": self._now()}
+            row = self._conn().execute(_SESSION_DUE_SQL, params).fetchone()
+        return None if row[0] is None else float(row[0])
 
     def _may_receive(self, queue: str, sub_queue: str, session: SessionLock | None) -> bool:
         """Whether `receive` could find something; a cheap read that spares the write lock when it cannot. Within
@@ -744,14 +961,19 @@ class EmbeddedBroker:
                 .fetchone()
                 is not None
             )
+        if found:
+            return True
         due = self.next_due(queue)
-        return found or (due is not None and due.timestamp() <= now)
+        return due is not None and due.timestamp() <= now
 
     def wait_for_activity(self, queue: str, timeout: float, sub_queue: str = ACTIVE) -> bool:
         """Block until a receive on the queue may get a message (True) or `timeout` seconds pass (False).
         For a host dispatcher: no CPU while idle, woken by a send from any process."""
         deadline = time.monotonic() + timeout
-        with self.waiter(queue, sub_queue) as waiter:
+        with self.new_waiter() as waiter:
+            # An observer: woken by every event of the queue (notify.poke), never claimed, so it does not take a
+            # wake-up away from a receiver.
+            waiter.ensure_registered(notify.watch_key(queue, sub_queue), waiter.start())
             while not self.has_ready(queue, sub_queue):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from . import notify
 from ._core import (
     ClientBase,
     QueueRuntimeProperties,
@@ -125,25 +124,26 @@ class ServiceBusReceiver:
     def __init__(self, broker: EmbeddedBroker, queue_name: str, **options: Any) -> None:
         self._core = ReceiverCore(broker, queue_name, self, **options)
         self.entity_path = queue_name
-        self._waiter: notify.Waiter | None = None
         self._session = ServiceBusSession(self) if self._core.is_session else None
 
     @property
     def session(self) -> ServiceBusSession:
         return self._session  # type: ignore[return-value]  # None for a non-session receiver, as in the SDK
 
-    def _wait_for(self, attempt: Callable[[], T | None], deadline: float) -> T | None:
-        """Retry `attempt` until it returns something or the deadline passes, sleeping on the queue's
-        waiter (woken by any process's send) bounded by the next scheduled message or lock expiry."""
-        if self._waiter is None:
-            self._waiter = self._core.broker.waiter(self._core.queue, self._core.sub)
-        while True:
-            self._waiter.drain()  # drain before looking: a poke that arrives later wakes the wait below
-            result = attempt()
-            remaining = deadline - time.monotonic()
-            if result or remaining <= 0:
-                return result
-            self._waiter.wait(self._core.broker.wait_seconds(self._core.queue, remaining))
+    def _wait_for(self, attempt: Callable[[], T | None], deadline: float, register_first: bool = False) -> T | None:
+        """Retry `attempt` until it returns something or the deadline passes, sleeping on the receiver's socket
+        (claimed and woken by a send from any process, see notify) or until a due moment it keeps."""
+        core = self._core
+        epoch = core.begin_wait()
+        try:
+            while True:
+                result, sleep = core.look(attempt, deadline, epoch, register_first=register_first)
+                register_first = False
+                if sleep is None:
+                    return result
+                core.waiter.wait(sleep)
+        finally:
+            core.end_wait(epoch)
 
     def _open(self, wait: float | None = None) -> None:
         self._core.check_live()
@@ -163,7 +163,10 @@ class ServiceBusReceiver:
         self._open(wait)
         if count == 0:
             return []
-        return self._wait_for(lambda: self._core.try_receive(count), time.monotonic() + wait) or []
+        return (
+            self._wait_for(lambda: self._core.try_receive(count), time.monotonic() + wait, self._core.expect_idle)
+            or []
+        )
 
     def receive_deferred_messages(
         self, sequence_numbers: int | Sequence[int], **kwargs: Any
@@ -210,9 +213,7 @@ class ServiceBusReceiver:
     def close(self) -> None:
         if self._core.running:
             self._core.close()
-        if self._waiter is not None:
-            self._waiter.close()
-            self._waiter = None
+        self._core.close_waiter()
 
     def __enter__(self) -> ServiceBusReceiver:
         self._open()

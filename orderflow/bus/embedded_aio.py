@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from . import notify
 from ._core import (
     ClientBase,
     QueueRuntimeProperties,
@@ -128,25 +127,28 @@ class ServiceBusReceiver:
     def __init__(self, broker: EmbeddedBroker, queue_name: str, **options: Any) -> None:
         self._core = ReceiverCore(broker, queue_name, self, **options)
         self.entity_path = queue_name
-        self._waiter: notify.Waiter | None = None
         self._session = ServiceBusSession(self) if self._core.is_session else None
 
     @property
     def session(self) -> ServiceBusSession:
         return self._session  # type: ignore[return-value]
 
-    async def _wait_for(self, attempt: Callable[[], T | None], deadline: float) -> T | None:
-        """As the sync receiver's `_wait_for`, waiting on the event loop instead of blocking a thread."""
+    async def _wait_for(
+        self, attempt: Callable[[], T | None], deadline: float, register_first: bool = False
+    ) -> T | None:
+        """As the sync receiver's `_wait_for`, sleeping on the event loop instead of blocking a thread; each look
+        (database and registration together) is one hand-off to a worker thread."""
         core = self._core
-        if self._waiter is None:
-            self._waiter = core.broker.waiter(core.queue, core.sub)
-        while True:
-            self._waiter.drain()
-            result = await _run(attempt)
-            remaining = deadline - time.monotonic()
-            if result or remaining <= 0:
-                return result
-            await self._waiter.wait_async(await _run(core.broker.wait_seconds, core.queue, remaining))
+        epoch = core.begin_wait()
+        try:
+            while True:
+                result, sleep = await _run(core.look, attempt, deadline, epoch, register_first=register_first)
+                register_first = False
+                if sleep is None:
+                    return result
+                await core.waiter.wait_async(sleep)
+        finally:
+            core.end_wait(epoch)
 
     async def _open(self, wait: float | None = None) -> None:
         self._core.check_live()
@@ -165,7 +167,8 @@ class ServiceBusReceiver:
         await self._open(wait)
         if count == 0:
             return []
-        return await self._wait_for(lambda: self._core.try_receive(count), time.monotonic() + wait) or []
+        deadline, idle = time.monotonic() + wait, self._core.expect_idle
+        return await self._wait_for(lambda: self._core.try_receive(count), deadline, idle) or []
 
     async def receive_deferred_messages(
         self, sequence_numbers: int | Sequence[int], **kwargs: Any
@@ -212,9 +215,7 @@ class ServiceBusReceiver:
     async def close(self) -> None:
         if self._core.running:
             await _run(self._core.close)
-        if self._waiter is not None:
-            self._waiter.close()
-            self._waiter = None
+        self._core.close_waiter()
 
     async def __aenter__(self) -> ServiceBusReceiver:
         await self._open()

@@ -1,10 +1,49 @@
-"""Cross-process wake-ups for the embedded broker: Unix datagram sockets, one per waiting receiver.
+"""Cross-process wake-ups for the embedded broker: one Unix datagram socket per waiting receiver, and a sender
+wakes the one idle receiver that can take what it made available, not every waiter.
 
-A waiter binds a datagram socket in `<notify dir>/<queue key>/`; whoever makes a message available on that
-queue (send, abandon, lock release, dead-lettering) `poke`s every socket in the directory with a 1-byte
-datagram. The waiter blocks in select()/the event loop on its socket, so an idle receiver uses no CPU and a
-send from any process wakes it at once. Lost pokes are impossible as long as the waiter binds (and drains)
-before it checks the database. Sockets of dead processes refuse datagrams and are unlinked by the poker.
+Layout. Every waiter binds one socket file, `<notify dir>/home/<ident>` (`ident` = pid, counter, random tag).
+While it sleeps it is *registered*: its socket file is moved (os.rename) into the directory of the key it can
+take messages for, `<notify dir>/<key>/<ident>`. Keys (`queue_key`, `holder_key`) separate the waiters by what
+they can take: a queue's receivers; its dead-letter sub-queue's; on a session queue, the NEXT_AVAILABLE_SESSION
+acceptors (`queue_key(queue)`), and the one receiver holding session S under lock token T (`holder_key`). The
+broker routes a message of session S to S's holder while S is locked, else to the acceptors.
+
+Claiming. Whoever makes a message available (send, abandon, lock expiry, session release, dead-lettering) calls
+`claim(key)` after COMMIT: it moves one registered socket file back to `home/` (os.rename, so two claimers never
+claim the same waiter, and a waiter that left is simply skipped) and sends it a 1-byte datagram. A claim that
+finds a dead socket (ECONNREFUSED: its process is gone) unlinks it and claims the next one.
+
+Why no wake-up is lost, and no message stays behind while a waiter is idle. A waiter only sleeps after this
+sequence: register, then look in the database (a read first; see broker.receive). Take a commit C that makes
+message M available for key K and the claim that follows it.
+* Some waiter W was registered for K at the claim: exactly one claimer's rename moved it, so W is claimed, and
+  every look W makes from then on starts after C. W learns of the claim before it sleeps again: the datagram
+  wakes its select (and W then finds its file gone), or one of its own file operations on its registration
+  (re-registering, publishing its wake time, unregistering) fails with ENOENT. If W leaves instead of looking
+  again (it got messages, its deadline passed, it was cancelled), it leaves through `unregister`, which tells it
+  it was claimed; then it looks once more if it had nothing, and if it took messages and more are ready it claims
+  the next waiter of K (the claim's message may be one it did not take). A cancelled waiter, which cannot read
+  the database, passes the claim on blindly.
+* No waiter was registered for K at the claim: a waiter that registers later looks after registering, hence
+  after C, and finds M if it is still there. A waiter that unregistered before the claim is not idle: it is
+  returning to its caller, and registers (and looks) again before it next sleeps.
+So M is either taken, or looked at after C by a waiter that was idle. A datagram to a waiter that already noticed
+its claim (ENOENT: it moved its socket file on) counts as delivered. Observers that do not take anything
+(`EmbeddedBroker.wait_for_activity`) register under `watch_key` and `poke` wakes all of them: they must not
+absorb a claim meant for a receiver.
+
+Time. Messages also become available with no one to send a poke: a scheduled message falls due, a lock expires.
+A waiter publishes when it will wake by itself in its socket file's mtime (far in the future while it is
+undecided). For a pending due moment D of key K it is enough that one idle waiter of K wakes at or before D:
+it looks, and then re-reads the next due moment before it sleeps again. So a waiter bounds its sleep by the
+queue's next due moment only when no other idle waiter already wakes before it (`covered`); the others sleep
+until their deadline: one timer wake-up per due moment instead of one per waiter. Whoever creates a due moment
+(a scheduled send, a lock taken) calls `cover`, which claims a waiter when none wakes early enough; a waiter
+that leaves while it may have been the earliest re-reads the next due moment and covers it. A waiter that
+re-reads the due moment does so after registering, so it sees every due committed before; a due committed
+after sees the waiter in the listing (undecided or decided) and is covered by it or by a claim. A session's holder
+is its key's only waiter: it bounds its sleep by its own session's due moments (a scheduled message of the
+session, its lock's expiry). A registered file whose process is gone covers nothing (`covered` checks the pid).
 
 The notify directory lives next to the database file (`<db>.notify`) unless that path is too long for a
 Unix socket address (108 bytes), in which case a short, deterministic directory in the temp dir is used.
@@ -18,6 +57,7 @@ import errno
 import hashlib
 import itertools
 import os
+import secrets
 import select
 import socket
 import tempfile
@@ -25,11 +65,13 @@ import threading
 import time
 
 _MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux, 104 on macOS; keep a margin
-_SOCKET_NAME_LEN = 24  # "<pid>-<n>.s", generously
+_SOCKET_NAME_LEN = 24  # "<pid>-<n>-<tag>.s", generously
+_HOME = "home"  # where a waiter's socket file lives while it is not registered (busy, or just claimed)
 _counter = itertools.count()
 _counter_lock = threading.Lock()
 SUPPORTED = hasattr(socket, "AF_UNIX")
 _FALLBACK_RECHECK = 0.25  # seconds, only without AF_UNIX
+UNDECIDED = 4_000_000_000.0  # the wake time (mtime) of a registered waiter that has not decided yet: never early
 
 
 def notify_dir_for(db_path: str) -> str:
@@ -42,13 +84,142 @@ def notify_dir_for(db_path: str) -> str:
     return os.path.join(tempfile.gettempdir(), f"ofbus-{digest}")
 
 
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
 def queue_key(queue: str, sub_queue: str = "") -> str:
-    """Directory name for one queue (or its dead-letter sub-queue): short and filesystem-safe."""
-    return hashlib.sha1(f"{queue}/{sub_queue}".encode()).hexdigest()[:16]
+    """Key of the receivers of a queue (or its dead-letter sub-queue); on a session queue, of the
+    NEXT_AVAILABLE_SESSION acceptors. Short and filesystem-safe."""
+    return _digest(f"{queue}/{sub_queue}")
+
+
+def holder_key(queue: str, session_id: str, lock_token: str) -> str:
+    """Key of the one receiver holding a session under a lock token: only it can take that session's messages."""
+    return _digest(f"{queue}//{session_id}/{lock_token}")
+
+
+def watch_key(queue: str, sub_queue: str = "") -> str:
+    """Key of observers of a queue (`wait_for_activity`): woken by every event of `queue_key`, never claimed."""
+    return _digest(f"{queue}/{sub_queue}/watch")
+
+
+def _ensure_dir(directory: str) -> None:
+    os.makedirs(directory, exist_ok=True)
+
+
+# -- the sending side ----------------------------------------------------------------------------------------
+
+
+def claim(notify_dir: str, key: str, count: int = 1) -> int:
+    """Claim and wake up to `count` idle waiters of `key`; returns how many were woken."""
+    if not SUPPORTED or count <= 0:
+        return 0
+    directory = os.path.join(notify_dir, key)
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return 0
+    home = os.path.join(notify_dir, _HOME)
+    woken = 0
+    sender: socket.socket | None = None
+    try:
+        for name in names:
+            if woken >= count:
+                break
+            target = os.path.join(home, name)
+            try:
+                os.rename(os.path.join(directory, name), target)
+            except FileNotFoundError:
+                continue  # claimed by someone else, or the waiter left: not idle any more
+            if sender is None:
+                sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                sender.setblocking(False)
+            woken += _poke_claimed(sender, target)
+    finally:
+        if sender is not None:
+            sender.close()
+    return woken
+
+
+def _poke_claimed(sender: socket.socket, path: str) -> int:
+    try:
+        sender.sendto(b"!", path)
+    except BlockingIOError:
+        pass  # its buffer is full: it has pending wake-ups already
+    except FileNotFoundError:
+        pass  # it already noticed the claim (ENOENT on its own registration) and moved its socket file on
+    except ConnectionRefusedError:
+        _unlink_quietly(path)  # the process that bound it is gone
+        return 0
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTSOCK, errno.EPROTOTYPE):
+            raise
+        _unlink_quietly(path)  # not a socket of ours
+        return 0
+    return 1
+
+
+def covered(notify_dir: str, key: str, at: float) -> bool:
+    """Whether some registered waiter of `key` wakes by itself at or before `at` (a broker-clock timestamp)."""
+    if not SUPPORTED:
+        return True
+    limit = int(at * 1e9)
+    try:
+        entries = os.scandir(os.path.join(notify_dir, key))
+    except FileNotFoundError:
+        return False
+    with entries:
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_mtime_ns > limit:
+                    continue
+            except FileNotFoundError:
+                continue
+            if _alive(entry.name):
+                return True
+            _unlink_quietly(entry.path)  # a crashed process's waiter keeps no due moment
+    return False
+
+
+def _alive(name: str) -> bool:
+    """Whether the process that registered `<pid>-…` still runs (a reused pid passes: then a claim cleans up)."""
+    try:
+        pid = int(name.split("-", 1)[0])
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def needs_cover(notify_dir: str, key: str, at: float) -> bool:
+    """Whether waiters are registered under `key` but none of them wakes by `at`: a waiter leaving must then hand
+    the due moments it may have kept over (with nobody registered there is nobody to hand them to)."""
+    if not SUPPORTED:
+        return False
+    try:
+        names = os.listdir(os.path.join(notify_dir, key))
+    except FileNotFoundError:
+        return False
+    return bool(names) and not covered(notify_dir, key, at)
+
+
+def cover(notify_dir: str, key: str, at: float) -> int:
+    """Make sure an idle waiter of `key` wakes by `at`: claim one (it re-reads the due moments) if none does."""
+    if covered(notify_dir, key, at):
+        return 0
+    return claim(notify_dir, key, 1)
 
 
 def poke(notify_dir: str, key: str) -> int:
-    """Wake every waiter of one queue; returns how many sockets were poked."""
+    """Wake every socket registered under `key` without claiming it (observers); returns how many were poked."""
     if not SUPPORTED:
         return 0
     directory = os.path.join(notify_dir, key)
@@ -60,22 +231,20 @@ def poke(notify_dir: str, key: str) -> int:
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
         sender.setblocking(False)
         for name in names:
-            poked += _poke_one(sender, os.path.join(directory, name))
+            path = os.path.join(directory, name)
+            try:
+                sender.sendto(b"!", path)
+                poked += 1
+            except BlockingIOError:
+                poked += 1
+            except FileNotFoundError:
+                pass  # it left meanwhile
+            except ConnectionRefusedError:
+                _unlink_quietly(path)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTSOCK, errno.EPROTOTYPE):
+                    raise
     return poked
-
-
-def _poke_one(sender: socket.socket, path: str) -> int:
-    try:
-        sender.sendto(b"!", path)
-        return 1
-    except BlockingIOError:
-        return 1  # the waiter's buffer is full: it has pending wake-ups already
-    except (ConnectionRefusedError, FileNotFoundError):
-        _unlink_quietly(path)  # the process that bound it is gone
-    except OSError as exc:
-        if exc.errno not in (errno.ENOTSOCK, errno.EPROTOTYPE):
-            raise
-    return 0
 
 
 def _unlink_quietly(path: str) -> None:
@@ -85,24 +254,120 @@ def _unlink_quietly(path: str) -> None:
         pass
 
 
+# -- the waiting side ----------------------------------------------------------------------------------------
+
+
 class Waiter:
-    """A bound datagram socket that receives the pokes of one queue. Not thread-safe; one per receiver."""
+    """One receiver's socket and its registration. A receiver waits in *sessions* (`start` … `stop`): the
+    registration calls take the session's number, and calls of a session that was stopped are ignored, so a
+    worker thread still running a look for a cancelled aio receive cannot register it again. Thread-safe."""
 
-    def __init__(self, notify_dir: str, key: str) -> None:
+    def __init__(self, notify_dir: str) -> None:
+        self.notify_dir = notify_dir
         self._sock: socket.socket | None = None
-        self._path = ""
-        if SUPPORTED:
-            self._bind(os.path.join(notify_dir, key))
-
-    def _bind(self, directory: str) -> None:
-        os.makedirs(directory, exist_ok=True)
+        self._lock = threading.Lock()
+        self._epoch = 0
+        self._key: str | None = None  # the key it is registered under, None while its file is at home
+        self.last_key: str | None = None
+        self.last_wake_at: float | None = None  # the wake time it last published, until it hands it over
+        self.claimed = False  # poked or found claimed since `start`
+        self.wakeups = 0  # pokes received over its life (tests, benchmarks)
         with _counter_lock:
             number = next(_counter)
-        self._path = os.path.join(directory, f"{os.getpid()}-{number}.s")
-        _unlink_quietly(self._path)  # a leftover of a dead process that had our pid
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._sock.bind(self._path)
-        self._sock.setblocking(False)
+        self.ident = f"{os.getpid()}-{number}-{secrets.token_hex(3)}.s"
+        self._home = os.path.join(notify_dir, _HOME, self.ident)
+        if SUPPORTED:
+            _ensure_dir(os.path.dirname(self._home))
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._sock.bind(self._home)
+            self._sock.setblocking(False)
+
+    @property
+    def key(self) -> str | None:
+        return self._key
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.notify_dir, key, self.ident)
+
+    def start(self) -> int:
+        """Begin a wait session; returns its number."""
+        with self._lock:
+            self._epoch += 1
+            self.claimed = False
+            return self._epoch
+
+    def ensure_registered(self, key: str, epoch: int) -> bool:
+        """Be registered under `key`, undecided. True if that took a (re)registration: the caller must look
+        again before sleeping, since a claim may have gone to it, or to no one, while it was not registered."""
+        with self._lock:
+            if epoch != self._epoch or self._sock is None:
+                return False
+            if self._key == key:
+                try:
+                    os.utime(self._path(key), ns=(int(UNDECIDED * 1e9),) * 2)
+                    return False
+                except FileNotFoundError:
+                    self._key, self.claimed = None, True  # claimed: the file is at home
+            elif self._key is not None:
+                self._leave_locked(pass_claim_on=True)  # moving to another key is leaving this one
+            os.utime(self._home, ns=(int(UNDECIDED * 1e9),) * 2)
+            _ensure_dir(os.path.join(self.notify_dir, key))
+            os.rename(self._home, self._path(key))
+            self._key = self.last_key = key
+            return True
+
+    def notice_claim(self, epoch: int) -> None:
+        """After a poke: if a claimer took the registration, know it now (the look that follows answers that
+        claim), so that leaving does not mistake it for a claim that came after the look."""
+        with self._lock:
+            if epoch == self._epoch and self._key is not None and not os.path.lexists(self._path(self._key)):
+                self._key, self.claimed = None, True
+
+    def set_wake_at(self, at: float, epoch: int) -> bool:
+        """Publish when it will wake by itself; False if it was claimed meanwhile (look again, do not sleep)."""
+        with self._lock:
+            if epoch != self._epoch or self._key is None:
+                return self._sock is None
+            try:
+                os.utime(self._path(self._key), ns=(int(at * 1e9),) * 2)
+            except FileNotFoundError:
+                self._key, self.claimed = None, True
+                return False
+            self.last_wake_at = at
+            return True
+
+    def unregister(self, epoch: int) -> bool:
+        """Leave the idle set; True if it had been claimed (the claim's message may still be waiting)."""
+        with self._lock:
+            if epoch != self._epoch:
+                return False
+            return self._leave_locked()
+
+    def _leave_locked(self, *, pass_claim_on: bool = False) -> bool:
+        """Move the socket file home; True if a claimer had moved it already. With `pass_claim_on`, for a waiter
+        that will not look again, that claim is handed to another waiter of the key."""
+        key, self._key = self._key, None
+        if key is None:
+            return False
+        try:
+            os.rename(self._path(key), self._home)
+            return False
+        except FileNotFoundError:
+            self.claimed = True
+            if pass_claim_on:
+                claim(self.notify_dir, key, 1)
+            return True
+
+    def stop(self, epoch: int) -> tuple[str | None, bool, float | None]:
+        """End a wait session (also an interrupted one): (key it was last registered under, whether a claim found
+        it on the way out, the wake time it had published). Later calls with this session's number are ignored."""
+        with self._lock:
+            if epoch != self._epoch:
+                return None, False, None
+            self._epoch += 1
+            claimed = self._leave_locked()
+            last, self.last_wake_at = self.last_wake_at, None
+            return self.last_key, claimed, last
 
     def drain(self) -> bool:
         """Consume pending pokes; True if there were any."""
@@ -111,8 +376,10 @@ class Waiter:
             try:
                 self._sock.recv(64)
                 got = True
-            except BlockingIOError:
+            except OSError:  # BlockingIOError: nothing more pending
                 break
+        if got:
+            self.claimed = True
         return got
 
     def wait(self, timeout: float) -> bool:
@@ -121,7 +388,9 @@ class Waiter:
             time.sleep(min(max(timeout, 0.0), _FALLBACK_RECHECK))
             return False
         readable, _, _ = select.select([self._sock], [], [], max(timeout, 0.0))
-        return bool(readable) and self.drain()
+        poked = bool(readable) and self.drain()
+        self.wakeups += poked
+        return poked
 
     async def wait_async(self, timeout: float) -> bool:
         """Like `wait`, without blocking the event loop."""
@@ -134,13 +403,19 @@ class Waiter:
         except TimeoutError:
             return False
         self.drain()
+        self.claimed = True
+        self.wakeups += 1
         return True
 
     def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-            _unlink_quietly(self._path)
+        """Unregister (handing a claim that found it on to another waiter) and remove the socket."""
+        with self._lock:
+            self._epoch += 1
+            self._leave_locked(pass_claim_on=True)
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+                _unlink_quietly(self._home)
 
     def __enter__(self) -> Waiter:
         return self

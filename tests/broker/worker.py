@@ -8,10 +8,16 @@ Modes:
       checked: an out-of-order message prints "VIOLATION ...".
   wait <conn> <queue> <idle seconds>: receive on an empty queue for <idle seconds> and print the CPU seconds
       that took ("IDLE_CPU x"), then print "READY" and block in one receive; print "GOT <body> <time.time()>".
+  await-one <conn> <queue> <n>: <n> aio receivers each block in one receive (max_wait_time 120 s) and print
+      "GOT <body>" (or "NONE"), then "DONE": one message per waiter, none stranded.
+  mixed <conn> <queue> <name> <count> <consumers>: send <count> messages "<name>-<i>" from a thread and print
+      "SENT"; meanwhile <consumers> aio receivers receive and complete until each takes a "stop" message; print
+      every body received, then "DONE".
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 import time
@@ -95,6 +101,51 @@ def wait(conn: str, queue: str, idle: float) -> None:
         receiver.complete_message(msg)
 
 
+async def await_one(conn: str, queue: str, count: int) -> None:
+    from orderflow.bus.aio import from_connection_string as aio_client
+
+    async with aio_client(conn) as client:
+
+        async def one() -> str:
+            async with client.get_queue_receiver(queue) as receiver:
+                messages = await receiver.receive_messages(1, max_wait_time=120)
+                for msg in messages:
+                    await receiver.complete_message(msg)
+                return f"GOT {messages[0]}" if messages else "NONE"
+
+        for line in await asyncio.gather(*(one() for _ in range(count))):
+            print(line, flush=True)
+    print("DONE", flush=True)
+
+
+async def mixed(conn: str, queue: str, name: str, count: int, consumers: int) -> None:
+    from orderflow.bus.aio import from_connection_string as aio_client
+
+    def send() -> None:
+        with from_connection_string(conn) as client, client.get_queue_sender(queue) as sender:
+            for i in range(count):
+                sender.send_messages(ServiceBusMessage(f"{name}-{i}"))
+        print("SENT", flush=True)
+
+    sending = threading.Thread(target=send)
+    sending.start()
+    received: list[str] = []
+    async with aio_client(conn) as client:
+
+        async def consume() -> None:
+            async with client.get_queue_receiver(queue) as receiver:
+                while True:
+                    for msg in await receiver.receive_messages(1, max_wait_time=60):
+                        await receiver.complete_message(msg)
+                        if str(msg) == "stop":
+                            return
+                        received.append(str(msg))
+
+        await asyncio.gather(*(consume() for _ in range(consumers)))
+    sending.join()
+    print("\n".join(received + ["DONE"]), flush=True)
+
+
 if __name__ == "__main__":
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "exchange":
@@ -103,5 +154,9 @@ if __name__ == "__main__":
         sessions(args[0], args[1], args[2], int(args[3]))
     elif mode == "wait":
         wait(args[0], args[1], float(args[2]))
+    elif mode == "await-one":
+        asyncio.run(await_one(args[0], args[1], int(args[2])))
+    elif mode == "mixed":
+        asyncio.run(mixed(args[0], args[1], args[2], int(args[3]), int(args[4])))
     else:
         raise SystemExit(f"unknown mode {mode}")
