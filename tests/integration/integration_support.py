@@ -182,6 +182,23 @@ async def claim_orders(p: Pipeline, *order_ids: str) -> RecordingStartNew:
 MetricPoints = Callable[[], dict[str, list[Any]]]  # tests/conftest.py `metric_points`: name → data points
 
 
+def count_state_writes(p: Pipeline, *methods: str) -> list[str]:
+    """Every call from now on of the state store's write `methods` (default: the record's replace, what
+    update_with_retry writes, and put_checkpoint, the admission figures), by method name, in order."""
+    writes: list[str] = []
+    store = p.services.state
+
+    def counted(name: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        async def run(*args: Any, **kwargs: Any) -> Any:
+            writes.append(name)
+            return await call(*args, **kwargs)
+        return run
+
+    for name in methods or ("replace", "put_checkpoint"):
+        setattr(store, name, counted(name, getattr(store, name)))
+    return writes
+
+
 def counter_value(points: MetricPoints, name: str, **attributes: Any) -> float:
     """The cumulative value of counter `name` over the data points whose attributes match."""
     return sum(

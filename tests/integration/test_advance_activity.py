@@ -5,10 +5,9 @@ sent twice when the activity runs again (Durable activities are at-least-once).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from integration_support import Pipeline, claim_orders, state_activity, state_of
+from integration_support import Pipeline, claim_orders, count_state_writes, state_activity, state_of
 
 from orderflow import function_names as fn
 from orderflow.messages import AgentRequest, OrderStatus
@@ -19,23 +18,6 @@ from orderflow.workflow import WORKFLOW_VERSION
 ORDER = "o-1"
 FIRST = f"{ORDER}:1"
 RESERVE, CHARGE, SHIP = "reserve-inventory", "charge-payment", "arrange-shipping"
-
-
-def count_writes(p: Pipeline) -> list[str]:
-    """Every state-store write from now on, by kind: the record's replace (what update_with_retry writes) and the
-    checkpoint documents (admission figures)."""
-    writes: list[str] = []
-    store = p.services.state
-
-    def counted(kind: str, call: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-        async def run(*args: Any, **kwargs: Any) -> Any:
-            writes.append(kind)
-            return await call(*args, **kwargs)
-        return run
-
-    store.replace = counted("record", store.replace)  # type: ignore[method-assign]
-    store.put_checkpoint = counted("checkpoint", store.put_checkpoint)  # type: ignore[method-assign]
-    return writes
 
 
 async def advance(p: Pipeline, result: dict[str, Any] | None = None, *, instance: str = FIRST,
@@ -60,11 +42,11 @@ def ok(step: str) -> dict[str, Any]:
 
 async def test_the_happy_path_is_one_write_per_decision_and_one_request_per_step(p: Pipeline) -> None:
     await claim_orders(p, ORDER)
-    writes = count_writes(p)
+    writes = count_state_writes(p)
     assert await advance(p) == {"send": RESERVE}
     assert await advance(p, ok(RESERVE)) == {"send": CHARGE}
     assert await advance(p, ok(CHARGE)) == {"send": SHIP}
-    assert writes.count("record") == 3
+    assert writes.count("replace") == 3
     sent = await requests(p)
     assert [(r.step.value, r.instance_id, r.idempotency_key, r.max_retries) for r in sent] == [
         (s, FIRST, f"{ORDER}:{s}", 4) for s in (RESERVE, CHARGE, SHIP)]
@@ -76,14 +58,14 @@ async def test_the_happy_path_is_one_write_per_decision_and_one_request_per_step
     assert rec.process_state is ProcessState.PROCESSED and rec.notified_at is not None
     assert [s.state for s in await p.statuses(ORDER)][-1] is OrderStatus.COMPLETED
     # Processed, then marked notified: the four decisions wrote the record five times in all.
-    assert writes.count("record") == 5
+    assert writes.count("replace") == 5
 
 
 async def test_a_repeated_decision_writes_nothing_and_sends_nothing_new(p: Pipeline) -> None:
     await claim_orders(p, ORDER)
     assert await advance(p) == {"send": RESERVE}
     assert await advance(p, ok(RESERVE)) == {"send": CHARGE}
-    writes = count_writes(p)
+    writes = count_state_writes(p)
     assert await advance(p, ok(RESERVE)) == {"send": CHARGE}  # the activity ran again (at-least-once)
     assert writes == []
     assert [r.step.value for r in await requests(p)] == [RESERVE, CHARGE]  # duplicate detection took the resend
@@ -95,7 +77,7 @@ async def test_a_repeated_final_decision_sends_the_status_once(p: Pipeline) -> N
     for step, following in ((RESERVE, CHARGE), (CHARGE, SHIP)):
         assert await advance(p, ok(step)) == {"send": following}
     assert await advance(p, ok(SHIP)) == {"done": "Processed"}
-    writes = count_writes(p)
+    writes = count_state_writes(p)
     assert await advance(p, ok(SHIP)) == {"done": "Processed"}
     assert writes == []
     assert [s.state for s in await p.statuses(ORDER)].count(OrderStatus.COMPLETED) == 1
@@ -107,7 +89,7 @@ async def test_a_superseded_attempt_is_answered_none_and_writes_nothing(p: Pipel
     p.clock.advance(p.services.tunables.step_timeout.total_seconds() + 1)
     await p.services.state.update_with_retry(ORDER, lambda r: recover(
         r, FIRST, p.clock.now(), 3, lambda n: p.services.tunables.step_timeout))
-    writes = count_writes(p)
+    writes = count_state_writes(p)
     assert await advance(p, ok(RESERVE)) is None
     assert writes == []
     assert (await state_of(p, ORDER)).step(RESERVE).status is StepStatus.RUNNING  # the late success is not recorded
@@ -117,10 +99,10 @@ async def test_a_permanent_failure_dispatches_the_compensation_in_the_same_write
     await claim_orders(p, ORDER)
     await advance(p)
     await advance(p, ok(RESERVE))
-    writes = count_writes(p)
+    writes = count_state_writes(p)
     failed = {"step": CHARGE, "status": "failed", "error": "declined", "cause": "charge-payment: Declined: declined"}
     assert await advance(p, failed) == {"send": "release-inventory"}
-    assert writes.count("record") == 1
+    assert writes.count("replace") == 1
     rec = await state_of(p, ORDER)
     assert rec.process_state is ProcessState.COMPENSATING and rec.last_error == failed["cause"]
     assert [r.step.value for r in await requests(p)][-1] == "release-inventory"

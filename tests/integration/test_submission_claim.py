@@ -6,32 +6,15 @@ else leaves a Pending record for the Starter, and a slot that was not used is gi
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
 
-from integration_support import Pipeline, encode, order_body, state_of
+from integration_support import Pipeline, count_state_writes, encode, order_body, state_of
 
 from orderflow import admission
 from orderflow.records import ProcessState
 from orderflow.submission import Accepted, submit
 
 ORDER = "o-1"
-
-
-def count_record_writes(p: Pipeline) -> list[str]:
-    writes: list[str] = []
-    store = p.services.state
-
-    def counted(kind: str, call: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-        async def run(*args: Any, **kwargs: Any) -> Any:
-            writes.append(kind)
-            return await call(*args, **kwargs)
-        return run
-
-    store.create_if_absent = counted("create", store.create_if_absent)  # type: ignore[method-assign]
-    store.replace = counted("replace", store.replace)  # type: ignore[method-assign]
-    return writes
 
 
 async def processing_slots(p: Pipeline) -> int:
@@ -41,14 +24,14 @@ async def processing_slots(p: Pipeline) -> int:
 
 
 async def test_a_new_order_is_created_claimed_for_attempt_1_in_one_write(p: Pipeline) -> None:
-    writes = count_record_writes(p)
+    writes = count_state_writes(p, "create_if_absent", "replace")
     outcome = await submit(p.services, encode(order_body(ORDER)), ORDER, claim=True)
     assert isinstance(outcome, Accepted) and outcome.claimed is not None
     assert (outcome.claimed.order_id, outcome.claimed.attempt) == (ORDER, 1)
     rec = await state_of(p, ORDER)
     assert rec.process_state is ProcessState.PROCESSING and rec.locked_by == f"{ORDER}:1" and rec.attempt == 1
     assert rec.complete_by == p.clock.now() + p.services.tunables.claim_lease
-    assert writes == ["create"]
+    assert writes == ["create_if_absent"]
     assert await processing_slots(p) == 1
 
 
@@ -60,10 +43,10 @@ async def test_without_claim_the_record_is_pending_as_before(p: Pipeline) -> Non
 
 async def test_a_duplicate_submission_claims_nothing_and_gives_its_slot_back(p: Pipeline) -> None:
     await submit(p.services, encode(order_body(ORDER)), ORDER, claim=True)
-    writes = count_record_writes(p)
+    writes = count_state_writes(p, "create_if_absent", "replace")
     again = await submit(p.services, encode(order_body(ORDER)), ORDER, claim=True)
     assert isinstance(again, Accepted) and again.claimed is None and not again.created
-    assert writes == ["create"]  # the create-if-absent found the record: nothing overwritten
+    assert writes == ["create_if_absent"]  # the create-if-absent found the record: nothing overwritten
     assert await processing_slots(p) == 1  # the first order's slot only
 
 
