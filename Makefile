@@ -58,8 +58,19 @@ test: lint worker-env
 test-fast: setup worker-env
 	$(PY) -m pytest -m "not slow"
 
-bench: setup
+# The benchmarks, then ours against DBOS (benchmarks/compare.py), whose packages (dbos, matplotlib) live in
+# requirements-bench.txt: installed into .venv by bench-deps, never by setup or test.
+bench: setup bench-deps
 	$(PY) -m benchmarks
+	$(PY) -m benchmarks compare
+
+.PHONY: bench-deps
+bench-deps: $(VENV)/.bench-installed
+
+$(VENV)/.bench-installed: $(VENV)/.installed requirements-bench.txt constraints.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-bench.txt -c constraints.txt 2>&1 \
+		| { grep -v "^WARNING: Location 'file://" || true; }
+	touch $@
 
 clean:
 	rm -rf $(VENV) $(WORKER_VENV) node_modules .devhost .demo .pytest_cache

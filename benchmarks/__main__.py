@@ -6,6 +6,7 @@ benchmarks/results/<name>.json (or <name>.quick.json with --quick) and refresh t
     python -m benchmarks bus durable          # pick benchmarks: bus, durable, pipeline, idle, supervisor_scan
     python -m benchmarks pipeline --profile   # also record devhost and the Agent with py-spy
     python -m benchmarks --table              # print the results table from the committed JSON
+    python -m benchmarks compare [--quick] [--json]   # ours against DBOS (needs requirements-bench.txt: make bench)
 
 After a run it prints the table of what it measured, labelled: a quick run's comes from <name>.quick.json.
 """
@@ -29,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m benchmarks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(
-        "names", nargs="*", metavar="NAME", help=f"benchmarks to run (default: all of {', '.join(NAMES)})"
+        "names", nargs="*", metavar="NAME",
+        help=f"benchmarks to run (default: all of {', '.join(NAMES)}); `compare` has its own options (compare -h)"
     )
     p.add_argument("--quick", action="store_true", help="small sizes; results go to <name>.quick.json")
     p.add_argument(
@@ -50,6 +52,11 @@ def run_one(name: str, quick: bool, profile: bool, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "compare" in argv and "--table" not in argv:  # its own options and result document (benchmarks/compare.py)
+        from . import compare  # noqa: PLC0415
+
+        return compare.main([a for a in argv if a != "compare"])
     args = _parser().parse_args(argv)
     from . import report  # noqa: PLC0415
 
