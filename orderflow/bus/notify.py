@@ -111,14 +111,21 @@ def _ensure_dir(directory: str) -> None:
 # -- the sending side ----------------------------------------------------------------------------------------
 
 
+def _listed(notify_dir: str, key: str) -> tuple[str, list[str]]:
+    """The directory of `key` and the socket files registered in it (none when it does not exist yet)."""
+    directory = os.path.join(notify_dir, key)
+    try:
+        return directory, os.listdir(directory)
+    except FileNotFoundError:
+        return directory, []
+
+
 def claim(notify_dir: str, key: str, count: int = 1) -> int:
     """Claim and wake up to `count` idle waiters of `key`; returns how many were woken."""
     if not SUPPORTED or count <= 0:
         return 0
-    directory = os.path.join(notify_dir, key)
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
+    directory, names = _listed(notify_dir, key)
+    if not names:
         return 0
     home = os.path.join(notify_dir, _HOME)
     woken = 0
@@ -222,10 +229,8 @@ def poke(notify_dir: str, key: str) -> int:
     """Wake every socket registered under `key` without claiming it (observers); returns how many were poked."""
     if not SUPPORTED:
         return 0
-    directory = os.path.join(notify_dir, key)
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
+    directory, names = _listed(notify_dir, key)
+    if not names:
         return 0
     poked = 0
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
