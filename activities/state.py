@@ -27,6 +27,7 @@ from orderflow.state_machine import (
     Fenced,
     Wrote,
     begin_compensation,
+    cancel_pending,
     complete,
     defer,
     fail,
@@ -101,12 +102,6 @@ class _CancelRequested(Exception):
     """The record says the client cancelled: the Scheduler (version 2) stops before this step."""
 
 
-def _cancel_pending(rec: OrderStateRecord, instance: str) -> bool:
-    """A cancel recorded for the order while `instance` runs it (Processing, its lock)."""
-    return rec.cancel_requested_at is not None and rec.locked_by == instance \
-        and rec.process_state is ProcessState.PROCESSING
-
-
 @bp.function_name(fn.SET_STEP_DEADLINE)
 @bp.activity_trigger(input_name="request")
 async def set_step_deadline_activity(request: ActivityInput) -> bool | str:
@@ -118,7 +113,7 @@ async def set_step_deadline_activity(request: ActivityInput) -> bool | str:
     await index_deadline(services.index, request["orderId"], deadline, instance)
 
     def mutate(r: OrderStateRecord) -> OrderStateRecord:
-        if honours_cancel and _cancel_pending(r, instance):
+        if honours_cancel and cancel_pending(r, instance):
             raise _CancelRequested
         return set_step_deadline(r, instance, action, deadline, services.clock.now(), request.get("workflowVersion"))
 
@@ -192,7 +187,7 @@ async def finish_order(request: ActivityInput) -> bool | str:
     def finish(r: OrderStateRecord) -> OrderStateRecord:
         if failed:
             return fail(r, instance, reason, now)
-        if honours_cancel and _cancel_pending(r, instance):
+        if honours_cancel and cancel_pending(r, instance):
             raise _CancelRequested
         return complete(r, instance, now)
 

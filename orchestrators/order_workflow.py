@@ -31,6 +31,7 @@ from orderflow import function_names as fn
 from orderflow.breaker import CIRCUIT_OPEN
 from orderflow.messages import (
     STEPS,
+    Action,
     AgentOutcome,
     AgentReply,
     CompensationName,
@@ -39,6 +40,7 @@ from orderflow.messages import (
     parse_action,
     reply_event_name,
 )
+from orderflow.records import ProcessState
 from orderflow.state_machine import CANCELLED_PREFIX  # the cause a cancel gives BEGIN_COMPENSATION
 from orderflow.workflow import (
     CANCEL_EVENT,
@@ -71,8 +73,9 @@ def _call(context: df.DurableOrchestrationContext, name: str, payload: dict[str,
     return context.call_activity_with_retry(name, ACTIVITY_RETRY, payload)
 
 
-def _matches(reply: AgentReply, instance_id: str, step: StepName) -> bool:
-    return reply.instance_id == instance_id and reply.step == step
+def _failure_cause(action: Action, reply: AgentReply) -> str:
+    """A permanent failure as the record, the status and the alert name it: `<action>: <code>: <error>`."""
+    return f"{action.value}: {reply.error_code or 'PermanentFailure'}: {reply.error or ''}".strip()
 
 
 def _forget_buffered_event(context: df.DurableOrchestrationContext, name: str) -> None:
@@ -108,24 +111,7 @@ def run_step(context: df.DurableOrchestrationContext, inp: WorkflowInput, step: 
         "idempotencyKey": idempotency_key(inp.order_id, step.value), "deadline": complete_by.isoformat(),
         "maxRetries": inp.agent_retries,
         "payload": order})
-    timer = context.create_timer(complete_by)
-    event_name = reply_event_name(step.value)
-    while True:
-        reply_task = context.wait_for_external_event(event_name)
-        winner = yield context.task_any([reply_task, timer])
-        if winner is timer:
-            _log(context, "%s: step %s timed out at %s", instance_id, step.value, complete_by)
-            return Outcome.TIMED_OUT
-        _forget_buffered_event(context, event_name)  # SDK #507: else an ignored reply comes back on the next wait
-        try:
-            reply = AgentReply.from_event(reply_task.result)  # a str today (SDK #295), a dict if it is fixed
-        except ValueError:
-            _log(context, "%s: ignoring a malformed reply for %s", instance_id, step.value)
-            continue
-        if _matches(reply, instance_id, step):
-            timer.cancel()
-            return reply
-        _log(context, "%s: ignoring a reply for %s/%s", instance_id, reply.instance_id, reply.step)
+    return (yield from _race(context, step, complete_by, None))  # version 1 has no cancel
 
 
 def workflow_version(context: df.DurableOrchestrationContext, inp: WorkflowInput) -> str:
@@ -187,7 +173,7 @@ def order_workflow_v1(context: df.DurableOrchestrationContext,
         if reply.outcome is AgentOutcome.FAILED:
             finished = yield _call(context, fn.FINISH_ORDER, {
                 "orderId": inp.order_id, "instanceId": instance_id, "attempt": inp.attempt, "outcome": "failed",
-                "reason": f"{step.value}: {reply.error_code or 'PermanentFailure'}: {reply.error or ''}".strip()})
+                "reason": _failure_cause(step, reply)})
             outcome = Outcome.FAILED if finished else Outcome.SUPERSEDED
             return {"outcome": outcome.value, "step": step.value}
     finished = yield _call(context, fn.FINISH_ORDER, {
@@ -198,7 +184,6 @@ def order_workflow_v1(context: df.DurableOrchestrationContext,
 
 
 # --- version 2: compensation and cancel ------------------------------------------------------------------------
-Action = StepName | CompensationName
 
 
 def _race_step(context: df.DurableOrchestrationContext, inp: WorkflowInput, action: Action, order: dict[str, Any],
@@ -325,8 +310,7 @@ def order_workflow_v2(context: df.DurableOrchestrationContext, inp: WorkflowInpu
         if ended is not None:
             return ended
         if reply.outcome is AgentOutcome.FAILED:
-            cause = f"{step.value}: {reply.error_code or 'PermanentFailure'}: {reply.error or ''}".strip()
-            return (yield from _undo(context, inp, order, version, cause))
+            return (yield from _undo(context, inp, order, version, _failure_cause(step, reply)))
     return (yield from _finish(context, inp, order, version, "completed", "all steps succeeded",
                                    Outcome.COMPLETED))
 
@@ -359,15 +343,16 @@ def _compensate(context: df.DurableOrchestrationContext, inp: WorkflowInput, ord
         if ended is not None:
             return ended
         if reply.outcome is AgentOutcome.FAILED:
-            reason = f"{action.value}: {reply.error_code or 'PermanentFailure'}: {reply.error or ''}".strip()
-            return (yield from _finish(context, inp, order, version, "failed", reason, Outcome.COMPENSATION_FAILED))
+            return (yield from _finish(context, inp, order, version, "failed", _failure_cause(action, reply),
+                                       Outcome.COMPENSATION_FAILED))
     return (yield from _finish(context, inp, order, version, "completed", "compensated", Outcome.COMPENSATED))
 
 
 # --- version 3: one activity per decision point ----------------------------------------------------------------
 # ADVANCE_ORDER's answer `{"done": state}` as the orchestration's outcome.
-DONE_OUTCOMES = {"Processed": Outcome.COMPLETED, "Error": Outcome.FAILED, "Cancelled": Outcome.CANCELLED,
-                 "Compensated": Outcome.COMPENSATED, "CompensationFailed": Outcome.COMPENSATION_FAILED}
+DONE_OUTCOMES = {ProcessState.PROCESSED.value: Outcome.COMPLETED, ProcessState.ERROR.value: Outcome.FAILED,
+                 ProcessState.CANCELLED.value: Outcome.CANCELLED, ProcessState.COMPENSATED.value: Outcome.COMPENSATED,
+                 ProcessState.COMPENSATION_FAILED.value: Outcome.COMPENSATION_FAILED}
 
 
 def _result(action: Action, reply: AgentReply) -> dict[str, Any]:
@@ -376,7 +361,7 @@ def _result(action: Action, reply: AgentReply) -> dict[str, Any]:
     result: dict[str, Any] = {"step": action.value, "status": "succeeded" if succeeded else "failed",
                               "error": reply.error}
     if not succeeded:
-        result["cause"] = f"{action.value}: {reply.error_code or 'PermanentFailure'}: {reply.error or ''}".strip()
+        result["cause"] = _failure_cause(action, reply)
     if isinstance(action, CompensationName):
         result["undone"] = bool(reply.result.get("undone")) if succeeded else None
     return result

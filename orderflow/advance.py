@@ -3,7 +3,8 @@ answered, then move on — dispatch the next action with its CompleteBy, or end 
 
 Version 2 spent three activities per step (SET_STEP_DEADLINE, SEND_AGENT_REQUEST, RECORD_STEP_RESULT) plus
 LOAD_ORDER and FINISH_ORDER: 11 activities, 15 episodes and 10 state writes per order. Version 3 calls ADVANCE_ORDER
-once per decision point: 4 activities, 8 episodes and 4 state writes on the happy path (README, "Cost per order").
+once per decision point: 4 activities, 8 episodes and 4 state writes on the happy path (README, "Cost and speed
+per order").
 Every transition is still one of `orderflow.state_machine`'s functions, composed here in memory; the store sees the
 composition as one etag-guarded write (`update_with_retry` re-reads and re-applies it on a 412), and re-applying it
 to a record it already wrote changes nothing, so a repeated activity writes nothing and re-sends a request that
@@ -17,19 +18,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from orderflow.messages import STEPS, CompensationName, StepName, parse_action
+from orderflow.messages import STEPS, Action, CompensationName, parse_action
 from orderflow.records import TERMINAL_STATES, OrderStateRecord, ProcessState, StepStatus
 from orderflow.state_machine import (
     CANCELLED_PREFIX,
     begin_compensation,
+    cancel_pending,
     complete,
     fail,
     fence,
     record_step,
     set_step_deadline,
 )
-
-Action = StepName | CompensationName
 
 
 @dataclass(frozen=True)
@@ -68,11 +68,6 @@ class Decision:
         return self.send is None
 
 
-def _cancel_pending(rec: OrderStateRecord, instance: str) -> bool:
-    return rec.cancel_requested_at is not None and rec.locked_by == instance \
-        and rec.process_state is ProcessState.PROCESSING
-
-
 def _in_phase(rec: OrderStateRecord, action: Action) -> bool:
     """Whether `action`'s result is still to be recorded: a step while Processing, a compensation while
     CompensationInProgress. Otherwise this decision was written already (the record moved on with it: into
@@ -104,7 +99,7 @@ def advance(rec: OrderStateRecord, instance: str, result: StepResult | None, com
             reason = result.cause or f"{result.action.value}: PermanentFailure: {result.error or ''}".strip()
             rec = fail(rec, instance, reason, now) if isinstance(result.action, CompensationName) \
                 else begin_compensation(rec, instance, reason, complete_by, now)
-    if cancel or _cancel_pending(rec, instance):
+    if cancel or cancel_pending(rec, instance):
         if rec.process_state is ProcessState.PROCESSING:
             rec = begin_compensation(rec, instance, CANCELLED_PREFIX, complete_by, now)
     if rec.process_state in TERMINAL_STATES:

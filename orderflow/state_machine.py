@@ -42,6 +42,7 @@ __all__ = [
     "complete",
     "begin_compensation",
     "cancel",
+    "cancel_pending",
     "CancelRefused",
     "compensation_log",
     "defer",
@@ -49,6 +50,7 @@ __all__ = [
     "restart",
     "exponential_backoff",
     "fail",
+    "fence",
     "next_state",
     "record_step",
     "recover",
@@ -385,6 +387,13 @@ def cancel(rec: OrderStateRecord, now: datetime, reason: str | None = None) -> O
         return request_cancel(rec, at, reason)
     raise CancelRefused(f"order {rec.order_id} is {rec.process_state.value}: "
                         + ("already processed" if rec.process_state is ProcessState.PROCESSED else "not cancellable"))
+
+
+def cancel_pending(rec: OrderStateRecord, instance: str) -> bool:
+    """A cancel recorded for the order while `instance` runs it (Processing, its lock): the running attempt honours it
+    at its next decision point."""
+    return rec.cancel_requested_at is not None and rec.locked_by == instance \
+        and rec.process_state is ProcessState.PROCESSING
 
 
 def request_cancel(rec: OrderStateRecord, now: datetime, reason: str | None = None) -> OrderStateRecord:

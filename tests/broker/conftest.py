@@ -47,6 +47,15 @@ def broker(db_path: Path, clock: FakeClock) -> Iterator[EmbeddedBroker]:
 
 
 @pytest.fixture
+def live(tmp_path: Path) -> Iterator[ServiceBusClient]:
+    """A broker on the real clock (waiters in threads and other processes share it), and a client of it."""
+    broker = EmbeddedBroker(tmp_path / "bus.db")
+    with ServiceBusClient(broker) as client:
+        yield client
+    broker.close()
+
+
+@pytest.fixture
 def client(broker: EmbeddedBroker) -> Iterator[ServiceBusClient]:
     with ServiceBusClient(broker) as c:
         yield c

@@ -8,18 +8,7 @@ import threading
 import time
 from datetime import timedelta
 
-import pytest
-
-from orderflow.bus import EmbeddedBroker
-from orderflow.bus.embedded import ServiceBusClient, ServiceBusMessage
-
-
-@pytest.fixture
-def live(tmp_path):
-    broker = EmbeddedBroker(tmp_path / "bus.db")
-    with ServiceBusClient(broker) as client:
-        yield client
-    broker.close()
+from orderflow.bus.embedded import ServiceBusMessage
 
 
 def _elapsed(action) -> tuple[object, float]:

@@ -35,15 +35,6 @@ BLOCK = 120  # seconds a test waiter blocks: far beyond every bound below, so on
 PROMPT = 30  # generous bound for "promptly"
 
 
-@pytest.fixture
-def live(tmp_path):
-    """A broker on the real clock (waiters in threads and other processes share it)."""
-    broker = EmbeddedBroker(tmp_path / "bus.db")
-    with ServiceBusClient(broker) as client:
-        yield client
-    broker.close()
-
-
 def _wait_until(condition, timeout: float = PROMPT) -> bool:
     """Poll a condition with a bounded timeout (a test synchronisation aid, not a correctness sleep)."""
     deadline = time.monotonic() + timeout
@@ -133,6 +124,19 @@ def _spawn(*args: str) -> subprocess.Popen[str]:
 
 
 # -- one send, one wake-up --------------------------------------------------------------------------------------
+
+
+def _lookers(broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch) -> set[int]:
+    """The threads that call `broker.take` from now on (a look at the queue), filled as they do."""
+    lookers: set[int] = set()
+    take = broker.take
+
+    def counting_take(*args: Any, **kwargs: Any) -> Any:
+        lookers.add(threading.get_ident())
+        return take(*args, **kwargs)
+
+    monkeypatch.setattr(broker, "take", counting_take)
+    return lookers
 
 
 def test_one_send_wakes_one_of_n_idle_receivers_not_all(live):
@@ -351,14 +355,7 @@ def test_a_scheduled_message_falling_due_wakes_one_of_n_waiters(live, monkeypatc
     for thread in waiters:
         thread.start()
     _asleep(broker, notify.queue_key("q"), n)
-    lookers: set[int] = set()
-    take = broker.take
-
-    def counting_take(*args: Any, **kwargs: Any) -> Any:
-        lookers.add(threading.get_ident())
-        return take(*args, **kwargs)
-
-    monkeypatch.setattr(broker, "take", counting_take)
+    lookers = _lookers(broker, monkeypatch)
     live.get_queue_sender("q").schedule_messages(ServiceBusMessage("later"), broker.clock() + timedelta(seconds=0.3))
     assert done.wait(PROMPT)
     [taker] = _finished(waiters)
@@ -379,14 +376,7 @@ def test_waiters_that_fall_asleep_after_a_lock_was_taken_leave_its_expiry_to_one
         waiters.append(Blocked(live.get_queue_receiver("q"), done))
         waiters[-1].start()
         _asleep(broker, notify.queue_key("q"), count)
-    lookers: set[int] = set()
-    take = broker.take
-
-    def counting_take(*args: Any, **kwargs: Any) -> Any:
-        lookers.add(threading.get_ident())
-        return take(*args, **kwargs)
-
-    monkeypatch.setattr(broker, "take", counting_take)
+    lookers = _lookers(broker, monkeypatch)
     assert done.wait(PROMPT)
     [taker] = _finished(waiters)
     assert taker.bodies == ["x"]

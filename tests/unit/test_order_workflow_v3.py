@@ -67,6 +67,15 @@ def dispatched(d: Driver, call: dict[str, Any], action: str, *, forward: bool = 
     return timer
 
 
+def undo_reserve(d: Driver, call: dict[str, Any], end: str) -> None:
+    """ADVANCE_ORDER `call` sends release-inventory: raced without the cancel, undone, handed to ADVANCE_ORDER, which
+    answers that the order ended in `end`."""
+    dispatched(d, call, RELEASE, forward=False)
+    actions = d.episode(d.event_raised(reply_event_name(RELEASE), reply(RELEASE, result={"undone": True})))
+    call = advance_call(d, actions, {"step": RELEASE, "status": "succeeded", "error": None, "undone": True})
+    d.episode(d.completed(call["taskId"], {"done": end}))
+
+
 def succeeded(step: str) -> dict[str, Any]:
     return {"step": step, "status": "succeeded", "error": None}
 
@@ -99,10 +108,7 @@ def test_a_permanent_failure_is_handed_to_advance_and_the_compensation_it_sends_
                                                                        error="card declined")))
     call = advance_call(d, actions, {"step": CHARGE, "status": "failed", "error": "card declined",
                                      "cause": "charge-payment: Declined: card declined"})
-    dispatched(d, call, RELEASE, forward=False)
-    actions = d.episode(d.event_raised(reply_event_name(RELEASE), reply(RELEASE, result={"undone": True})))
-    call = advance_call(d, actions, {"step": RELEASE, "status": "succeeded", "error": None, "undone": True})
-    d.episode(d.completed(call["taskId"], {"done": "Compensated"}))
+    undo_reserve(d, call, "Compensated")
     assert d.output == {"outcome": "compensated"}
 
 
@@ -112,10 +118,7 @@ def test_a_cancel_that_wins_the_race_asks_advance_to_undo(d: Driver) -> None:
     actions = d.episode(d.event_raised(CANCEL_EVENT, {"orderId": ORDER}))
     assert timer_cancelled(d, timer)
     call = advance_call(d, actions, None, cancel=True)
-    dispatched(d, call, RELEASE, forward=False)
-    actions = d.episode(d.event_raised(reply_event_name(RELEASE), reply(RELEASE, result={"undone": True})))
-    call = advance_call(d, actions, {"step": RELEASE, "status": "succeeded", "error": None, "undone": True})
-    d.episode(d.completed(call["taskId"], {"done": "Cancelled"}))
+    undo_reserve(d, call, "Cancelled")
     assert d.output == {"outcome": "cancelled"}
 
 
