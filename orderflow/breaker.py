@@ -260,6 +260,7 @@ class BreakerView:
 
 
 OnTransition = Callable[[Transition], Awaitable[None]]
+Change = Callable[[BreakerDoc, datetime], BreakerDoc | None]  # a pure edit of the document (None: leave it)
 
 
 # How long an Agent trusts its last read of the breaker: it may make calls for up to this long after another instance
@@ -281,9 +282,11 @@ class SharedBreaker:
         self._cached: tuple[BreakerDoc, str | None, datetime] | None = None
         self._tickets = itertools.count()  # orders reads and writes as they start (reads) or land (writes)
         self._cached_ticket = -1
-        # One write at a time from this instance: its own concurrent requests queue here instead of racing each other
-        # on the etag, so only other instances' writes can make one lose (and re-read).
+        # One write at a time from this instance, and the changes its concurrent requests ask for meanwhile ride
+        # together in its next write (group commit): its own requests never race each other on the etag, and it makes
+        # one write per batch, not one per request, so it cannot starve another instance's writer.
         self._writing = asyncio.Lock()
+        self._queued: list[tuple[Change, asyncio.Future[BreakerDoc | None]]] = []
 
     async def _read(self, fresh: bool = False) -> tuple[BreakerDoc, str | None]:
         started, ticket = self._clock.now(), next(self._tickets)
@@ -312,26 +315,49 @@ class SharedBreaker:
         telemetry.set_circuit_state(self.service, STATE_VALUES[state])
         return state
 
-    async def update(self, change: Callable[[BreakerDoc, datetime], BreakerDoc | None]) -> BreakerDoc | None:
-        """Read fresh, apply `change`, write If-Match; re-read and re-apply on a lost race. The written document, or
-        None when `change` left it alone. Reports a transition to `on_transition`."""
+    async def update(self, change: Change) -> BreakerDoc | None:
+        """Read fresh, apply `change`, write If-Match; re-read and re-apply on a lost race. The document as `change`
+        left it, or None when it left it alone. Changes asked for while this instance's write is in flight are applied
+        in order, in one read-modify-write, by whichever of their callers gets the lock first. Reports each transition
+        to `on_transition`."""
+        done: asyncio.Future[BreakerDoc | None] = asyncio.get_running_loop().create_future()
+        self._queued.append((change, done))
         async with self._writing:
-            return await self._update(change)
+            if not done.done():
+                batch, self._queued = self._queued, []
+                try:
+                    await self._update(batch)
+                except asyncio.CancelledError:
+                    self._queued[:0] = [item for item in batch if not item[1].done()]  # the others still want theirs
+                    raise
+                except Exception as exc:  # noqa: BLE001 - every caller of the batch gets the error
+                    for _, waiting in batch:
+                        if not waiting.done():
+                            waiting.set_exception(exc)
+        return done.result()
 
-    async def _update(self, change: Callable[[BreakerDoc, datetime], BreakerDoc | None]) -> BreakerDoc | None:
+    async def _update(self, batch: list[tuple[Change, asyncio.Future[BreakerDoc | None]]]) -> None:
         for _ in range(WRITE_ATTEMPTS):
             doc, etag = await self._read(fresh=True)
             now = self._clock.now()
-            new = change(doc, now)
-            if new is None:
-                return None
-            try:
-                new_etag = await self.documents.put(self.service, new.to_data(), etag)
-            except (PreconditionFailed, Conflict):
-                continue
-            self._cached, self._cached_ticket = (new, new_etag, self._clock.now()), next(self._tickets)
-            await self._report(doc, new, now)
-            return new
+            current, steps, results = doc, list[tuple[BreakerDoc, BreakerDoc]](), list[BreakerDoc | None]()
+            for change, _ in batch:
+                new = change(current, now)
+                results.append(new)
+                if new is not None:
+                    steps.append((current, new))
+                    current = new
+            if steps:
+                try:
+                    new_etag = await self.documents.put(self.service, current.to_data(), etag)
+                except (PreconditionFailed, Conflict):
+                    continue
+                self._cached, self._cached_ticket = (current, new_etag, self._clock.now()), next(self._tickets)
+                for before, after in steps:
+                    await self._report(before, after, now)
+            for (_, waiting), result in zip(batch, results, strict=True):
+                waiting.set_result(result)
+            return
         raise PreconditionFailed(f"breaker {self.service!r}: {WRITE_ATTEMPTS} writes lost their race")
 
     async def _report(self, old: BreakerDoc, new: BreakerDoc, now: datetime) -> None:
