@@ -161,6 +161,13 @@ resource stateContainer 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/cont
             { path: '/processState', order: 'ascending' }
             { path: '/retryAt', order: 'ascending' }
           ]
+          // The operator tools' listing (`orderflow orders`, GET /api/orders: query_in_state) and the summary's
+          // oldest Pending: ORDER BY c.processState, c.updatedAt, c.id (a multi-field ORDER BY needs its composite).
+          [
+            { path: '/processState', order: 'ascending' }
+            { path: '/updatedAt', order: 'ascending' }
+            { path: '/id', order: 'ascending' }
+          ]
         ]
       }
     }

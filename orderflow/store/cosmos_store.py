@@ -2,8 +2,8 @@
 
 Containers (names from app settings): orders `/orderId`, state `/orderId`, checkpoints `/id`. In Azure they
 are created by Bicep (identity-based data-plane access cannot create containers); `ensure_containers`
-creates them for tests. The state container needs the composite index in `STATE_INDEXING_POLICY` for the
-Starter's query.
+creates them for tests. The state container needs the composite indexes in `STATE_INDEXING_POLICY` for the
+multi-field ORDER BY queries (the Starter's, the Supervisor's, the operator's listing).
 
 A point read answers 404 for a missing item (https://learn.microsoft.com/rest/api/cosmos-db/get-a-document),
 which `read_doc` returns as None. Any other error is an error: a 5xx or 408 has already been through the
@@ -47,6 +47,7 @@ from orderflow.store.errors import (
 from orderflow.store.ports import (
     ExpiredCursor,
     IndexEntry,
+    KeysetCursor,
     Page,
     UpdateWithRetry,
     Versioned,
@@ -75,7 +76,10 @@ _INDEX_FIRST_SQL = (
     "SELECT TOP 1 c.completeBy FROM c WHERE c.completeBy >= @start AND c.completeBy < @end ORDER BY c.completeBy ASC"
 )
 
-# Composite indexes for the two multi-field ORDER BY queries (query_claimable, query_expired).
+# Composite indexes for the multi-field ORDER BY queries: query_claimable, query_expired, query_in_state (and
+# oldest_in_state). A query whose ORDER BY names two or more properties fails without a composite index on exactly
+# those paths in that order ("Queries that have an ORDER BY clause with two or more properties require a composite
+# index", https://learn.microsoft.com/azure/cosmos-db/index-policy#composite-indexes).
 STATE_INDEXING_POLICY: dict[str, Any] = {
     "indexingMode": "consistent",
     "automatic": True,
@@ -84,6 +88,8 @@ STATE_INDEXING_POLICY: dict[str, Any] = {
     "compositeIndexes": [
         [{"path": "/retryAt", "order": "ascending"}, {"path": "/createdAt", "order": "ascending"}],
         [{"path": "/completeBy", "order": "ascending"}, {"path": "/id", "order": "ascending"}],
+        [{"path": "/processState", "order": "ascending"}, {"path": "/updatedAt", "order": "ascending"},
+         {"path": "/id", "order": "ascending"}],
     ],
 }
 
@@ -117,6 +123,25 @@ _EXPIRED_SQL = (
     " AND (c.completeBy > @afterCompleteBy OR (c.completeBy = @afterCompleteBy AND c.id > @afterId))"
     " ORDER BY c.completeBy ASC, c.id ASC"
 )
+_EXPIRED_COUNT_SQL = f"SELECT VALUE COUNT(1) FROM c WHERE {_SUPERVISED_IN} AND c.completeBy < @now"
+
+
+def _in_state_sql(after: bool, before: bool) -> str:
+    """The operator's list: one state, ordered by (updatedAt, id), keyset-paged like `_EXPIRED_SQL`.
+
+    ORDER BY starts with processState, which the equality filter fixes, so the order is (updatedAt, id) all the
+    same, but the query can use the composite index (processState, updatedAt, id) for filter and order at once: a
+    seek to the state's first entry, where ORDER BY c.updatedAt, c.id alone would walk every state's records in
+    updatedAt order ("Queries with a filter and ORDER BY": add the filtered properties to the ORDER BY, in the
+    composite index's order, https://learn.microsoft.com/azure/cosmos-db/index-policy#composite-indexes). The plain
+    `>=` bounds that seek; the OR alone does not."""
+    where = ["c.processState = @state"]
+    if after:
+        where += ["c.updatedAt >= @afterAt", "(c.updatedAt > @afterAt OR (c.updatedAt = @afterAt AND c.id > @afterId))"]
+    if before:
+        where.append("c.updatedAt < @before")
+    return (f"SELECT TOP @n * FROM c WHERE {' AND '.join(where)}"
+            " ORDER BY c.processState ASC, c.updatedAt ASC, c.id ASC")
 
 
 @dataclass(frozen=True)
@@ -351,15 +376,54 @@ class CosmosStateStore(UpdateWithRetry):
             items=items, continuation=next_cursor(items, len(rows) > page_size), request_charge=meter.total
         )
 
-    async def count_in_state(self, state: ProcessState) -> int:
-        sql = "SELECT VALUE COUNT(1) FROM c WHERE c.processState = @state"
-        params: list[dict[str, object]] = [{"name": "@state", "value": state.value}]
+    async def _count(self, sql: str, params: list[dict[str, object]]) -> int:
         try:
             # A cross-partition aggregate: the SDK sums the partial counts of every partition.
             counts = [int(n) async for n in self._container.query_items(sql, parameters=params)]  # type: ignore[call-overload]
         except CosmosHttpResponseError as exc:
             raise translate(exc) from exc
         return sum(counts)
+
+    async def count_in_state(self, state: ProcessState) -> int:
+        sql = "SELECT VALUE COUNT(1) FROM c WHERE c.processState = @state"
+        return await self._count(sql, [{"name": "@state", "value": state.value}])
+
+    async def count_expired(self, now: datetime) -> int:
+        # A record without a CompleteBy is not counted: comparing null with a string is undefined in Cosmos DB
+        # (https://learn.microsoft.com/azure/cosmos-db/nosql/query/equality-comparison-operators), as NULL < text is
+        # in SQLite.
+        return await self._count(_EXPIRED_COUNT_SQL, [*_SUPERVISED_PARAMS, {"name": "@now", "value": format_utc(now)}])
+
+    async def query_in_state(self, state: ProcessState, page_size: int, continuation: str | None = None,
+                             updated_before: datetime | None = None) -> Page:
+        if page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        after = None if continuation is None else KeysetCursor.decode(continuation)
+        params: list[dict[str, object]] = [
+            {"name": "@n", "value": page_size + 1},
+            {"name": "@state", "value": state.value},
+        ]
+        if after is not None:
+            params += [{"name": "@afterAt", "value": after.at}, {"name": "@afterId", "value": after.id}]
+        if updated_before is not None:
+            params.append({"name": "@before", "value": format_utc(updated_before)})
+        meter = ChargeMeter()
+        query = self._container.query_items(
+            _in_state_sql(after is not None, updated_before is not None), parameters=params,
+            max_item_count=page_size + 1, response_hook=meter,
+        )
+        try:
+            rows = [_versioned(d) async for d in query]
+        except CosmosHttpResponseError as exc:
+            raise translate(exc) from exc
+        items = rows[:page_size]
+        more = len(rows) > page_size
+        return Page(items=items, continuation=next_cursor(items, more, lambda r: r.updated_at),
+                    request_charge=meter.total)
+
+    async def oldest_in_state(self, state: ProcessState) -> OrderStateRecord | None:
+        page = await self.query_in_state(state, 1)
+        return page.items[0][0] if page.items else None
 
     async def get_checkpoint(self, name: str) -> tuple[dict[str, Any], str] | None:
         return await get_data(self._checkpoints, name)

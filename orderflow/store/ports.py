@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Self, runtime_checkable
 
 from orderflow.records import (
     CLAIMABLE_STATES,
@@ -20,6 +20,7 @@ from orderflow.records import (
     OrderStateRecord,
     ProcessState,
     format_utc,
+    parse_utc,
 )
 from orderflow.store.errors import NotFound, PreconditionFailed
 
@@ -37,36 +38,69 @@ class Page:
 
 
 @dataclass(frozen=True)
-class ExpiredCursor:
-    """Keyset position of `query_expired`: after (completeBy, id). Both adapters page this way, so a page
-    never skips or repeats a record even while the Supervisor moves earlier records out of the result set."""
+class KeysetCursor:
+    """Keyset position of a paged state-store query: after (at, id), where `at` is a stored timestamp (`format_utc`)
+    and the query is ordered by (that timestamp, id). Each page is a fresh query from this position, so a page never
+    skips or repeats a record even while earlier records leave the result set (no server-side cursor to go stale).
+    The continuation handed to callers is its opaque encoding."""
 
-    complete_by: str
+    at: str
     id: str
+
+    def encode(self) -> str:
+        return base64.urlsafe_b64encode(json.dumps([self.at, self.id]).encode()).decode()
+
+    @classmethod
+    def decode(cls, token: str) -> Self:
+        """The position in `token`; ValueError (its message fit for an HTTP 400) when `token` is not one that
+        `encode` made."""
+        try:
+            at, key = _position(json.loads(base64.urlsafe_b64decode(token.encode())))
+        except (ValueError, TypeError) as exc:
+            shown = token if len(token) <= 80 else token[:80] + "..."
+            raise ValueError(
+                f"malformed continuation token {shown!r}: pass the continuation of the previous page unchanged"
+            ) from exc
+        return cls(at, key)
+
+
+def _position(decoded: object) -> tuple[str, str]:
+    """[timestamp, id] as `encode` writes them, or ValueError: a token that decodes to anything else (another
+    shape, a timestamp not in the stored format) would page from a position no query issued."""
+    if not (isinstance(decoded, list) and len(decoded) == 2 and all(isinstance(v, str) for v in decoded)):
+        raise ValueError("not a [timestamp, id] pair")
+    at, key = decoded
+    if format_utc(parse_utc(at)) != at:
+        raise ValueError(f"{at!r} is not a stored timestamp")
+    return at, key
+
+
+class ExpiredCursor(KeysetCursor):
+    """Keyset position of `query_expired` and of the recovery index: after (completeBy, id). Its encoding is the
+    Supervisor's checkpointed continuation, so it must stay as it is."""
+
+    @property
+    def complete_by(self) -> str:
+        return self.at
 
     @classmethod
     def start(cls, window_start: datetime, continuation: str | None) -> ExpiredCursor:
         return cls(format_utc(window_start), "") if continuation is None else cls.decode(continuation)
 
-    def encode(self) -> str:
-        return base64.urlsafe_b64encode(json.dumps([self.complete_by, self.id]).encode()).decode()
 
-    @classmethod
-    def decode(cls, token: str) -> ExpiredCursor:
-        try:
-            complete_by, key = json.loads(base64.urlsafe_b64decode(token.encode()))
-            return cls(str(complete_by), str(key))
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"malformed continuation token {token!r}") from exc
+def _complete_by(rec: OrderStateRecord) -> datetime:
+    assert rec.complete_by is not None  # query_expired only returns records with a CompleteBy
+    return rec.complete_by
 
 
-def next_cursor(page: list[Versioned], more: bool) -> str | None:
-    """The continuation after `page`, or None when it was the last."""
+def next_cursor(page: list[Versioned], more: bool,
+                position: Callable[[OrderStateRecord], datetime] = _complete_by) -> str | None:
+    """The continuation after `page` (keyed on `position` of its last record: CompleteBy by default), or None when
+    it was the last."""
     if not more or not page:
         return None
     last = page[-1][0]
-    assert last.complete_by is not None  # query_expired only returns records with a CompleteBy
-    return ExpiredCursor(format_utc(last.complete_by), last.id).encode()
+    return KeysetCursor(format_utc(position(last)), last.id).encode()
 
 
 @runtime_checkable
@@ -109,8 +143,26 @@ class StateStore(Protocol):
         ...
 
     async def count_in_state(self, state: ProcessState) -> int:
-        """How many records are in `state` (a cross-partition count: the Starter's admission refresh only, never
-        the submission path)."""
+        """How many records are in `state` (a cross-partition count: the Starter's admission refresh and the ops
+        summary only, never the submission path)."""
+        ...
+
+    async def query_in_state(self, state: ProcessState, page_size: int, continuation: str | None = None,
+                             updated_before: datetime | None = None) -> Page:
+        """One page of the records in `state` (the operator's list), only those last written (updatedAt) before
+        `updated_before` when given; ordered by (updatedAt, id) and keyset-paged (`KeysetCursor`), so no record is
+        skipped or repeated while others leave the state between pages. A record rewritten during the listing moves
+        to its new updatedAt. `continuation` is None on the last page; a malformed one raises ValueError."""
+        ...
+
+    async def oldest_in_state(self, state: ProcessState) -> OrderStateRecord | None:
+        """The record in `state` with the smallest updatedAt (ties by id), or None (the ops summary: the age of the
+        oldest Pending)."""
+        ...
+
+    async def count_expired(self, now: datetime) -> int:
+        """How many supervised records (records.SUPERVISED_STATES) have CompleteBy < now: overdue work the Supervisor
+        has not recovered yet (the ops summary). A CompleteBy equal to `now` is not expired yet."""
         ...
 
     async def get_checkpoint(self, name: str) -> tuple[dict[str, Any], str] | None: ...

@@ -3,8 +3,9 @@
 WAL journal and `BEGIN IMMEDIATE` write transactions make it safe across processes (the Starter, the
 Supervisor, the Agent and the CLI may each open the same file). Every write stores a new random etag;
 `replace` is an If-Match write (PreconditionFailed on mismatch); a create on an existing id is a conflict.
-The columns the queries filter on are copied out of the JSON document and indexed. `query_expired` pages by
-keyset (`ports.ExpiredCursor`). There are no request units: charges are 0.
+The columns the queries filter on are copied out of the JSON document and indexed; updatedAt is indexed as an
+expression on the document (`_UPDATED_AT`), which needs no column migration of an existing file. `query_expired` and
+`query_in_state` page by keyset (`ports.KeysetCursor`). There are no request units: charges are 0.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from orderflow.store.errors import Conflict, NotFound, PreconditionFailed
 from orderflow.store.ports import (
     ExpiredCursor,
     IndexEntry,
+    KeysetCursor,
     Page,
     UpdateWithRetry,
     Versioned,
@@ -51,6 +53,7 @@ CREATE TABLE IF NOT EXISTS order_state (
     process_state TEXT NOT NULL, locked_by TEXT, retry_at TEXT, complete_by TEXT, created_at TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS ix_state_claimable ON order_state (process_state, retry_at, created_at);
 CREATE INDEX IF NOT EXISTS ix_state_expired ON order_state (process_state, complete_by, id);
+CREATE INDEX IF NOT EXISTS ix_state_updated ON order_state (process_state, json_extract(doc, '$.updatedAt'), id);
 CREATE TABLE IF NOT EXISTS checkpoints (
     id TEXT PRIMARY KEY, etag TEXT NOT NULL, doc TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS recovery_index (
@@ -61,6 +64,10 @@ CREATE INDEX IF NOT EXISTS ix_recovery_index_time ON recovery_index (complete_by
 CREATE TABLE IF NOT EXISTS documents (
     collection TEXT NOT NULL, id TEXT NOT NULL, etag TEXT NOT NULL, doc TEXT NOT NULL, PRIMARY KEY (collection, id));
 """
+
+# The indexed expression of ix_state_updated: a query uses that index only when it spells the expression the same way.
+_UPDATED_AT = "json_extract(doc, '$.updatedAt')"
+
 
 def _marks(states: tuple[ProcessState, ...]) -> str:
     return "(" + ", ".join("?" * len(states)) + ")"
@@ -238,8 +245,8 @@ class SqliteStateStore(UpdateWithRetry):
     async def query_unnotified(self, updated_before: datetime, limit: int) -> list[Versioned]:
         sql = (
             f"SELECT doc, etag FROM order_state WHERE process_state IN {_marks(TERMINAL_STATES)}"
-            " AND json_extract(doc, '$.notifiedAt') IS NULL AND json_extract(doc, '$.updatedAt') < ?"
-            " ORDER BY json_extract(doc, '$.updatedAt'), id LIMIT ?"
+            f" AND json_extract(doc, '$.notifiedAt') IS NULL AND {_UPDATED_AT} < ?"
+            f" ORDER BY {_UPDATED_AT}, id LIMIT ?"
         )
         args = (*_values(TERMINAL_STATES), format_utc(updated_before), limit)
         rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall())
@@ -271,6 +278,37 @@ class SqliteStateStore(UpdateWithRetry):
     async def count_in_state(self, state: ProcessState) -> int:
         sql = "SELECT COUNT(*) FROM order_state WHERE process_state = ?"
         row = await self._db.read(lambda conn: conn.execute(sql, (state.value,)).fetchone())
+        return int(row[0])
+
+    async def query_in_state(self, state: ProcessState, page_size: int, continuation: str | None = None,
+                             updated_before: datetime | None = None) -> Page:
+        if page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        where: list[str] = ["process_state = ?"]
+        args: list[object] = [state.value]
+        if continuation is not None:
+            after = KeysetCursor.decode(continuation)
+            # The plain `>=` lets SQLite seek ix_state_updated; it does not seek on the row value alone.
+            where += [f"{_UPDATED_AT} >= ?", f"({_UPDATED_AT}, id) > (?, ?)"]
+            args += [after.at, after.at, after.id]
+        if updated_before is not None:
+            where.append(f"{_UPDATED_AT} < ?")
+            args.append(format_utc(updated_before))
+        sql = f"SELECT doc, etag FROM order_state WHERE {' AND '.join(where)} ORDER BY {_UPDATED_AT}, id LIMIT ?"
+        args.append(page_size + 1)
+        rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall())
+        items = [_versioned(r) for r in rows[:page_size]]
+        more = len(rows) > page_size
+        return Page(items=items, continuation=next_cursor(items, more, lambda r: r.updated_at), request_charge=0.0)
+
+    async def oldest_in_state(self, state: ProcessState) -> OrderStateRecord | None:
+        page = await self.query_in_state(state, 1)
+        return page.items[0][0] if page.items else None
+
+    async def count_expired(self, now: datetime) -> int:
+        sql = f"SELECT COUNT(*) FROM order_state WHERE process_state IN {_marks(SUPERVISED_STATES)} AND complete_by < ?"
+        args = (*_values(SUPERVISED_STATES), format_utc(now))
+        row = await self._db.read(lambda conn: conn.execute(sql, args).fetchone())
         return int(row[0])
 
     async def get_checkpoint(self, name: str) -> tuple[dict[str, Any], str] | None:
