@@ -130,6 +130,18 @@ class CompensationRecord(_Record):
     completed_at: UtcDatetime | None = Field(default=None, alias="completedAt")
 
 
+class Resubmission(_Record):
+    """An operator's resubmit of a failed order (`orderflow resubmit`, POST /api/orders/{id}/resubmit): the audit
+    entry kept on the record. `from_state` is the state it left (Error or CompensationFailed); `failure_count` the
+    budget it had spent, reset to 0 by the resubmit."""
+
+    at: UtcDatetime
+    by: str = Field(min_length=1, max_length=256)
+    reason: str = Field(min_length=1, max_length=256)
+    from_state: ProcessState = Field(alias="fromState")
+    failure_count: int = Field(ge=0, alias="failureCount")
+
+
 class OrderStateRecord(_Record):
     """The state store record of one order (id = orderId, partition key /orderId)."""
 
@@ -172,6 +184,11 @@ class OrderStateRecord(_Record):
     # When the terminal status (and, for Error, the operator alert) went out. Null on a terminal record means the
     # notification is still owed: the Supervisor's sweep sends it (orderflow/notifications.py).
     notified_at: UtcDatetime | None = Field(default=None, alias="notifiedAt")
+    # Operators' resubmits, oldest first (the audit trail: who, when, why).
+    resubmissions: tuple[Resubmission, ...] = ()
+    # The W3C trace context of the order's trace (the submission's span), so that every later hop (Starter,
+    # Scheduler, activities, Agent, replies, terminal status) joins the same trace. None: not traced.
+    traceparent: str | None = Field(default=None, max_length=55)
 
     @field_validator("schema_version")
     @classmethod

@@ -22,6 +22,7 @@ from orderflow.records import (
     CompensationRecord,
     OrderStateRecord,
     ProcessState,
+    Resubmission,
     StepRecord,
     StepStatus,
     instance_id,
@@ -48,6 +49,8 @@ __all__ = [
     "defer",
     "request_cancel",
     "restart",
+    "resubmit",
+    "ResubmitRefused",
     "exponential_backoff",
     "fail",
     "fence",
@@ -92,6 +95,7 @@ class Event(StrEnum):
     COMPENSATE = "compensate"
     CANCEL = "cancel"
     REQUEST_CANCEL = "request_cancel"
+    RESUBMIT = "resubmit"
 
 
 P, R, D, E = ProcessState.PENDING, ProcessState.PROCESSING, ProcessState.PROCESSED, ProcessState.ERROR
@@ -124,6 +128,10 @@ TRANSITIONS: Mapping[tuple[ProcessState, Event], ProcessState] = {
     (P, Event.CANCEL): X,
     (R, Event.CANCEL): X,
     (R, Event.REQUEST_CANCEL): R,
+    # An operator's resubmit (orderflow/operations.py), with a fresh failure budget: a failed order runs again; a
+    # failed compensation is tried again.
+    (E, Event.RESUBMIT): P,
+    (CF, Event.RESUBMIT): C,
 }
 del P, R, D, E, C, CD, CF, X
 
@@ -472,6 +480,28 @@ def defer(rec: OrderStateRecord, instance: str, retry_at: datetime, now: datetim
         return _undo(rec, at, _cancel_cause(rec.cancel_reason), {"retry_at": None, **unlocked})
     return _move(rec, Event.DEFER, at, retry_at=ensure_utc(retry_at), **unlocked, **_error_changes(rec, reason))
 
+
+
+class ResubmitRefused(IllegalTransition):
+    """A resubmit of an order that is not Error or CompensationFailed: the record is unchanged."""
+
+
+def resubmit(rec: OrderStateRecord, now: datetime, by: str, reason: str) -> OrderStateRecord:
+    """An operator's resubmit (etag-guarded, no fence: nobody holds a failed order). Error → Pending, or
+    CompensationFailed → CompensationInProgress, unlocked and due now, with a fresh failure budget (FailureCount or
+    compensationFailures 0), the current error moved to `previous_errors`, and the terminal notification owed again
+    (notifiedAt null: the order's next end is reported). The audit entry says who, when, why and what was spent."""
+    at = ensure_utc(now)
+    if (rec.process_state, Event.RESUBMIT) not in TRANSITIONS:
+        raise ResubmitRefused(f"order {rec.order_id} is {rec.process_state.value}: only an order in "
+                              f"{ProcessState.ERROR.value} or {ProcessState.COMPENSATION_FAILED.value} can be "
+                              "resubmitted")
+    compensating = rec.process_state is ProcessState.COMPENSATION_FAILED
+    spent = rec.compensation_failures if compensating else rec.failure_count
+    audit = Resubmission(at=at, by=by, reason=reason, from_state=rec.process_state, failure_count=spent)
+    budget = {"compensation_failures": 0} if compensating else {"failure_count": 0}
+    return _move(rec, Event.RESUBMIT, at, locked_by=None, complete_by=None, retry_at=None, notified_at=None,
+                 resubmissions=(*rec.resubmissions, audit), **budget, **_error_changes(rec, None))
 
 
 def mark_notified(rec: OrderStateRecord, now: datetime) -> OrderStateRecord:

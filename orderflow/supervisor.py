@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from orderflow import admission, telemetry
 from orderflow.notifications import entered_end, sweep_unnotified
@@ -66,9 +67,19 @@ async def _load_position(services: Services) -> tuple[datetime, str | None]:
     return parse_utc(data["position"]), etag
 
 
-async def _save_position(services: Services, position: datetime, etag: str | None) -> None:
+def last_run(run: SupervisorRun, at: datetime) -> dict[str, Any]:
+    """What the checkpoint keeps of the run that wrote it: the ops summary's "Supervisor's last run with its scan
+    cost" (`orderflow summary`, GET /api/ops/summary)."""
+    return {"at": format_utc(at), "scanned": run.scanned, "recovered": len(run.recovered),
+            "escalated": len(run.escalated), "restarted": len(run.restarted), "requestCharge": run.request_charge,
+            "queries": run.cost.queries, "documents": run.cost.documents, "pointReads": run.cost.point_reads}
+
+
+async def _save_position(services: Services, position: datetime, etag: str | None, run: SupervisorRun,
+                         now: datetime) -> None:
     try:
-        await services.state.put_checkpoint(CHECKPOINT, {"position": format_utc(position)}, etag)
+        data = {"position": format_utc(position), "lastRun": last_run(run, now)}
+        await services.state.put_checkpoint(CHECKPOINT, data, etag)
     except (PreconditionFailed, Conflict):
         # Another Supervisor moved the checkpoint meanwhile; its position is as good as ours (both are safe).
         log.info("supervisor checkpoint moved by another instance; keeping theirs")
@@ -98,7 +109,7 @@ async def run_supervisor(services: Services, durable: DurableStarts | None = Non
         first, _ = probe.items[0]
         position = first.complete_by or end
     run.position = position
-    await _save_position(services, position, etag)
+    await _save_position(services, position, etag, run, now)
     run.notified = await sweep_unnotified(services)
     log.info("supervisor scan (%s): %d expired, %d recovered, %d escalated, %d restarted, %.2f RU, %d queries, "
              "%d documents, %d point reads, %d stale index entries, position %s", t.scan_mode, run.scanned,

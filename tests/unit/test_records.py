@@ -123,6 +123,8 @@ def test_state_document_is_camel_case_with_sortable_dates() -> None:
         "createdAt",
         "updatedAt",
         "notifiedAt",
+        "resubmissions",
+        "traceparent",
     }
     assert doc["processState"] == "Pending" and doc["lockedBy"] is None
     assert (

@@ -20,6 +20,7 @@ from orderflow.state_machine import (
     Fenced,
     IllegalTransition,
     NotDue,
+    ResubmitRefused,
     begin_compensation,
     cancel,
     claim,
@@ -32,6 +33,7 @@ from orderflow.state_machine import (
     recover,
     request_cancel,
     restart,
+    resubmit,
     set_step_deadline,
 )
 
@@ -84,6 +86,7 @@ OPERATIONS: dict[Event, Callable[[OrderStateRecord], OrderStateRecord]] = {
     ),
     Event.DEFER: lambda r: defer(r, FIRST, NOW + LEASE, NOW, "reserve-inventory: CircuitOpen"),
     Event.RESTART: lambda r: restart(r, FIRST, NOW + LEASE, NOW),
+    Event.RESUBMIT: lambda r: resubmit(r, NOW, "ops@example.com", "remote fixed"),
 }
 # Repeating the move that produced the state, by the same instance, returns the record unchanged.
 IDEMPOTENT_REPEATS = {(ProcessState.PROCESSED, Event.COMPLETE), (ProcessState.ERROR, Event.FAIL)}
@@ -111,7 +114,8 @@ def test_transition_table(state: ProcessState, event: Event) -> None:
         assert OPERATIONS[event](rec) is rec
     else:
         # A fenced call on a record the caller does not hold is Fenced before the state is even looked at.
-        expected = Fenced if event is not Event.CLAIM and rec.locked_by != FIRST else IllegalTransition
+        fenced = event not in (Event.CLAIM, Event.RESUBMIT)  # the Starter and an operator hold no lock yet
+        expected = Fenced if fenced and rec.locked_by != FIRST else IllegalTransition
         with pytest.raises(expected):
             OPERATIONS[event](rec)
 
@@ -121,10 +125,49 @@ def test_next_state_names_the_refused_move() -> None:
         next_state(ProcessState.PENDING, Event.COMPLETE)
 
 
-def test_terminal_states_have_no_way_out() -> None:
+def test_terminal_states_have_no_way_out_but_an_operators_resubmit() -> None:
     terminal = {ProcessState.PROCESSED, ProcessState.ERROR, ProcessState.COMPENSATED,
                 ProcessState.COMPENSATION_FAILED, ProcessState.CANCELLED}
-    assert not [key for key in TRANSITIONS if key[0] in terminal]
+    assert sorted(key for key in TRANSITIONS if key[0] in terminal) == [
+        (ProcessState.COMPENSATION_FAILED, Event.RESUBMIT), (ProcessState.ERROR, Event.RESUBMIT)]
+
+
+# --- resubmit (an operator's) ---------------------------------------------------------------------
+
+
+def test_resubmit_of_an_error_runs_it_again_with_a_fresh_budget_and_an_audit_entry() -> None:
+    failed = recover(in_state(ProcessState.PROCESSING).model_copy(update={"failure_count": THRESHOLD - 1}), FIRST,
+                     NOW, THRESHOLD, BACKOFF)
+    failed = failed.model_copy(update={"notified_at": NOW})
+    assert failed.process_state is ProcessState.ERROR and failed.last_error is not None
+    later = NOW + LEASE
+    rec = resubmit(failed, later, "ops@example.com", "remote fixed")
+    assert (rec.process_state, rec.locked_by, rec.complete_by, rec.retry_at, rec.failure_count, rec.notified_at,
+            rec.last_error) == (ProcessState.PENDING, None, None, None, 0, None, None)
+    assert rec.previous_errors[-1] == failed.last_error and rec.attempt == failed.attempt
+    assert [(a.by, a.reason, a.at, a.from_state, a.failure_count) for a in rec.resubmissions] == [
+        ("ops@example.com", "remote fixed", later, ProcessState.ERROR, THRESHOLD)]
+    # The Starter claims it as the next attempt (a new, attempt-specific instance id).
+    assert claim(rec, instance_id(ORDER, rec.attempt + 1), later + LEASE, later).process_state is \
+        ProcessState.PROCESSING
+
+
+def test_resubmit_of_a_failed_compensation_tries_the_compensation_again() -> None:
+    rec = in_state(ProcessState.PROCESSING)
+    rec = set_step_deadline(rec, FIRST, STEP, NOW + LEASE, NOW)
+    rec = begin_compensation(rec, FIRST, "boom", NOW + LEASE, NOW)
+    rec = fail(rec, FIRST, "undo refused", NOW).model_copy(update={"compensation_failures": 2, "failure_count": 1})
+    assert rec.process_state is ProcessState.COMPENSATION_FAILED
+    again = resubmit(rec, NOW, "ops", "undo by hand done")
+    assert (again.process_state, again.locked_by, again.compensation_failures, again.failure_count) == (
+        ProcessState.COMPENSATING, None, 0, 1)
+    assert again.resubmissions[0].failure_count == 2 and again.compensations == rec.compensations
+
+
+@pytest.mark.parametrize("state", [ProcessState.PENDING, ProcessState.PROCESSING, ProcessState.PROCESSED])
+def test_resubmit_refuses_an_order_that_has_not_failed(state: ProcessState) -> None:
+    with pytest.raises(ResubmitRefused, match=f"is {state.value}: only an order in Error or CompensationFailed"):
+        resubmit(in_state(state), NOW, "ops", "why")
 
 
 # --- claim ----------------------------------------------------------------------------------------
