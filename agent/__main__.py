@@ -14,6 +14,8 @@ from agent.config import config_from_args
 from agent.worker import serve
 from orderflow import telemetry
 
+AGENT_SERVICE_NAME = "orderflow-agent"
+
 
 def create_client(connection: str | None, env: Mapping[str, str]) -> Any:
     """An azure-servicebus aio client: `--connection` if given, else the app settings (`orderflow.bus.aio`).
@@ -40,8 +42,10 @@ async def _run(argv: Sequence[str] | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     # Application Insights via OpenTelemetry when APPLICATIONINSIGHTS_CONNECTION_STRING is set (Azure: agent.bicep
-    # sets it, with Entra ID ingestion as the Agent's identity); locally nothing is exported.
-    telemetry.configure_from_env()
+    # sets it, with Entra ID ingestion as the Agent's identity), as the service `orderflow-agent` (cloud_RoleName)
+    # unless OTEL_SERVICE_NAME says otherwise; else the console for OTEL_TRACES_EXPORTER=console (and the metrics
+    # and logs equivalents); else nothing is exported.
+    telemetry.configure_from_env(service_name=AGENT_SERVICE_NAME)
     return asyncio.run(_run(argv))
 
 

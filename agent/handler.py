@@ -27,6 +27,11 @@ timeout-class failure, which leaves recovery to the Supervisor (the state store 
 timed-out step from a failed one). Because the reply MessageId is stable, the first reply sent for an
 (instance, step) is the only one the Scheduler can see.
 
+Tracing: handling one request is the span `orderflow.agent.handle`, a child of the Scheduler's activity that sent
+it (the request's `traceparent` application property, else its `traceparent` field), and each remote call a child
+span of it (agent/remote.py). The reply carries the handling span's context in both places, so the reply trigger joins
+the same trace. A dead-lettered request is traced as `orderflow.agent.dead_letter`.
+
 The breaker's transitions are alerted on here too (`circuit_alerter`): `CircuitOpened` when it opens from closed,
 `CircuitClosed` when it closes; none for half-open or a re-open after a failed probe (still the same outage). The
 alert's MessageId hashes the service and the transition's `changedAt`, so every transition is its own alert. Sending
@@ -49,6 +54,7 @@ from agent.errors import ErrorCode
 from agent.remote import RemoteCaller
 from agent.request_parsing import message_body, parse_agent_request
 from agent.retry import CallGate, RetryPolicy, StepOutcome, call_with_retries
+from orderflow import telemetry, tracing
 from orderflow.breaker import OnTransition, Transition
 from orderflow.clock import WaitingClock as Clock
 from orderflow.messages import (
@@ -114,16 +120,25 @@ class RequestHandler:
 
     async def handle(self, receiver: Settler, message: Any) -> Disposition:
         """Process and settle one received request message; bus errors propagate (the caller abandons)."""
+        properties = getattr(message, "application_properties", None)
         try:
             request = parse_agent_request(
                 message_body(message), message.session_id, self._outbox.replies_queue
             )
         except InvalidMessage as poison:
-            await self._dead_letter(receiver, message, poison)
+            with tracing.span("orderflow.agent.dead_letter", parent=properties, kind=tracing.SpanKind.CONSUMER,
+                              attributes=tracing.order_attributes(message.session_id)):
+                await self._dead_letter(receiver, message, poison)
             return Disposition.DEAD_LETTERED
-        outcome = await self._execute(request)
-        await self._outbox.replies.send_messages(reply_message(self.reply_for(request, outcome)))
-        await receiver.complete_message(message)
+        with tracing.span("orderflow.agent.handle", parent=properties, fallback=request.traceparent,
+                          kind=tracing.SpanKind.CONSUMER,
+                          attributes=tracing.order_attributes(request.order_id, request.instance_id,
+                                                              request.step.value)) as span:
+            outcome = await self._execute(request)
+            span.set_attribute("orderflow.outcome", "succeeded" if outcome.succeeded else "failed")
+            span.set_attribute("orderflow.calls", outcome.attempts)
+            await self._outbox.replies.send_messages(reply_message(self.reply_for(request, outcome)))
+            await receiver.complete_message(message)
         log.info(
             "request %s %s after %d call(s)%s",
             request.message_id(),
@@ -175,10 +190,12 @@ class RequestHandler:
             error=outcome.error,
             result=outcome.result,
             completed_at=self._clock.now(),
+            traceparent=tracing.current_traceparent(),  # the handling span (None outside a trace)
         )
 
     async def _dead_letter(self, receiver: Settler, message: Any, poison: InvalidMessage) -> None:
         alert = self.poison_alert(message, poison)
+        telemetry.alert_event(alert.kind.value, alert.order_id, alert.reason)
         await self._outbox.alerts.send_messages(alert_message(alert))
         await receiver.dead_letter_message(
             message,
@@ -233,6 +250,7 @@ def circuit_alerter(alerts: Sender, clock: Clock) -> OnTransition:
         alert = circuit_alert(transition, clock.now())
         if alert is None:
             return
+        telemetry.alert_event(alert.kind.value, alert.order_id, alert.reason)
         try:
             await alerts.send_messages(alert_message(alert))
         except Exception:  # noqa: BLE001 - an alert must not fail the request; the state is in the gauge too
@@ -245,12 +263,14 @@ def circuit_alerter(alerts: Sender, clock: Clock) -> OnTransition:
 
 
 def reply_message(reply: AgentReply) -> ServiceBusMessage:
+    """The reply's trace context rides in its `traceparent` field and in the application properties."""
     return ServiceBusMessage(
         reply.to_json(),
         session_id=reply.order_id,
         message_id=reply.message_id(),
         content_type="application/json",
         subject=reply.type,
+        application_properties={tracing.TRACEPARENT: reply.traceparent} if reply.traceparent else None,
     )
 
 
@@ -260,4 +280,5 @@ def alert_message(alert: OperatorAlert) -> ServiceBusMessage:
         message_id=alert.message_id(),
         content_type="application/json",
         subject=alert.type,
+        application_properties=tracing.inject() or None,  # the span it was raised in, if any
     )

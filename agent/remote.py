@@ -4,6 +4,9 @@
 a wrapper here: the retry loop asks it before each call and reports each result to it (`agent.retry.CallGate`),
 because only the loop knows whether a refusal comes before any call of the request (`CircuitOpen`, "not now") or
 after some (an ordinary transient failure). Nothing else in the Agent talks HTTP.
+
+Each call is a client span `orderflow.agent.remote_call` (a child of the request's handling span) and sends its
+context in the W3C `traceparent` header, so a remote service that traces joins the order's trace.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from agent.errors import Classification, classify
+from orderflow import tracing
 
 
 @dataclass(frozen=True)
@@ -71,9 +75,20 @@ class HttpRemoteCaller:
 
     async def call(self, step: str, body: dict[str, Any], timeout: float) -> CallResult:
         url = f"{self._base_url}/steps/{step}"
+        # OpenTelemetry HTTP client semantic conventions: method, URL, status code.
+        with tracing.span("orderflow.agent.remote_call", kind=tracing.SpanKind.CLIENT,
+                          attributes={"http.request.method": "POST", "url.full": url,
+                                      **tracing.order_attributes(body.get("orderId"), step=step)}) as span:
+            result = await self._post(url, body, timeout)
+            if result.status is not None:
+                span.set_attribute("http.response.status_code", result.status)
+            span.set_attribute("orderflow.classification", result.classification.value)
+            return result
+
+    async def _post(self, url: str, body: dict[str, Any], timeout: float) -> CallResult:
         try:
             async with self._session.post(
-                url, json=body, timeout=aiohttp.ClientTimeout(total=timeout)
+                url, json=body, headers=tracing.inject(), timeout=aiohttp.ClientTimeout(total=timeout)
             ) as resp:
                 payload = await _json_object(resp)
                 return CallResult(

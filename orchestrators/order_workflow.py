@@ -376,7 +376,8 @@ def order_workflow_v3(context: df.DurableOrchestrationContext, inp: WorkflowInpu
     compensation claimed by the Starter starts at its first compensation still to run."""
     cancel = context.wait_for_external_event(CANCEL_EVENT)
     base = {"orderId": inp.order_id, "instanceId": context.instance_id, "attempt": inp.attempt,
-            "workflowVersion": version, "agentRetries": inp.agent_retries}
+            "workflowVersion": version, "agentRetries": inp.agent_retries,
+            **({"traceparent": inp.traceparent} if inp.traceparent else {})}  # each activity's span joins the trace
     result: dict[str, Any] | None = None
     cancelled = False
     while True:

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from orderflow import telemetry
 from orderflow.records import ProcessState, format_utc, parse_utc
 from orderflow.runtime import Services
 from orderflow.store.errors import Conflict, PreconditionFailed
@@ -105,6 +106,8 @@ async def refresh(services: Services) -> Figures:
         started = services.clock.now()
         processing = await services.state.count_in_state(ProcessState.PROCESSING)
         pending = await services.state.count_in_state(ProcessState.PENDING)
+        telemetry.set_orders_in_state(ProcessState.PROCESSING.value, processing)  # gauge orderflow.orders.in_state
+        telemetry.set_orders_in_state(ProcessState.PENDING.value, pending)
         recent = tuple(at for at in current.reserved if parse_utc(at) >= started - RESERVATION_GRACE)
         figures = Figures(processing + len(recent), pending, format_utc(services.clock.now()), recent)
         if await _write(services, figures, etag):

@@ -17,10 +17,11 @@ import re
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PlainSerializer,
@@ -45,8 +46,26 @@ ORDER_ID_PATTERN = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
 QUEUE_NAME_PATTERN = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,49}\Z")
 
 
+# W3C Trace Context, version 00 (what orderflow writes): `00-<32 hex trace-id>-<16 hex parent-id>-<2 hex flags>`,
+# neither id all zeros (W3C Trace Context, "traceparent Header Field Values").
+TRACEPARENT_PATTERN = re.compile(r"\A00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}\Z")
+
+
+def lenient_traceparent(value: object) -> str | None:
+    """A well-formed traceparent, else None: trace context that cannot be used is ignored, never a reason to refuse
+    a message (W3C Trace Context: a vendor that fails to parse traceparent restarts the trace)."""
+    return value if isinstance(value, str) and TRACEPARENT_PATTERN.match(value) else None
+
+
+# An optional `traceparent` field: validated leniently (see lenient_traceparent).
+Traceparent = Annotated[str | None, BeforeValidator(lenient_traceparent)]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # Optional fields left out of the JSON while None, so that a message without them is byte for byte what it was
+    # before they existed (what a reader of the previous deployment reads).
+    OMIT_WHEN_NONE: ClassVar[frozenset[str]] = frozenset()
 
     def needs_version(self) -> int:
         """The lowest schema version that carries this message's content (1 unless a subclass says more)."""
@@ -66,11 +85,15 @@ class _Model(BaseModel):
             raise ValueError(f"schemaVersion {stated} cannot carry this content; it needs {needed}")
         return self
 
+    def _omitted(self) -> set[str] | None:
+        omitted = {name for name in self.OMIT_WHEN_NONE if getattr(self, name) is None}
+        return omitted or None
+
     def to_json(self) -> str:
-        return self.model_dump_json(by_alias=True)
+        return self.model_dump_json(by_alias=True, exclude=self._omitted())
 
     def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True)
+        return self.model_dump(mode="json", by_alias=True, exclude=self._omitted())
 
 
 class Customer(_Model):
@@ -304,6 +327,10 @@ class AgentRequest(_Model):
     max_retries: int | None = Field(default=None, alias="maxRetries", ge=0)
     reply_to: str = Field(alias="replyTo")
     payload: dict[str, Any] = Field(default_factory=dict)
+    # The sending activity's span (orderflow/tracing.py); also in the message's application properties.
+    traceparent: Traceparent = None
+
+    OMIT_WHEN_NONE = frozenset({"traceparent"})
 
     def message_id(self) -> str:
         return f"{self.instance_id}:{self.step.value}"
@@ -332,6 +359,10 @@ class AgentReply(_Model):
     error: str | None = None
     result: dict[str, Any] = Field(default_factory=dict)
     completed_at: datetime = Field(alias="completedAt")
+    # The Agent's span that handled the request (orderflow/tracing.py); also in the application properties.
+    traceparent: Traceparent = None
+
+    OMIT_WHEN_NONE = frozenset({"traceparent"})
 
     def message_id(self) -> str:
         return f"{self.instance_id}:{self.step.value}:reply"

@@ -7,18 +7,22 @@ both sends succeeded. A send that fails, or a crash between the write and the se
 Supervisor's sweep finds such records (after a grace period, so it does not race the activity that is sending) and
 sends again. Status MessageIds are stable (`<orderId>:<state>:<attempt>`), so duplicate detection on the reply queue
 absorbs a repeat; an alert may be raised twice in that case (at-least-once alerting).
+
+The write that sets `notifiedAt` happens once per order, so it is where the order is counted as finished (metrics
+`orderflow.orders.completed` and `orderflow.order.duration`, by terminal state): a retried or repeated notification
+does not count it again. The sends run in the span `orderflow.terminal_status`, in the order's trace.
 """
 
 from __future__ import annotations
 
 import logging
 
-from orderflow import telemetry
+from orderflow import telemetry, tracing
 from orderflow.messages import COMPENSATED_STEP, AlertKind, Effects, OrderStatus
 from orderflow.outbound import raise_alert, send_status
 from orderflow.records import OrderStateRecord, ProcessState, StepStatus
 from orderflow.runtime import Services
-from orderflow.state_machine import CANCELLED_PREFIX, IllegalTransition, mark_notified
+from orderflow.state_machine import CANCELLED_PREFIX, IllegalTransition, Wrote, mark_notified
 
 log = logging.getLogger("orderflow.notifications")
 
@@ -80,19 +84,30 @@ async def send_terminal_status(services: Services, rec: OrderStateRecord) -> Non
 
 
 async def notify_terminal(services: Services, rec: OrderStateRecord) -> None:
-    """Send what a terminal record owes, then record that it was sent. Raises if a send fails."""
-    now = services.clock.now()
-    _, reason = terminal_status(rec)
-    kind = _alert_kind(rec, reason)
-    if kind is not None:
-        effects = effects_of(rec)
-        details: dict[str, object] = {"attempt": rec.attempt, "failureCount": rec.failure_count}
-        if effects is not None:
-            details.update(effects.to_dict())
-        await raise_alert(services.bus, services.tunables.alerts_queue, kind=kind, order_id=rec.order_id,
-                          reason=reason, now=now, details=details)
-    await send_terminal_status(services, rec)
-    await services.state.update_with_retry(rec.order_id, lambda r: mark_notified(r, services.clock.now()))
+    """Send what a terminal record owes, then record that it was sent (and count the order, once). Raises if a send
+    fails. Traced as a child of the current span (the activity that ended the order), else of the order's trace (the
+    Supervisor's sweep)."""
+    state, reason = terminal_status(rec)
+    with tracing.span("orderflow.terminal_status", parent=None if tracing.in_trace() else rec.traceparent,
+                      kind=tracing.SpanKind.PRODUCER,
+                      attributes={**tracing.order_attributes(rec.order_id),
+                                  "orderflow.state": rec.process_state.value, "orderflow.status": state.value}):
+        now = services.clock.now()
+        kind = _alert_kind(rec, reason)
+        if kind is not None:
+            effects = effects_of(rec)
+            details: dict[str, object] = {"attempt": rec.attempt, "failureCount": rec.failure_count}
+            if effects is not None:
+                details.update(effects.to_dict())
+            await raise_alert(services.bus, services.tunables.alerts_queue, kind=kind, order_id=rec.order_id,
+                              reason=reason, now=now, details=details)
+        await send_terminal_status(services, rec)
+        wrote = Wrote(lambda r: mark_notified(r, services.clock.now()))
+        await services.state.update_with_retry(rec.order_id, wrote)
+    if wrote.changed:  # this call recorded the notification: the order ends here, once
+        ended = rec.process_state.value
+        telemetry.count_order_completed(ended)
+        telemetry.record_order_duration(ended, max(0.0, (rec.updated_at - rec.created_at).total_seconds()))
 
 
 async def entered_error(services: Services, rec: OrderStateRecord) -> None:

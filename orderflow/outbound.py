@@ -3,6 +3,9 @@
 Sending with a SessionId needs the azure-servicebus SDK (the output binding cannot set it), so all sends go through
 an `azure.servicebus.aio.ServiceBusClient` (or the embedded broker's client with the same surface). Every message has
 a stable MessageId so a retried send is absorbed by duplicate detection.
+
+Every message carries the trace context of the span that sent it in its application properties (`traceparent`,
+orderflow/tracing.py): a status message the submitting app receives joins the order's trace, as does an alert.
 """
 
 from __future__ import annotations
@@ -13,17 +16,21 @@ from typing import Any
 
 from azure.servicebus import ServiceBusMessage
 
-from orderflow import telemetry
+from orderflow import telemetry, tracing
 from orderflow.messages import AgentRequest, AlertKind, Effects, OperatorAlert, OrderStatus, StatusMessage
 
 log = logging.getLogger("orderflow.outbound")
 
 
 async def _send(bus: Any, queue: str, body: str, *, message_id: str, session_id: str | None,
-                subject: str) -> None:
+                subject: str, traceparent: str | None = None) -> None:
+    """Send one message; its `traceparent` property is the one given, else the current span's (none outside a
+    trace: the message is then exactly what it was before tracing)."""
+    properties: dict[str | bytes, Any] = {tracing.TRACEPARENT: traceparent} if traceparent else tracing.inject()
     async with bus.get_queue_sender(queue) as sender:
         await sender.send_messages(ServiceBusMessage(body, message_id=message_id, session_id=session_id,
-                                                     subject=subject, content_type="application/json"))
+                                                     subject=subject, content_type="application/json",
+                                                     application_properties=properties or None))
 
 
 async def send_status(bus: Any, queue: str, *, order_id: str, state: OrderStatus, attempt: int, reason: str,
@@ -63,10 +70,12 @@ async def raise_alert(bus: Any, queue: str, *, kind: AlertKind, order_id: str | 
     log.error("operator alert %s for order %r: %s", kind.value, order_id, reason,
               extra={"alert_kind": kind.value, "order_id": order_id})
     telemetry.count_alert(kind.value)
+    telemetry.alert_event(kind.value, order_id, reason)
     await _send(bus, queue, alert.to_json(), message_id=alert.message_id(), session_id=None, subject="OperatorAlert")
     return alert
 
 
 async def send_agent_request(bus: Any, queue: str, request: AgentRequest) -> None:
+    """The request's trace context rides twice: in its `traceparent` field and in the application properties."""
     await _send(bus, queue, request.to_json(), message_id=request.message_id(), session_id=request.order_id,
-                subject="AgentRequest")
+                subject="AgentRequest", traceparent=request.traceparent)

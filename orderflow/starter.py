@@ -5,6 +5,9 @@ before `start_new`. Two starters racing for one record: the second If-Match writ
 skips the record, so an attempt is scheduled once. A crash after the claim and before `start_new` leaves a Processing
 record whose lease expires: the Supervisor finds that attempt's orchestration missing and starts it (same attempt,
 no FailureCount; orderflow/supervisor.py), so a crash there delays the order and costs it nothing.
+
+Tracing: the claim and the start are spans of the order's trace, whose context the submission stored on the record
+(`traceparent`); the start hands its own span to the Scheduler in the input, and the Scheduler to each activity.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from orderflow import admission
+from orderflow import admission, tracing
 from orderflow import function_names as fn
 from orderflow.breaker import BreakerConfig, SharedBreaker
 from orderflow.records import OrderStateRecord, ProcessState, instance_id
@@ -62,12 +65,15 @@ async def try_claim(services: Services, rec: OrderStateRecord, etag: str) -> Wor
     """Claim one record for its next attempt; None when another starter won or the record is not claimable."""
     now = services.clock.now()
     instance = instance_id(rec.order_id, rec.attempt + 1)
-    try:
-        claimed = claim(rec, instance, now + services.tunables.claim_lease, now)
-        await index_deadline(services.index, rec.order_id, claimed.complete_by or now, instance)
-        await services.state.replace(claimed, etag)
-    except (PreconditionFailed, IllegalTransition):
-        return None
+    with tracing.span("orderflow.starter.claim", parent=rec.traceparent,
+                      attributes=tracing.order_attributes(rec.order_id, instance)) as span:
+        try:
+            claimed = claim(rec, instance, now + services.tunables.claim_lease, now)
+            await index_deadline(services.index, rec.order_id, claimed.complete_by or now, instance)
+            await services.state.replace(claimed, etag)
+        except (PreconditionFailed, IllegalTransition):
+            span.set_attribute("orderflow.claimed", False)
+            return None
     return workflow_input(services, claimed)
 
 
@@ -75,7 +81,8 @@ def workflow_input(services: Services, rec: OrderStateRecord) -> WorkflowInput:
     """The Scheduler's input for the record's current attempt."""
     return WorkflowInput(order_id=rec.order_id, attempt=rec.attempt,
                          step_timeout_seconds=int(services.tunables.step_timeout.total_seconds()),
-                         agent_retries=services.tunables.agent_retries, workflow_version=WORKFLOW_VERSION)
+                         agent_retries=services.tunables.agent_retries, workflow_version=WORKFLOW_VERSION,
+                         traceparent=rec.traceparent)
 
 
 async def start_claimed(start_new: StartNew, inp: WorkflowInput) -> None:
@@ -176,6 +183,14 @@ def is_already_running(exc: BaseException) -> bool:
 
 async def start_attempt(start_new: StartNew, inp: WorkflowInput, result: StarterRun) -> None:
     instance = instance_id(inp.order_id, inp.attempt)
+    with tracing.span("orderflow.starter.start", parent=inp.traceparent,
+                      attributes=tracing.order_attributes(inp.order_id, instance)):
+        traceparent = tracing.current_traceparent()  # this span: the parent of the attempt's activities
+        await _start(start_new, inp if traceparent == inp.traceparent else inp.model_copy(
+            update={"traceparent": traceparent}), instance, result)
+
+
+async def _start(start_new: StartNew, inp: WorkflowInput, instance: str, result: StarterRun) -> None:
     try:
         await start_claimed(start_new, inp)
         result.claimed.append(instance)

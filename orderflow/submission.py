@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from orderflow import admission, telemetry
+from orderflow import admission, telemetry, tracing
 from orderflow.admission import BACKLOG_FULL, backlog_gate
 from orderflow.messages import (
     AlertKind,
@@ -212,6 +212,9 @@ async def _store(services: Services, order: SubmitOrder, now: datetime, where: d
                              f"order {order.order_id} exists with different data (hash {stored.order_hash[:12]}…)",
                              order_id=order.order_id, kind=AlertKind.ORDER_CONFLICT, where=where), False
     new = OrderStateRecord.new(order, now)
+    traceparent = tracing.current_traceparent()  # the submission's span: every later hop joins this trace
+    if traceparent is not None:
+        new = new.model_copy(update={"traceparent": traceparent})
     if claim_slot:
         first = instance_id(order.order_id, 1)
         new = claim_record(new, first, now + services.tunables.claim_lease, now)

@@ -1,7 +1,14 @@
-"""Telemetry: OpenTelemetry metrics and the operator-alert log line (the API only; the host configures exporters).
+"""Telemetry: OpenTelemetry metrics, the operator-alert events, and where they (and the traces of
+orderflow/tracing.py) are exported. Product code uses the OpenTelemetry API only; `configure_from_env` picks the
+exporter once per process (function_app.py for the function app, agent/__main__.py for the Agent):
 
-In Azure, `azure-monitor-opentelemetry` exports to Application Insights when APPLICATIONINSIGHTS_CONNECTION_STRING is
-set (host.json `telemetryMode: OpenTelemetry`); locally the console; in tests an in-memory reader.
+- APPLICATIONINSIGHTS_CONNECTION_STRING set (Azure): `azure-monitor-opentelemetry` exports traces, metrics and the
+  logs of the `orderflow` loggers to Application Insights (host.json `telemetryMode: OpenTelemetry`);
+- else OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER / OTEL_LOGS_EXPORTER = `console` (the OpenTelemetry SDK's own
+  environment variables, each for its signal): printed on stdout, locally;
+- else nothing: every span and instrument is a no-op (the tests install in-memory readers of their own).
+
+docs/telemetry.md lists the metrics, the spans and the alert events.
 """
 
 from __future__ import annotations
@@ -9,19 +16,29 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from opentelemetry import metrics
 
 METER_NAME = "orderflow"
 log = logging.getLogger("orderflow.alerts")
 
+# Alerts as events: a log record on `orderflow.alerts` with this attribute becomes a customEvents row named by it in
+# Application Insights (azure-monitor-opentelemetry-exporter, export/logs/_exporter.py: a record with the attribute
+# `microsoft.custom_event.name` is sent as an Event envelope, not as a trace).
+CUSTOM_EVENT_ATTRIBUTE = "microsoft.custom_event.name"
+ALERT_EVENT_NAME = "OrderflowAlert"
+CONSOLE = "console"
 
-def configure_from_env(env: Mapping[str, str] | None = None) -> bool:
+
+def configure_from_env(env: Mapping[str, str] | None = None, *, service_name: str | None = None) -> bool:
     """Export to Application Insights when APPLICATIONINSIGHTS_CONNECTION_STRING is set (Azure; identity-based
-    ingestion via APPLICATIONINSIGHTS_AUTHENTICATION_STRING). Returns whether an exporter was configured."""
+    ingestion via APPLICATIONINSIGHTS_AUTHENTICATION_STRING), else to the console for each signal whose
+    OTEL_<SIGNAL>_EXPORTER is `console`. `service_name` names the process (cloud_RoleName) unless OTEL_SERVICE_NAME
+    does. Returns whether an exporter was configured."""
     source = os.environ if env is None else env
     if not source.get("APPLICATIONINSIGHTS_CONNECTION_STRING"):
-        return False
+        return _configure_console(source, service_name)
     from azure.monitor.opentelemetry import configure_azure_monitor  # noqa: PLC0415
 
     credential = None
@@ -29,8 +46,66 @@ def configure_from_env(env: Mapping[str, str] | None = None) -> bool:
         from azure.identity import ManagedIdentityCredential  # noqa: PLC0415
 
         credential = ManagedIdentityCredential(client_id=source.get("AZURE_CLIENT_ID"))
-    configure_azure_monitor(credential=credential, logger_name="orderflow")
+    options: dict[str, Any] = {}
+    if service_name and not source.get("OTEL_SERVICE_NAME"):
+        options["resource"] = _resource(service_name)
+    configure_azure_monitor(credential=credential, logger_name="orderflow", **options)
     return True
+
+
+def _resource(service_name: str | None) -> Any:
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource  # noqa: PLC0415
+
+    return Resource.create({SERVICE_NAME: service_name} if service_name else {})
+
+
+def _configure_console(source: Mapping[str, str], service_name: str | None) -> bool:
+    """The SDK's console exporters, for the signals whose OTEL_<SIGNAL>_EXPORTER is `console`. The SDK is installed
+    wherever the app is (azure-monitor-opentelemetry depends on opentelemetry-sdk)."""
+    wanted = {signal for signal in ("TRACES", "METRICS", "LOGS")
+              if CONSOLE in source.get(f"OTEL_{signal}_EXPORTER", "").lower().split(",")}
+    if not wanted:
+        return False
+    resource = _resource(None if source.get("OTEL_SERVICE_NAME") else service_name)
+    if "TRACES" in wanted:
+        from opentelemetry import trace  # noqa: PLC0415
+        from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter  # noqa: PLC0415
+
+        tracer_provider = TracerProvider(resource=resource)
+        tracer_provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+        trace.set_tracer_provider(tracer_provider)
+    if "METRICS" in wanted:
+        from opentelemetry.sdk.metrics import MeterProvider  # noqa: PLC0415
+        from opentelemetry.sdk.metrics.export import (  # noqa: PLC0415
+            ConsoleMetricExporter,
+            PeriodicExportingMetricReader,
+        )
+
+        metrics.set_meter_provider(MeterProvider(resource=resource,
+                                                 metric_readers=[PeriodicExportingMetricReader(ConsoleMetricExporter())]))
+    if "LOGS" in wanted:
+        from opentelemetry._logs import set_logger_provider  # noqa: PLC0415
+        from opentelemetry.instrumentation.logging.handler import LoggingHandler  # noqa: PLC0415
+        from opentelemetry.sdk._logs import LoggerProvider  # noqa: PLC0415
+        from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, ConsoleLogRecordExporter  # noqa: PLC0415
+
+        logger_provider = LoggerProvider(resource=resource)
+        logger_provider.add_log_record_processor(BatchLogRecordProcessor(ConsoleLogRecordExporter()))
+        set_logger_provider(logger_provider)
+        logging.getLogger("orderflow").addHandler(LoggingHandler(logger_provider=logger_provider))
+    return True
+
+
+def alert_event(kind: str, order_id: str | None, reason: str) -> None:
+    """An operator alert as an OpenTelemetry event: a log record on `orderflow.alerts` whose attributes are the event
+    name (`microsoft.custom_event.name` = OrderflowAlert: a customEvents row in Application Insights), `kind`,
+    `orderId` (when the alert is about an order) and `reason`. Logged at WARNING so that the default level lets it
+    through; the ERROR line that names the alert stays on its own logger (orderflow.outbound, agent)."""
+    attributes = {CUSTOM_EVENT_ATTRIBUTE: ALERT_EVENT_NAME, "kind": kind, "reason": reason}
+    if order_id is not None:
+        attributes["orderId"] = order_id
+    log.warning("%s %s", ALERT_EVENT_NAME, kind, extra=attributes)
 
 
 def _meter() -> metrics.Meter:
@@ -81,3 +156,52 @@ def circuit_states() -> dict[str, int]:
 def count_rejected(reason: str) -> None:
     _meter().create_counter("orderflow.admission.rejected", unit="1",
                             description="Orders refused by admission control").add(1, {"reason": reason})
+
+
+# The last counted figures of each observable gauge: orders per state (the Starter's admission refresh counts Pending
+# and Processing; the operator summary counts every state) and dead-letter depth per queue. An observable gauge
+# reports what its callback returns at each collection, so the figures are kept here between counts.
+_orders_in_state: dict[str, int] = {}
+_deadletter_depths: dict[str, int] = {}
+_gauges_registered: set[str] = set()
+
+
+def _observe_orders(_options: metrics.CallbackOptions) -> list[metrics.Observation]:
+    return [metrics.Observation(count, {"state": state}) for state, count in sorted(_orders_in_state.items())]
+
+
+def _observe_deadletters(_options: metrics.CallbackOptions) -> list[metrics.Observation]:
+    return [metrics.Observation(depth, {"queue": queue}) for queue, depth in sorted(_deadletter_depths.items())]
+
+
+# Each setter names its instrument literally (tests/infra reads the metric names the code creates from the calls).
+def set_orders_in_state(state: str, count: int) -> None:
+    """The last count of orders in `state` (gauge `orderflow.orders.in_state`, attribute `state`)."""
+    _orders_in_state[state] = count
+    if "in_state" not in _gauges_registered:
+        _meter().create_observable_gauge("orderflow.orders.in_state", callbacks=[_observe_orders], unit="1",
+                                         description="Orders per ProcessState, as last counted")
+        _gauges_registered.add("in_state")
+
+
+def set_deadletter_depth(queue: str, depth: int) -> None:
+    """The last count of messages in `queue`'s dead-letter sub-queue (gauge `orderflow.deadletter.depth`)."""
+    _deadletter_depths[queue] = depth
+    if "deadletter" not in _gauges_registered:
+        _meter().create_observable_gauge("orderflow.deadletter.depth", callbacks=[_observe_deadletters], unit="1",
+                                         description="Messages in each queue's dead-letter sub-queue, as last counted")
+        _gauges_registered.add("deadletter")
+
+
+def count_order_completed(state: str) -> None:
+    """An order reached its terminal `state` (Processed, Error, Compensated, CompensationFailed, Cancelled): counted
+    once, by the call that recorded its notification."""
+    _meter().create_counter("orderflow.orders.completed", unit="1",
+                            description="Orders that reached a terminal state").add(1, {"state": state})
+
+
+def record_order_duration(state: str, seconds: float) -> None:
+    """createdAt → terminal state of one order (histogram `orderflow.order.duration`, seconds)."""
+    _meter().create_histogram("orderflow.order.duration", unit="s",
+                              description="Order end-to-end latency: creation to terminal state").record(
+        seconds, {"state": state})

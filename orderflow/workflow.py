@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orderflow.messages import Traceparent
+
 # The key of LOAD_ORDER's result that lists the steps an earlier attempt completed (they are not sent again).
 SUCCEEDED_STEPS = "succeededSteps"
 # The key of LOAD_ORDER's result (workflow version 2) that says what this attempt does: {"compensations": [names]}
@@ -49,7 +51,12 @@ class WorkflowInput(BaseModel):
     agent_retries: int = Field(default=4, alias="agentRetries", ge=0)
     # Absent in version-1 inputs.
     workflow_version: str = Field(default=WORKFLOW_V1, alias="workflowVersion", min_length=1, max_length=32)
+    # The order's trace (orderflow/tracing.py): the Starter's span that started this attempt. The Scheduler opens no
+    # span (it is replayed); it hands this to each activity, whose span joins the order's trace. Left out while None,
+    # so an input without trace context is what it was before the field existed.
+    traceparent: Traceparent = None
 
     def to_dict(self) -> dict[str, object]:
-        return self.model_dump(mode="json", by_alias=True)
+        omitted = {"traceparent"} if self.traceparent is None else None
+        return self.model_dump(mode="json", by_alias=True, exclude=omitted)
 

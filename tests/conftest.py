@@ -3,7 +3,9 @@ an in-memory reader that tests read through the `metric_points` fixture."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry import metrics
@@ -28,3 +30,18 @@ def read_metric_points() -> dict[str, list[object]]:
 @pytest.fixture()
 def metric_points() -> Callable[[], dict[str, list[object]]]:
     return read_metric_points
+
+
+@pytest.fixture
+async def p(tmp_path: Path) -> AsyncIterator[Any]:
+    """A fresh in-process deployment (tests/integration/integration_support.py) whose Services the activities' and
+    triggers' get_services() return on this loop."""
+    from integration.integration_support import open_pipeline  # noqa: PLC0415 - only the tests that use it pay
+
+    from orderflow import runtime  # noqa: PLC0415
+
+    deployment = await open_pipeline(tmp_path)
+    runtime.use_services(deployment.services)
+    yield deployment
+    runtime.reset_services()
+    await deployment.aclose()

@@ -22,6 +22,7 @@ import azure.durable_functions as df
 import azure.functions as func
 
 from orderflow import function_names as fn
+from orderflow import tracing
 from orderflow.messages import AlertKind, reply_event_name
 from orderflow.outbound import about_message, raise_alert
 from orderflow.replies import RaiseOutcome, UnusableReply, check_reply, classify_raise_error
@@ -36,18 +37,35 @@ log = logging.getLogger("orderflow.agent_replies")
                               connection="ServiceBusConnection", is_sessions_enabled=True)
 @bp.durable_client_input(client_name="client")
 async def agent_replies(message: func.ServiceBusMessage, client: df.DurableOrchestrationClient) -> None:
+    # The span `orderflow.agent_reply` joins the order's trace: the message's `traceparent` application property,
+    # else the reply's own field (orderflow/tracing.py).
+    properties = getattr(message, "application_properties", None)
     try:
         reply = check_reply(message.get_body(), message.session_id)
-        await raise_event_outcome(client, reply.instance_id, reply_event_name(reply.step.value), reply.to_dict())
     except UnusableReply as unusable:
-        services = await get_services()
-        where = about_message(services.tunables.agent_replies_queue, message.message_id, message.session_id,
-                              message.sequence_number)
-        log.warning("agent reply %r completed without raising: %s: %s", message.message_id, unusable.reason,
-                    unusable.description)
-        await raise_alert(services.bus, services.tunables.alerts_queue, kind=AlertKind.POISON_MESSAGE,
-                          order_id=message.session_id, reason=unusable.reason, now=services.clock.now(),
-                          details={"description": unusable.description, **where})
+        with tracing.span("orderflow.agent_reply", parent=properties, kind=tracing.SpanKind.CONSUMER,
+                          attributes=tracing.order_attributes(message.session_id)):
+            await _unusable(message, unusable)
+        return
+    with tracing.span("orderflow.agent_reply", parent=properties, fallback=reply.traceparent,
+                      kind=tracing.SpanKind.CONSUMER,
+                      attributes=tracing.order_attributes(reply.order_id, reply.instance_id, reply.step.value)):
+        try:
+            await raise_event_outcome(client, reply.instance_id, reply_event_name(reply.step.value), reply.to_dict())
+        except UnusableReply as unusable:
+            await _unusable(message, unusable)
+
+
+async def _unusable(message: func.ServiceBusMessage, unusable: UnusableReply) -> None:
+    """Complete a reply that can never be raised, with an operator alert naming the field."""
+    services = await get_services()
+    where = about_message(services.tunables.agent_replies_queue, message.message_id, message.session_id,
+                          message.sequence_number)
+    log.warning("agent reply %r completed without raising: %s: %s", message.message_id, unusable.reason,
+                unusable.description)
+    await raise_alert(services.bus, services.tunables.alerts_queue, kind=AlertKind.POISON_MESSAGE,
+                      order_id=message.session_id, reason=unusable.reason, now=services.clock.now(),
+                      details={"description": unusable.description, **where})
 
 
 async def raise_event_outcome(client: df.DurableOrchestrationClient, instance_id: str, event_name: str,

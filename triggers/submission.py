@@ -6,6 +6,9 @@ the field — the plain binding can only abandon (and dead-letter later as MaxDe
 are blocking gRPC calls to the host, so they run in a worker thread (`asyncio.to_thread`) off the event loop.
 Transient failures (store or bus unavailable) raise: the message is abandoned and redelivered, and each write is
 idempotent, so the redelivery repairs a half-done submission.
+
+Each message is handled in the span `orderflow.submission`, the root of the order's trace (or a child of the client's
+span when the message carries a `traceparent` application property); the state record keeps its context.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import azure.durable_functions as df
 import azurefunctions.extensions.bindings.servicebus as servicebus
 
 from orderflow import function_names as fn
-from orderflow.runtime import get_services
+from orderflow import tracing
+from orderflow.runtime import Services, get_services
 from orderflow.starter import StarterRun, start_attempt, start_one
 from orderflow.submission import Accepted, CancelDone, CancelTooLate, Refused, receive
 from orderflow.workflow import CANCEL_EVENT
@@ -34,11 +38,21 @@ async def submission(message: servicebus.ServiceBusReceivedMessage,
                      message_actions: servicebus.ServiceBusMessageActions,
                      client: df.DurableOrchestrationClient) -> None:
     services = await get_services()
+    # MessageId/SessionId as the binding decoded them, and the SequenceNumber (exact: the dead-lettered message
+    # keeps it) for the alert. None stays None (str(None) would name a message "None").
+    message_id = None if message.message_id is None else str(message.message_id)
+    attributes = {**tracing.order_attributes(message.session_id), "messaging.system": "servicebus",
+                  "messaging.destination.name": services.tunables.orders_queue}
+    with tracing.span("orderflow.submission", parent=getattr(message, "application_properties", None),
+                      kind=tracing.SpanKind.CONSUMER, attributes=attributes):
+        await _handle(services, message, message_id, message_actions, client)
+
+
+async def _handle(services: Services, message: servicebus.ServiceBusReceivedMessage, message_id: str | None,
+                  message_actions: servicebus.ServiceBusMessageActions,
+                  client: df.DurableOrchestrationClient) -> None:
     body = b"".join(message.body)
     try:
-        # MessageId/SessionId as the binding decoded them, and the SequenceNumber (exact: the dead-lettered message
-        # keeps it) for the alert. None stays None (str(None) would name a message "None").
-        message_id = None if message.message_id is None else str(message.message_id)
         outcome = await receive(services, body, message.session_id, message_id, message.sequence_number,
                                 claim=True)
     except Exception:

@@ -24,16 +24,6 @@ async def pipeline(tmp_path: Path) -> AsyncIterator[Pipeline]:
 
 
 @pytest.fixture
-async def p(tmp_path: Path) -> AsyncIterator[Pipeline]:
-    """A deployment whose Services the activities' and triggers' get_services() return on this loop."""
-    deployment = await open_pipeline(tmp_path)
-    runtime.use_services(deployment.services)
-    yield deployment
-    runtime.reset_services()
-    await deployment.aclose()
-
-
-@pytest.fixture
 async def durable_api() -> AsyncIterator[ScriptedDurableApi]:
     """A scripted Durable HTTP API on 127.0.0.1 (port 0) for the real DurableOrchestrationClient."""
     api = ScriptedDurableApi()
