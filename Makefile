@@ -17,10 +17,12 @@ MAKEFLAGS += --jobs=3
 
 .PHONY: setup worker-env demo up down lint test test-fast bench clean
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
+# The project itself goes in editable, without dependencies (the requirements hold them): the `orderflow` command.
+$(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt -c constraints.txt 2>&1 \
 		| { grep -v "^WARNING: Location 'file://" || true; }
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
 $(WORKER_VENV)/.installed: requirements.txt requirements-worker.txt constraints.txt

@@ -44,8 +44,10 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--work-dir", type=Path, default=None, help="state folder (default: a fresh .demo/<timestamp>)")
     d.add_argument("--json", action="store_true", help="print one JSON object with the figures as the last line")
 
-    from .client import add_commands  # noqa: PLC0415
-    add_commands(sub)
+    # submit, cancel and queues: aliases of the operator CLI's client commands (orderflow/cli/client.py), one
+    # implementation. `cancel` here is the client app's (no state-store check), as before the CLI existed.
+    from orderflow.cli.client import add_commands  # noqa: PLC0415
+    add_commands(sub, "devhost", ("submit", "cancel", "queues"))
     from .drill import add_command as add_drill  # noqa: PLC0415
     add_drill(sub)
     from .up import add_commands as add_up  # noqa: PLC0415
@@ -108,12 +110,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("up", "down"):
         from . import up  # noqa: PLC0415
         return up.up(args) if args.command == "up" else up.down(args)
-    if args.command == "cancel":
-        from . import client  # noqa: PLC0415
-        return client.cancel(args)
-    if args.command in ("submit", "queues"):
-        from . import client  # noqa: PLC0415
-        return client.submit(args) if args.command == "submit" else client.queues(args)
+    if args.command in ("submit", "cancel", "queues"):
+        from orderflow.breaker_cli import CliError  # noqa: PLC0415
+        try:
+            code: int = args.handler(args)
+        except CliError as exc:
+            print(f"{args.prog}: error: {exc}", file=sys.stderr)
+            return 1
+        return code
     return 2
 
 

@@ -60,10 +60,10 @@ from orderflow.messages import (
     SubmitOrder,
     idempotency_key,
 )
+from orderflow.operations import cancel_body, cancel_message
 from orderflow.records import OrderStateRecord, ProcessState, StepStatus
 from orderflow.workflow import WORKFLOW_V1, WORKFLOW_V2, WORKFLOW_VERSION
 
-from .client import cancel_body, cancel_message
 from .demo import ClientApp, client_app, default_work_dir, make_orders, simulator_json, summary_table
 from .drill import (
     LIFECYCLE_DRILLS,

@@ -140,7 +140,8 @@ def _setting(name: str, env: Mapping[str, str]) -> str:
     return value
 
 
-def _message(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: its message (with its type unless it is a CliError or a ValueError)."""
     if isinstance(exc, KeyError) and exc.args:
         text = str(exc.args[0])
     else:
@@ -157,7 +158,7 @@ def _open_documents(env: Mapping[str, str]) -> Any:
     try:
         return open_breaker_documents(env)
     except Exception as exc:
-        raise CliError(f"cannot open the breaker store {endpoint}: {_message(exc)}") from exc
+        raise CliError(f"cannot open the breaker store {endpoint}: {one_line(exc)}") from exc
 
 
 def _open_bus(env: Mapping[str, str]) -> Any:
@@ -166,14 +167,14 @@ def _open_bus(env: Mapping[str, str]) -> Any:
     try:
         return client_from_settings(env)
     except Exception as exc:
-        raise CliError(f"cannot open the Service Bus client: {_message(exc)}") from exc
+        raise CliError(f"cannot open the Service Bus client: {one_line(exc)}") from exc
 
 
 async def _read(breaker: SharedBreaker) -> BreakerDoc:
     try:
         return (await breaker.view()).doc
     except Exception as exc:
-        raise CliError(f"cannot read breaker {breaker.service!r}: {_message(exc)}") from exc
+        raise CliError(f"cannot read breaker {breaker.service!r}: {one_line(exc)}") from exc
 
 
 async def show(services: Sequence[str], documents: Any, config: BreakerConfig, clock: Clock) -> list[dict[str, Any]]:
@@ -198,7 +199,7 @@ async def force(service: str, state: BreakerState, by: str, documents: Any, bus:
     try:
         written = await breaker.force(state, by)
     except Exception as exc:
-        raise CliError(f"cannot force breaker {service!r} {state.value}: {_message(exc)}") from exc
+        raise CliError(f"cannot force breaker {service!r} {state.value}: {one_line(exc)}") from exc
     before = seen[0].before if seen else written.state  # no transition: it already was in that state
     changed_at = written.changed_at or clock.now()
     kind = AlertKind.CIRCUIT_OPENED if state is BreakerState.OPEN else AlertKind.CIRCUIT_CLOSED
@@ -209,7 +210,7 @@ async def force(service: str, state: BreakerState, by: str, documents: Any, bus:
                                   now=clock.now(), details=details)
     except Exception as exc:
         raise CliError(f"breaker {service!r} is {written.state.value} ({written.reason}) but the operator alert "
-                       f"could not be sent to {alerts_queue}: {_message(exc)}") from exc
+                       f"could not be sent to {alerts_queue}: {one_line(exc)}") from exc
     return {"breaker": breaker_row(service, written, config, clock.now()),
             "alert": {"kind": kind.value, "queue": alerts_queue, "messageId": alert.message_id(),
                       "details": details}}
@@ -220,7 +221,7 @@ async def run(args: argparse.Namespace, env: Mapping[str, str], clock: Clock) ->
     try:
         config = BreakerConfig.from_env(env)
     except (ValueError, KeyError) as exc:
-        raise CliError(f"invalid circuit-breaker settings: {_message(exc)}") from exc
+        raise CliError(f"invalid circuit-breaker settings: {one_line(exc)}") from exc
     default_service = settings.get("RemoteServiceName", env) or "fulfilment"
     if args.command == "show":
         documents = _open_documents(env)
@@ -269,7 +270,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - one line, never a traceback
-        print(f"{PROG}: error: {_message(exc)}", file=sys.stderr)
+        print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
         return 1
     print(output)
     return 0

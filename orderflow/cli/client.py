@@ -1,8 +1,10 @@
-"""A client app for the local system: `python -m devhost submit` sends one order and follows its statuses on the
-app's reply queue; `python -m devhost cancel ORDER_ID` sends a CancelOrder in the order's session and follows what it
-did; `python -m devhost queues` shows each queue's counts, the dead-letter reasons and the operator
-alerts. Both use the same connection setting as the app (ServiceBusConnection from the environment or the app's
-local.settings.json) and the azure-servicebus API, so they work on the embedded broker (and, for `submit`, on Azure).
+"""The client-app commands of `orderflow` (and their devhost aliases): `submit` sends orders and follows their
+statuses on the app's reply queue; `watch` follows a reply queue; `cancel` sends a CancelOrder in the order's session
+and follows what it did; `queues` shows each queue's counts, the dead-letter reasons and the operator alerts.
+
+They use the app's connection setting (ServiceBusConnection or ServiceBusConnection__fullyQualifiedNamespace, from
+the environment or the app's local.settings.json) and the azure-servicebus API, so they work on the embedded broker
+and on Azure (`queues` needs the embedded broker's counts; on Azure, `orderflow summary` and `orderflow dlq list`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
@@ -26,18 +28,18 @@ from azure.servicebus.exceptions import MessagingEntityNotFoundError, OperationT
 from rich.console import Console
 from rich.table import Table
 
+from orderflow.breaker_cli import CliError
 from orderflow.bus import from_connection_string
+from orderflow.cli.common import load_settings, started_by_up
 from orderflow.messages import (
     TERMINAL_STATUSES,
-    CancelOrder,
     InvalidMessage,
     OperatorAlert,
     OrderStatus,
     StatusMessage,
     parse_submit_order,
 )
-
-from .config import HostConfig
+from orderflow.operations import CANCELLABLE, cancel_message
 
 SAMPLE_ORDER: dict[str, Any] = {
     "schemaVersion": 1, "type": "SubmitOrder", "replyTo": "app-status",
@@ -46,42 +48,66 @@ SAMPLE_ORDER: dict[str, Any] = {
 }
 
 
-def add_commands(sub: Any) -> None:
-    s = sub.add_parser("submit", help="send one order and follow its statuses (a client app)",
-                       description="Send a SubmitOrder to the orders queue (SessionId = orderId, MessageId = "
-                                   "<orderId>:<hash of the body>, so an identical resend is absorbed by duplicate "
-                                   "detection and a changed one reaches the conflict check), then print the "
-                                   "statuses from the reply queue until a terminal one or --wait seconds.")
-    _connection_options(s)
-    s.add_argument("--order-id", default=None, help="orderId (default: a new random one)")
-    s.add_argument("--file", type=Path, default=None, help="JSON file with the order (default: a sample order)")
-    s.add_argument("--reply-to", default=None, help="reply queue (default: the order's, else app-status)")
-    s.add_argument("--wait", type=float, default=30.0, help="seconds to wait for a terminal status (default 30)")
-    s.add_argument("--host-port", type=int, default=None,
-                   help="devhost's HTTP port, checked when no terminal status comes (default: the one `devhost up` "
-                        "recorded, else 7071)")
-
-    c = sub.add_parser("cancel", help="cancel one order and follow what the cancel did (a client app)",
-                       description="Send a CancelOrder for ORDER_ID to the orders queue in the order's session "
-                                   "(SessionId = orderId, so it is processed after the order's SubmitOrder), with the "
-                                   "order's replyTo (read from the orders DB), then print the statuses that follow "
-                                   "it: cancelled (nothing was sent), compensated (what was done is undone), "
-                                   "rejected (too late: the order is processed or failed, nothing changed). A cancel "
-                                   "of an order whose steps are running takes effect at once or at its next step; a "
-                                   "repeated cancel changes nothing and is not answered again.")
-    _connection_options(c)
-    c.add_argument("order_id", metavar="ORDER_ID", help="the order to cancel")
-    c.add_argument("--reason", default=None, help="why: the CancelOrder's reason (at most 256 characters)")
-    c.add_argument("--reply-to", default=None,
-                   help="reply queue (default: the order's replyTo from the orders DB, else app-status)")
-    c.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the answer (default 30)")
-
-    q = sub.add_parser("queues", help="queue counts, dead-letter reasons and operator alerts (embedded broker)",
-                       description="For every queue: active, scheduled and dead-lettered messages and sessions with "
-                                   "backlog; then the dead-lettered messages with their reasons and the operator "
-                                   "alerts (peeked, nothing is removed).")
-    _connection_options(q)
-    q.add_argument("--peek", type=int, default=20, help="most messages to list per queue (default 20)")
+def add_commands(sub: Any, prog: str, names: tuple[str, ...] = ("submit", "watch", "cancel", "queues")) -> None:
+    """The client-app commands under `prog` (`orderflow`, or `python -m devhost` for its aliases)."""
+    if "submit" in names:
+        s = sub.add_parser("submit", help="send orders and follow their statuses (a client app)",
+                           description="Send a SubmitOrder to the orders queue (SessionId = orderId, MessageId = "
+                                       "<orderId>:<hash of the body>, so an identical resend is absorbed by duplicate "
+                                       "detection and a changed one reaches the conflict check), then print the "
+                                       "statuses from the reply queue until a terminal one or --wait seconds. With "
+                                       "--count N, N orders (generated ids) and one line each when it ends.")
+        _connection_options(s)
+        s.add_argument("--order-id", default=None, help="orderId (default: a new random one)")
+        s.add_argument("--file", type=Path, default=None, help="JSON file with the order (default: a sample order)")
+        s.add_argument("--count", type=int, default=1, help="send this many orders, each with a new orderId")
+        s.add_argument("--reply-to", default=None, help="reply queue (default: the order's, else app-status)")
+        s.add_argument("--wait", type=float, default=30.0, help="seconds to wait for terminal statuses (default 30)")
+        s.add_argument("--json", action="store_true", help="--count: print one JSON object per order")
+        s.add_argument("--host-port", type=int, default=None,
+                       help="devhost's HTTP port, checked when no terminal status comes (default: the one "
+                            "`devhost up` recorded, else 7071)")
+        s.set_defaults(prog=f"{prog} submit", handler=submit)
+    if "watch" in names:
+        w = sub.add_parser("watch", help="follow an application's reply queue (consumes its statuses, as the app)",
+                           description="Receive the statuses on REPLY_QUEUE, session after session, completing each "
+                                       "(this is what the submitting app does), and print them as they come.")
+        _connection_options(w)
+        w.add_argument("queue", metavar="REPLY_QUEUE", nargs="?", default="app-status",
+                       help="the app's reply queue (default app-status)")
+        w.add_argument("--order", default=None, metavar="ORDER_ID", help="only this order's session")
+        w.add_argument("--for", dest="duration", type=float, default=30.0,
+                       help="stop after this many seconds (default 30)")
+        w.add_argument("--max", type=int, default=None, help="stop after this many statuses")
+        w.add_argument("--json", action="store_true", help="print one JSON status per line")
+        w.set_defaults(prog=f"{prog} watch", handler=watch)
+    if "cancel" in names:
+        c = sub.add_parser("cancel", help="cancel one order and follow what the cancel did",
+                           description="Send a CancelOrder for ORDER_ID to the orders queue in the order's session "
+                                       "(SessionId = orderId, so it is processed after the order's SubmitOrder), "
+                                       "with the order's replyTo, then print the statuses that follow it: cancelled "
+                                       "(nothing was sent), compensated (what was done is undone), rejected (too "
+                                       "late). First checks the state store: an unknown order, or one that is not "
+                                       "Pending or Processing, is refused and nothing is sent (--no-check sends it "
+                                       "as any client app would). A repeated cancel changes nothing.")
+        _connection_options(c)
+        c.add_argument("order_id", metavar="ORDER_ID", help="the order to cancel")
+        c.add_argument("--reason", default=None, help="why: the CancelOrder's reason (at most 256 characters)")
+        c.add_argument("--reply-to", default=None,
+                       help="reply queue (default: the order's replyTo from the state store, else app-status)")
+        c.add_argument("--wait", type=float, default=30.0,
+                       help="seconds to wait for the answer (default 30; 0: send and exit)")
+        c.add_argument("--no-check", action="store_true",
+                       help="do not read the state store first (the client app's cancel)")
+        c.set_defaults(prog=f"{prog} cancel", handler=cancel, no_check=prog != "orderflow")
+    if "queues" in names:
+        q = sub.add_parser("queues", help="queue counts, dead-letter reasons and operator alerts (embedded broker)",
+                           description="For every queue: active, scheduled and dead-lettered messages and sessions "
+                                       "with backlog; then the dead-lettered messages with their reasons and the "
+                                       "operator alerts (peeked, nothing is removed).")
+        _connection_options(q)
+        q.add_argument("--peek", type=int, default=20, help="most messages to list per queue (default 20)")
+        q.set_defaults(prog=f"{prog} queues", handler=queues)
 
 
 def _connection_options(p: argparse.ArgumentParser) -> None:
@@ -94,35 +120,42 @@ def _connection_options(p: argparse.ArgumentParser) -> None:
 
 def _client(args: argparse.Namespace) -> Any:
     app_dir = args.app_dir.resolve()
-    values = HostConfig.load(app_dir).values
-    conn = args.connection or os.environ.get("ServiceBusConnection") or values.get("ServiceBusConnection")
-    if not conn:
-        raise SystemExit("no connection: pass --connection or set ServiceBusConnection "
-                         "(cp local.settings.sample.json local.settings.json)")
+    values = load_settings(app_dir)
+    conn = args.connection or values.get("ServiceBusConnection")
     os.chdir(app_dir)  # relative embedded paths resolve against the app dir, as under devhost
-    return from_connection_string(conn)
+    if conn:
+        return from_connection_string(conn)
+    if values.get("ServiceBusConnection__fullyQualifiedNamespace"):  # Azure: identity-based
+        from orderflow.bus import client_from_settings  # noqa: PLC0415
+
+        return client_from_settings(values)
+    raise CliError("no connection: pass --connection or set ServiceBusConnection (or "
+                   "ServiceBusConnection__fullyQualifiedNamespace on Azure); locally: cp local.settings.sample.json "
+                   "local.settings.json")
 
 
-def _read_order_file(path: Path) -> dict[str, Any]:
+def _read_order_file(path: Path, prog: str) -> dict[str, Any]:
     """The order in `path`, or SystemExit(2) with one line saying what is wrong (no traceback)."""
     try:
         raw = json.loads(path.read_text())
     except OSError as exc:
-        _usage_error(f"cannot read --file {path}: {exc.strerror or exc}")
+        _usage_error(prog, f"cannot read --file {path}: {exc.strerror or exc}")
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        _usage_error(f"--file {path} is not JSON: {exc}")
+        _usage_error(prog, f"--file {path} is not JSON: {exc}")
     if not isinstance(raw, dict):
-        _usage_error(f"--file {path} must hold one JSON object (a SubmitOrder), not {type(raw).__name__}")
-    return raw
+        _usage_error(prog, f"--file {path} must hold one JSON object (a SubmitOrder), not {type(raw).__name__}")
+    return dict(raw)
 
 
-def _usage_error(message: str) -> Any:
-    print(f"devhost submit: {message}", file=sys.stderr)
+def _usage_error(prog: str, message: str) -> NoReturn:
+    print(f"{prog}: {message}", file=sys.stderr)
     raise SystemExit(2)
 
 
 def submit(args: argparse.Namespace) -> int:
-    raw = _read_order_file(args.file) if args.file else dict(SAMPLE_ORDER)
+    if args.count != 1:
+        return submit_many(args)
+    raw = _read_order_file(args.file, args.prog) if args.file else dict(SAMPLE_ORDER)
     raw.setdefault("orderId", args.order_id or f"order-{uuid.uuid4().hex[:10]}")
     if args.order_id:
         raw["orderId"] = args.order_id
@@ -147,7 +180,7 @@ def submit(args: argparse.Namespace) -> int:
         console.print(f"sent order [bold]{order_id}[/] (MessageId {message_id}); statuses from {reply_to}:")
         if known_rejection is not None:  # no status will come: the rejection is known, say it and stop
             console.print(f"[red]rejected: {known_rejection.reason}: the order is dead-lettered on {orders_queue}, "
-                          f"no status follows (python -m devhost queues)[/]")
+                          f"no status follows (orderflow queues)[/]")
             return 1
         watch = _Watch(client, orders_queue, message_id)
         code, statuses = _follow(client, reply_to, order_id, args.wait, console, watch)
@@ -159,67 +192,160 @@ def submit(args: argparse.Namespace) -> int:
         return code
 
 
-def cancel_body(order_id: str, reply_to: str, reason: str | None = None,
-                requested_at: datetime | None = None) -> str:
-    """A CancelOrder's JSON body (validated: ValueError on an invalid orderId, replyTo or reason)."""
-    return CancelOrder(orderId=order_id, replyTo=reply_to, reason=reason,
-                       requestedAt=requested_at or datetime.now(UTC)).to_json()
+def _order_body(template: dict[str, Any], order_id: str, reply_to: str | None) -> tuple[str, str]:
+    raw = {**template, "orderId": order_id, "submittedAt": datetime.now(UTC).isoformat()}
+    if reply_to:
+        raw["replyTo"] = reply_to
+    body = json.dumps(raw)
+    return body, f"{order_id}:{hashlib.sha256(body.encode()).hexdigest()[:12]}"
 
 
-def cancel_message(order_id: str, reply_to: str, reason: str | None = None,
-                   requested_at: datetime | None = None) -> ServiceBusMessage:
-    """A CancelOrder as a client sends it on orders-inbound: SessionId = orderId (after the order's SubmitOrder),
-    MessageId = `<orderId>:cancel:<hash of the body>` (each cancel is its own message; an identical resend is absorbed
-    by duplicate detection)."""
-    body = cancel_body(order_id, reply_to, reason, requested_at)
-    message_id = f"{order_id}:cancel:{hashlib.sha256(body.encode()).hexdigest()[:12]}"
-    return ServiceBusMessage(body, session_id=order_id, message_id=message_id, content_type="application/json")
+def submit_many(args: argparse.Namespace) -> int:
+    """`submit --count N`: N orders with new ids, then one line (or JSON object) per order as it ends. Exit 0 when
+    every order ended within --wait (whatever its end), 1 otherwise. Consumes the reply queue's statuses."""
+    if args.count < 1:
+        _usage_error(args.prog, f"--count must be at least 1, got {args.count}")
+    if args.order_id:
+        _usage_error(args.prog, "--order-id names one order; --count generates the ids")
+    template = _read_order_file(args.file, args.prog) if args.file else dict(SAMPLE_ORDER)
+    reply_to = str(args.reply_to or template.get("replyTo") or "app-status")
+    orders_queue = os.environ.get("OrdersQueueName", "orders-inbound")
+    prefix = f"order-{uuid.uuid4().hex[:6]}"
+    ids = [f"{prefix}-{n:05d}" for n in range(args.count)]
+    console = Console()
+    with _client(args) as client:
+        with client.get_queue_sender(orders_queue) as sender:
+            for order_id in ids:
+                body, message_id = _order_body(template, order_id, args.reply_to)
+                sender.send_messages(ServiceBusMessage(body, session_id=order_id, message_id=message_id,
+                                                       content_type="application/json"))
+        if not args.json:
+            console.print(f"sent {len(ids)} orders ({ids[0]} … {ids[-1]}); statuses from {reply_to}:")
+        pending = set(ids)
+        ended: dict[str, StatusMessage] = {}
+        for status in _all_statuses(client, reply_to, args.wait, lambda: not pending):
+            if status.order_id in pending and (status.state in TERMINAL_STATUSES
+                                               or status.state is OrderStatus.REJECTED):
+                pending.discard(status.order_id)
+                ended[status.order_id] = status
+                if args.json:
+                    print(status.to_json(), flush=True)
+                else:
+                    console.print(f"  {status.order_id}  {status.state.value:<19} attempt {status.attempt}  "
+                                  f"{status.reason}")
+        counts: dict[str, int] = {}
+        for status in ended.values():
+            counts[status.state.value] = counts.get(status.state.value, 0) + 1
+        if not args.json:
+            console.print(f"{len(ended)} of {len(ids)} ended within {args.wait:g} s: "
+                          + (", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "none"))
+        return 0 if not pending else 1
 
 
-def _stored_reply_to(order_id: str) -> str | None:
-    """The replyTo of the stored order (the orders DB named by CosmosDb__accountEndpoint), None when it cannot be
-    read or there is no such order."""
+def _all_statuses(client: Any, queue: str, wait: float, done: Any = lambda: False,
+                  session: str | None = None) -> Iterator[StatusMessage]:
+    """Statuses on `queue` (every session, or one), each completed as it is read, for at most `wait` seconds or
+    until `done()`. A body that is not a status is reported on stderr and left in the queue."""
+    from azure.servicebus import NEXT_AVAILABLE_SESSION  # noqa: PLC0415
+
+    deadline = time.monotonic() + wait
+    while not done() and (remaining := deadline - time.monotonic()) > 0:
+        try:
+            with client.get_queue_receiver(queue, session_id=session or NEXT_AVAILABLE_SESSION,
+                                           max_wait_time=min(remaining, 5.0)) as receiver:
+                while not done() and (left := deadline - time.monotonic()) > 0:
+                    batch = receiver.receive_messages(max_message_count=50, max_wait_time=min(left, 1.0))
+                    if not batch:
+                        break
+                    for message in batch:
+                        try:
+                            status = StatusMessage.model_validate_json(b"".join(message.body))
+                        except ValueError as exc:
+                            print(f"not a status (left on {queue}): {message.message_id}: {str(exc).splitlines()[0]}",
+                                  file=sys.stderr)
+                            continue
+                        receiver.complete_message(message)
+                        yield status
+        except OperationTimeoutError:
+            continue
+
+
+def watch(args: argparse.Namespace) -> int:
+    """`orderflow watch REPLY_QUEUE`: print statuses for --for seconds (or --max of them); exit 0."""
+    console = Console()
+    seen = [0]
+    with _client(args) as client:
+        if not args.json:
+            console.print(f"watching {args.queue}" + (f" (order {args.order})" if args.order else "")
+                          + f" for {args.duration:g} s")
+        try:
+            for status in _all_statuses(client, args.queue, args.duration,
+                                        lambda: args.max is not None and seen[0] >= args.max, args.order):
+                seen[0] += 1
+                if args.json:
+                    print(status.to_json(), flush=True)
+                else:
+                    console.print(f"  {status.timestamp.isoformat()}  {status.order_id}  {status.state.value:<19} "
+                                  f"attempt {status.attempt}  {status.reason}")
+        except MessagingEntityNotFoundError as exc:
+            raise CliError(f"there is no queue {args.queue!r}") from exc
+    return 0
+
+
+def _stored_record(order_id: str) -> Any:
+    """The order's state record (the state store named by CosmosDb__accountEndpoint), None when there is no such
+    order; CliError when the store cannot be read."""
     import asyncio  # noqa: PLC0415
 
     from orderflow.store import open_stores  # noqa: PLC0415
 
-    env = {**HostConfig.load(Path(".")).values, **os.environ}
+    env = load_settings(Path("."))
     if not env.get("CosmosDb__accountEndpoint"):
-        return None
+        raise CliError("app setting CosmosDb__accountEndpoint is not set: cannot check the order (--no-check sends "
+                       "the cancel as a client app would)")
 
-    async def read() -> str | None:
+    async def read() -> Any:
         async with open_stores(env) as stores:
-            stored = await stores.orders.get(order_id)
-        return None if stored is None else str(stored.order.get("replyTo") or "") or None
+            found = await stores.state.get(order_id)
+        return None if found is None else found[0]
 
     try:
         return asyncio.run(asyncio.wait_for(read(), 15))
-    except Exception:  # noqa: BLE001 - a convenience only: --reply-to, else app-status
-        return None
+    except Exception as exc:
+        raise CliError(f"cannot read order {order_id} from the state store: {exc}") from exc
 
 
 def cancel(args: argparse.Namespace) -> int:
-    """`python -m devhost cancel ORDER_ID`: 0 when the order ended cancelled or compensated, 1 otherwise (rejected,
-    dead-lettered, or no answer within --wait)."""
+    """`orderflow cancel ORDER_ID`: 0 when the order ended cancelled or compensated, 1 otherwise (refused, rejected,
+    dead-lettered, or no answer within --wait). Unless --no-check, the order must exist and be Pending or
+    Processing (an operator's check); with it, the cancel goes out as any client app's would, and the system answers
+    (`rejected`, or the dead-letter reason UnknownOrder)."""
     order_id = str(args.order_id)
     console = Console()
     orders_queue = os.environ.get("OrdersQueueName", "orders-inbound")
     with _client(args) as client:  # (chdir to the app dir: an embedded store path resolves as under devhost)
-        stored = _stored_reply_to(order_id)
-        reply_to = args.reply_to or stored or "app-status"
-        if stored is None and not args.reply_to:
-            console.print(f"[yellow]note: no stored order {order_id} found: replying to {reply_to}; the system "
-                          f"dead-letters a cancel of an unknown order (UnknownOrder)[/]")
+        reply_to = args.reply_to
+        if not args.no_check:
+            record = _stored_record(order_id)
+            if record is None:
+                raise CliError(f"no order {order_id!r} in the state store")
+            if record.process_state not in CANCELLABLE:
+                raise CliError(f"order {order_id} is {record.process_state.value}: only a Pending or Processing "
+                               "order can be cancelled")
+            reply_to = reply_to or record.reply_to
+        reply_to = reply_to or "app-status"
         try:
             message = cancel_message(order_id, reply_to, args.reason)
         except ValueError as exc:  # an invalid orderId, replyTo or reason: nothing is sent
-            print(f"devhost cancel: {exc}", file=sys.stderr)
+            print(f"{args.prog}: {exc}", file=sys.stderr)
             return 2
         sent_at = datetime.now(UTC)
         with client.get_queue_sender(orders_queue) as sender:
             sender.send_messages(message)
         console.print(f"sent cancel of [bold]{order_id}[/] (MessageId {message.message_id}); statuses from "
                       f"{reply_to}:")
+        if args.wait <= 0:
+            return 0
         watch = _Watch(client, orders_queue, str(message.message_id))
         return _follow_cancel(client, reply_to, order_id, sent_at, args.wait, console, watch)
 
@@ -269,7 +395,7 @@ class _Watch:
         if dead is None:
             return False
         console.print(f"[red]rejected: {dead.dead_letter_reason}: {dead.dead_letter_error_description or ''} "
-                      f"(dead-lettered on {self.orders_queue}; python -m devhost queues)[/]")
+                      f"(dead-lettered on {self.orders_queue}; orderflow queues)[/]")
         return True
 
     def __init__(self, client: Any, orders_queue: str, message_id: str) -> None:
@@ -351,15 +477,6 @@ def _reachable(host: str, port: int) -> bool:
         return False
 
 
-def _started_by_up(app_dir: Path) -> dict[str, dict[str, Any]]:
-    """The processes `devhost up` recorded in <app-dir>/.devhost/up.json, by name ({} when there is none)."""
-    try:
-        data = json.loads((app_dir / ".devhost" / "up.json").read_text())
-        return {str(p["name"]): dict(p) for p in data["processes"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -384,7 +501,7 @@ def _diagnose(args: argparse.Namespace, watch: _Watch, statuses: list[StatusMess
     if inbound:
         found.append(f"{watch.orders_queue} holds {inbound} message(s) nobody has taken: is devhost "
                      f"(python -m devhost start) running?")
-    started = _started_by_up(args.app_dir)  # `python -m devhost up` records URLs and pids in .devhost/up.json
+    started = started_by_up(args.app_dir)  # `python -m devhost up` records URLs and pids in .devhost/up.json
     host_url = urlsplit(str(started.get("devhost", {}).get("url") or ""))
     host = host_url.hostname if args.host_port is None and host_url.hostname else "127.0.0.1"
     host_port = args.host_port or (host_url.port if host_url.hostname else None) or 7071
@@ -396,9 +513,8 @@ def _diagnose(args: argparse.Namespace, watch: _Watch, statuses: list[StatusMess
         found.append(f"the Agent (pid {agent['pid']}, started by devhost up): "
                      + ("running" if _alive(agent["pid"]) else "not running")
                      + (f"; its log: {agent['log']}" if agent.get("log") else ""))
-    values = HostConfig.load(args.app_dir.resolve()).values if args.app_dir.exists() else {}
-    remote = (str(started.get("simulator", {}).get("url") or "") or os.environ.get("AGENT_REMOTE_URL")
-              or values.get("AGENT_REMOTE_URL") or "http://127.0.0.1:8765")
+    values = load_settings(args.app_dir.resolve()) if args.app_dir.exists() else dict(os.environ)
+    remote = (str(started.get("simulator", {}).get("url") or "") or values.get("AGENT_REMOTE_URL") or "http://127.0.0.1:8765")
     url = urlsplit(remote)
     if url.hostname:
         port = url.port or (443 if url.scheme == "https" else 80)

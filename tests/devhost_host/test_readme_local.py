@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 # see `setup` as done (the venv and node_modules are the repo's own, already set up).
 LINKED = ("function_app.py", "host.json", "servicebus.config.json", "local.settings.sample.json", "activities",
           "orchestrators", "triggers", "orderflow", "agent", "devhost", "Makefile", "requirements.txt",
-          "requirements-dev.txt", "constraints.txt", "package.json", ".venv", "node_modules")
+          "requirements-dev.txt", "constraints.txt", "pyproject.toml", "package.json", ".venv", "node_modules")
 
 
 def readme_local_commands() -> list[str]:

@@ -11,11 +11,14 @@ settings (e2e_support).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from datetime import UTC, datetime
 
 from e2e_support import Client, make_order, new_order_id
 from support.hosted import wait_until
 
+from devhost.system import ROOT
 from orderflow.messages import (
     STEPS,
     AgentOutcome,
@@ -239,3 +242,36 @@ def test_agent_replies_reach_the_scheduler_as_json_strings_and_the_order_complet
     replies = [AgentReply.from_event(value) for value in received]
     assert [(r.instance_id, r.step, r.outcome) for r in replies] == [
         (f"{order_id}:1", step, AgentOutcome.SUCCEEDED) for step in STEPS]
+
+
+# --- the operator CLI on this running system (orderflow/cli; every command and error in-process:
+# tests/integration/test_operator_cli.py). What needs the real host: a finished attempt's Durable status and history.
+
+
+def _orderflow(client: Client, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    assert client.system.devhost is not None and client.system.devhost.url
+    env = {**client.system.env(), "COLUMNS": "200",
+           "DurableTaskApiUrl": f"{client.system.devhost.url}/runtime/webhooks/durabletask"}
+    return subprocess.run([sys.executable, "-m", "orderflow", *argv], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_an_order_submitted_by_the_cli_is_shown_with_its_orchestration_and_counted(client: Client) -> None:
+    order_id = new_order_id("cli-op")
+    sent = _orderflow(client, "submit", "--order-id", order_id, "--wait", "45", "--connection",
+                      client.system.config.bus_connection)
+    assert sent.returncode == 0 and "completed" in sent.stdout, sent.stdout + sent.stderr
+    shown = _orderflow(client, "order", order_id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    view = json.loads(shown.stdout)
+    assert view["state"]["processState"] == "Processed" and view["order"]["orderId"] == order_id
+    [attempt] = view["attempts"]
+    orchestration = attempt["orchestration"]
+    assert attempt["instanceId"] == f"{order_id}:1" and orchestration["runtimeStatus"] == "Completed"
+    events = [e["EventType"] for e in orchestration["historyEvents"]]
+    assert events[0] == "ExecutionStarted" and events[-1] == "ExecutionCompleted"
+    assert events.count("TaskCompleted") >= 4  # the version-3 Scheduler's activities
+    text = _orderflow(client, "order", order_id)
+    assert text.returncode == 0 and f"attempt 1: {order_id}:1: Completed" in text.stdout, text.stdout
+    summary = json.loads(_orderflow(client, "summary", "--json").stdout)
+    assert summary["states"]["Processed"] >= 1 and summary["supervisor"]["lastRun"] is not None

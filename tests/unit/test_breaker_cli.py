@@ -1,9 +1,13 @@
-"""`python -m orderflow.breaker_cli show|open|close`, run as the operator runs it: a subprocess with app settings in
-its environment, against an embedded store and the embedded broker (the repo's servicebus.config.json queues)."""
+"""`python -m orderflow.breaker_cli show|open|close` (also `orderflow breaker`), with app settings in its environment,
+against an embedded store and the embedded broker (the repo's servicebus.config.json queues). Its `main` runs
+in-process with the environment passed in (each run as a subprocess cost 2 s of imports); one test runs it as the
+operator does, `python -m`, in a subprocess."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -14,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from orderflow import breaker_cli
 from orderflow.breaker import BreakerDoc, BreakerState
 from orderflow.bus import from_connection_string
 from orderflow.messages import AlertKind, OperatorAlert
@@ -36,15 +41,27 @@ class Env:
         self.vars = {**inherited, "CosmosDb__accountEndpoint": f"embedded://{self.store}",
                      "ServiceBusConnection": self.bus, "CircuitBreakerFailureThreshold": "3", "USER": "carol"}
 
-    def run(self, *args: str, **changes: str | None) -> subprocess.CompletedProcess[str]:
+    def environment(self, **changes: str | None) -> dict[str, str]:
         env = dict(self.vars)
         for key, value in changes.items():
             if value is None:
                 env.pop(key, None)
             else:
                 env[key] = value
-        return subprocess.run([sys.executable, "-m", "orderflow.breaker_cli", *args], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=120)
+        return env
+
+    def run(self, *args: str, **changes: str | None) -> subprocess.CompletedProcess[str]:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = breaker_cli.main(list(args), env=self.environment(**changes))
+            except SystemExit as exited:  # argparse's usage errors
+                code = int(exited.code or 0)
+        return subprocess.CompletedProcess(["orderflow.breaker_cli", *args], code, out.getvalue(), err.getvalue())
+
+    def run_as_a_command(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "orderflow.breaker_cli", *args], cwd=REPO,
+                              env=self.environment(), capture_output=True, text=True, timeout=120)
 
     def ok(self, *args: str, **changes: str | None) -> str:
         done = self.run(*args, **changes)
@@ -238,3 +255,10 @@ def test_invalid_breaker_setting(env: Env) -> None:
 def test_usage_error_is_argparse_exit_2(env: Env) -> None:
     done = env.run("half-open")
     assert done.returncode == 2 and "invalid choice" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_python_dash_m_runs_the_command(env: Env) -> None:
+    done = env.run_as_a_command("show", "--json")
+    assert done.returncode == 0, done.stderr
+    [row] = json.loads(done.stdout)
+    assert row["service"] == "fulfilment" and row["state"] == "closed"

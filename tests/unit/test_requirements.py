@@ -12,6 +12,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOYED = ["function_app.py", "triggers", "activities", "orchestrators", "orderflow", "agent"]
 LOCAL = {"function_app", "triggers", "activities", "orchestrators", "orderflow", "agent"}
+# The operator CLI is in the package but in neither artifact (.funcignore, the Agent's .dockerignore): it runs on the
+# operator's machine with requirements-dev.txt (rich).
+NOT_DEPLOYED = ("orderflow/cli/", "orderflow/__main__.py")
 
 
 def _imports(path: Path) -> set[str]:
@@ -50,7 +53,8 @@ def test_every_third_party_import_of_deployed_code_is_in_requirements_txt() -> N
     available = _closure(listed)
     providers = packages_distributions()
     files = [p for entry in DEPLOYED for p in ((ROOT / entry).rglob("*.py") if (ROOT / entry).is_dir()
-                                                else [ROOT / entry])]
+                                                else [ROOT / entry])
+             if not str(p.relative_to(ROOT)).startswith(NOT_DEPLOYED)]
     missing: dict[str, str] = {}
     for path in files:
         for module in _imports(path) - LOCAL - set(sys.stdlib_module_names) - {"__future__"}:
@@ -58,3 +62,14 @@ def test_every_third_party_import_of_deployed_code_is_in_requirements_txt() -> N
             if not dists & available:
                 missing[module] = str(path.relative_to(ROOT))
     assert not missing, f"imported by deployed code but not installed from requirements.txt: {missing}"
+
+
+def test_what_is_not_deployed_is_left_out_of_both_artifacts_and_never_imported_by_what_is() -> None:
+    for ignore in (ROOT / ".funcignore", ROOT / "infra" / "agent" / "Dockerfile.dockerignore"):
+        lines = set(ignore.read_text().splitlines())
+        assert set(NOT_DEPLOYED) <= lines, f"{ignore.name} must leave out {NOT_DEPLOYED}"
+    deployed = [p for entry in DEPLOYED for p in ((ROOT / entry).rglob("*.py") if (ROOT / entry).is_dir()
+                                                  else [ROOT / entry])
+                if not str(p.relative_to(ROOT)).startswith(NOT_DEPLOYED)]
+    importers = [str(p.relative_to(ROOT)) for p in deployed if "orderflow.cli" in p.read_text()]
+    assert not importers, f"deployed code imports the CLI, which is not deployed: {importers}"

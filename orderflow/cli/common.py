@@ -1,0 +1,125 @@
+"""What every `orderflow` command shares: the app settings it runs with, the connections built from them, one-line
+errors, and JSON output.
+
+Settings are the Functions app's own (orderflow/settings.py), read from the environment over the `Values` of
+`<app-dir>/local.settings.json`, as `func start` and devhost apply them: the same command works against the local
+system (embedded broker and store) and Azure (`ServiceBusConnection__fullyQualifiedNamespace`, a Cosmos account
+endpoint, DefaultAzureCredential).
+
+One-line errors (`CliError`, `one_line`) and `operator_name` are the breaker command's (orderflow/breaker_cli.py),
+which the function app deploys; this package is not deployed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from orderflow.breaker_cli import CliError, one_line
+from orderflow.clock import Clock, SystemClock
+from orderflow.operations import Operations
+from orderflow.runtime import Services, Tunables
+
+DURABLE_PREFIX = "/runtime/webhooks/durabletask"
+DEFAULT_HOST = "http://127.0.0.1:7071"
+
+
+def load_settings(app_dir: Path, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment over local.settings.json's Values (a variable already set wins, as in Core Tools)."""
+    values: dict[str, str] = {}
+    path = app_dir / "local.settings.json"
+    if path.exists():
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise CliError(f"{path} is not valid JSON: {exc}") from exc
+        values = {str(k): str(v) for k, v in ((data or {}).get("Values") or {}).items()}
+    return {**values, **(os.environ if environ is None else environ)}
+
+
+def dumps(data: Any) -> str:
+    return json.dumps(data, indent=2, ensure_ascii=False)
+
+
+def started_by_up(app_dir: Path) -> dict[str, dict[str, Any]]:
+    """The processes `python -m devhost up` recorded in <app-dir>/.devhost/up.json, by name ({} when none)."""
+    try:
+        data = json.loads((app_dir / ".devhost" / "up.json").read_text())
+        return {str(p["name"]): dict(p) for p in data["processes"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def durable_api_url(app_dir: Path, env: Mapping[str, str]) -> str:
+    """The Durable extension's HTTP API: `DurableTaskApiUrl`, else the devhost `devhost up` recorded, else
+    127.0.0.1:7071 (devhost's and `func start`'s default port)."""
+    explicit = env.get("DurableTaskApiUrl")
+    if explicit:
+        return explicit.rstrip("/")
+    host = str(started_by_up(app_dir).get("devhost", {}).get("url") or DEFAULT_HOST)
+    return host.rstrip("/") + DURABLE_PREFIX
+
+
+class DurableHttpStatuses:
+    """`DurableStatuses` over the Durable HTTP API (GET /instances/{id}?showHistory=true). On Azure the API needs
+    the `durabletask_extension` system key: `DurableTaskApiKey` (read from the environment only, never stored)."""
+
+    def __init__(self, base_url: str, key: str | None = None, timeout: float = 10.0) -> None:
+        self.base_url = base_url
+        self.key = key
+        self.timeout = timeout
+
+    async def status(self, instance: str) -> dict[str, Any] | None:
+        params = {"showHistory": "true", "showHistoryOutput": "false"}
+        if self.key:
+            params["code"] = self.key
+        url = f"{self.base_url}/instances/{quote(instance, safe='')}"
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout)) as session, \
+                session.get(url, params=params) as response:
+            if response.status == 404:
+                return None
+            if response.status >= 400:
+                raise CliError(f"the Durable HTTP API at {self.base_url} answered {response.status}")
+            data = await response.json(content_type=None)
+            return data if isinstance(data, dict) else None
+
+
+@asynccontextmanager
+async def operations(app_dir: Path, env: Mapping[str, str], clock: Clock | None = None,
+                     need_durable: bool = False) -> AsyncIterator[Operations]:
+    """The app's ports, opened from `env` (identity-based on Azure), as one `Operations`; closed on exit."""
+    from orderflow.bus.aio import client_from_settings  # noqa: PLC0415 - the SDKs are heavy; only when needed
+    from orderflow.store import open_breaker_documents, open_stores  # noqa: PLC0415
+
+    try:
+        tunables = Tunables.from_env(env)
+    except (ValueError, KeyError, AssertionError) as exc:
+        raise CliError(f"invalid app settings: {one_line(exc)}") from exc
+    if not env.get("CosmosDb__accountEndpoint"):
+        raise CliError("app setting CosmosDb__accountEndpoint is not set (cp local.settings.sample.json "
+                       "local.settings.json, or set it in the environment)")
+    try:
+        stores = open_stores(env)
+        breakers = open_breaker_documents(env)
+        bus = client_from_settings(env)
+    except Exception as exc:
+        raise CliError(f"cannot open the app's stores or bus: {one_line(exc)}") from exc
+    durable = DurableHttpStatuses(durable_api_url(app_dir, env), env.get("DurableTaskApiKey")) if need_durable \
+        else None
+    services = Services(orders=stores.orders, state=stores.state, bus=bus, tunables=tunables,
+                        clock=clock or SystemClock(), breakers=breakers)
+    try:
+        yield Operations(services, durable)
+    finally:
+        for closing in (stores.aclose(), breakers.aclose(), bus.close()):
+            try:
+                await closing
+            except Exception:  # noqa: BLE001, S110 - closing after a failure must not hide the failure
+                pass

@@ -1,0 +1,254 @@
+"""Operator operations: what the CLI (`orderflow`, orderflow/cli.py) and the HTTP API (triggers/ops_api.py) do, in
+one place, over the app's own ports (state store, orders DB, bus, breaker documents) and the Durable status API.
+
+Every answer is plain JSON (camelCase), the same for both front ends. A refusal is an `OpsError` with an HTTP status
+and one line of text: an unknown order (404), a move its state does not allow (409), bad input (400). Nothing here
+writes outside the state machine: a resubmit is `state_machine.resubmit` under an If-Match write, a cancel is the
+client's own CancelOrder message on the order's session (processed in FIFO order after the order, like any client's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from azure.servicebus import ServiceBusMessage
+
+from orderflow import deadletters, telemetry
+from orderflow.breaker import BreakerConfig
+from orderflow.messages import ORDER_ID_PATTERN, CancelOrder
+from orderflow.records import ProcessState, format_utc, instance_id, parse_utc
+from orderflow.runtime import Services
+from orderflow.state_machine import IllegalTransition, resubmit
+from orderflow.supervisor import CHECKPOINT
+
+PAGE_SIZE_MAX = 200
+DURATION = re.compile(r"\A(\d+)([smhd])\Z")
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+CANCELLABLE = (ProcessState.PENDING, ProcessState.PROCESSING)
+
+
+class OpsError(Exception):
+    """A refusal to report as one line: `status` is the HTTP status the API answers with."""
+
+    status = 400
+    code = "BadRequest"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": self.code, "message": self.message}
+
+
+class BadRequest(OpsError):
+    pass
+
+
+class UnknownOrder(OpsError):
+    status, code = 404, "NotFound"
+
+
+class WrongState(OpsError):
+    status, code = 409, "Conflict"
+
+
+class DurableStatuses(Protocol):
+    """The Durable status of one orchestration instance, as the Durable HTTP API's GET /instances/{id}?showHistory=
+    true answers it (a dict), or None when there is no such instance."""
+
+    async def status(self, instance: str) -> dict[str, Any] | None: ...
+
+
+def parse_duration(text: str) -> timedelta:
+    """`90s`, `15m`, `2h`, `3d` (the CLI's --older-than, the API's olderThan)."""
+    m = DURATION.match(text.strip())
+    if m is None:
+        raise BadRequest(f"olderThan {text!r} is not a duration like 90s, 15m, 2h or 3d")
+    return timedelta(seconds=int(m.group(1)) * UNITS[m.group(2)])
+
+
+def parse_state(text: str) -> ProcessState:
+    for state in ProcessState:
+        if text.lower() == state.value.lower():
+            return state
+    raise BadRequest(f"state {text!r} is not one of {', '.join(s.value for s in ProcessState)}")
+
+
+def check_order_id(order_id: str) -> str:
+    if not ORDER_ID_PATTERN.match(order_id):
+        raise BadRequest(f"orderId {order_id!r} is not a valid order id (1-64 of A-Z a-z 0-9 _ -)")
+    return order_id
+
+
+def _age(now: datetime, then: datetime | None) -> float | None:
+    return None if then is None else round((now - then).total_seconds(), 3)
+
+
+def order_row(rec: Any, now: datetime) -> dict[str, Any]:
+    """One line of `orders`: where the order is and since when."""
+    return {"orderId": rec.order_id, "processState": rec.process_state.value, "attempt": rec.attempt,
+            "failureCount": rec.failure_count, "lockedBy": rec.locked_by,
+            "completeBy": None if rec.complete_by is None else format_utc(rec.complete_by),
+            "updatedAt": format_utc(rec.updated_at), "ageSeconds": _age(now, rec.updated_at),
+            "lastError": rec.last_error}
+
+
+@dataclass
+class Operations:
+    services: Services
+    durable: DurableStatuses | None = None
+    breaker_services: Sequence[str] = ()  # remote services whose breakers the summary shows (default: the app's)
+
+    @property
+    def now(self) -> datetime:
+        return self.services.clock.now()
+
+    async def _record(self, order_id: str) -> tuple[Any, str]:
+        found = await self.services.state.get(check_order_id(order_id))
+        if found is None:
+            raise UnknownOrder(f"no order {order_id!r} in the state store")
+        return found
+
+    async def order(self, order_id: str) -> dict[str, Any]:
+        """The state record, the stored order, and each attempt's orchestration status and history."""
+        rec, etag = await self._record(order_id)
+        stored = await self.services.orders.get(order_id)
+        attempts = await asyncio.gather(*(self._attempt(order_id, n) for n in range(1, rec.attempt + 1)))
+        return {"orderId": order_id, "etag": etag, "state": rec.to_doc(),
+                "order": None if stored is None else stored.order, "attempts": list(attempts)}
+
+    async def _attempt(self, order_id: str, attempt: int) -> dict[str, Any]:
+        instance = instance_id(order_id, attempt)
+        entry: dict[str, Any] = {"attempt": attempt, "instanceId": instance, "orchestration": None}
+        if self.durable is None:
+            entry["orchestrationError"] = "no Durable status API configured"
+            return entry
+        try:
+            entry["orchestration"] = await self.durable.status(instance)
+        except Exception as exc:  # noqa: BLE001 - the record is still worth showing without it
+            entry["orchestrationError"] = f"{type(exc).__name__}: {exc}"
+        else:
+            if entry["orchestration"] is None:
+                entry["orchestrationError"] = "no such instance (never started, or purged)"
+        return entry
+
+    async def orders(self, state: str, older_than: str | None = None, page_size: int = 50,
+                     continuation: str | None = None) -> dict[str, Any]:
+        """One page of the orders in `state` (oldest change first), optionally only those unchanged for
+        `older_than`."""
+        wanted = parse_state(state)
+        if not 1 <= page_size <= PAGE_SIZE_MAX:
+            raise BadRequest(f"pageSize must be 1..{PAGE_SIZE_MAX}, got {page_size}")
+        now = self.now
+        before = None if older_than is None else now - parse_duration(older_than)
+        try:
+            page = await self.services.state.query_in_state(wanted, page_size, continuation, before)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from exc
+        return {"state": wanted.value, "items": [order_row(rec, now) for rec, _ in page.items],
+                "continuation": page.continuation}
+
+    async def resubmit(self, order_id: str, by: str, reason: str) -> dict[str, Any]:
+        """Error → Pending, CompensationFailed → CompensationInProgress, with a fresh failure budget, audited."""
+        if not by.strip() or not reason.strip():
+            raise BadRequest("a resubmit needs who (by) and why (reason)")
+        await self._record(order_id)
+        try:
+            rec, _ = await self.services.state.update_with_retry(
+                order_id, lambda r: resubmit(r, self.now, by.strip()[:256], reason.strip()[:256]))
+        except IllegalTransition as exc:
+            raise WrongState(str(exc)) from exc
+        return {"orderId": order_id, "processState": rec.process_state.value,
+                "resubmission": rec.resubmissions[-1].model_dump(mode="json", by_alias=True)}
+
+    async def cancel(self, order_id: str, by: str, reason: str | None = None) -> dict[str, Any]:
+        """Send the order's CancelOrder (in its session, after the order). Refused (409) when the order is past
+        cancelling; what the cancel did arrives on the order's reply queue (`orderflow watch`)."""
+        rec, _ = await self._record(order_id)
+        if rec.process_state not in CANCELLABLE:
+            raise WrongState(f"order {order_id} is {rec.process_state.value}: only a Pending or Processing order can "
+                             "be cancelled")
+        if rec.cancel_requested_at is not None:
+            return {"orderId": order_id, "processState": rec.process_state.value, "messageId": None,
+                    "cancelRequestedAt": format_utc(rec.cancel_requested_at), "alreadyRequested": True}
+        try:
+            message = cancel_message(order_id, rec.reply_to, reason or f"cancelled by {by}", self.now)
+        except ValueError as exc:
+            raise BadRequest(str(exc).splitlines()[0]) from exc
+        async with self.services.bus.get_queue_sender(self.services.tunables.orders_queue) as sender:
+            await sender.send_messages(message)
+        return {"orderId": order_id, "processState": rec.process_state.value, "messageId": message.message_id,
+                "cancelRequestedAt": None, "alreadyRequested": False}
+
+    async def summary(self, dead_letter_cap: int = 1000) -> dict[str, Any]:
+        """Counts per state, the oldest Pending, the expired supervised records, dead-letter depth per queue, breaker
+        states and the Supervisor's last run (every figure is also set as a metric for the workbook)."""
+        now, state = self.now, self.services.state
+        counts = await asyncio.gather(*(state.count_in_state(s) for s in ProcessState))
+        oldest, expired = await asyncio.gather(state.oldest_in_state(ProcessState.PENDING), state.count_expired(now))
+        queues = sorted(self.services.tunables.internal_queues() | self.services.tunables.allowed_reply_queues)
+        depths = await asyncio.gather(*(_depth_or_error(self.services.bus, q, dead_letter_cap) for q in queues))
+        checkpoint = await state.get_checkpoint(CHECKPOINT)
+        per_state = {s.value: n for s, n in zip(ProcessState, counts, strict=True)}
+        for name, n in per_state.items():
+            telemetry.set_orders_in_state(name, n)
+        for queue, found in zip(queues, depths, strict=True):
+            if "count" in found:
+                telemetry.set_deadletter_depth(queue, found["count"])
+        return {
+            "generatedAt": format_utc(now),
+            "states": per_state,
+            "oldestPending": None if oldest is None else {
+                "orderId": oldest.order_id, "since": format_utc(oldest.updated_at),
+                "ageSeconds": _age(now, oldest.updated_at)},
+            "expiredSupervised": expired,
+            "deadLetters": dict(zip(queues, depths, strict=True)),
+            "breakers": await self._breakers(),
+            "supervisor": None if checkpoint is None else _supervisor(checkpoint[0], now),
+        }
+
+    async def _breakers(self) -> list[dict[str, Any]]:
+        if self.services.breakers is None:
+            return []
+        from orderflow import breaker_cli  # noqa: PLC0415 - the CLI's `breaker show` row is the summary's row
+
+        names = list(self.breaker_services or (self.services.tunables.remote_service,))
+        return await breaker_cli.show(names, self.services.breakers, BreakerConfig.from_env(), self.services.clock)
+
+
+async def _depth_or_error(bus: Any, queue: str, cap: int) -> dict[str, Any]:
+    try:
+        return (await deadletters.depth(bus, queue, cap)).to_json()
+    except Exception as exc:  # noqa: BLE001 - one unreadable queue must not hide the others
+        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+
+
+def _supervisor(data: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    last = dict(data.get("lastRun") or {})
+    at = last.get("at")
+    return {"position": data.get("position"), "lastRun": last or None,
+            "lastRunAgeSeconds": None if at is None else _age(now, parse_utc(at))}
+
+
+def cancel_body(order_id: str, reply_to: str, reason: str | None = None,
+                requested_at: datetime | None = None) -> str:
+    """A CancelOrder's JSON body (validated: ValueError on an invalid orderId, replyTo or reason)."""
+    return CancelOrder(order_id=order_id, reply_to=reply_to, reason=reason,
+                       requested_at=requested_at or datetime.now(UTC)).to_json()
+
+
+def cancel_message(order_id: str, reply_to: str, reason: str | None = None,
+                   requested_at: datetime | None = None) -> ServiceBusMessage:
+    """A CancelOrder as a client sends it on orders-inbound: SessionId = orderId (after the order's SubmitOrder),
+    MessageId = `<orderId>:cancel:<hash of the body>` (each cancel is its own message; an identical resend is absorbed
+    by duplicate detection)."""
+    body = cancel_body(order_id, reply_to, reason, requested_at)
+    message_id = f"{order_id}:cancel:{hashlib.sha256(body.encode()).hexdigest()[:12]}"
+    return ServiceBusMessage(body, session_id=order_id, message_id=message_id, content_type="application/json")
