@@ -7,11 +7,11 @@ from activities import agents as agent_activities
 from activities import state as state_activities
 from orchestrators import order_workflow
 from orderflow import telemetry
-from triggers import agent_replies, starter, submission, supervisor
+from triggers import agent_replies, ops_api, starter, submission, supervisor
 
 telemetry.configure_from_env()  # Application Insights via OpenTelemetry when its connection string is set
 app = df.DFApp(http_auth_level=func.AuthLevel.FUNCTION)
 
 for blueprint in (submission.bp, starter.bp, agent_replies.bp, supervisor.bp, order_workflow.bp,
-                  state_activities.bp, agent_activities.bp):
+                  state_activities.bp, agent_activities.bp, ops_api.bp):
     app.register_functions(blueprint)

@@ -19,3 +19,11 @@ DEFER_ORDER = "defer_order"
 BEGIN_COMPENSATION = "begin_compensation"
 # Workflow version 3: one activity per decision point (orderflow/advance.py).
 ADVANCE_ORDER = "advance_order"
+
+# The operator HTTP API (triggers/ops_api.py; routes under /api, documented by GET /api/openapi.json)
+OPS_ORDER = "ops_order"
+OPS_ORDERS = "ops_orders"
+OPS_RESUBMIT = "ops_resubmit"
+OPS_CANCEL = "ops_cancel"
+OPS_SUMMARY = "ops_summary"
+OPS_OPENAPI = "ops_openapi"

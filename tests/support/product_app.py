@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 BLUEPRINT_MODULES = ("orchestrators.order_workflow", "activities.state", "activities.agents", "triggers.submission",
-                     "triggers.starter", "triggers.agent_replies", "triggers.supervisor")
+                     "triggers.starter", "triggers.agent_replies", "triggers.supervisor", "triggers.ops_api")
 
 
 def user_function(name: str) -> Any:

@@ -134,7 +134,8 @@ def test_the_product_app_has_the_functions_the_pattern_needs(indexed: dict[str, 
     names = {f["name"] for f in worker["functions"]}
     assert {"submission", "starter_timer", "agent_replies", "supervisor", "order_workflow", "load_order",
             "set_step_deadline", "record_step_result", "finish_order", "send_agent_request", "defer_order",
-            "begin_compensation", "advance_order"} <= names
+            "begin_compensation", "advance_order", "ops_order", "ops_orders", "ops_resubmit", "ops_cancel",
+            "ops_summary", "ops_openapi"} <= names
 
 
 @pytest.fixture(scope="module")
