@@ -1,7 +1,8 @@
 // orderflow on Azure: the Scheduler Agent Supervisor order pipeline (azd entry point, subscription scope).
 // One module per concern under app/: identity, monitoring, storage, servicebus, cosmos, registry, function, agent,
-// durable-task-scheduler (optional backend), rbac (every data-plane grant), alerts. Identity only: no key, SAS or
-// secret-bearing connection string is created, read or output anywhere. Every resource name is overridable.
+// durable-task-scheduler (optional backend), rbac (every data-plane grant), alerts, workbook (operations). Identity
+// only: no key, SAS or secret-bearing connection string is created, read or output anywhere. Every resource name is
+// overridable.
 targetScope = 'subscription'
 
 // Types of the array parameters (app/types.bicep): a malformed entry fails at compile time, not at deploy time.
@@ -32,6 +33,8 @@ param containerAppsEnvironmentName string = ''
 param agentContainerAppName string = ''
 param durableTaskSchedulerName string = ''
 param virtualNetworkName string = ''
+@description('Operations workbook (app/workbook.bicep); empty: a GUID from the resource group (it must be a GUID).')
+param workbookName string = ''
 
 // ---------- the pattern's queues, databases and containers (defaults = orderflow/settings.py) ----------
 param ordersQueueName string = 'orders-inbound'
@@ -129,6 +132,10 @@ param vnetEnabled bool = false
 param alertEmail string = ''
 @minValue(5)
 param supervisorSilenceMinutes int = 15
+
+// ---------- operations workbook ----------
+@description('Display name of the operations workbook (the figures of `orderflow summary`) in the Workbooks gallery.')
+param workbookDisplayName string = 'orderflow operations (${environmentName})'
 
 var abbrs = loadJsonContent('abbreviations.json')
 var resourceToken = toLower(uniqueString(subscription().id, environmentName, location))
@@ -440,6 +447,20 @@ module alerts 'app/alerts.bicep' = {
   }
 }
 
+// The operations workbook: the figures of `orderflow summary` from Application Insights and the Service Bus metrics.
+module workbook 'app/workbook.bicep' = {
+  name: 'workbook'
+  scope: rg
+  params: {
+    location: location
+    tags: tags
+    workbookName: !empty(workbookName) ? workbookName : guid(rg.id, 'orderflow-operations-workbook')
+    displayName: workbookDisplayName
+    applicationInsightsId: monitoring.outputs.applicationInsightsId
+    serviceBusNamespaceId: serviceBus.outputs.namespaceId
+  }
+}
+
 // ---------- outputs: azd writes each one into .azure/<env>/.env ----------
 output AZURE_LOCATION string = location
 output AZURE_TENANT_ID string = tenant().tenantId
@@ -456,3 +477,5 @@ output OPERATOR_ALERTS_QUEUE_NAME string = operatorAlertsQueueName
 output COSMOS_ENDPOINT string = cosmos.outputs.endpoint
 output APPLICATIONINSIGHTS_CONNECTION_STRING string = monitoring.outputs.applicationInsightsConnectionString
 output DURABLE_BACKEND string = durableBackend
+output OPERATIONS_WORKBOOK_URL string = workbook.outputs.workbookUrl
+output OPERATIONS_WORKBOOK_ID string = workbook.outputs.workbookId

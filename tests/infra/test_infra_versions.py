@@ -71,6 +71,8 @@ API_VERSIONS: dict[str, str] = {
     "Microsoft.Insights/diagnosticSettings@2021-05-01-preview": _BT
     + "monitor_1/microsoft.insights/2021-05-01-preview/types.json",
     "Microsoft.Insights/metricAlerts@2018-03-01": _BT + "monitor_1/microsoft.insights/2018-03-01/types.json",
+    # Issue 14 (the operations workbook): "Resource Microsoft.Insights/workbooks@2023-06-01" in types.md.
+    "Microsoft.Insights/workbooks@2023-06-01": _BT + "applicationinsights/microsoft.insights/2023-06-01/types.json",
     "Microsoft.Insights/scheduledQueryRules@2023-03-15-preview": _BT
     + "monitor_1/microsoft.insights/2023-03-15-preview/types.json",
     "Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31": _BT
