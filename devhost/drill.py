@@ -106,10 +106,12 @@ DRILL_SETTINGS: dict[str, dict[str, str]] = {
     "retry-budget": {"CircuitBreakerFailureThreshold": "0", "StarterSchedule": _EVERY_SECOND,
                      "StepTimeoutSeconds": "8", "ClaimLeaseSeconds": "8"},
     # A breaker that opens and recovers within seconds: 5 failed requests in 10 s open it, 3 s cool-down (doubled per
-    # failed probe, at most 6 s), one probe per half-open round.
+    # failed probe, at most 6 s), one probe per half-open round. Steps of 8 s, as for retry-budget (no crash here):
+    # the orders caught at the Agent by the outage wait for their step's CompleteBy before the first probe.
     "remote-outage": {"CircuitBreakerFailureThreshold": "5", "CircuitBreakerWindowSeconds": "10",
                       "CircuitBreakerCooldownSeconds": "3", "CircuitBreakerMaxCooldownSeconds": "6",
-                      "CircuitBreakerProbes": "1", "StarterSchedule": _EVERY_SECOND},
+                      "CircuitBreakerProbes": "1", "StarterSchedule": _EVERY_SECOND,
+                      "StepTimeoutSeconds": "8", "ClaimLeaseSeconds": "8"},
     # Bounds far below the flood: 300 orders at once against 60 Pending and 20 Processing.
     "backlog-flood": {"MaxPendingOrders": "60", "MaxOrdersInProcessing": "20", "StarterSchedule": _EVERY_SECOND},
 }

@@ -107,6 +107,7 @@ def add_commands(sub: Any, prog: str, names: tuple[str, ...] = ("submit", "watch
                                        "operator alerts (peeked, nothing is removed).")
         _connection_options(q)
         q.add_argument("--peek", type=int, default=20, help="most messages to list per queue (default 20)")
+        q.add_argument("--json", action="store_true", help="print JSON")
         q.set_defaults(prog=f"{prog} queues", handler=queues)
 
 
@@ -534,30 +535,43 @@ def _diagnose(args: argparse.Namespace, watch: _Watch, statuses: list[StatusMess
 
 
 def queues(args: argparse.Namespace) -> int:
-    console = Console()
+    """Each queue's counts, the dead-lettered messages with their reasons, and the operator alerts (peeked)."""
+    from orderflow.deadletters import row  # noqa: PLC0415
+
     with _client(args) as client:
         broker = getattr(client, "broker", None)
         if broker is None:
-            raise SystemExit("queues works on the embedded broker; use the Azure portal or "
-                             "ServiceBusAdministrationClient for Azure")
-        table = Table(title="queues")
-        for column in ("queue", "active", "scheduled", "dead-lettered", "sessions with backlog"):
-            table.add_column(column, justify="left" if column == "queue" else "right")
+            raise CliError("queues needs the embedded broker's counts; on Azure: orderflow summary (dead-letter "
+                           "depths) and orderflow dlq list QUEUE")
         names = broker.queue_names()
-        for name in names:
-            c = broker.counts(name)
-            table.add_row(name, str(c.active), str(c.scheduled), str(c.dead_lettered), str(c.sessions_with_backlog))
-        console.print(table)
+        counts = {name: broker.counts(name) for name in names}
+        dead: dict[str, list[dict[str, Any]]] = {}
         for name in names:
             with client.get_queue_receiver(name, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
-                for m in dlq.peek_messages(max_message_count=args.peek):
-                    console.print(f"dead-lettered on {name}: {m.message_id}  [bold]{m.dead_letter_reason}[/]  "
-                                  f"{m.dead_letter_error_description or ''}")
+                dead[name] = [row(m) for m in dlq.peek_messages(max_message_count=args.peek)]
+        alerts: list[OperatorAlert] = []
         alerts_queue = os.environ.get("OperatorAlertsQueueName", "operator-alerts")
         if alerts_queue in names:
             with client.get_queue_receiver(alerts_queue) as receiver:
-                for m in receiver.peek_messages(max_message_count=args.peek):
-                    alert = OperatorAlert.model_validate_json(b"".join(m.body))
-                    console.print(f"alert {alert.kind.value}: order {alert.order_id}  {alert.reason}  "
-                                  f"{json.dumps(alert.details)}")
+                alerts = [OperatorAlert.model_validate_json(b"".join(m.body))
+                          for m in receiver.peek_messages(max_message_count=args.peek)]
+    if args.json:
+        print(json.dumps({
+            "queues": {name: {"active": c.active, "scheduled": c.scheduled, "deadLettered": c.dead_lettered,
+                              "sessionsWithBacklog": c.sessions_with_backlog} for name, c in counts.items()},
+            "deadLetters": dead, "alerts": [json.loads(a.to_json()) for a in alerts]}, indent=2))
+        return 0
+    console = Console()
+    table = Table(title="queues")
+    for column in ("queue", "active", "scheduled", "dead-lettered", "sessions with backlog"):
+        table.add_column(column, justify="left" if column == "queue" else "right")
+    for name, c in counts.items():
+        table.add_row(name, str(c.active), str(c.scheduled), str(c.dead_lettered), str(c.sessions_with_backlog))
+    console.print(table)
+    for name, rows in dead.items():
+        for r in rows:
+            console.print(f"dead-lettered on {name}: {r['messageId']}  [bold]{r['deadLetterReason']}[/]  "
+                          f"{r['deadLetterErrorDescription'] or ''}")
+    for alert in alerts:
+        console.print(f"alert {alert.kind.value}: order {alert.order_id}  {alert.reason}  {json.dumps(alert.details)}")
     return 0

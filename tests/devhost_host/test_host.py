@@ -27,7 +27,7 @@ COMMANDS = {
              "--work-dir", "--json"},
     "submit": {"--app-dir", "--connection", "--order-id", "--file", "--count", "--reply-to", "--wait", "--json",
                "--host-port"},
-    "queues": {"--app-dir", "--connection", "--peek"},
+    "queues": {"--app-dir", "--connection", "--peek", "--json"},
     "cancel": {"--app-dir", "--connection", "--reason", "--reply-to", "--wait", "--no-check"},
     "drill": {"--orders", "--kills", "--min-gap", "--max-gap", "--seed", "--settings", "--servicebus-config",
               "--timeout", "--work-dir", "--json", "--outage-after", "--outage-for", "--set", "--hang-seconds",

@@ -298,12 +298,11 @@ def _breaker_alerts(client: Client) -> list[OperatorAlert]:
 
 @pytest.mark.slow
 def test_remote_outage_drill_keeps_every_order_out_of_error(tmp_path: Path) -> None:
-    # 40 s of outage, so that a probe falls inside it. Since issue 13 the 40-order burst is all at the Agent when the
-    # outage begins: every request fails transiently after calls were made (not `CircuitOpen`, which is only for a
-    # request that made no call: the retry budget), so the orders wait for their step's CompleteBy (20 s), the
-    # Supervisor and the Starter before the first half-open probe: about 30 s after the outage began. With 12 s the
-    # probe came after the outage in 5 runs of 6 and the breaker closed at once.
-    options = ResilienceOptions("remote-outage", orders=40, outage_after=2.0, outage_for=40.0, timeout=180)
+    # 18 s of outage, so that a failed probe falls inside it. With the drill's 8 s steps the breaker opened at about
+    # 1 s into the outage and its second round failed its probe at about 11 s (outage 24 s: rounds at 1.2, 5.0, 12.0
+    # and 19.0 s, closed at 26 s). With 20 s steps the orders caught at the Agent waited 30 s before the first probe,
+    # and a 12 s outage ended before it in 5 runs of 6.
+    options = ResilienceOptions("remote-outage", orders=40, outage_after=2.0, outage_for=18.0, timeout=180)
     with running_client(resilience_config(tmp_path, options)) as client:
         verdict = _drill(client, options).to_json()
         _assert_common(verdict, 40)

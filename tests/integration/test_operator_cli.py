@@ -220,6 +220,16 @@ async def test_a_replay_repeated_after_a_crash_between_send_and_complete_sends_o
     assert cli.json("dlq", "list", "orders-inbound") == []
 
 
+async def test_queues_shows_counts_dead_letter_reasons_and_alerts(system: Services, cli: Cli) -> None:
+    await _dead_letter(system, "orders-inbound", "{}", "o-q", "InvalidJson")
+    shown = cli.json("queues")
+    assert shown["queues"]["orders-inbound"] == {"active": 0, "scheduled": 0, "deadLettered": 1,
+                                                 "sessionsWithBacklog": 0}
+    assert [r["deadLetterReason"] for r in shown["deadLetters"]["orders-inbound"]] == ["InvalidJson"]
+    code, out, _ = cli("queues")
+    assert code == 0 and "dead-lettered on orders-inbound: o-q:m  InvalidJson" in out
+
+
 async def test_summary_agrees_with_a_direct_count_of_the_store(system: Services, cli: Cli, tmp_path: Path) -> None:
     plan = {ProcessState.PENDING: 3, ProcessState.PROCESSING: 2, ProcessState.ERROR: 2, ProcessState.PROCESSED: 4,
             ProcessState.COMPENSATION_FAILED: 1}
@@ -285,6 +295,17 @@ def test_a_missing_setting_is_one_line(tmp_path: Path, capsys: pytest.CaptureFix
     assert code == 1 and err.splitlines() == [
         "orderflow summary: error: app setting CosmosDb__accountEndpoint is not set (cp local.settings.sample.json "
         "local.settings.json, or set it in the environment)"]
+
+
+def test_an_unreachable_store_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("")  # the store's folder would have to be inside a file
+    folder = app_dir(tmp_path, CosmosDb__accountEndpoint=f"embedded://{tmp_path / 'a-file' / 'store.db'}")
+    code = main(["orders", "--state", "Error", "--app-dir", str(folder)])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.splitlines()) == 1 and err.startswith("orderflow orders: error: "), err
+    assert "a-file" in err and "Traceback" not in err
 
 
 def test_bad_usage_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
