@@ -15,7 +15,7 @@ SEED ?= 1
 # demo's progress bar and the tests' output).
 MAKEFLAGS += --jobs=3
 
-.PHONY: setup worker-env demo up down lint test test-fast bench clean
+.PHONY: setup worker-env demo up down lint test test-fast bench clean drills drills-quick
 
 # The project itself goes in editable, without dependencies (the requirements hold them): the `orderflow` command.
 $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt pyproject.toml
@@ -59,6 +59,14 @@ test: lint worker-env
 
 test-fast: setup worker-env
 	$(PY) -m pytest -m "not slow"
+
+# Every failure drill on a fresh local system each, then reports/reliability.md and .json (devhost/drills_report.py).
+# Not part of `make test`; CI runs drills-quick (the subset, under 5 minutes) after the tests.
+drills: setup
+	$(PY) -m devhost drills
+
+drills-quick: setup
+	$(PY) -m devhost drills --quick
 
 # The benchmarks, then ours against DBOS (benchmarks/compare.py), whose packages (dbos, matplotlib) live in
 # requirements-bench.txt: installed into .venv by bench-deps, never by setup or test.

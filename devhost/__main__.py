@@ -50,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     add_commands(sub, "devhost", ("submit", "cancel", "queues"))
     from .drill import add_command as add_drill  # noqa: PLC0415
     add_drill(sub)
+    from .drills_report import add_command as add_drills  # noqa: PLC0415
+    add_drills(sub)
     from .up import add_commands as add_up  # noqa: PLC0415
     add_up(sub)
     return p
@@ -104,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from .demo import run_demo  # noqa: PLC0415
         return run_demo(args)
+    if args.command == "drills":
+        from .drills_report import run_drills_command  # noqa: PLC0415
+        return run_drills_command(args)
     if args.command == "drill":
         from .drill import run_drill_command  # noqa: PLC0415
         return run_drill_command(args)

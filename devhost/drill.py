@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import json
 import random
 import signal
@@ -82,6 +83,7 @@ from .demo import (
     summary_table,
     wait_terminal,
 )
+from .invariants import Findings, check_system, install_for
 from .system import LOCAL_DEFAULTS, ROOT, LocalSystem, Process, SystemConfig
 
 R = TypeVar("R")
@@ -91,7 +93,22 @@ DEFAULT_KILLS = {"host-crash": 10, "agent-crash": 5}
 RESILIENCE_DRILLS = ("retry-budget", "remote-outage", "backlog-flood")
 # The lifecycle drills (issue 12: compensation, cancel, poison, upgrade) live in devhost/lifecycle_drills.py.
 LIFECYCLE_DRILLS = ("compensation", "cancel-in-flight", "poison-in-session", "upgrade-in-flight")
-DRILLS = (*sorted(TARGETS), *RESILIENCE_DRILLS, *LIFECYCLE_DRILLS)
+# Drills in modules of their own (issue 15): name -> "module:function". The function takes the parsed `drill`
+# arguments and returns the exit code; with --json the verdict (Verdict.to_json, invariants included) is the last line
+# of stdout.
+MODULE_DRILLS: dict[str, str] = {
+    "remote-hang": "devhost.timing_drills:run_command",
+    "late-replies": "devhost.timing_drills:run_command",
+    "reply-reordering": "devhost.timing_drills:run_command",
+    "clock-skew": "devhost.timing_drills:run_command",
+    "duplicate-delivery": "devhost.input_drills:run_command",
+    "poison-input": "devhost.input_drills:run_command",
+    "state-store-conflicts": "devhost.store_drills:run_command",
+    "store-outage": "devhost.store_drills:run_command",
+    "starter-race": "devhost.race_drills:run_command",
+    "supervisor-race": "devhost.race_drills:run_command",
+}
+DRILLS = (*sorted(TARGETS), *RESILIENCE_DRILLS, *LIFECYCLE_DRILLS, *MODULE_DRILLS)
 DEFAULT_ORDERS = {"host-crash": 100, "agent-crash": 100, "retry-budget": 20, "remote-outage": 100,
                   "backlog-flood": 300}
 # Each resilience drill's settings, over the chosen base (LOCAL_DEFAULTS or the sample's) and under `--set`. The
@@ -269,7 +286,8 @@ class DrillResult:
     def ok(self) -> bool:
         s = self.summary
         return (s["processed"] == s["submitted"] and s["error"] == 0 and s["lost"] == 0
-                and s["duplicate_side_effects"] == 0 and s["missing_side_effects"] == 0)
+                and s["duplicate_side_effects"] == 0 and s["missing_side_effects"] == 0
+                and all(s.get("checks", {}).values()))
 
 
 def _target(system: LocalSystem, scenario: str) -> Process:
@@ -304,6 +322,7 @@ async def run_drill(system: LocalSystem, options: DrillOptions, console: Console
                     transient: bool = True) -> DrillResult:
     """The drill on a started `system` (its simulator must inject no fault); the caller stops the system."""
     console = console or Console(quiet=True)
+    install_for(system)
     orders = make_orders(options.orders, options.seed, system.config.reply_queue, prefix="drill")
     order_ids = [o.order_id for o in orders]
     async with client_app(system) as client:
@@ -325,6 +344,7 @@ async def run_drill(system: LocalSystem, options: DrillOptions, console: Console
         ended = time.monotonic()
         effects = await read_effects(system)
     states = await read_states(system.env(), order_ids)
+    findings = await check_system(system, order_ids)
     attempts = Counter(states.attempts.values())
     last_terminal = max(client.terminal_at.values(), default=None)
     settle = None if not kills or last_terminal is None else max(0.0, last_terminal - kills[-1].at)
@@ -348,6 +368,7 @@ async def run_drill(system: LocalSystem, options: DrillOptions, console: Console
         "settle_s": None if settle is None else round(settle, 1),
         "total_s": round((last_terminal or ended) - started, 1),
         "work_dir": str(system.config.work_dir),
+        "checks": findings.checks, **findings.figures,
     }
     return DrillResult(summary, order_ids)
 
@@ -385,6 +406,10 @@ def _run_on_system(system: LocalSystem, console: Console, drill: Callable[[], Aw
 
 
 def run_drill_command(args: argparse.Namespace) -> int:
+    if args.scenario in MODULE_DRILLS:
+        module, function = MODULE_DRILLS[args.scenario].split(":")
+        run: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), function)
+        return run(args)
     if args.scenario in LIFECYCLE_DRILLS:
         from .lifecycle_drills import run_lifecycle_command  # noqa: PLC0415
 
@@ -756,6 +781,13 @@ class Verdict:
                 "duplicate_side_effects": self.duplicate_side_effects, "stuck": self.stuck, "checks": self.checks,
                 "figures": self.figures}
 
+    def with_invariants(self, findings: Findings) -> Verdict:
+        """This verdict with the invariants every drill checks (devhost/invariants.py): their checks and figures
+        added, and lost, duplicates and stuck as the larger of the drill's count and theirs."""
+        return Verdict(self.drill, self.orders, max(self.lost, findings.lost),
+                       max(self.duplicate_side_effects, findings.duplicates), max(self.stuck, findings.stuck),
+                       {**self.checks, **findings.checks}, {**self.figures, **findings.figures})
+
     def display(self) -> dict[str, Any]:
         """The rows of the table: the verdict, each check, each figure."""
         rows: dict[str, Any] = {"passed": "yes" if self.passed else "NO", "orders": self.orders, "lost": self.lost,
@@ -919,6 +951,7 @@ async def run_resilience_drill(system: LocalSystem, options: ResilienceOptions, 
                                transient: bool = True) -> Verdict:
     """The drill on a started `system` (built from `resilience_config`); the caller stops the system."""
     console = console or Console(quiet=True)
+    install_for(system)
     orders = make_orders(options.order_count, options.seed, system.config.reply_queue, prefix=options.drill)
     order_ids = [o.order_id for o in orders]
     env = system.env()
@@ -950,4 +983,6 @@ async def run_resilience_drill(system: LocalSystem, options: ResilienceOptions, 
     states = await read_states(env, order_ids, orders_db=options.drill == "backlog-flood")
     run = DrillRun(options, env, system.config.work_dir, order_ids, client, states, effects, monitor, elapsed, outage,
                    calls, time.time())
-    return JUDGES[options.drill](run)
+    # A `rejected` order (backlog-flood) has no record, by design.
+    findings = await check_system(system, order_ids, lambda o: not run.got(o, OrderStatus.REJECTED))
+    return JUDGES[options.drill](run).with_invariants(findings)

@@ -74,6 +74,7 @@ from .drill import (
     base_settings,
     parse_overrides,
 )
+from .invariants import check_system, install_for
 from .system import LocalSystem, SystemConfig
 
 T = TypeVar("T")
@@ -888,13 +889,17 @@ DRILL_FUNCTIONS: dict[str, Callable[[Lab, LifecycleOptions], Awaitable[Verdict]]
 
 
 async def run_lifecycle_drill(system: LocalSystem, options: LifecycleOptions) -> Verdict:
-    """The drill on a started `system` (built from `lifecycle_config`); the caller stops the system."""
+    """The drill on a started `system` (built from `lifecycle_config`), then the invariants every drill checks
+    (devhost/invariants.py) over the orders that got a final status; the caller stops the system."""
+    install_for(system)
     async with client_app(system) as client:
         lab = Lab(system, client)
         try:
-            return await DRILL_FUNCTIONS[options.drill](lab, options)
+            verdict = await DRILL_FUNCTIONS[options.drill](lab, options)
+            findings = await check_system(system, sorted(client.statuses), lambda o: o in client.terminal_at)
         finally:
             await lab.aclose()
+    return verdict.with_invariants(findings)
 
 
 def run_lifecycle_command(args: argparse.Namespace) -> int:

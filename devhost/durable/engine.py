@@ -80,6 +80,38 @@ def event_token_to_serialized(token_text: str | None) -> str | None:
     return json.dumps(json.loads(token_text))
 
 
+def client_binding_json(base_url: str, task_hub: str) -> str:
+    """What a durableClient parameter receives (DurableOrchestrationBindings JSON) from the host at `base_url`: the
+    engine's own bindings, and a process of its own racing the host's Starter or Supervisor (devhost/racers.py)."""
+    base = f"{base_url}{WEBHOOK_PREFIX}"
+    query = f"taskHub={task_hub}&connection=Storage"
+    instance = f"{base}/instances/INSTANCEID"
+    create = f"{base}/orchestrators/{{functionName}}[/{{instanceId}}]"
+    return json.dumps(
+        {
+            "taskHubName": task_hub,
+            "creationUrls": {
+                "createNewInstancePostUri": f"{create}?{query}",
+                "createAndWaitOnNewInstancePostUri": f"{create}?timeout={{timeoutInSeconds}}"
+                f"&pollingInterval={{intervalInSeconds}}&{query}",
+            },
+            "managementUrls": {
+                "id": "INSTANCEID",
+                "statusQueryGetUri": f"{instance}?{query}",
+                "sendEventPostUri": f"{instance}/raiseEvent/{{eventName}}?{query}",
+                "terminatePostUri": f"{instance}/terminate?reason={{text}}&{query}",
+                "rewindPostUri": f"{instance}/rewind?reason={{text}}&{query}",
+                "purgeHistoryDeleteUri": f"{instance}?{query}",
+                "restartPostUri": f"{instance}/restart?{query}",
+                "suspendPostUri": f"{instance}/suspend?reason={{text}}&{query}",
+                "resumePostUri": f"{instance}/resume?reason={{text}}&{query}",
+            },
+            "rpcBaseUrl": f"{base_url}{WEBHOOK_PREFIX}/",
+            "requiredQueryStringParameters": query,
+        }
+    )
+
+
 class DurableEngine:
     """Durable Functions backend of devhost for one task hub in one SQLite file."""
 
@@ -186,33 +218,7 @@ class DurableEngine:
     # ---- the client binding --------------------------------------------------------------------------------
     def client_binding_json(self) -> str:
         """What a durableClient parameter receives (DurableOrchestrationBindings JSON)."""
-        base = f"{self._base_url}{WEBHOOK_PREFIX}"
-        query = f"taskHub={self.task_hub}&connection=Storage"
-        instance = f"{base}/instances/INSTANCEID"
-        create = f"{base}/orchestrators/{{functionName}}[/{{instanceId}}]"
-        return json.dumps(
-            {
-                "taskHubName": self.task_hub,
-                "creationUrls": {
-                    "createNewInstancePostUri": f"{create}?{query}",
-                    "createAndWaitOnNewInstancePostUri": f"{create}?timeout={{timeoutInSeconds}}"
-                    f"&pollingInterval={{intervalInSeconds}}&{query}",
-                },
-                "managementUrls": {
-                    "id": "INSTANCEID",
-                    "statusQueryGetUri": f"{instance}?{query}",
-                    "sendEventPostUri": f"{instance}/raiseEvent/{{eventName}}?{query}",
-                    "terminatePostUri": f"{instance}/terminate?reason={{text}}&{query}",
-                    "rewindPostUri": f"{instance}/rewind?reason={{text}}&{query}",
-                    "purgeHistoryDeleteUri": f"{instance}?{query}",
-                    "restartPostUri": f"{instance}/restart?{query}",
-                    "suspendPostUri": f"{instance}/suspend?reason={{text}}&{query}",
-                    "resumePostUri": f"{instance}/resume?reason={{text}}&{query}",
-                },
-                "rpcBaseUrl": self.rpc_base_url,
-                "requiredQueryStringParameters": query,
-            }
-        )
+        return client_binding_json(self._base_url, self.task_hub)
 
     def management_payload(self, instance_id: str) -> dict[str, str]:
         urls = json.loads(self.client_binding_json())["managementUrls"]

@@ -32,6 +32,7 @@ COMMANDS = {
     "drill": {"--orders", "--kills", "--min-gap", "--max-gap", "--seed", "--settings", "--servicebus-config",
               "--timeout", "--work-dir", "--json", "--outage-after", "--outage-for", "--set", "--hang-seconds",
               "--latency-ms", "--restart"},
+    "drills": {"--quick", "--only", "--out", "--timeout"},
     "up": {"--app-dir", "--state-dir", "--port", "--simulator-port", "--timeout"},
     "down": {"--app-dir", "--state-dir", "--timeout"},
 }

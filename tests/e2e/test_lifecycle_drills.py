@@ -22,6 +22,7 @@ from support.hosted import wait_until
 
 from agent.simulator import EffectStore
 from devhost.drill import DRILLS
+from devhost.invariants import Findings, collect, judge
 from devhost.lifecycle_drills import (
     DEFAULT_VERSION_SETTING,
     LIFECYCLE_SETTINGS,
@@ -134,6 +135,39 @@ def test_compensation_drill_undoes_newest_first_once_and_reports_failed_compensa
     failed = [r for r in records.values() if r["processState"] == "CompensationFailed"]
     assert len(failed) == 2 and all([c["status"] for c in r["compensations"]] == ["failed", "pending"]
                                     for r in failed), failed
+    assert all(verdict["checks"][name] for name in verdict["checks"] if name.startswith("invariant: "))
+    _the_invariants_catch_what_is_planted(tmp_path, sorted(records))
+
+
+def _the_invariants_catch_what_is_planted(work_dir: Path, order_ids: list[str]) -> None:
+    """The invariant check itself, on this drill's own files: it passes as they are, and fails once a duplicate side
+    effect (the simulator's ledger), a lost order (its state record deleted) and a move outside the state machine
+    (Processed → Pending, written behind the adapter's back) are planted."""
+    config = lifecycle_config(work_dir, LifecycleOptions("compensation"))
+    env = {"CosmosDb__accountEndpoint": config.store_endpoint}
+
+    def judged() -> Findings:
+        evidence = asyncio.run(collect(env, config.bus_connection, _ledger_file(work_dir), order_ids))
+        return judge(evidence)
+
+    assert all(judged().checks.values()), judged().figures
+    duplicate, lost = order_ids[0], order_ids[-1]
+    processed = next(o for o, r in sorted(_records(work_dir).items()) if r["processState"] == "Processed"
+                     and o not in (duplicate, lost))
+    with sqlite3.connect(work_dir / "simulator.db") as db:
+        db.execute("UPDATE applied_effects SET count = count + 1 WHERE order_id = ? AND step = ?",
+                   (duplicate, STEPS[0].value))
+    with sqlite3.connect(work_dir / "store.db") as db:
+        db.execute("DELETE FROM order_state WHERE id = ?", (lost,))
+        db.execute("UPDATE order_state SET process_state = 'Pending', doc = json_set(doc, '$.processState', "
+                   "'Pending') WHERE id = ?", (processed,))
+    found = judged()
+    failed = {name for name, ok in found.checks.items() if not ok}
+    assert failed == {"invariant: at most one side effect per order step", "invariant: no order lost",
+                      "invariant: none stuck", "invariant: no transition outside the state machine"}, found.figures
+    invariants = found.figures["invariants"]
+    assert invariants["lost"] == [lost] and invariants["duplicate_side_effects"] == 1
+    assert invariants["illegal_transitions"] == [f"{processed}: Processed → Pending"]
 
 
 @pytest.mark.slow

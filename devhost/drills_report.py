@@ -1,0 +1,177 @@
+"""`python -m devhost drills [--quick]` (`make drills`, `make drills-quick`): every drill, one after another, each as
+`python -m devhost drill NAME --json` in a process of its own on a fresh local system, then the report:
+`<out>/reliability.json` (every verdict as the drill printed it, normalised) and `<out>/reliability.md` (a table:
+drill, orders, lost, duplicates, stuck, the key figures, pass or fail). Generated, never edited by hand.
+
+`--quick` runs the subset CI runs after the tests (QUICK: smaller runs, under 5 minutes together on 2 cores);
+the full run uses each drill's defaults (FULL). The exit code is 1 when any drill failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .system import ROOT
+
+
+@dataclass(frozen=True)
+class Run:
+    drill: str
+    args: tuple[str, ...] = ()
+    figures: tuple[str, ...] = ()  # the figures the report's table shows (dotted paths into the verdict's figures)
+
+
+# Every drill with its defaults (`make drills`); the figures each one's row shows.
+FULL: tuple[Run, ...] = (
+    Run("host-crash", ("--kills", "20"), ("kills_done", "settle_s", "max_attempt", "total_s")),
+    Run("agent-crash", ("--kills", "20"), ("kills_done", "settle_s", "max_attempt", "total_s")),
+    Run("retry-budget", (), ("most_calls_per_step", "budget", "elapsed_s")),
+    Run("remote-outage", (), ("time_to_open_s", "calls_while_open", "half_open_rounds", "time_to_drain_s",
+                              "elapsed_s")),
+    Run("backlog-flood", (), ("admitted", "rejected", "max_processing_seen", "max_pending_seen", "elapsed_s")),
+    Run("compensation", (), ("elapsed_s",)),
+    Run("cancel-in-flight", (), ("elapsed_s",)),
+    Run("poison-in-session", (), ("elapsed_s",)),
+    Run("upgrade-in-flight", (), ("elapsed_s",)),
+    Run("remote-hang", (), ("elapsed_s",)),
+    Run("late-replies", (), ("elapsed_s",)),
+    Run("reply-reordering", (), ("elapsed_s",)),
+    Run("clock-skew", (), ("elapsed_s",)),
+    Run("duplicate-delivery", (), ("elapsed_s",)),
+    Run("poison-input", (), ("elapsed_s",)),
+    Run("state-store-conflicts", (), ("elapsed_s",)),
+    Run("store-outage", (), ("elapsed_s",)),
+    Run("starter-race", (), ("won_by_racers", "lost_races", "attempts", "elapsed_s")),
+    Run("supervisor-race", (), ("won_by_racers", "attempts", "failure_counts", "elapsed_s")),
+)
+# What CI runs after the tests: the invariants under a crash of each process, a remote that fails, and a fault of
+# the bus and of the store, each small.
+QUICK: tuple[Run, ...] = (
+    Run("host-crash", ("--orders", "20", "--kills", "3"), ("kills_done", "settle_s", "max_attempt", "total_s")),
+    Run("agent-crash", ("--orders", "20", "--kills", "3"), ("kills_done", "settle_s", "max_attempt", "total_s")),
+    Run("compensation", (), ("elapsed_s",)),
+)
+COMMON = ("invariants.transitions_audited", "invariants.most_calls_per_key")
+
+
+def normalise(drill: str, line: Mapping[str, Any], exit_code: int) -> dict[str, Any]:
+    """One verdict in the report's shape. The crash drills print their summary (issue 5's format); the others a
+    Verdict (`drill`, `passed`, `orders`, `lost`, `duplicate_side_effects`, `stuck`, `checks`, `figures`)."""
+    if "figures" in line:
+        return {**line, "passed": bool(line["passed"]) and exit_code == 0}
+    figures = {k: v for k, v in line.items() if k not in ("checks", "lost", "duplicate_side_effects")}
+    stuck = int(line.get("pending", 0)) + int(line.get("processing", 0))
+    return {"drill": drill, "passed": exit_code == 0, "orders": line.get("submitted"), "lost": line.get("lost"),
+            "duplicate_side_effects": line.get("duplicate_side_effects"), "stuck": stuck,
+            "checks": line.get("checks", {}), "figures": figures}
+
+
+def _pick(figures: Mapping[str, Any], path: str) -> Any:
+    value: Any = figures
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def failed(verdict: Mapping[str, Any]) -> list[str]:
+    return [name for name, ok in verdict.get("checks", {}).items() if not ok]
+
+
+def run_one(run: Run, work: Path, timeout: float) -> dict[str, Any]:
+    started = time.monotonic()
+    argv = [sys.executable, "-m", "devhost", "drill", run.drill, "--json", "--work-dir", str(work / run.drill),
+            *run.args]
+    try:
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "COLUMNS": "200"})
+    except subprocess.TimeoutExpired:
+        return {"drill": run.drill, "passed": False, "error": f"no verdict within {timeout:g} s",
+                "command": " ".join(argv[1:]), "wall_s": round(time.monotonic() - started, 1)}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        tail = (done.stderr.strip().splitlines() or [""])[-1]
+        return {"drill": run.drill, "passed": False, "error": f"exit {done.returncode}, no verdict: {tail}",
+                "command": " ".join(argv[1:]), "wall_s": round(time.monotonic() - started, 1)}
+    verdict = normalise(run.drill, json.loads(lines[-1]), done.returncode)
+    return {**verdict, "command": f"python -m devhost drill {run.drill} --json {' '.join(run.args)}".strip(),
+            "wall_s": round(time.monotonic() - started, 1)}
+
+
+def markdown(verdicts: Sequence[Mapping[str, Any]], runs: Sequence[Run], header: Mapping[str, str]) -> str:
+    shown = {r.drill: r.figures for r in runs}
+    lines = [f"# Reliability drills ({header['kind']})", "",
+             f"Generated by `{header['command']}` at {header['commit']} on {header['date']}, on {header['machine']}. "
+             "Do not edit: run the command again.", "",
+             "Each drill runs on a fresh local system in real processes (devhost, the Agent, the remote-service "
+             "simulator, a client app) and checks its own promises plus the invariants every drill checks "
+             "(devhost/invariants.py): no order lost, none stuck, at most one side effect per order step, remote calls "
+             "per step within the retry budget, no transition outside the state machine (an audit of every "
+             "ProcessState change), every dead letter with a reason.", "",
+             "| drill | orders | lost | duplicates | stuck | key figures | result |",
+             "|---|---|---|---|---|---|---|"]
+    for v in verdicts:
+        if "error" in v:
+            lines.append(f"| `{v['drill']}` | | | | | {v['error']} | **FAIL** |")
+            continue
+        figures = v.get("figures", {})
+        picked = [(p.split(".")[-1], _pick(figures, p)) for p in (*shown.get(str(v["drill"]), ()), *COMMON)]
+        text = ", ".join(f"{name} {value}" for name, value in picked if value is not None)
+        result = "pass" if v["passed"] else "**FAIL**: " + ", ".join(failed(v))
+        lines.append(f"| `{v['drill']}` | {v.get('orders')} | {v.get('lost')} | {v.get('duplicate_side_effects')} "
+                     f"| {v.get('stuck')} | {text} | {result} |")
+    lines += ["", "The commands (each also takes `--seed`, `--set NAME=VALUE` and `--timeout`):", ""]
+    lines += [f"- `{v.get('command')}`: {v.get('wall_s')} s" for v in verdicts]
+    return "\n".join(lines) + "\n"
+
+
+def _commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout.strip() or "an unknown commit"
+
+
+def add_command(sub: Any) -> None:
+    d = sub.add_parser("drills", help="run every drill and write the reliability report (make drills)",
+                       description="Run every drill (or --quick: the subset CI runs), each on a fresh local system, "
+                                   "and write OUT/reliability.json and OUT/reliability.md. Exit 1 if any failed.")
+    d.add_argument("--quick", action="store_true", help="the CI subset (smaller runs)")
+    d.add_argument("--only", action="append", default=None, metavar="NAME", help="only this drill (repeatable)")
+    d.add_argument("--out", type=Path, default=None,
+                   help="report folder (default: reports/, or reports/quick/ with --quick)")
+    d.add_argument("--timeout", type=float, default=600.0, help="most seconds one drill may take (default 600)")
+
+
+def run_drills_command(args: argparse.Namespace) -> int:
+    runs = [r for r in (QUICK if args.quick else FULL) if not args.only or r.drill in args.only]
+    if args.only and len(runs) != len(set(args.only)):
+        known = {r.drill for r in (QUICK if args.quick else FULL)}
+        print(f"devhost drills: unknown drill(s): {', '.join(sorted(set(args.only) - known))}", file=sys.stderr)
+        return 2
+    out = args.out or (ROOT / "reports" / ("quick" if args.quick else ""))
+    out.mkdir(parents=True, exist_ok=True)
+    verdicts = []
+    with tempfile.TemporaryDirectory(prefix="drills-") as tmp:
+        for run in runs:
+            verdict = run_one(run, Path(tmp), args.timeout)
+            verdicts.append(verdict)
+            mark = "pass" if verdict["passed"] else "FAIL " + (verdict.get("error") or ", ".join(failed(verdict)))
+            print(f"{run.drill}: {mark} ({verdict['wall_s']} s)", flush=True)
+    header = {"kind": "quick subset" if args.quick else "every drill",
+              "command": "make drills-quick" if args.quick else "make drills", "commit": _commit(),
+              "date": datetime.now(UTC).strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} cores"}
+    (out / "reliability.json").write_text(json.dumps({**header, "drills": verdicts}, indent=2) + "\n")
+    (out / "reliability.md").write_text(markdown(verdicts, runs, header))
+    print(f"wrote {out / 'reliability.md'} and {out / 'reliability.json'}")
+    return 0 if all(v["passed"] for v in verdicts) else 1

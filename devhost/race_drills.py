@@ -1,0 +1,139 @@
+"""`starter-race` and `supervisor-race`: more than one Starter, more than one Supervisor, on one state store and one
+task hub, as when Azure runs the app on several instances (issue 15).
+
+Besides the host's own timer-triggered Starter and Supervisor, the drill starts racer processes
+(devhost/racers.py: the product's own passes, every 200 ms, in processes of their own, with the host's Durable
+client). Four Starters in all race to claim the same Pending records; three Supervisors race to recover the same
+expired attempts. Every claim and every recovery is an If-Match write, so exactly one of them wins each race:
+
+- starter-race: MaxOrdersInProcessing 8 keeps most orders waiting in Pending, where the Starters race for them. Every
+  order must end Processed in attempt 1 (a lost race never costs an order an attempt, and no attempt starts twice).
+- supervisor-race: every order's first reserve-inventory call hangs past its 6 s step, so attempt 1 of every order
+  expires and the Supervisors race to recover it. Every order must end Processed in attempt 2 with FailureCount 1
+  (recovered once: a second recovery of the same attempt would count twice or start a third attempt).
+
+Both check the invariants of every drill (devhost/invariants.py) and report each racer's claims, lost races and
+recoveries; a drill in which the racers won nothing proves nothing and fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from orderflow.messages import STEPS, idempotency_key
+
+from .demo import (
+    client_app,
+    default_work_dir,
+    make_orders,
+    read_effects,
+    read_states,
+    simulator_json,
+    summary_table,
+    wait_terminal,
+)
+from .drill import Verdict, _report, _run_on_system, base_settings, parse_overrides
+from .invariants import check_system, install_for
+from .system import LocalSystem, Process, SystemConfig
+
+_EVERY_SECOND = "*/1 * * * * *"
+RACE_SETTINGS: dict[str, dict[str, str]] = {
+    "starter-race": {"MaxOrdersInProcessing": "8", "StarterSchedule": _EVERY_SECOND},
+    # No crash here, so the crash budget's 20 s steps are not needed: a hung call expires its attempt in 6 s.
+    "supervisor-race": {"StepTimeoutSeconds": "6", "ClaimLeaseSeconds": "6", "SupervisorSchedule": _EVERY_SECOND,
+                        "RetryBackoffBaseSeconds": "1", "RetryBackoffMaxSeconds": "2"},
+}
+RACERS = {"starter-race": ("starter", 3), "supervisor-race": ("supervisor", 2)}
+DEFAULT_ORDERS = {"starter-race": 60, "supervisor-race": 12}
+HANG_SECONDS = 10.0  # supervisor-race: longer than the step, so the attempt expires
+
+
+def _racers(system: LocalSystem, drill: str) -> list[tuple[Process, Path]]:
+    role, count = RACERS[drill]
+    assert system.devhost is not None and system.devhost.url
+    started = []
+    for n in range(count):
+        stats = system.config.work_dir / f"racer-{role}-{n}.json"
+        process = system._process(f"racer-{role}-{n}", ["-m", "devhost.racers", role, "--host", system.devhost.url,
+                                                        "--stats", str(stats)])
+        process.start(wait_for_url=False)
+        started.append((process, stats))
+    return started
+
+
+def _stats(racers: list[tuple[Process, Path]]) -> list[dict[str, Any]]:
+    for process, _ in racers:
+        process.stop()
+    return [json.loads(stats.read_text()) if stats.exists() else {"errors": "no stats written"}
+            for _, stats in racers]
+
+
+async def run_race(system: LocalSystem, drill: str, orders: int, seed: int, timeout: float,
+                   console: Console) -> Verdict:
+    install_for(system)
+    batch = make_orders(orders, seed, system.config.reply_queue, prefix=drill)
+    ids = [o.order_id for o in batch]
+    if drill == "supervisor-race":
+        await simulator_json(system, "/script", {idempotency_key(o, STEPS[0].value): ["hang"] for o in ids})
+    racers = _racers(system, drill)
+    try:
+        async with client_app(system) as client:
+            started = time.monotonic()
+            await client.submit(batch)
+            await wait_terminal(client, len(batch), started, timeout, console, True)
+            elapsed = max(client.terminal_at.values(), default=time.monotonic()) - started
+    finally:
+        stats = _stats(racers)
+    effects = await read_effects(system)
+    states = await read_states(system.env(), ids)
+    attempts = Counter(states.attempts.values())
+    processed = states.counts.get("Processed", 0)
+    won = sum(int(s.get("claimed", 0)) if drill == "starter-race" else int(s.get("recovered", 0)) for s in stats)
+    checks = {"every order Processed": processed == len(ids), "the racers won races": won > 0,
+              "no racer pass failed": all(s.get("errors") == 0 for s in stats)}
+    if drill == "starter-race":
+        checks["every order in attempt 1 (a lost race costs no attempt)"] = attempts == Counter({1: len(ids)})
+    else:
+        checks["every order recovered once: attempt 2, FailureCount 1"] = \
+            attempts == Counter({2: len(ids)}) and states.failure_counts == Counter({1: len(ids)})
+    figures: dict[str, Any] = {
+        "attempts": {str(a): n for a, n in sorted(attempts.items())},
+        "failure_counts": {str(f): n for f, n in sorted(states.failure_counts.items())},
+        "racers": stats, "won_by_racers": won,
+        "lost_races": sum(int(s.get("lost_races", 0)) for s in stats),
+        "elapsed_s": round(elapsed, 1), "work_dir": str(system.config.work_dir)}
+    lost = sum(1 for o in ids if o not in client.terminal_at)
+    verdict = Verdict(drill, len(ids), lost, int(effects.get("duplicates", -1)),
+                      states.counts.get("Pending", 0) + states.counts.get("Processing", 0), checks, figures)
+    return verdict.with_invariants(await check_system(system, ids))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    drill = args.scenario
+    try:
+        overrides = dict(parse_overrides(args.overrides))
+        orders = DEFAULT_ORDERS[drill] if args.orders is None else args.orders
+        if orders < 1:
+            raise ValueError("--orders must be at least 1")
+    except ValueError as exc:
+        Console(stderr=True).print(f"devhost drill: {exc}")
+        return 2
+    work = Path(args.work_dir or default_work_dir("drill-")).resolve()
+    config = SystemConfig(work_dir=work, seed=args.seed, hang_seconds=HANG_SECONDS,
+                          settings={**base_settings(args.settings), **RACE_SETTINGS[drill], **overrides})
+    system = LocalSystem(config)
+    console = Console(stderr=args.json)
+    verdict = _run_on_system(system, console,
+                             lambda: run_race(system, drill, orders, args.seed, args.timeout, console))
+    return _report(console, summary_table(verdict.display(), f"drill {drill} ({args.settings} settings)"),
+                   verdict.to_json() if args.json else None, verdict.failed_checks())
+
+
+__all__ = ["RACE_SETTINGS", "run_command", "run_race"]
