@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("--service", default=None, metavar="NAME", help="remote service (default: RemoteServiceName)")
         cmd.add_argument("--by", default=None, metavar="WHO", help="operator named in the reason (default: $USER)")
+        cmd.add_argument("--new", action="store_true",
+                         help="allow a service that is not RemoteServiceName and has no breaker yet")
         cmd.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser
 
@@ -216,6 +218,16 @@ async def force(service: str, state: BreakerState, by: str, documents: Any, bus:
                       "details": details}}
 
 
+async def _known(services: Sequence[str], configured: str, documents: Any, new: bool) -> None:
+    """Refuse a service that is neither `RemoteServiceName` nor already has a breaker document (a typo would
+    otherwise show a breaker nobody uses as closed, or hold one open that no Agent reads); `--new` allows it for
+    open and close (a service whose Agents are configured but have not written yet)."""
+    unknown = [s for s in services if s != configured and await documents.get(s) is None]
+    if unknown and not new:
+        raise CliError(f"no breaker for service {unknown[0]!r} (RemoteServiceName is {configured!r}); "
+                       "check the name, or pass --new to open or close a breaker that does not exist yet")
+
+
 async def run(args: argparse.Namespace, env: Mapping[str, str], clock: Clock) -> str:
     """The command's output (raises CliError, or another exception, on failure)."""
     try:
@@ -226,7 +238,9 @@ async def run(args: argparse.Namespace, env: Mapping[str, str], clock: Clock) ->
     if args.command == "show":
         documents = _open_documents(env)
         try:
-            rows = await show(args.service or [default_service], documents, config, clock)
+            wanted = args.service or [default_service]
+            await _known(wanted, default_service, documents, new=False)
+            rows = await show(wanted, documents, config, clock)
         finally:
             await documents.aclose()
         return json.dumps(rows, indent=2) if args.json else render_table(rows)
@@ -237,8 +251,10 @@ async def run(args: argparse.Namespace, env: Mapping[str, str], clock: Clock) ->
     try:
         documents = _open_documents(env)
         try:
-            result = await force(args.service or default_service, state, operator_name(args.by, env), documents,
-                                 bus, alerts_queue, config, clock)
+            service = args.service or default_service
+            await _known([service], default_service, documents, new=getattr(args, "new", False))
+            result = await force(service, state, operator_name(args.by, env), documents, bus, alerts_queue, config,
+                                 clock)
         finally:
             await documents.aclose()
     finally:

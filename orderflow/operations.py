@@ -70,7 +70,7 @@ def parse_duration(text: str) -> timedelta:
     """`90s`, `15m`, `2h`, `3d` (the CLI's --older-than, the API's olderThan)."""
     m = DURATION.match(text.strip())
     if m is None:
-        raise BadRequest(f"olderThan {text!r} is not a duration like 90s, 15m, 2h or 3d")
+        raise BadRequest(f"olderThan (--older-than) {text!r} is not a duration like 90s, 15m, 2h or 3d")
     return timedelta(seconds=int(m.group(1)) * UNITS[m.group(2)])
 
 
@@ -145,7 +145,7 @@ class Operations:
         `older_than`."""
         wanted = parse_state(state)
         if not 1 <= page_size <= PAGE_SIZE_MAX:
-            raise BadRequest(f"pageSize must be 1..{PAGE_SIZE_MAX}, got {page_size}")
+            raise BadRequest(f"pageSize (--page-size) must be 1..{PAGE_SIZE_MAX}, got {page_size}")
         now = self.now
         before = None if older_than is None else now - parse_duration(older_than)
         try:

@@ -13,8 +13,9 @@ the same app settings.
     orderflow top                                               the same, live, with throughput
     orderflow queues                                            queue counts (embedded broker)
 
-Every read command takes --json. A failure (an unknown order, a refused move, a missing setting or permission, an
-unreachable store) is one line on stderr and exit status 1; bad usage exits 2. Never a traceback.
+Every read command but `top` takes --json. A failure (an unknown order, a refused move, a missing setting or
+permission, an unreachable store) is one line on stderr and exit status 1; bad usage or a bad value exits 2. Never a
+traceback.
 """
 
 from __future__ import annotations
@@ -59,7 +60,10 @@ async def _with_timeout(args: argparse.Namespace, env: Mapping[str, str], clock:
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, clock: Clock | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.timeout <= 0:
+        parser.error(f"--timeout must be positive, got {args.timeout:g}")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.CRITICAL + 1,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -75,9 +79,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except KeyboardInterrupt:
         print(f"{args.prog}: interrupted", file=sys.stderr)
         return 130
-    except OpsError as exc:
+    except OpsError as exc:  # bad input is a usage error (2); an unknown order or a refused move is 1
         print(f"{args.prog}: error: {exc.message}", file=sys.stderr)
-        return 1
+        return 2 if exc.status == 400 else 1
     except Exception as exc:  # noqa: BLE001 - one line, never a traceback
         print(f"{args.prog}: error: {one_line(exc)}", file=sys.stderr)
         return 1

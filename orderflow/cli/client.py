@@ -56,7 +56,10 @@ def add_commands(sub: Any, prog: str, names: tuple[str, ...] = ("submit", "watch
                                        "<orderId>:<hash of the body>, so an identical resend is absorbed by duplicate "
                                        "detection and a changed one reaches the conflict check), then print the "
                                        "statuses from the reply queue until a terminal one or --wait seconds. With "
-                                       "--count N, N orders (generated ids) and one line each when it ends.")
+                                       "--count N, N orders (generated ids) and one line each when it ends. Exit 0 "
+                                       "when the order completed (with --count: when every order ended), 1 when it "
+                                       "ended otherwise (failed, compensated, cancelled), was rejected or "
+                                       "dead-lettered, or no final status came within --wait.")
         _connection_options(s)
         s.add_argument("--order-id", default=None, help="orderId (default: a new random one)")
         s.add_argument("--file", type=Path, default=None, help="JSON file with the order (default: a sample order)")
@@ -160,11 +163,10 @@ def submit(args: argparse.Namespace) -> int:
     raw.setdefault("orderId", args.order_id or f"order-{uuid.uuid4().hex[:10]}")
     if args.order_id:
         raw["orderId"] = args.order_id
-    if args.reply_to:
-        raw["replyTo"] = args.reply_to
+    raw["replyTo"] = args.reply_to or raw.get("replyTo") or "app-status"  # as --reply-to's help says
     raw.setdefault("submittedAt", datetime.now(UTC).isoformat())
     body = json.dumps(raw)
-    order_id, reply_to = str(raw["orderId"]), str(raw.get("replyTo", "app-status"))
+    order_id, reply_to = str(raw["orderId"]), str(raw["replyTo"])
     message_id = f"{order_id}:{hashlib.sha256(body.encode()).hexdigest()[:12]}"
     console = Console()
     known_rejection: InvalidMessage | None = None
@@ -456,8 +458,8 @@ def _follow(client: Any, reply_to: str, order_id: str, wait: float, console: Con
             statuses.append(status)
             console.print(f"  {status.timestamp.isoformat()}  {status.state.value:<10} attempt "
                           f"{status.attempt}  {status.reason}")
-            if status.state in TERMINAL_STATUSES:
-                return 0, statuses
+            if status.state in TERMINAL_STATUSES:  # 0: completed; 1: it ended otherwise (failed, compensated...)
+                return (0 if status.state is OrderStatus.COMPLETED else 1), statuses
             if status.state is OrderStatus.REJECTED:  # admission control: nothing was stored
                 console.print(f"[red]rejected: {status.reason} (nothing stored; submit it again later)[/]")
                 return 1, statuses
@@ -527,8 +529,9 @@ def _diagnose(args: argparse.Namespace, watch: _Watch, statuses: list[StatusMess
     if backlog:
         draining = watch.agent_backlog_before is not None and backlog < watch.agent_backlog_before
         found.append(f"{watch.agent_queue} holds {backlog} request(s)"
-                     + (" (draining)" if draining else " and is not draining: is the Agent (python -m agent) "
-                        "running? see its log"))
+                     + (" (draining)" if draining else " and is not draining: if the Agent is not running, start "
+                        "it (python -m agent); if it is, a call may be held (a hang), or the circuit breaker open: "
+                        "orderflow breaker show, orderflow order ORDER_ID"))
     elif backlog == 0:
         found.append(f"{watch.agent_queue} is empty: the Agent has taken every request (or none was sent yet)")
     return found
@@ -573,5 +576,6 @@ def queues(args: argparse.Namespace) -> int:
             console.print(f"dead-lettered on {name}: {r['messageId']}  [bold]{r['deadLetterReason']}[/]  "
                           f"{r['deadLetterErrorDescription'] or ''}")
     for alert in alerts:
-        console.print(f"alert {alert.kind.value}: order {alert.order_id}  {alert.reason}  {json.dumps(alert.details)}")
+        console.print(f"alert {alert.kind.value}: order {alert.order_id or '-'}  {alert.reason}  "
+                      f"{json.dumps(alert.details)}")
     return 0

@@ -103,8 +103,8 @@ async def operations(app_dir: Path, env: Mapping[str, str], clock: Clock | None 
     except (ValueError, KeyError, AssertionError) as exc:
         raise CliError(f"invalid app settings: {one_line(exc)}") from exc
     if not env.get("CosmosDb__accountEndpoint"):
-        raise CliError("app setting CosmosDb__accountEndpoint is not set (cp local.settings.sample.json "
-                       "local.settings.json, or set it in the environment)")
+        raise CliError("app setting CosmosDb__accountEndpoint is not set: run in the app folder or pass --app-dir "
+                       "(locally: cp local.settings.sample.json local.settings.json), or set it in the environment")
     try:
         stores = open_stores(env)
         breakers = open_breaker_documents(env)

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orderflow import breaker_cli, deadletters
-from orderflow.breaker_cli import CliError, operator_name
+from orderflow.breaker_cli import CliError, one_line, operator_name
 from orderflow.cli.common import dumps, operations
 from orderflow.clock import Clock, SystemClock
 from orderflow.operations import PAGE_SIZE_MAX, Operations, check_order_id
@@ -108,6 +109,8 @@ def add_commands(sub: Any) -> None:
         bf = bsub.add_parser(name, help=text)
         bf.add_argument("--service", default=None, metavar="NAME", help="remote service (default: RemoteServiceName)")
         bf.add_argument("--by", default=None, metavar="WHO", help="operator named in the reason (default: $USER)")
+        bf.add_argument("--new", action="store_true",
+                        help="allow a service that is not RemoteServiceName and has no breaker yet")
     for p in bsub.choices.values():
         p.add_argument("--app-dir", type=Path, default=Path("."),
                        help="app folder whose local.settings.json holds the settings (default: .)")
@@ -151,8 +154,8 @@ async def _summary(ops: Operations, args: argparse.Namespace, env: Mapping[str, 
     return dumps(data) if args.json else _render(summary_view(data))
 
 
-async def _dlq(ops: Operations, args: argparse.Namespace, env: Mapping[str, str]) -> str:
-    bus = ops.services.bus
+async def _dlq(bus: Any, args: argparse.Namespace, env: Mapping[str, str], now: datetime) -> str:
+    """dlq list|show|replay: the bus only (the Service Bus roles; no state-store setting is needed)."""
     try:
         if args.dlq_command == "list":
             rows = [deadletters.row(m) for m in await deadletters.peek(bus, args.queue, args.max)]
@@ -168,7 +171,7 @@ async def _dlq(ops: Operations, args: argparse.Namespace, env: Mapping[str, str]
         if args.dlq_command == "show":
             return dumps(await deadletters.show(bus, args.queue, args.sequence_number))
         done = await deadletters.replay(bus, args.queue, None if args.all else args.seq,
-                                        operator_name(args.by, env), ops.now, limit=args.max)
+                                        operator_name(args.by, env), now, limit=args.max)
     except deadletters.DeadLetterNotFound as exc:
         raise CliError(str(exc)) from exc
     if args.json:
@@ -183,6 +186,18 @@ async def run(args: argparse.Namespace, env: Mapping[str, str], clock: Clock | N
     if getattr(args, "breaker", False):
         return await breaker_cli.run(argparse.Namespace(**{**vars(args), "command": args.breaker_command}), env,
                                      clock or SystemClock())
+    if args.run is _dlq:
+        from orderflow.bus.aio import client_from_settings  # noqa: PLC0415
+
+        try:
+            bus = client_from_settings(env)
+        except Exception as exc:
+            raise CliError(f"cannot open the Service Bus client: {one_line(exc)}") from exc
+        try:
+            shown: str = await _dlq(bus, args, env, (clock or SystemClock()).now())
+        finally:
+            await bus.close()
+        return shown
     if getattr(args, "order_id", None) is not None:
         check_order_id(args.order_id)
     async with operations(args.app_dir, env, clock, need_durable=args.run is _order) as ops:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from azure.servicebus import ServiceBusMessage
 
 from devhost.system import ROOT
@@ -85,6 +86,24 @@ def test_submit_exits_when_the_system_dead_letters_the_order(tmp_path: Path) -> 
     assert time.monotonic() - started < 20
     assert sent.returncode == 1 and "rejected: OrderConflict" in sent.stdout
     assert "no terminal status" not in sent.stdout
+
+
+@pytest.mark.parametrize(("final", "exit_code"), [("completed", 0), ("failed", 1)])
+def test_submit_exits_0_only_when_the_order_completed(tmp_path: Path, final: str, exit_code: int) -> None:
+    conn = f"Endpoint=embedded://{tmp_path / 'bus.db'};ConfigFile={ROOT / 'servicebus.config.json'}"
+
+    def answer(client: Any, receiver: Any, message: Any) -> None:
+        receiver.complete_message(message)
+        with client.get_queue_sender("app-status") as sender:
+            sender.send_messages(ServiceBusMessage(json.dumps({
+                "schemaVersion": 1, "type": "OrderStatus", "orderId": "cli-5", "state": final, "attempt": 1,
+                "timestamp": "2026-01-01T00:00:00Z", "reason": "the end"}), session_id="cli-5",
+                message_id=f"cli-5:{final}:1"))
+
+    system = _system(conn, "cli-5", answer)
+    sent = _run("submit", "--connection", conn, "--order-id", "cli-5", "--wait", "30", cwd=tmp_path)
+    system.join(5)
+    assert sent.returncode == exit_code and final in sent.stdout, sent.stdout + sent.stderr
 
 
 def test_no_terminal_status_says_what_it_found_and_does_not_blame_rejection(tmp_path: Path) -> None:

@@ -224,7 +224,7 @@ def test_orders_older_than_keeps_only_records_unchanged_for_that_long(api: Api) 
 @pytest.mark.parametrize(("query", "says"), [
     ({}, "state is required"),
     ({"state": "Stuck"}, "not one of"),
-    ({"state": "Pending", "pageSize": "0"}, "pageSize must be 1.."),
+    ({"state": "Pending", "pageSize": "0"}, "pageSize (--page-size) must be 1.."),
     ({"state": "Pending", "pageSize": "many"}, "whole number"),
     ({"state": "Pending", "olderThan": "5y"}, "not a duration"),
     ({"state": "Pending", "continuation": "not-a-token"}, "malformed continuation"),

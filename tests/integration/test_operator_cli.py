@@ -83,13 +83,14 @@ async def test_order_shows_the_record_and_says_why_attempts_have_no_orchestratio
     assert code == 0 and "processState" in out and "reserve-inventory" in out and "attempt 1: o-err:1" in out
 
 
-@pytest.mark.parametrize(("order_id", "message"), [
-    ("nope", "orderflow order: error: no order 'nope' in the state store"),
-    ("bad id!", "orderflow order: error: orderId 'bad id!' is not a valid order id (1-64 of A-Z a-z 0-9 _ -)"),
+@pytest.mark.parametrize(("order_id", "exit_code", "message"), [
+    ("nope", 1, "orderflow order: error: no order 'nope' in the state store"),
+    ("bad id!", 2, "orderflow order: error: orderId 'bad id!' is not a valid order id (1-64 of A-Z a-z 0-9 _ -)"),
 ])
-async def test_order_errors_are_one_line_and_exit_1(system: Services, cli: Cli, order_id: str, message: str) -> None:
+async def test_order_errors_are_one_line_and_a_bad_value_is_a_usage_error(system: Services, cli: Cli, order_id: str,
+                                                                          exit_code: int, message: str) -> None:
     code, out, err = cli("order", order_id)
-    assert (code, out, err.splitlines()) == (1, "", [message])
+    assert (code, out, err.splitlines()) == (exit_code, "", [message])
 
 
 async def test_orders_pages_through_one_state_oldest_first_and_filters_by_age(system: Services, cli: Cli) -> None:
@@ -116,14 +117,15 @@ async def test_orders_pages_through_one_state_oldest_first_and_filters_by_age(sy
 
 @pytest.mark.parametrize(("argv", "message"), [
     (("--state", "Stuck"), "state 'Stuck' is not one of Pending, Processing, Processed, Error"),
-    (("--state", "Error", "--older-than", "soon"), "olderThan 'soon' is not a duration like 90s, 15m, 2h or 3d"),
+    (("--state", "Error", "--older-than", "soon"),
+     "olderThan (--older-than) 'soon' is not a duration like 90s, 15m, 2h or 3d"),
     (("--state", "Error", "--continuation", "garbage"), "continuation"),
-    (("--state", "Error", "--page-size", "0"), "pageSize must be 1..200, got 0"),
+    (("--state", "Error", "--page-size", "0"), "pageSize (--page-size) must be 1..200, got 0"),
 ])
 async def test_orders_refuses_bad_input_in_one_line(system: Services, cli: Cli, argv: tuple[str, ...],
                                                     message: str) -> None:
     code, _, err = cli("orders", *argv)
-    assert code == 1 and len(err.splitlines()) == 1 and message in err and "Traceback" not in err
+    assert code == 2 and len(err.splitlines()) == 1 and message in err and "Traceback" not in err
 
 
 async def test_resubmit_runs_an_error_again_with_a_fresh_budget_and_audits_it(system: Services, cli: Cli) -> None:
@@ -293,8 +295,8 @@ def test_a_missing_setting_is_one_line(tmp_path: Path, capsys: pytest.CaptureFix
     code = main(["summary", "--app-dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 1 and err.splitlines() == [
-        "orderflow summary: error: app setting CosmosDb__accountEndpoint is not set (cp local.settings.sample.json "
-        "local.settings.json, or set it in the environment)"]
+        "orderflow summary: error: app setting CosmosDb__accountEndpoint is not set: run in the app folder or pass "
+        "--app-dir (locally: cp local.settings.sample.json local.settings.json), or set it in the environment"]
 
 
 def test_an_unreachable_store_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -306,6 +308,20 @@ def test_an_unreachable_store_is_one_line(tmp_path: Path, capsys: pytest.Capture
     err = capsys.readouterr().err
     assert code == 1 and len(err.splitlines()) == 1 and err.startswith("orderflow orders: error: "), err
     assert "a-file" in err and "Traceback" not in err
+
+
+def test_the_dead_letter_commands_need_only_the_bus(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README gives dlq list|show|replay the Service Bus roles only: no state-store setting is needed."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CosmosDb__accountEndpoint", raising=False)
+    folder = app_dir(tmp_path)
+    settings = json.loads((folder / "local.settings.json").read_text())
+    del settings["Values"]["CosmosDb__accountEndpoint"]
+    (folder / "local.settings.json").write_text(json.dumps(settings))
+    code = main(["dlq", "list", "orders-inbound", "--json", "--app-dir", str(folder)])
+    out, err = capsys.readouterr()
+    assert (code, json.loads(out), err) == (0, [], "")
 
 
 def test_bad_usage_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

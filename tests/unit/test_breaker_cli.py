@@ -208,8 +208,16 @@ def test_close_resets_the_counts_and_alerts_with_the_user_as_operator(env: Env) 
     assert alert.details["source"] == "operator" and alert.details["by"] == "carol"
 
 
+def test_a_service_that_is_not_configured_and_has_no_breaker_is_refused(env: Env) -> None:
+    """A typo must not show a breaker nobody uses as closed, nor hold one open that no Agent reads."""
+    for args in (("show", "--service", "fulfilmnet"), ("open", "--service", "fulfilmnet")):
+        assert_one_line_error(env.run(*args), "no breaker for service 'fulfilmnet' (RemoteServiceName is "
+                                              "'fulfilment')")
+    assert env.get("fulfilmnet") is None and env.alerts() == []
+
+
 def test_open_then_close_of_another_service(env: Env) -> None:
-    env.ok("open", "--service", "billing", "--by", "dave")
+    env.ok("open", "--service", "billing", "--by", "dave", "--new")
     env.ok("close", "--service", "billing", "--by", "dave")
     assert env.get() is None  # the default service was not touched
     doc = env.get("billing")
