@@ -7,6 +7,7 @@ benchmarks/results/<name>.json (or <name>.quick.json with --quick) and refresh t
     python -m benchmarks pipeline --profile   # also record devhost and the Agent with py-spy
     python -m benchmarks --table              # print the results table from the committed JSON
     python -m benchmarks compare [--quick] [--json]   # ours against DBOS (needs requirements-bench.txt: make bench)
+    python -m benchmarks azure_cost [--orders N] [--json]   # what an order costs on Azure, counted from a run
 
 After a run it prints the table of what it measured, labelled: a quick run's comes from <name>.quick.json.
 """
@@ -57,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import compare  # noqa: PLC0415
 
         return compare.main([a for a in argv if a != "compare"])
+    if "azure_cost" in argv and "--table" not in argv:  # its own options and result document (benchmarks/azure_cost.py)
+        from . import azure_cost  # noqa: PLC0415
+
+        return azure_cost.main([a for a in argv if a != "azure_cost"])
     args = _parser().parse_args(argv)
     from . import report  # noqa: PLC0415
 
