@@ -6,7 +6,9 @@ Connection strings:
   (`orderflow.bus.embedded`): queues in one SQLite file shared by every local process. Relative paths are
   resolved against the current directory. `ConfigFile` names a Service Bus emulator-style Config.json (the
   repo's `servicebus.config.json`) whose queues are declared (idempotently) when the client is created.
-  Example: `Endpoint=embedded://.devhost/servicebus.db;ConfigFile=servicebus.config.json`.
+  Example: `Endpoint=embedded://.devhost/servicebus.db;ConfigFile=servicebus.config.json`. `DuplicateDelivery=true`
+  (off by default) is a fault-injection switch for drills: every message completed in peek-lock mode is delivered a
+  second time, as a lost settlement would make Service Bus do (orderflow/bus/broker.py).
 * anything else (`Endpoint=sb://<namespace>.servicebus.windows.net/;SharedAccessKeyName=...;SharedAccessKey=...`)
   is handed to `azure.servicebus.ServiceBusClient.from_connection_string`.
 

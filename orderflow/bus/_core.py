@@ -44,10 +44,13 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class EmbeddedConnection:
-    """A parsed `Endpoint=embedded://<db path>[;ConfigFile=<config path>]` connection string."""
+    """A parsed `Endpoint=embedded://<db path>[;ConfigFile=<config path>][;DuplicateDelivery=true]` connection
+    string. `DuplicateDelivery` is a fault-injection switch (orderflow/bus/broker.py): every message completed in
+    peek-lock mode is delivered a second time."""
 
     db_path: str
     config_file: str | None
+    duplicate_delivery: bool = False
 
 
 def parse_connection_string(conn_str: str) -> dict[str, str]:
@@ -69,12 +72,17 @@ def parse_embedded(conn_str: str) -> EmbeddedConnection:
     if not path:
         raise ValueError("embedded connection string needs a database path: Endpoint=embedded://<path>")
     config = parts.get("configfile")
-    return EmbeddedConnection(os.path.abspath(path), os.path.abspath(config) if config else None)
+    duplicate = parts.get("duplicatedelivery", "false").lower()
+    if duplicate not in ("true", "false"):
+        raise ValueError(f"DuplicateDelivery must be true or false, got {duplicate!r}")
+    return EmbeddedConnection(os.path.abspath(path), os.path.abspath(config) if config else None,
+                              duplicate_delivery=duplicate == "true")
 
 
 def broker_from_connection_string(conn_str: str, **kwargs: Any) -> EmbeddedBroker:
     connection = parse_embedded(conn_str)
-    return EmbeddedBroker(connection.db_path, config=connection.config_file, **kwargs)
+    return EmbeddedBroker(connection.db_path, config=connection.config_file,
+                          duplicate_delivery=connection.duplicate_delivery, **kwargs)
 
 
 # -- sending -------------------------------------------------------------------------------------------------

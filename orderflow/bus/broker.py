@@ -16,6 +16,19 @@ message-sessions (exclusive session lock, FIFO in a session, session state), dup
 message-sequencing (scheduled messages), message-expiration (TTL; expired messages are purged lazily
 when a receiver pulls, as Service Bus does). Time comes from an injectable `clock`, so lock expiry, windows
 and TTL are testable without sleeping.
+
+Fault injection, `duplicate_delivery` (connection string option `DuplicateDelivery=true`, off by default; for the
+`duplicate-delivery` drill): Service Bus delivers at least once. A complete that the service never records (the link
+drops after the consumer sent it; the consumer believes it settled) means the same message, same MessageId and
+sequence number, is delivered again with its delivery count + 1, and duplicate detection does not help, because
+nothing was sent twice (message-transfers-locks-settlement, "Settling receive operations"; duplicate-detection: it
+acts on sends only). With the switch on, the first complete of each message on an active queue in peek-lock mode is
+lost that way: the broker answers the consumer as usual but keeps the message, unlocks it with its delivery count +
+1 (a failed delivery, so MaxDeliveryCount still applies) and delivers it again at once (to the session's holder,
+else the next acceptor); the second complete removes it. Each such message is noted in the `redeliveries` table
+(`redelivered_counts` per queue). Not duplicated: dead-lettered, deferred and receive-and-delete messages, and the
+dead-letter sub-queue. The switch belongs to the broker object (each process's connection string), not to the file:
+every process of a drill must set it. Off, `complete` is the plain delete it always was.
 """
 
 from __future__ import annotations
@@ -102,6 +115,9 @@ CREATE TABLE IF NOT EXISTS dedup(
     queue TEXT NOT NULL, message_id TEXT NOT NULL, expires_at REAL NOT NULL, PRIMARY KEY(queue, message_id)
 );
 CREATE INDEX IF NOT EXISTS ix_dedup_expiry ON dedup(queue, expires_at);
+CREATE TABLE IF NOT EXISTS redeliveries(
+    queue TEXT NOT NULL, seq INTEGER NOT NULL, message_id TEXT NOT NULL, PRIMARY KEY(queue, seq)
+);
 """
 _COUNTS_SQL = """
 SELECT COALESCE(SUM(sub = '' AND state = 0 AND visible_at <= :now), 0),
@@ -283,9 +299,12 @@ class EmbeddedBroker:
         *,
         clock: Clock | None = None,
         config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+        duplicate_delivery: bool = False,
     ) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.clock: Clock = clock or utc_now
+        # Fault injection (module docstring): lose the first complete of every message, so it is delivered twice.
+        self.duplicate_delivery = duplicate_delivery
         self.notify_dir = notify.notify_dir_for(self.path)
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
@@ -733,8 +752,33 @@ class EmbeddedBroker:
     # -- settling -------------------------------------------------------------------------------------------
 
     def complete(self, queue: str, seq: int, lock_token: str, *, session: SessionLock | None = None) -> None:
-        with self._locked_message(queue, seq, lock_token, session) as (tx, _props, _row):
+        with self._locked_message(queue, seq, lock_token, session) as (tx, props, row):
+            if self.duplicate_delivery and self._lose_first_complete(tx, queue, props, seq, row):
+                return
             tx.conn.execute("DELETE FROM messages WHERE seq = ?", (seq,))
+
+    def _lose_first_complete(
+        self, tx: _Tx, queue: str, props: QueueProperties, seq: int, row: tuple[str, int, str | None, int]
+    ) -> bool:
+        """The `duplicate_delivery` fault: the first complete of an active message is lost, so the message is
+        delivered again (a failed delivery: delivery count + 1). False (complete it) for its second complete, and for
+        messages the fault leaves alone (dead-letter sub-queue, deferred)."""
+        sub, count, session_id, state = row
+        if sub != ACTIVE or state == STATE_DEFERRED:
+            return False
+        message_id = tx.conn.execute("SELECT message_id FROM messages WHERE seq = ?", (seq,)).fetchone()[0]
+        noted = tx.conn.execute(
+            "INSERT OR IGNORE INTO redeliveries(queue, seq, message_id) VALUES (?, ?, ?)", (queue, seq, message_id)
+        ).rowcount
+        if not noted:
+            return False  # delivered twice already: this complete counts
+        self._release(tx, queue, props, seq, sub, count + 1, session_id, state)
+        return True
+
+    def redelivered_counts(self) -> dict[str, int]:
+        """Messages the `duplicate_delivery` fault delivered a second time, per queue (0 for none: not listed)."""
+        rows = self._conn().execute("SELECT queue, COUNT(*) FROM redeliveries GROUP BY queue ORDER BY queue")
+        return {str(queue): int(n) for queue, n in rows}
 
     def abandon(self, queue: str, seq: int, lock_token: str, *, session: SessionLock | None = None) -> None:
         with self._locked_message(queue, seq, lock_token, session) as (tx, props, row):
