@@ -155,7 +155,12 @@ def add_command(sub: Any) -> None:
                                    "upgrade-in-flight (devhost/lifecycle_drills.py) drive an order's other endings: "
                                    "undoing a refused order, a client's cancel at each stage, a poison message in "
                                    "the order's session, devhost restarted with a new workflow version while orders "
-                                   "run. When every order has its final status, print the figures (a table, or "
+                                   "run; remote-hang, late-replies, reply-reordering, clock-skew, "
+                                   "duplicate-delivery, poison-input, state-store-conflicts, store-outage, "
+                                   "starter-race and supervisor-race (issue 15; docs/devhost.md, docs/reliability.md) "
+                                   "each inject their fault. Every drill also checks the invariants of "
+                                   "devhost/invariants.py. When every order has its final status, print the figures "
+                                   "(a table, or "
                                    "one JSON object as the last line with --json). Exit code 1 unless the drill "
                                    "passed.")
     d.add_argument("scenario", choices=DRILLS, metavar="NAME", help=f"the drill: {', '.join(DRILLS)}")

@@ -61,6 +61,10 @@ QUICK: tuple[Run, ...] = (
     Run("host-crash", ("--orders", "20", "--kills", "3"), ("kills_done", "settle_s", "max_attempt", "total_s")),
     Run("agent-crash", ("--orders", "20", "--kills", "3"), ("kills_done", "settle_s", "max_attempt", "total_s")),
     Run("compensation", (), ("elapsed_s",)),
+    Run("starter-race", ("--orders", "30"), ("won_by_racers", "attempts", "elapsed_s")),
+    Run("supervisor-race", ("--orders", "6"), ("won_by_racers", "attempts", "failure_counts", "elapsed_s")),
+    Run("duplicate-delivery", ("--orders", "6"), ("elapsed_s",)),
+    Run("poison-input", ("--orders", "5"), ("elapsed_s",)),
 )
 COMMON = ("invariants.transitions_audited", "invariants.most_calls_per_key")
 
