@@ -16,8 +16,11 @@ repeat changes nothing and tells no one again.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from orderflow import admission, telemetry, tracing
@@ -40,6 +43,7 @@ from orderflow.runtime import Services
 from orderflow.starter import claims_allowed, workflow_input
 from orderflow.state_machine import TERMINAL_STATES, CancelRefused, Wrote, cancel
 from orderflow.state_machine import claim as claim_record
+from orderflow.store.errors import is_transient
 from orderflow.workflow import WorkflowInput
 
 
@@ -101,6 +105,37 @@ def check_routing(order: SubmitOrder | CancelOrder, session_id: str | None, serv
     if order.reply_to in services.tunables.internal_queues() or order.reply_to not in allowed:
         raise InvalidMessage("InvalidField:replyTo",
                              f"field 'replyTo' {order.reply_to!r} is not an allowed reply queue")
+
+
+log = logging.getLogger("orderflow.submission")
+
+# How long one delivery keeps retrying a transient store or bus failure before it gives the message back: well inside
+# host.json's maxAutoLockRenewalDuration (5 min), so the lock is never lost while it waits. orders-inbound's
+# MaxDeliveryCount (5) then multiplies it: a store outage of up to ~20 min delays submissions instead of
+# dead-lettering them (issue 15, the store-outage drill: every delivery used to be abandoned at once and redelivered
+# at once, and 5 deliveries within 2 s dead-lettered every order submitted during an outage).
+PATIENCE = timedelta(seconds=240)
+FIRST_WAIT, LONGEST_WAIT = 0.5, 8.0
+
+
+async def receive_patiently(services: Services, body: bytes, session_id: str | None, message_id: str | None = None,
+                            sequence_number: int | None = None, *, claim: bool = False,
+                            sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                            patience: timedelta = PATIENCE,
+                            ) -> Accepted | Rejected | Refused | CancelDone | CancelTooLate:
+    """`receive`, retried on a transient failure (`store.errors.is_transient`: throttled, unavailable, timed out)
+    with waits doubling from 0.5 s to 8 s for at most `patience`; then, or on any other failure, it raises (the
+    trigger abandons the message). Every step of `receive` is idempotent, so a retry repairs a half-done one."""
+    started, wait = services.clock.now(), FIRST_WAIT
+    while True:
+        try:
+            return await receive(services, body, session_id, message_id, sequence_number, claim=claim)
+        except Exception as exc:
+            if not is_transient(exc) or services.clock.now() - started + timedelta(seconds=wait) > patience:
+                raise
+            log.warning("submission of %r: %s; retrying in %.1f s", session_id, exc, wait)
+            await sleep(wait)
+            wait = min(wait * 2, LONGEST_WAIT)
 
 
 async def receive(services: Services, body: bytes, session_id: str | None, message_id: str | None = None,

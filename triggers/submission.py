@@ -4,8 +4,9 @@ Uses the Service Bus SDK-type binding (`azurefunctions-extensions-bindings-servi
 `auto_complete_messages=False`, because a poison or conflicting order must be dead-lettered with a reason that names
 the field — the plain binding can only abandon (and dead-letter later as MaxDeliveryCountExceeded). Settlement calls
 are blocking gRPC calls to the host, so they run in a worker thread (`asyncio.to_thread`) off the event loop.
-Transient failures (store or bus unavailable) raise: the message is abandoned and redelivered, and each write is
-idempotent, so the redelivery repairs a half-done submission.
+Transient failures (store or bus unavailable, throttled) are retried inside the delivery for up to 4 minutes
+(`receive_patiently`, within the 5-minute lock renewal); then, or on any other failure, the message is abandoned and
+redelivered. Each write is idempotent, so a retry or a redelivery repairs a half-done submission.
 
 Each message is handled in the span `orderflow.submission`, the root of the order's trace (or a child of the client's
 span when the message carries a `traceparent` application property); the state record keeps its context.
@@ -23,7 +24,7 @@ from orderflow import function_names as fn
 from orderflow import tracing
 from orderflow.runtime import Services, get_services
 from orderflow.starter import StarterRun, start_attempt, start_one
-from orderflow.submission import Accepted, CancelDone, CancelTooLate, Refused, receive
+from orderflow.submission import Accepted, CancelDone, CancelTooLate, Refused, receive_patiently
 from orderflow.workflow import CANCEL_EVENT
 
 bp = df.Blueprint()
@@ -53,8 +54,8 @@ async def _handle(services: Services, message: servicebus.ServiceBusReceivedMess
                   client: df.DurableOrchestrationClient) -> None:
     body = b"".join(message.body)
     try:
-        outcome = await receive(services, body, message.session_id, message_id, message.sequence_number,
-                                claim=True)
+        outcome = await receive_patiently(services, body, message.session_id, message_id, message.sequence_number,
+                                          claim=True)
     except Exception:
         await asyncio.to_thread(message_actions.abandon, message)
         raise

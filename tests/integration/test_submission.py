@@ -8,18 +8,21 @@ repeatable).
 
 from __future__ import annotations
 
+import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from integration_support import REPLY_QUEUE, Pipeline, encode, order_body, tunables
+from integration_support import REPLY_QUEUE, ROOT, Pipeline, encode, order_body, tunables
 
 from devhost.durable.ids import validate_instance_id
 from orderflow.messages import MAX_ATTEMPT, ORDER_ID_PATTERN, AlertKind, OrderStatus
 from orderflow.records import ProcessState, instance_id
 from orderflow.runtime import Services
-from orderflow.submission import Accepted, Rejected, submit, validate
+from orderflow.store.errors import TransientStoreError
+from orderflow.submission import LONGEST_WAIT, PATIENCE, Accepted, Rejected, receive_patiently, submit, validate
 
 _TUNABLES = tunables()
 INTERNAL_QUEUES = ["orders-inbound", "agent-requests", "agent-replies", "operator-alerts"]
@@ -196,6 +199,82 @@ async def test_crash_between_the_two_writes_is_repaired_by_the_redelivery(pipeli
     found = await services.state.get("o-crash")
     assert found is not None and found[0].process_state is ProcessState.PENDING and found[0].locked_by is None
     assert [s.state for s in await pipeline.statuses("o-crash")] == [OrderStatus.RECEIVED]
+
+
+class Unavailable:
+    """A state store that answers 503 (TransientStoreError) to its first `failures` reads and creates, or to every
+    one (failures None), or `error` instead."""
+
+    def __init__(self, inner: Any, failures: int | None, error: Exception | None = None) -> None:
+        self._inner, self.failures, self.error, self.calls = inner, failures, error, 0
+
+    def _answer(self) -> None:
+        self.calls += 1
+        if self.failures is None or self.calls <= self.failures:
+            raise self.error or TransientStoreError("store unavailable", 503)
+
+    async def get(self, order_id: str) -> Any:
+        self._answer()
+        return await self._inner.get(order_id)
+
+    async def create_if_absent(self, rec: Any) -> Any:
+        self._answer()
+        return await self._inner.create_if_absent(rec)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _with_state(pipeline: Pipeline, state: Any) -> Services:
+    s = pipeline.services
+    return Services(orders=s.orders, state=state, bus=s.bus, tunables=s.tunables, clock=s.clock)
+
+
+async def test_a_store_outage_within_the_patience_delays_the_submission_instead_of_failing_it(
+    pipeline: Pipeline,
+) -> None:
+    """Issue 15's store-outage drill: each delivery used to raise at once, so 5 deliveries within 2 s dead-lettered
+    every order submitted while the store was down. Now the delivery waits (0.5 s, doubling to 8 s) and succeeds."""
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:  # the clock moves as the wait would
+        waits.append(seconds)
+        pipeline.clock.advance(seconds)
+
+    flaky = Unavailable(pipeline.services.state, failures=6)
+    outcome = await receive_patiently(_with_state(pipeline, flaky), encode(order_body("o-out")), "o-out",
+                                      sleep=sleep)
+    assert isinstance(outcome, Accepted) and waits == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
+    assert (await pipeline.services.state.get("o-out")) is not None
+
+
+async def test_past_the_patience_or_on_a_permanent_error_the_delivery_is_given_back(pipeline: Pipeline) -> None:
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        pipeline.clock.advance(seconds)
+
+    down = _with_state(pipeline, Unavailable(pipeline.services.state, failures=None))
+    with pytest.raises(TransientStoreError):
+        await receive_patiently(down, encode(order_body("o-down")), "o-down", sleep=sleep,
+                                patience=timedelta(seconds=20))
+    assert sum(waits) <= 20 and waits == [0.5, 1.0, 2.0, 4.0, 8.0]
+    broken = _with_state(pipeline, Unavailable(pipeline.services.state, None, PermissionError("forbidden")))
+    waits.clear()
+    with pytest.raises(PermissionError):
+        await receive_patiently(broken, encode(order_body("o-403")), "o-403", sleep=sleep)
+    assert waits == []
+
+
+def test_the_patience_stays_inside_the_lock_renewal_of_host_json() -> None:
+    """Service Bus trigger: the host renews a message's lock for at most maxAutoLockRenewalDuration (host.json,
+    extensions.serviceBus; Microsoft.Azure.WebJobs.Extensions.ServiceBus ServiceBusOptions): a delivery that waited
+    longer would lose its lock and be redelivered while still running."""
+    host = json.loads((ROOT / "host.json").read_text())
+    renewal = host["extensions"]["serviceBus"]["maxAutoLockRenewalDuration"]
+    hours, minutes, seconds = (int(x) for x in renewal.split(":"))
+    assert PATIENCE + timedelta(seconds=LONGEST_WAIT) < timedelta(hours=hours, minutes=minutes, seconds=seconds)
 
 
 # --- orderId → instance id: every accepted orderId yields valid Durable instance ids (seed 004) -------------
