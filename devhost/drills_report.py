@@ -50,8 +50,8 @@ FULL: tuple[Run, ...] = (
     Run("clock-skew", (), ("elapsed_s",)),
     Run("duplicate-delivery", (), ("elapsed_s",)),
     Run("poison-input", (), ("elapsed_s",)),
-    Run("state-store-conflicts", (), ("elapsed_s",)),
-    Run("store-outage", (), ("elapsed_s",)),
+    Run("state-store-conflicts", (), ("injected_412", "injected_429", "elapsed_s")),
+    Run("store-outage", (), ("outage_s", "operations_refused", "time_to_drain_s", "elapsed_s")),
     Run("starter-race", (), ("won_by_racers", "lost_races", "attempts", "elapsed_s")),
     Run("supervisor-race", (), ("won_by_racers", "attempts", "failure_counts", "elapsed_s")),
 )
@@ -65,6 +65,9 @@ QUICK: tuple[Run, ...] = (
     Run("supervisor-race", ("--orders", "6"), ("won_by_racers", "attempts", "failure_counts", "elapsed_s")),
     Run("duplicate-delivery", ("--orders", "6"), ("elapsed_s",)),
     Run("poison-input", ("--orders", "5"), ("elapsed_s",)),
+    Run("state-store-conflicts", ("--orders", "10"), ("injected_412", "injected_429", "elapsed_s")),
+    Run("store-outage", ("--orders", "10", "--outage-for", "6"), ("outage_s", "operations_refused",
+                                                                  "time_to_drain_s", "elapsed_s")),
 )
 COMMON = ("invariants.transitions_audited", "invariants.most_calls_per_key")
 
