@@ -177,7 +177,7 @@ def add_command(sub: Any) -> None:
     d.add_argument("--outage-after", type=float, default=2.0,
                    help="remote-outage: seconds from the submission to the outage (default 2)")
     d.add_argument("--outage-for", type=float, default=15.0,
-                   help="remote-outage: seconds the remote stays down (default 15)")
+                   help="remote-outage: seconds the remote stays down; store-outage: the state store (default 15)")
     d.add_argument("--seed", type=int, default=1, help="seed of the gaps, the orders and the Agent's jitter "
                                                        "(default 1)")
     d.add_argument("--settings", choices=SETTINGS_CHOICES, default="local", metavar="SETTINGS",
