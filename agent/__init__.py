@@ -47,6 +47,10 @@ App settings (environment variables; every one can be overridden by the flag in 
 | AGENT_JITTER_SEED | 0 | seed of the jitter (reproducible runs) |
 | AGENT_RECEIVE_WAIT_MS | 1000 | wait for a session / message before an idle session is released |
 | AGENT_SHUTDOWN_GRACE_MS | 10000 | on SIGTERM/SIGINT, time in-flight requests get to finish |
+| AGENT_REPLY_DELAY_MS | 0 | fault switch (drills), 0 = off: hold replies back up to this many ms (`HeldReplies`) |
+| AGENT_REPLY_DELAY_MIN_MS | 0 | fault switch: the least hold-back of a held reply |
+| AGENT_REPLY_DELAY_SHARE | 1 | fault switch: the share of replies held (seeded by AGENT_JITTER_SEED and MessageId) |
+| AGENT_CLOCK_SKEW_SECONDS | 0 | fault switch (drills): the Agent's clock this far ahead, or behind if negative |
 
 The `AGENT_*` settings are declared in `agent.config.AGENT_SETTINGS` (same `Setting` form as the registry); the
 others come from the registry in `orderflow.settings` (the breaker's have no command-line flags). With the breaker on

@@ -167,7 +167,8 @@ def add_command(sub: Any) -> None:
     d.add_argument("--orders", type=int, default=None,
                    help="number of orders to submit (default 100; retry-budget 20, backlog-flood 300, compensation "
                         "8; upgrade-in-flight: 8 before the restart and half as many after; cancel-in-flight and "
-                        "poison-in-session run a fixed set)")
+                        "poison-in-session run a fixed set; remote-hang, late-replies, reply-reordering 12, "
+                        "clock-skew 10; starter-race 60, supervisor-race 12)")
     d.add_argument("--kills", type=int, default=None,
                    help="crash drills: kills to do (default 10 for host-crash, 5 for agent-crash)")
     d.add_argument("--min-gap", type=float, default=1.0,
@@ -194,8 +195,8 @@ def add_command(sub: Any) -> None:
     d.add_argument("--work-dir", type=Path, default=None,
                    help="state folder (default: a fresh .demo/drill-<timestamp>)")
     d.add_argument("--hang-seconds", type=float, default=8.0,
-                   help="cancel-in-flight, poison-in-session: how long a scripted hang holds the remote's answer "
-                        "(default 8)")
+                   help="cancel-in-flight, poison-in-session, remote-hang: how long a scripted hang holds the "
+                        "remote's answer (default 8)")
     d.add_argument("--latency-ms", type=float, default=800.0,
                    help="upgrade-in-flight: the simulator's mean latency per call, so orders are in flight at the "
                         "restart (default 800)")

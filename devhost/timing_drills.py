@@ -1,0 +1,757 @@
+"""Timing drills (issue 15), `python -m devhost drill NAME` with NAME one of `remote-hang`, `late-replies`,
+`reply-reordering`, `clock-skew`: what time does to the pattern — a remote that never answers, replies that come
+after the Scheduler stopped waiting, replies that overtake each other, an Agent whose clock is wrong. Each runs on
+the whole local system in real processes (devhost, the Agent, the remote-service simulator, a client app), as the
+other drills do, and ends with the same `Verdict` plus the invariants every drill checks (devhost/invariants.py).
+
+- `remote-hang`: the simulator hangs (applies the effect, holds its answer past the step's CompleteBy) on the first
+  call, or the first two calls, of a seeded share of the order steps (scripts per idempotency key). Every order must
+  end Processed, each hang costing exactly its attempt: recovered by the Supervisor and a new attempt that calls again
+  with the same key (the effect is replayed, never applied twice), the calls per step within the retry budget.
+- `late-replies`: the Agent holds a seeded share of its replies back past the step's CompleteBy (fault switch
+  AGENT_REPLY_DELAY_*, `agent.handler.HeldReplies`). Each such reply reaches a finished attempt: the reply trigger
+  logs it as late and completes it; it changes no record, and the order completes once, in a later attempt.
+- `reply-reordering`: the same switch, held longer, so that a newer attempt's reply (and other orders') overtakes
+  the held one. Each attempt must take only its own reply: every reply raised to an instance is that instance's, and
+  every step of every record was recorded by the attempt whose own reply (from the Agent, for that step) it took.
+- `clock-skew`: two Agents, one with its clock ahead and one behind by the LockDuration of agent-requests (fault
+  switch AGENT_CLOCK_SKEW_SECONDS; servicebus.config.json), with a slow, sometimes failing, sometimes hanging remote:
+  the ahead Agent sees less time to the deadline and does not renew its session lock, the behind one calls past the
+  deadline. Every order must end Processed with one effect per step.
+
+Evidence, never logs (but for the figure of late replies the trigger logged): the state store, the simulator's
+ledger and call log, the client's statuses, devhost's durable history (`durable.db`: which replies each instance
+received) and a message audit that the drill installs in the embedded broker's file — SQLite triggers that copy every
+message sent to agent-requests and agent-replies (and every redelivery) into `drill_message_audit`, with the time it
+was enqueued. The product writes nothing for the audit. A reply is *late* when it was enqueued after its request's
+deadline (the step's CompleteBy, carried in the request).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import sqlite3
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from azure.durable_functions.models.history import HistoryEventType
+from rich.console import Console
+
+from agent.config import config_from_env as agent_config_from_env
+from agent.handler import ReplyDelay
+from orderflow import settings as app_settings
+from orderflow.bus.config import load_config_file
+from orderflow.messages import STEPS, AgentOutcome, AgentReply, AlertKind, OrderStatus, idempotency_key
+from orderflow.records import OrderStateRecord, ProcessState, StepStatus
+
+from .demo import client_app, default_work_dir, make_orders, summary_table, wait_terminal
+from .drill import SETTINGS_CHOICES, Verdict, _report, _run_on_system, base_settings, parse_overrides
+from .invariants import check_system, install_for
+from .lifecycle_drills import Lab, Ledger, lifecycle_verdict
+from .system import ROOT, LocalSystem, Process, SystemConfig, agent_args
+
+TIMING_DRILLS = ("remote-hang", "late-replies", "reply-reordering", "clock-skew")
+DEFAULT_ORDERS = {"remote-hang": 12, "late-replies": 12, "reply-reordering": 12, "clock-skew": 10}
+_EVERY_SECOND = "*/1 * * * * *"
+# Each drill's settings, over the chosen base and under `--set`. Short steps (no process is killed here, so the crash
+# budget of orderflow/session_locks.py does not bind them; cf. retry-budget's 8 s), the Starter and the Supervisor
+# every second so that a timed-out attempt is recovered at once. FailureThreshold leaves room for the attempts the
+# drill costs: remote-hang at most 2 hangs per order (+1 spare); the held replies of late-replies and reply-reordering
+# are drawn per reply, so an order may lose several attempts (8: an order reaches Error with odds below 1e-4). The
+# retry budget is the default (RemoteCallBudgetPerStep 75): the Starter lowers the Agent's retries to fit.
+TIMING_SETTINGS: dict[str, dict[str, str]] = {
+    # The breaker off: a hang is a timeout, which the breaker counts; this drill measures the Supervisor's recovery
+    # alone (the breaker has its own drill, remote-outage).
+    "remote-hang": {"StepTimeoutSeconds": "5", "ClaimLeaseSeconds": "5", "FailureThreshold": "4",
+                    "CircuitBreakerFailureThreshold": "0"},
+    "late-replies": {"StepTimeoutSeconds": "5", "ClaimLeaseSeconds": "5", "FailureThreshold": "8"},
+    "reply-reordering": {"StepTimeoutSeconds": "5", "ClaimLeaseSeconds": "5", "FailureThreshold": "8"},
+    # Steps of 10 s: the Agent ahead by the 5 s lock still has 5 s per request. Four sessions per Agent, so that the
+    # orders are shared between the two Agents (one with 32 slots would take them all).
+    "clock-skew": {"StepTimeoutSeconds": "10", "ClaimLeaseSeconds": "10", "FailureThreshold": "6",
+                   "AGENT_MAX_CONCURRENT_SESSIONS": "4"},
+}
+_COMMON = {"StarterSchedule": _EVERY_SECOND, "SupervisorSchedule": _EVERY_SECOND}
+# Held replies (AGENT_REPLY_DELAY_*), in seconds past the step timeout T, and the share held. late-replies: held
+# T+2..T+5 s, so each held reply is late by at least 2 s (it was handled after its request was sent, at most T before
+# CompleteBy). reply-reordering: T+3..T+7 s, so the next attempt (the Supervisor, the backoff and the Starter take
+# about 3 s) usually answers first.
+HOLD: dict[str, tuple[float, float, float]] = {"late-replies": (2, 5, 0.2), "reply-reordering": (3, 7, 0.3)}
+LATE_MARGIN_S = 2.0  # a reply this late was certainly after its timer fired (devhost fires timers within ~0.1 s)
+HANG_SHARE = {"remote-hang": (0.2, 0.6), "clock-skew": (0.0, 0.5)}  # (two hangs below, one hang below) per order
+CLOCK_SKEW_LATENCY_MS, CLOCK_SKEW_TRANSIENT = 300.0, 0.1
+SETTLE_S = 30.0  # the longest the drill waits, after the last final status and any held reply, for queues to drain
+
+
+@dataclass(frozen=True)
+class TimingOptions:
+    drill: str
+    orders: int | None = None
+    seed: int = 1
+    settings: str = "local"
+    overrides: tuple[tuple[str, str], ...] = ()
+    timeout: float = 900.0
+    hang_seconds: float = 8.0  # remote-hang: how long a hang holds the answer (must exceed the step's deadline)
+    servicebus_config: Path | None = None  # the broker's queues (clock-skew: the default skew is their LockDuration)
+
+    def __post_init__(self) -> None:
+        if self.drill not in TIMING_DRILLS:
+            raise ValueError(f"drill must be one of {TIMING_DRILLS}")
+        if self.settings not in SETTINGS_CHOICES:
+            raise ValueError(f"settings must be one of {SETTINGS_CHOICES}")
+        if self.order_count < 1:
+            raise ValueError("need at least one order")
+        agent_config_from_env(self.settings_values())  # the Agent's settings (the switches too) must be valid
+        step = self.step_timeout_s
+        if self.drill == "remote-hang" and self.hang_s <= step:
+            raise ValueError(f"--hang-seconds {self.hang_s:g} must exceed the step's deadline (StepTimeoutSeconds "
+                             f"{step})")
+        if self.drill == "clock-skew" and not 0.5 <= self.skew_s < step - 1:
+            raise ValueError(f"the clock skew ({self.skew_s:g} s) must be at least 0.5 s and more than a second "
+                             f"below StepTimeoutSeconds {step} (else the Agent ahead never has time to call)")
+
+    @property
+    def order_count(self) -> int:
+        return DEFAULT_ORDERS[self.drill] if self.orders is None else self.orders
+
+    @property
+    def step_timeout_s(self) -> int:
+        return app_settings.get_int("StepTimeoutSeconds", {**_REGISTRY, **self._base()})
+
+    @property
+    def hang_s(self) -> float:
+        """How long a hang holds the remote's answer: `--hang-seconds` (remote-hang), T + 2 s (clock-skew: the Agent
+        behind is still waiting when the answer comes, after the step's CompleteBy)."""
+        return self.step_timeout_s + 2.0 if self.drill == "clock-skew" else self.hang_seconds
+
+    @property
+    def skew_s(self) -> float:
+        """clock-skew: the Agents run at +skew and -skew (default: LockDuration of agent-requests)."""
+        given = dict(self.overrides).get("AGENT_CLOCK_SKEW_SECONDS")
+        return abs(float(given)) if given else lock_duration_s("agent-requests", self.servicebus_config)
+
+    def _base(self) -> dict[str, str]:
+        return {**base_settings(self.settings), **_COMMON, **TIMING_SETTINGS[self.drill], **dict(self.overrides)}
+
+    def settings_values(self) -> dict[str, str]:
+        """Over LOCAL_DEFAULTS: the base, the drill's settings, `--set`; the held replies are sized on the step timeout
+        (unless set), and clock-skew's Agent runs ahead (the second Agent, started by the drill, behind)."""
+        if self.drill == "clock-skew":
+            return {**self._base(), "AGENT_CLOCK_SKEW_SECONDS": str(self.skew_s)}
+        derived: dict[str, str] = {}
+        if self.drill in HOLD:
+            step, (low, high, share) = self.step_timeout_s, HOLD[self.drill]
+            derived = {"AGENT_REPLY_DELAY_MS": str(int((step + high) * 1000)),
+                       "AGENT_REPLY_DELAY_MIN_MS": str(int((step + low) * 1000)), "AGENT_REPLY_DELAY_SHARE": str(share)}
+        return {**derived, **self._base()}
+
+
+_REGISTRY = {s.name: s.default for s in app_settings.SETTINGS if s.default is not None}
+
+
+def lock_duration_s(queue: str, config: Path | None = None) -> float:
+    """A queue's LockDuration in the broker's configuration (servicebus.config.json), in seconds."""
+    return load_config_file(config or ROOT / "servicebus.config.json")[queue].lock_duration.total_seconds()
+
+
+def timing_config(work_dir: Path, options: TimingOptions, servicebus_config: Path | None = None) -> SystemConfig:
+    """The drill's system: a remote that fails only where the drill scripts it (clock-skew's is also slow and fails
+    now and then), hangs that outlast the step."""
+    clock_skew = options.drill == "clock-skew"
+    config = SystemConfig(work_dir=work_dir.resolve(), seed=options.seed,
+                          transient_failure_rate=CLOCK_SKEW_TRANSIENT if clock_skew else 0.0,
+                          permanent_failure_rate=0.0, hang_rate=0.0, hang_seconds=options.hang_s,
+                          settings=options.settings_values())
+    if clock_skew:
+        config.latency_ms_mean = CLOCK_SKEW_LATENCY_MS
+    if servicebus_config is not None:
+        config.servicebus_config = servicebus_config.resolve()
+    return config
+
+
+# --- the message audit ------------------------------------------------------------------------------------------
+
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+_AUDIT_DDL = """
+CREATE TABLE IF NOT EXISTS drill_message_audit (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, queue TEXT NOT NULL, message_id TEXT NOT NULL,
+    session_id TEXT, delivery_count INTEGER, body BLOB,
+    at REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0));
+CREATE TRIGGER IF NOT EXISTS drill_message_audit_sent AFTER INSERT ON messages
+WHEN new.sub = '' AND new.queue IN ({queues})
+BEGIN
+    INSERT INTO drill_message_audit (kind, queue, message_id, session_id, body)
+    VALUES ('sent', new.queue, new.message_id, new.session_id, new.body);
+END;
+CREATE TRIGGER IF NOT EXISTS drill_message_audit_redelivered AFTER UPDATE OF delivery_count ON messages
+WHEN new.delivery_count > old.delivery_count AND new.queue IN ({queues})
+BEGIN
+    INSERT INTO drill_message_audit (kind, queue, message_id, session_id, delivery_count)
+    VALUES ('redelivered', new.queue, new.message_id, new.session_id, new.delivery_count);
+END;
+"""
+
+
+def bus_path(connection: str) -> Path:
+    """The embedded broker's SQLite file of `Endpoint=embedded://PATH;...`."""
+    endpoint = connection.split(";")[0].removeprefix("Endpoint=")
+    assert endpoint.startswith("embedded://"), "the message audit needs the embedded broker"
+    return Path(endpoint.removeprefix("embedded://"))
+
+
+def install_message_audit(path: Path, queues: tuple[str, ...]) -> None:
+    """Create the broker's tables (as the broker would) and the audit's triggers on `queues`; idempotent. Install it
+    before the first message of the drill: an earlier one is not audited."""
+    from orderflow.bus.broker import _SCHEMA  # noqa: PLC0415 - the broker's own schema, not a copy
+
+    assert all(_QUEUE_NAME.match(q) for q in queues), queues
+    listed = ", ".join(f"'{q}'" for q in queues)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(path, timeout=30) as conn:
+        conn.executescript(_SCHEMA)
+        conn.executescript(_AUDIT_DDL.format(queues=listed))
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One audited message: sent (enqueued), or `redelivered` (a delivery ended unsettled, the broker counted it: lock
+    lost, abandoned, receiver closed), in audit order, with the broker's wall time (Unix s)."""
+
+    seq: int
+    kind: str
+    queue: str
+    message_id: str
+    session_id: str | None
+    body: dict[str, Any]
+    at: float
+
+
+def read_audit(path: Path) -> list[Sent]:
+    with sqlite3.connect(path, timeout=30) as conn:
+        rows = conn.execute("SELECT seq, kind, queue, message_id, session_id, body, at FROM drill_message_audit "
+                            "ORDER BY seq").fetchall()
+    out = []
+    for seq, kind, queue, message_id, session_id, body, at in rows:
+        try:
+            parsed = json.loads(body) if body else {}
+        except ValueError:
+            parsed = {}
+        out.append(Sent(int(seq), str(kind), str(queue), str(message_id), session_id,
+                        parsed if isinstance(parsed, dict) else {}, float(at)))
+    return out
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An audited AgentReply, with its request's deadline (CompleteBy) and when it was enqueued."""
+
+    seq: int
+    at: float
+    instance_id: str
+    order_id: str
+    attempt: int
+    step: str
+    outcome: str
+    error_code: str | None
+    error: str | None
+    completed_at: datetime
+    deadline: float | None  # Unix s; None: its request was not audited
+    request_seq: int | None
+
+    @property
+    def message_id(self) -> str:
+        return f"{self.instance_id}:{self.step}:reply"
+
+    def late_by(self) -> float | None:
+        return None if self.deadline is None else self.at - self.deadline
+
+
+@dataclass
+class Trail:
+    """What went through agent-requests and agent-replies, from the audit."""
+
+    requests: dict[str, Sent]  # by MessageId (`<instanceId>:<step>`)
+    replies: list[Reply]  # in the order they were enqueued
+    redelivered: list[Sent]  # deliveries of agent-requests messages that ended unsettled (lock lost, abandoned)
+
+    @classmethod
+    def read(cls, path: Path, requests_queue: str, replies_queue: str) -> Trail:
+        audit = read_audit(path)
+        requests = {s.message_id: s for s in audit if s.kind == "sent" and s.queue == requests_queue}
+        replies: list[Reply] = []
+        for s in audit:
+            if s.kind != "sent" or s.queue != replies_queue:
+                continue
+            try:
+                reply = AgentReply.model_validate(s.body)
+            except ValueError:
+                continue
+            request = requests.get(reply.message_id().removesuffix(":reply"))
+            deadline = None
+            if request is not None and request.body.get("deadline"):
+                deadline = datetime.fromisoformat(str(request.body["deadline"])).timestamp()
+            replies.append(Reply(s.seq, s.at, reply.instance_id, reply.order_id, reply.attempt, reply.step.value,
+                                 reply.outcome.value, reply.error_code, reply.error, reply.completed_at, deadline,
+                                 None if request is None else request.seq))
+        redelivered = [s for s in audit if s.kind == "redelivered" and s.queue == requests_queue]
+        return cls(requests, replies, redelivered)
+
+    def of(self, order_ids: set[str]) -> Trail:
+        return Trail({k: v for k, v in self.requests.items() if v.session_id in order_ids},
+                     [r for r in self.replies if r.order_id in order_ids],
+                     [s for s in self.redelivered if s.session_id in order_ids])
+
+    def late(self, margin: float = 0.0) -> list[Reply]:
+        """Replies enqueued more than `margin` seconds after their request's deadline."""
+        return [r for r in self.replies if (late := r.late_by()) is not None and late > margin]
+
+    def unanswered(self) -> list[str]:
+        answered = {r.message_id.removesuffix(":reply") for r in self.replies}
+        return sorted(set(self.requests) - answered)
+
+    def overtaken_across_orders(self) -> list[Reply]:
+        """Replies that arrived after a reply of another order whose request was sent later."""
+        ordered = sorted((r for r in self.replies if r.request_seq is not None), key=lambda r: r.seq)
+        out = []
+        for i, r in enumerate(ordered):
+            assert r.request_seq is not None
+            if any(o.order_id != r.order_id and (o.request_seq or 0) > r.request_seq for o in ordered[:i]):
+                out.append(r)
+        return out
+
+    def overtaken_across_attempts(self) -> list[tuple[Reply, Reply]]:
+        """(earlier attempt's reply, newer attempt's reply that arrived before it), within one order."""
+        by_order: dict[str, list[Reply]] = defaultdict(list)
+        for r in self.replies:
+            by_order[r.order_id].append(r)
+        pairs: list[tuple[Reply, Reply]] = []
+        for replies in by_order.values():
+            for i, newer in enumerate(replies):
+                pairs.extend((older, newer) for older in replies[i + 1:] if older.attempt < newer.attempt)
+        return pairs
+
+
+# --- devhost's durable history ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Instance:
+    status: str | None = None
+    output: dict[str, Any] | None = None
+    raised: list[tuple[str, AgentReply | None]] = field(default_factory=list)  # (event name, its reply) in order
+
+
+def read_instances(db: Path, order_ids: set[str]) -> dict[str, Instance]:
+    """The drill's orchestration instances (`<orderId>:<attempt>`): status, output and the replies raised to each."""
+    out: dict[str, Instance] = {}
+    if not db.exists():
+        return out
+
+    def ours(instance_id: str) -> bool:
+        return instance_id.rpartition(":")[0] in order_ids
+
+    with sqlite3.connect(db, timeout=30) as conn:
+        for instance_id, status, output in conn.execute("SELECT instance_id, status, output FROM instances"):
+            if ours(instance_id):
+                out[instance_id] = Instance(status, json.loads(output) if output else None)
+        for instance_id, text in conn.execute("SELECT instance_id, event FROM history ORDER BY instance_id, seq"):
+            if not ours(instance_id):
+                continue
+            event = json.loads(text)
+            if event.get("EventType") != HistoryEventType.EVENT_RAISED:
+                continue
+            name = str(event.get("Name"))
+            reply = None
+            if name.startswith("AgentReply:"):
+                try:
+                    reply = AgentReply.from_event(json.loads(event.get("Input") or "null"))
+                except ValueError:
+                    reply = None
+            out.setdefault(instance_id, Instance()).raised.append((name, reply))
+    return out
+
+
+_LATE_LOG = re.compile(r"late reply for '([^']+)' \(AgentReply:([^)]+)\) ignored")
+
+
+def logged_late(log: Path) -> set[str]:
+    """Reply MessageIds the reply trigger logged as late (404/410 from raise_event): a figure, not evidence."""
+    if not log.exists():
+        return set()
+    return {f"{m.group(1)}:{m.group(2)}:reply" for m in _LATE_LOG.finditer(log.read_text(errors="replace"))}
+
+
+# --- what every timing drill checks -----------------------------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    """What a timing drill read at its end."""
+
+    options: TimingOptions
+    lab: Lab
+    order_ids: list[str]
+    records: dict[str, OrderStateRecord]
+    ledger: Ledger
+    trail: Trail
+    instances: dict[str, Instance]
+    replies_drained: bool
+    replies_dead_lettered: int
+    elapsed: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def processed(self, order_id: str) -> bool:
+        rec = self.records.get(order_id)
+        return rec is not None and rec.process_state is ProcessState.PROCESSED
+
+    def completed_once(self, order_id: str) -> bool:
+        completed = self.lab.statuses(order_id, OrderStatus.COMPLETED)
+        rec = self.records.get(order_id)
+        return len(completed) == 1 and rec is not None and completed[0].attempt == rec.attempt
+
+    def recorded_by(self, order_id: str) -> dict[str, int]:
+        """Step → the attempt that recorded it succeeded."""
+        rec = self.records.get(order_id)
+        return {} if rec is None else {s.name.value: s.attempt for s in rec.steps if s.status is StepStatus.SUCCEEDED}
+
+    def taken(self, reply: Reply) -> bool:
+        """Whether this reply's attempt is the one that recorded its step (a success reply that was used)."""
+        return reply.outcome == AgentOutcome.SUCCEEDED.value and \
+            self.recorded_by(reply.order_id).get(reply.step) == reply.attempt
+
+    def attempts(self) -> dict[str, int]:
+        counted = Counter(r.attempt for r in self.records.values())
+        return {str(a): n for a, n in sorted(counted.items())}
+
+    def raised_to_own_instance(self) -> bool:
+        """Every reply raised to an instance names that instance and its event's step."""
+        return all(reply is not None and reply.instance_id == instance_id and name == f"AgentReply:{reply.step.value}"
+                   for instance_id, inst in self.instances.items() for name, reply in inst.raised
+                   if name.startswith("AgentReply:"))
+
+    def common_checks(self) -> dict[str, bool]:
+        ids = self.order_ids
+        failed = [i for i, inst in self.instances.items() if inst.status == "Failed"]
+        return {
+            "every order Processed": all(self.processed(o) for o in ids),
+            "each order completed once (one `completed`, from the attempt on its record)": all(
+                self.completed_once(o) for o in ids),
+            "one effect per step of every order": all(
+                self.ledger.effect_counts(o) == {s.value: 1 for s in STEPS} for o in ids),
+            "no orchestration Failed": not failed,
+            "every reply raised to an instance is that instance's own (instanceId, step)":
+                self.raised_to_own_instance(),
+            "agent-replies drained, none dead-lettered": self.replies_drained and self.replies_dead_lettered == 0,
+            "no PoisonMessage alert for the drill's orders": not any(
+                a.kind is AlertKind.POISON_MESSAGE and a.order_id in ids for a in self.lab.alerts),
+        }
+
+    def verdict(self, checks: dict[str, bool], figures: dict[str, Any]) -> Verdict:
+        return lifecycle_verdict(self.options.drill, self.lab, self.order_ids, self.records, self.ledger,
+                                 {**self.common_checks(), **checks},
+                                 {"step_timeout_s": self.options.step_timeout_s, "attempts": self.attempts(),
+                                  "replies": len(self.trail.replies), "late_replies": len(self.trail.late()),
+                                  **figures}, self.elapsed)
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+    return {"p50": round(ordered[len(ordered) // 2], 2), "max": round(ordered[-1], 2)}
+
+
+# --- remote-hang ------------------------------------------------------------------------------------------------
+
+
+def hang_plan(order_ids: list[str], seed: int, drill: str) -> dict[str, list[str]]:
+    """Order → the steps whose first call hangs (a step twice: its first two calls), seeded; at least one order."""
+    two, one = HANG_SHARE[drill]
+    rng = random.Random(f"{drill}:{seed}")
+    plan: dict[str, list[str]] = {}
+    for o in order_ids:
+        roll = rng.random()
+        count = 2 if roll < two else 1 if roll < one else 0
+        plan[o] = sorted((rng.choice(STEPS).value for _ in range(count)), key=[s.value for s in STEPS].index)
+    if not any(plan.values()):
+        plan[order_ids[0]] = [STEPS[0].value]
+    return plan
+
+
+def hang_script(plan: dict[str, list[str]]) -> dict[str, list[str]]:
+    return {idempotency_key(o, step): ["hang"] * n for o, steps in plan.items() for step, n in Counter(steps).items()}
+
+
+def judge_remote_hang(seen: Seen, plan: dict[str, list[str]]) -> Verdict:
+    ledger = seen.ledger
+    calls_by_key: dict[str, int] = ledger.report.get("callsByKey", {})
+    hangs = {o: len(steps) for o, steps in plan.items()}
+    script = hang_script(plan)
+    hung_calls = sum(min(calls_by_key.get(k, 0), len(v)) for k, v in script.items())
+    recovery: list[float] = []  # from a hung call to the next call of its key (the new attempt's)
+    to_processed: list[float] = []  # from an order's first hung call to its `completed`
+    for key, hung in script.items():
+        at = sorted(c["at"] for c in ledger.calls if c["key"] == key)
+        recovery.extend(at[i + 1] - at[i] for i in range(min(len(hung), len(at) - 1)))
+    for o, steps in plan.items():
+        first = min((c["at"] for c in ledger.calls if steps and c["key"] in
+                     {idempotency_key(o, s) for s in steps}), default=None)
+        done = seen.lab.status(o, OrderStatus.COMPLETED)
+        if first is not None and done is not None:
+            to_processed.append(done.timestamp.timestamp() - first)
+    hung_orders = [o for o in seen.order_ids if hangs.get(o)]
+    records = seen.records
+    extra = sum(max(0, records[o].attempt - 1 - hangs.get(o, 0)) for o in seen.order_ids if o in records)
+    checks = {
+        "every scripted hang happened, then a call of the same key answered": all(
+            calls_by_key.get(k, 0) > len(v) for k, v in script.items()),
+        "each hang cost its attempt: attempt > hangs, FailureCount >= hangs (recovered by the Supervisor)": all(
+            o in records and records[o].attempt >= 1 + hangs[o] and records[o].failure_count >= hangs[o]
+            for o in hung_orders),
+        "a hung step was recorded by a later attempt than the one it hung in": all(
+            seen.recorded_by(o).get(step, 0) > 1 for o in hung_orders for step in plan[o]),
+    }
+    figures = {
+        "hang_s": seen.options.hang_s, "orders_with_a_hang": len(hung_orders), "hangs_planned": sum(hangs.values()),
+        "hung_calls": hung_calls, "extra_attempts_beyond_hangs": extra,
+        "recovery_s (hung call → next call of its key)": _percentiles(recovery),
+        "hang_to_completed_s": _percentiles(to_processed),
+        "calls": int(ledger.report.get("calls", -1)),
+        "calls_per_step": {str(c): n for c, n in sorted(Counter(calls_by_key.values()).items())},
+        "failure_count": dict(Counter(str(r.failure_count) for r in records.values())),
+    }
+    return seen.verdict(checks, figures)
+
+
+# --- late-replies and reply-reordering --------------------------------------------------------------------------
+
+
+def _hold(seen: Seen) -> ReplyDelay:
+    values = {**seen.lab.env}
+    return ReplyDelay(int(values.get("AGENT_REPLY_DELAY_MS") or 0), int(values.get("AGENT_REPLY_DELAY_MIN_MS") or 0),
+                      float(values.get("AGENT_REPLY_DELAY_SHARE") or 1), seen.options.seed)
+
+
+def judge_late_replies(seen: Seen) -> Verdict:
+    hold = _hold(seen)
+    trail = seen.trail
+    held = [r for r in trail.replies if hold.seconds(r.message_id) > 0]
+    late = trail.late()
+    surely_late = trail.late(LATE_MARGIN_S)
+    logged = seen.extra.get("logged_late", set())
+    late_ids = {r.message_id for r in late}
+    delivered = {(i, reply.step.value) for i, inst in seen.instances.items() for _, reply in inst.raised if reply}
+    orders_with_late = {r.order_id for r in late}
+    checks = {
+        "replies came late (after their step's CompleteBy)": bool(surely_late),
+        "every request answered": not trail.unanswered(),
+        f"every reply later than CompleteBy + {LATE_MARGIN_S:g} s was ignored: its attempt recorded nothing": all(
+            not seen.taken(r) for r in surely_late),
+        "every held reply was late, and ignored": all(
+            (r.late_by() or 0) > 0 and not seen.taken(r) for r in held),
+        "each order with a late reply completed in a later attempt": all(
+            seen.processed(o) and seen.records[o].attempt > min(r.attempt for r in late if r.order_id == o)
+            for o in orders_with_late),
+        "the reply trigger logged them as late (raise_event 410/404) and completed them": bool(
+            logged & {r.message_id for r in surely_late}) and seen.replies_drained,
+    }
+    figures = {
+        "hold": f"{hold.share:g} of replies, {hold.min_ms}-{hold.max_ms} ms",
+        "held_replies": len(held), "late_by_more_than_margin": len(surely_late),
+        "late_replies_raised_to_their_instance": sum(1 for r in late if (r.instance_id, r.step) in delivered),
+        "late_replies_logged_by_the_trigger": len(logged & late_ids),
+        "logged_late_but_sent_before_complete_by": len(logged - late_ids),
+        "late_by_s": _percentiles([r.late_by() or 0.0 for r in late]),
+        "orders_with_a_late_reply": len(orders_with_late),
+    }
+    return seen.verdict(checks, figures)
+
+
+def judge_reply_reordering(seen: Seen) -> Verdict:
+    hold = _hold(seen)
+    trail = seen.trail
+    across_orders = trail.overtaken_across_orders()
+    across_attempts = trail.overtaken_across_attempts()
+    by_id = {r.message_id: r for r in trail.replies}
+
+    def own_reply(order_id: str, step: str, attempt: int) -> bool:
+        """The step was recorded by `attempt` from that attempt's own success reply: sent by the Agent (audited) and
+        raised to that attempt's instance."""
+        instance_id = f"{order_id}:{attempt}"
+        reply = by_id.get(f"{instance_id}:{step}:reply")
+        inst = seen.instances.get(instance_id)
+        return reply is not None and reply.outcome == AgentOutcome.SUCCEEDED.value and inst is not None and any(
+            r is not None and r.instance_id == instance_id and r.step.value == step for _, r in inst.raised)
+
+    overtaken_older = {older.message_id for older, _ in across_attempts}
+    checks = {
+        "replies overtook replies of other orders sent before them": bool(across_orders),
+        "an earlier attempt's reply arrived after a newer attempt's": bool(across_attempts),
+        "every step recorded from its own attempt's reply (audited, raised to that attempt's instance)": all(
+            own_reply(o, step, attempt) for o in seen.order_ids for step, attempt in seen.recorded_by(o).items()),
+        "no overtaken earlier-attempt reply was used": all(
+            not seen.taken(by_id[m]) for m in overtaken_older if m in by_id),
+        "every request answered": not trail.unanswered(),
+    }
+    figures = {
+        "hold": f"{hold.share:g} of replies, {hold.min_ms}-{hold.max_ms} ms",
+        "held_replies": sum(1 for r in trail.replies if hold.seconds(r.message_id) > 0),
+        "replies_overtaken_by_other_orders": len(across_orders),
+        "earlier_attempt_replies_after_newer": len(overtaken_older),
+        "orders_with_attempt_inversions": len({o.order_id for o, _ in across_attempts}),
+        "replies_raised": sum(len(i.raised) for i in seen.instances.values()),
+    }
+    return seen.verdict(checks, figures)
+
+
+# --- clock-skew -------------------------------------------------------------------------------------------------
+
+
+def judge_clock_skew(seen: Seen, skew: float, plan: dict[str, list[str]]) -> Verdict:
+    trail = seen.trail
+    # Which clock stamped a reply: its completedAt minus when it was enqueued (the broker's clock) is about the
+    # Agent's skew, +skew or -skew (sending takes milliseconds; on a loaded machine up to a second or so).
+    ahead = [r for r in trail.replies if r.completed_at.timestamp() - r.at > 0]
+    behind = [r for r in trail.replies if r.completed_at.timestamp() - r.at <= 0]
+
+    def gave_up(replies: list[Reply]) -> int:
+        return sum(1 for r in replies if r.error_code == "DeadlineExceeded")
+
+    def offsets(replies: list[Reply]) -> dict[str, float]:
+        return _percentiles([r.completed_at.timestamp() - r.at for r in replies])
+
+    checks = {
+        "both Agents answered: replies stamped by the clock ahead and by the clock behind": bool(ahead and behind),
+        # The Agent ahead reads its deadline `skew` early: a request it answers later than CompleteBy - skew (+1.5 s
+        # for sending on a loaded machine) reached it after that (redelivered), and it did not call the remote for
+        # it. Proves the deadline checks read the skewed clock.
+        "the Agent ahead called nothing after CompleteBy - skew (a later reply: DeadlineExceeded, remote not called)":
+            all(r.deadline is not None and (r.at <= r.deadline - skew + 1.5 or (
+                r.error_code == "DeadlineExceeded" and "remote not called" in (r.error or ""))) for r in ahead),
+    }
+    figures = {
+        "clock_skew_s": f"+{skew:g} / -{skew:g}",
+        "lock_duration_agent_requests_s": lock_duration_s("agent-requests", seen.lab.system.config.servicebus_config),
+        "replies_by_clock": {"ahead": len(ahead), "behind": len(behind)},
+        "clock_offset_seen_s": {"ahead": offsets(ahead), "behind": offsets(behind)},
+        "deadline_exceeded_replies": {"ahead": gave_up(ahead), "behind": gave_up(behind)},
+        "late_replies_by_clock": {"ahead": sum(1 for r in ahead if (r.late_by() or 0) > 0),
+                                  "behind": sum(1 for r in behind if (r.late_by() or 0) > 0)},
+        "late_replies_used": sum(1 for r in trail.late() if seen.taken(r)),
+        "request_deliveries_lost": len(trail.redelivered),  # ended unsettled: lock lost, abandoned, closed
+        "orders_with_a_hang": sum(1 for v in plan.values() if v),
+        "calls": int(seen.ledger.report.get("calls", -1)),
+        "failure_count": dict(Counter(str(r.failure_count) for r in seen.records.values())),
+    }
+    return seen.verdict(checks, figures)
+
+
+# --- running ----------------------------------------------------------------------------------------------------
+
+
+def _queue_state(connection: str, queue: str) -> tuple[int, int]:
+    """(messages not yet settled, dead-lettered) of a queue on the embedded broker."""
+    from orderflow.bus import from_connection_string  # noqa: PLC0415
+
+    with from_connection_string(connection) as bus:
+        counts = bus.broker.counts(queue)
+        return int(counts.active), int(counts.dead_lettered)
+
+
+def _second_agent(system: LocalSystem, skew: float) -> Process:
+    """Another Agent process on the same broker, store and remote, with its own clock skew."""
+    env = {**system.env(), "AGENT_CLOCK_SKEW_SECONDS": str(skew)}
+    process = Process("agent-2", [sys.executable, *agent_args("--jitter-seed", str(system.config.seed + 1))], env,
+                      system.config.work_dir / "agent-2.log")
+    return process.start(wait_for_url=False)
+
+
+async def run_timing_drill(system: LocalSystem, options: TimingOptions, console: Console | None = None,
+                           transient: bool = True) -> Verdict:
+    """The drill on a started `system` (built from `timing_config`); the caller stops the system."""
+    console = console or Console(quiet=True)
+    env = system.env()
+    requests_queue, replies_queue = env["AgentRequestsQueueName"], env["AgentRepliesQueueName"]
+    install_for(system)
+    audit = bus_path(system.config.bus_connection)
+    install_message_audit(audit, (requests_queue, replies_queue))
+    orders = make_orders(options.order_count, options.seed, system.config.reply_queue, prefix=options.drill)
+    ids = [o.order_id for o in orders]
+    plan: dict[str, list[str]] = {}
+    if options.drill in HANG_SHARE:
+        plan = hang_plan(ids, options.seed, options.drill)
+    second = _second_agent(system, -options.skew_s) if options.drill == "clock-skew" else None
+    try:
+        async with client_app(system) as client:
+            lab = Lab(system, client)
+            try:
+                if plan:
+                    await lab.script(hang_script(plan))
+                started = time.monotonic()
+                await client.submit(orders)
+                await wait_terminal(client, len(orders), started, options.timeout, console, transient)
+                if not client.all_terminal.is_set():
+                    lab.timeouts.append("every final status")
+                elapsed = max(client.terminal_at.values(), default=time.monotonic()) - started
+                # Held replies still on their way, then the queues drained: every request answered and every reply
+                # settled by the trigger (a late one completed, not retried).
+                hold_s = int(env.get("AGENT_REPLY_DELAY_MS") or 0) / 1000
+                await lab.wait(lambda: not Trail.read(audit, requests_queue, replies_queue).of(set(ids)).unanswered(),
+                               "every request answered", hold_s + SETTLE_S)
+                connection = system.config.bus_connection
+                await lab.wait(lambda: _drained(connection, (requests_queue, replies_queue)),
+                               "agent-requests and agent-replies drained", SETTLE_S)
+                active, dead = await asyncio.to_thread(_queue_state, connection, replies_queue)
+                await lab.read_alerts()
+                seen = Seen(options, lab, ids, await lab.records(ids), await lab.ledger(),
+                            Trail.read(audit, requests_queue, replies_queue).of(set(ids)),
+                            read_instances(system.config.work_dir / "devhost" / "durable.db", set(ids)),
+                            active == 0, dead, elapsed,
+                            {"logged_late": logged_late(system.config.work_dir / "devhost.log")})
+                findings = await check_system(system, ids)
+            finally:
+                await lab.aclose()
+    finally:
+        if second is not None:
+            second.stop()
+    if options.drill == "remote-hang":
+        verdict = judge_remote_hang(seen, plan)
+    elif options.drill == "late-replies":
+        verdict = judge_late_replies(seen)
+    elif options.drill == "reply-reordering":
+        verdict = judge_reply_reordering(seen)
+    else:
+        verdict = judge_clock_skew(seen, options.skew_s, plan)
+    return verdict.with_invariants(findings)
+
+
+async def _drained(connection: str, queues: tuple[str, ...]) -> bool:
+    states = [await asyncio.to_thread(_queue_state, connection, q) for q in queues]
+    return all(active == 0 for active, _ in states)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    try:
+        options = TimingOptions(drill=args.scenario, orders=args.orders, seed=args.seed, settings=args.settings,
+                                overrides=parse_overrides(args.overrides), timeout=args.timeout,
+                                hang_seconds=args.hang_seconds, servicebus_config=args.servicebus_config)
+    except ValueError as exc:
+        Console(stderr=True).print(f"devhost drill: {exc}")
+        return 2
+    work = Path(args.work_dir or default_work_dir("drill-"))
+    console = Console(stderr=args.json)
+    system = LocalSystem(timing_config(work, options, args.servicebus_config))
+    verdict = _run_on_system(system, console, lambda: run_timing_drill(system, options, console, transient=args.json))
+    title = f"drill {args.scenario} ({args.settings} settings)"
+    return _report(console, summary_table(verdict.display(), title), verdict.to_json() if args.json else None,
+                   verdict.failed_checks())
+
