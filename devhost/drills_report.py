@@ -34,7 +34,7 @@ class Run:
 
 # Every drill with its defaults (`make drills`); the figures each one's row shows.
 FULL: tuple[Run, ...] = (
-    Run("host-crash", ("--kills", "20"), ("kills_done", "settle_s", "max_attempt", "total_s")),
+    Run("host-crash", ("--orders", "200", "--kills", "20"), ("kills_done", "settle_s", "max_attempt", "total_s")),
     Run("agent-crash", ("--orders", "400", "--kills", "20"), ("kills_done", "settle_s", "max_attempt", "total_s")),
     Run("retry-budget", (), ("most_calls_per_step", "budget", "elapsed_s")),
     Run("remote-outage", (), ("time_to_open_s", "calls_while_open", "half_open_rounds", "time_to_drain_s",
