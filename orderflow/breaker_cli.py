@@ -63,17 +63,12 @@ class CliError(Exception):
     """A failure to report as one line (no traceback)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG, description="Show, force open or force closed the shared circuit breaker of a remote service.")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS,
-                        help=f"give up after this many seconds (default {DEFAULT_TIMEOUT_SECONDS:g})")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log what the store and bus clients do")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{show,open,close}")
+def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
+    """show, open and close under `sub` (this module's parser, and `orderflow breaker`); the parsers made."""
     show = sub.add_parser("show", help="print the breaker(s)")
     show.add_argument("--service", action="append", default=None, metavar="NAME",
                       help="remote service (repeatable; default: RemoteServiceName)")
-    show.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    made = [show]
     for name, text in (("open", "hold the breaker open until an operator closes it"),
                        ("close", "close the breaker and reset its counts")):
         cmd = sub.add_parser(name, help=text)
@@ -81,7 +76,20 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--by", default=None, metavar="WHO", help="operator named in the reason (default: $USER)")
         cmd.add_argument("--new", action="store_true",
                          help="allow a service that is not RemoteServiceName and has no breaker yet")
+        made.append(cmd)
+    for cmd in made:
         cmd.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return made
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Show, force open or force closed the shared circuit breaker of a remote service.")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS,
+                        help=f"give up after this many seconds (default {DEFAULT_TIMEOUT_SECONDS:g})")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the store and bus clients do")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{show,open,close}")
+    add_commands(sub)
     return parser
 
 

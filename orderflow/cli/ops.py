@@ -101,20 +101,9 @@ def add_commands(sub: Any) -> None:
                        description="show prints each breaker; open holds it open until an operator closes it; close "
                                    "closes it and resets its counts. Both raise the operator alert.")
     bsub = b.add_subparsers(dest="breaker_command", required=True, metavar="{show,open,close}")
-    bs = bsub.add_parser("show", help="print the breaker(s)")
-    bs.add_argument("--service", action="append", default=None, metavar="NAME",
-                    help="remote service (repeatable; default: RemoteServiceName)")
-    for name, text in (("open", "hold the breaker open until an operator closes it"),
-                       ("close", "close the breaker and reset its counts")):
-        bf = bsub.add_parser(name, help=text)
-        bf.add_argument("--service", default=None, metavar="NAME", help="remote service (default: RemoteServiceName)")
-        bf.add_argument("--by", default=None, metavar="WHO", help="operator named in the reason (default: $USER)")
-        bf.add_argument("--new", action="store_true",
-                        help="allow a service that is not RemoteServiceName and has no breaker yet")
-    for p in bsub.choices.values():
+    for p in breaker_cli.add_commands(bsub):
         p.add_argument("--app-dir", type=Path, default=Path("."),
                        help="app folder whose local.settings.json holds the settings (default: .)")
-        p.add_argument("--json", action="store_true", help="print JSON")
     b.set_defaults(prog="orderflow breaker", run=None, breaker=True)
 
 
