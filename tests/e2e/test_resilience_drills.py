@@ -202,9 +202,10 @@ def test_drill_settings_leave_the_crash_budget_to_the_local_defaults() -> None:
     budget_settings = {"StepTimeoutSeconds", "ClaimLeaseSeconds", "FailureThreshold", "RetryBackoffBaseSeconds",
                        "RetryBackoffMaxSeconds"}
     assert set(CrashBudget.__dataclass_fields__) >= {"step_timeout_s", "claim_lease_s", "failure_threshold"}
-    # retry-budget kills nothing (the budget guards against kills): it shortens the step and the claim lease only.
+    # retry-budget and remote-outage kill nothing (the budget guards against kills): they shorten the step and the
+    # claim lease only.
     for drill, values in DRILL_SETTINGS.items():
-        allowed = {"StepTimeoutSeconds", "ClaimLeaseSeconds"} if drill == "retry-budget" else set()
+        allowed = {"StepTimeoutSeconds", "ClaimLeaseSeconds"} if drill in ("retry-budget", "remote-outage") else set()
         assert budget_settings & set(values) == allowed, drill
     assert budget_settings <= set(LOCAL_DEFAULTS)
 
