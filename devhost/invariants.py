@@ -22,6 +22,7 @@ import asyncio
 import sqlite3
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -129,19 +130,37 @@ def judge(evidence: Evidence) -> Findings:
     return Findings(checks, figures, len(lost), len(stuck), duplicates)
 
 
+@dataclass(frozen=True)
+class DeadLettered:
+    message_id: str
+    session_id: str | None
+    sequence_number: int
+    enqueued_at: datetime
+    reason: str | None
+    description: str | None
+
+
+def dead_letters(connection: str, queue: str) -> list[DeadLettered]:
+    """Every message in `queue`'s dead-letter sub-queue (peeked: nothing is removed)."""
+    found: list[DeadLettered] = []
+    with from_connection_string(connection) as bus, \
+            bus.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+        next_seq = 0
+        while True:
+            page = dlq.peek_messages(max_message_count=100, sequence_number=next_seq)
+            for m in page:
+                next_seq = max(next_seq, int(m.sequence_number) + 1)
+                found.append(DeadLettered(str(m.message_id), m.session_id, int(m.sequence_number),
+                                          m.enqueued_time_utc, m.dead_letter_reason, m.dead_letter_error_description))
+            if len(page) < 100:
+                return found
+
+
 def _dead_letters(connection: str) -> list[tuple[str, str | None]]:
-    found: list[tuple[str, str | None]] = []
+    """(queue, reason) of every dead-lettered message on every queue of the embedded broker."""
     with from_connection_string(connection) as client:
-        for queue in client.broker.queue_names():
-            with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
-                start = 0
-                while True:
-                    page = receiver.peek_messages(max_message_count=100, sequence_number=start)
-                    found.extend((queue, m.dead_letter_reason) for m in page)
-                    if len(page) < 100:
-                        break
-                    start = int(page[-1].sequence_number) + 1
-    return found
+        queues = client.broker.queue_names()
+    return [(queue, d.reason) for queue in queues for d in dead_letters(connection, queue)]
 
 
 async def collect(env: dict[str, str], connection: str, effects: dict[str, Any], order_ids: Iterable[str],

@@ -40,12 +40,11 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from azure.durable_functions.models.history import HistoryEventType
-from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode, ServiceBusSubQueue
+from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
 from rich.console import Console
 
 from orderflow.messages import (
@@ -74,7 +73,7 @@ from .drill import (
     base_settings,
     parse_overrides,
 )
-from .invariants import check_system, install_for
+from .invariants import DeadLettered, check_system, dead_letters, install_for
 from .system import LocalSystem, SystemConfig
 
 T = TypeVar("T")
@@ -205,34 +204,6 @@ async def read_ledger(system: LocalSystem) -> Ledger:
     return Ledger(report, calls)
 
 
-@dataclass(frozen=True)
-class DeadLettered:
-    message_id: str
-    session_id: str | None
-    sequence_number: int
-    enqueued_at: datetime
-    reason: str | None
-    description: str | None
-
-
-def _dead_letters(connection: str, queue: str) -> list[DeadLettered]:
-    """Every message in `queue`'s dead-letter sub-queue (peeked: nothing is removed)."""
-    from orderflow.bus import from_connection_string  # noqa: PLC0415
-
-    found: list[DeadLettered] = []
-    with from_connection_string(connection) as bus, \
-            bus.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
-        next_seq = 0
-        while True:
-            page = dlq.peek_messages(max_message_count=100, sequence_number=next_seq)
-            for m in page:
-                next_seq = max(next_seq, int(m.sequence_number) + 1)
-                found.append(DeadLettered(str(m.message_id), m.session_id, int(m.sequence_number),
-                                          m.enqueued_time_utc, m.dead_letter_reason, m.dead_letter_error_description))
-            if len(page) < 100:
-                return found
-
-
 def _drain_alerts(connection: str, queue: str) -> list[OperatorAlert]:
     """Every operator alert queued so far (received and deleted: the drill is their operator)."""
     from orderflow.bus import from_connection_string  # noqa: PLC0415
@@ -354,7 +325,7 @@ class Lab:
         return step.value in (await self.ledger()).applied(order_id)
 
     async def dead_letters(self) -> list[DeadLettered]:
-        return await asyncio.to_thread(_dead_letters, self.system.config.bus_connection, self.orders_queue)
+        return await asyncio.to_thread(dead_letters, self.system.config.bus_connection, self.orders_queue)
 
     async def read_alerts(self) -> list[OperatorAlert]:
         self.alerts.extend(await asyncio.to_thread(_drain_alerts, self.system.config.bus_connection,
