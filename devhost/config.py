@@ -79,7 +79,13 @@ class HostConfig:
                 dt, "versionMatchStrategy", VERSION_MATCH_STRATEGIES, "CurrentOrOlder"
             ),
             version_failure_strategy=_enum_setting(dt, "versionFailureStrategy", VERSION_FAILURE_STRATEGIES, "Reject"),
+            partition_count=_partition_count((dt.get("storageProvider") or {}).get("partitionCount", 4)),
         )
+
+    def listener_lock_recovery_seconds(self) -> float:
+        """host.json `singleton.listenerLockRecoveryPollingInterval` (SingletonOptions; one minute by default)."""
+        value = (self.host_json.get("singleton") or {}).get("listenerLockRecoveryPollingInterval")
+        return 60.0 if value is None else _duration_seconds(value)
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,7 @@ class DurableOptions:
     default_version: str | None = None
     version_match_strategy: str = "CurrentOrOlder"
     version_failure_strategy: str = "Reject"
+    partition_count: int = 4
 
 
 # DurableTask.Core VersioningSettings.VersionMatchStrategy / VersionFailureStrategy (Azure/durabletask
@@ -216,6 +223,19 @@ def resolve(value: str, env: Mapping[str, str] = os.environ, *, lenient: bool = 
 # host.json: `[-]d` (whole days) or `[-][d.]hh:mm[:ss[.fffffff]]`, with hh < 24, mm < 60, ss < 60
 # (learn.microsoft.com/dotnet/api/system.timespan.parse). Note that "00:30" is 30 minutes, not 30 seconds.
 _TIMESPAN = re.compile(r"^\s*(-)?(?:(\d+)|(?:(\d+)\.)?(\d{1,2}):(\d{1,2})(?::(\d{1,2})(?:\.(\d{1,7}))?)?)\s*$")
+
+
+def _partition_count(value: Any) -> int:
+    """storageProvider.partitionCount: AzureStorageOrchestrationService refuses anything outside 1..16 ("The number
+    of partitions must be a positive integer and no greater than 16.")."""
+    try:
+        count = int(str(value))
+    except ValueError:
+        count = 0
+    if not 1 <= count <= 16:
+        raise ConfigError(f"host.json: extensions.durableTask.storageProvider.partitionCount {value!r}: the number of "
+                          "partitions must be a positive integer and no greater than 16")
+    return count
 
 
 def _duration_seconds(value: Any) -> float:

@@ -107,6 +107,7 @@ MODULE_DRILLS: dict[str, str] = {
     "store-outage": "devhost.store_drills:run_command",
     "starter-race": "devhost.race_drills:run_command",
     "supervisor-race": "devhost.race_drills:run_command",
+    "scale-out": "devhost.scale_drills:run_command",
 }
 DRILLS = (*sorted(TARGETS), *RESILIENCE_DRILLS, *LIFECYCLE_DRILLS, *MODULE_DRILLS)
 DEFAULT_ORDERS = {"host-crash": 100, "agent-crash": 100, "retry-budget": 20, "remote-outage": 100,
@@ -158,7 +159,8 @@ def add_command(sub: Any) -> None:
                                    "run; remote-hang, late-replies, reply-reordering, clock-skew, "
                                    "duplicate-delivery, poison-input, state-store-conflicts, store-outage, "
                                    "starter-race and supervisor-race (issue 15; docs/devhost.md, docs/reliability.md) "
-                                   "each inject their fault. Every drill also checks the invariants of "
+                                   "each inject their fault; scale-out runs three devhost hosts on one task hub and "
+                                   "kills them in turn. Every drill also checks the invariants of "
                                    "devhost/invariants.py. When every order has its final status, print the figures "
                                    "(a table, or "
                                    "one JSON object as the last line with --json). Exit code 1 unless the drill "
@@ -168,9 +170,9 @@ def add_command(sub: Any) -> None:
                    help="number of orders to submit (default 100; retry-budget 20, backlog-flood 300, compensation "
                         "8; upgrade-in-flight: 8 before the restart and half as many after; cancel-in-flight and "
                         "poison-in-session run a fixed set; remote-hang, late-replies, reply-reordering 12, "
-                        "clock-skew 10; starter-race 60, supervisor-race 12)")
+                        "clock-skew 10; starter-race 60, supervisor-race 12; scale-out 200)")
     d.add_argument("--kills", type=int, default=None,
-                   help="crash drills: kills to do (default 10 for host-crash, 5 for agent-crash)")
+                   help="crash drills: kills to do (default 10 for host-crash and scale-out, 5 for agent-crash)")
     d.add_argument("--min-gap", type=float, default=1.0,
                    help="crash drills: shortest gap in seconds before a kill, from when the process is up "
                         "(default 1)")

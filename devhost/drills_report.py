@@ -54,6 +54,7 @@ FULL: tuple[Run, ...] = (
     Run("store-outage", (), ("outage_s", "operations_refused", "time_to_drain_s", "elapsed_s")),
     Run("starter-race", (), ("won_by_racers", "lost_races", "attempts", "elapsed_s")),
     Run("supervisor-race", (), ("won_by_racers", "attempts", "failure_counts", "elapsed_s")),
+    Run("scale-out", (), ("kills", "host_processes", "episodes_per_host_process", "attempts", "elapsed_s")),
 )
 # What CI runs after the tests: the invariants under a crash of each process, a remote that fails, and a fault of
 # the bus and of the store, each small.
@@ -72,6 +73,8 @@ QUICK: tuple[Run, ...] = (
     Run("state-store-conflicts", ("--orders", "10"), ("injected_412", "injected_429", "elapsed_s")),
     Run("store-outage", ("--orders", "10", "--outage-for", "6"), ("outage_s", "operations_refused",
                                                                   "time_to_drain_s", "elapsed_s")),
+    Run("scale-out", ("--orders", "60", "--kills", "3"), ("kills", "host_processes", "episodes_per_host_process",
+                                                          "attempts", "elapsed_s")),
 )
 COMMON = ("invariants.transitions_audited", "invariants.most_calls_per_key")
 

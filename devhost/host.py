@@ -18,6 +18,7 @@ from .app_loader import FunctionSpec, describe, index, load_app
 from .config import HostConfig, resolve
 from .http_trigger import HttpTriggers, KeyStore
 from .servicebus_trigger import Delivery, ServiceBusTriggerRunner, function_message
+from .singleton import ListenerLock
 from .timers import TimerRunner, default_use_monitor
 
 log = logging.getLogger("devhost")
@@ -105,7 +106,8 @@ class Host:
         self.invoker = Invoker(client_binding_json=lambda: self.engine.client_binding_json(), worker_loop=self._worker)
         self.engine = DurableEngine(db_path=state_dir / "durable.db", functions=durable_fns, invoke=self.invoker,
                                     max_concurrent_activities=durable.max_concurrent_activities,
-                                    task_hub=durable.hub_name, versioning=versioning_policy(durable))
+                                    task_hub=durable.hub_name, versioning=versioning_policy(durable),
+                                    partition_count=durable.partition_count)
         self.engine.add_routes(web_app)
         http = HttpTriggers(KeyStore(state_dir))
         http.attach(web_app)
@@ -168,7 +170,8 @@ class Host:
         use_monitor = spec.trigger.get("useMonitor")
         runner = TimerRunner(spec.name, schedule, run_on_startup=bool(spec.trigger.get("runOnStartup")),
                              use_monitor=(use_monitor is None or bool(use_monitor)) and default_use_monitor(schedule),
-                             state_dir=state_dir, invoke=invoke)
+                             state_dir=state_dir, invoke=invoke, lock=ListenerLock(state_dir, spec.name),
+                             recovery_poll=config.listener_lock_recovery_seconds())
         self.timers[spec.name] = runner
         self._tasks.append(asyncio.create_task(runner.run(self._stop), name=f"timer:{spec.name}"))
 

@@ -9,7 +9,9 @@ auth level `function` needs a function or host key in the `x-functions-key` head
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import secrets
 from collections.abc import Awaitable, Callable
@@ -48,13 +50,18 @@ class KeyStore:
 
     def __init__(self, state_dir: Path) -> None:
         path = state_dir / "keys.json"
-        if path.exists():
-            data = json.loads(path.read_text())
-        else:
-            data = {"default": secrets.token_urlsafe(32), "master": secrets.token_urlsafe(32)}
+        if not path.exists():
+            # Written whole, then linked into place: hosts that share the state folder (scale-out) and start at once
+            # all end up with the keys of the one that linked first.
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(data, indent=2))
-            path.chmod(0o600)
+            tmp = path.with_name(f"keys.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+            tmp.write_text(json.dumps({"default": secrets.token_urlsafe(32), "master": secrets.token_urlsafe(32)},
+                                      indent=2))
+            tmp.chmod(0o600)
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+            tmp.unlink()
+        data = json.loads(path.read_text())
         self.default: str = data["default"]
         self.master: str = data["master"]
 

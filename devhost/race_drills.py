@@ -1,10 +1,13 @@
 """`starter-race` and `supervisor-race`: more than one Starter, more than one Supervisor, on one state store and one
 task hub, as when Azure runs the app on several instances (issue 15).
 
-Besides the host's own timer-triggered Starter and Supervisor, the drill starts racer processes
-(devhost/racers.py: the product's own passes, every 200 ms, in processes of their own, with the host's Durable
-client). Four Starters in all race to claim the same Pending records; three Supervisors race to recover the same
-expired attempts. Every claim and every recovery is an If-Match write, so exactly one of them wins each race:
+The drill runs two devhost hosts on one task hub, state store and broker (devhost/durable/hub.py: the hub's
+partitions split between them, and each runs the episodes of its own). Their timer-triggered Starter and Supervisor
+run on one host at a time, the holder of the function's listener lock (devhost/singleton.py), as on Azure. Beyond
+them the drill starts racer processes (devhost/racers.py: the product's own passes, every 200 ms, in processes of
+their own, each with the Durable client of one of the hosts in turn): a pass whose lock lapsed, or an app deployed
+twice. Four Starters in all race to claim the same Pending records; three Supervisors race to recover the same expired
+attempts. Every claim and every recovery is an If-Match write, so exactly one of them wins each race:
 
 - starter-race: MaxOrdersInProcessing 8 keeps most orders waiting in Pending, where the Starters race for them. Every
   order must end Processed in attempt 1 (a lost race never costs an order an attempt, and no attempt starts twice).
@@ -53,15 +56,20 @@ RACE_SETTINGS: dict[str, dict[str, str]] = {
 RACERS = {"starter-race": ("starter", 3), "supervisor-race": ("supervisor", 2)}
 DEFAULT_ORDERS = {"starter-race": 60, "supervisor-race": 12}
 HANG_SECONDS = 10.0  # supervisor-race: longer than the step, so the attempt expires
+# devhost hosts on the one task hub. Their own Starter and Supervisor are timer functions, which run on one host at a
+# time (the listener lock, devhost/singleton.py), as on Azure; the racers are the passes beyond that.
+HOSTS = 2
 
 
 def _racers(system: LocalSystem, drill: str) -> list[tuple[Process, Path]]:
     role, count = RACERS[drill]
-    assert system.devhost is not None and system.devhost.url
+    urls = [host.url for host in system.devhosts if host is not None and host.url]
+    assert len(urls) == system.config.hosts
     started = []
     for n in range(count):
         stats = system.config.work_dir / f"racer-{role}-{n}.json"
-        process = system._process(f"racer-{role}-{n}", ["-m", "devhost.racers", role, "--host", system.devhost.url,
+        # Each racer uses the Durable API of a host in turn: its starts land on one host and run on another.
+        process = system._process(f"racer-{role}-{n}", ["-m", "devhost.racers", role, "--host", urls[n % len(urls)],
                                                         "--stats", str(stats)])
         process.start(wait_for_url=False)
         started.append((process, stats))
@@ -126,7 +134,7 @@ def run_command(args: argparse.Namespace) -> int:
         Console(stderr=True).print(f"devhost drill: {exc}")
         return 2
     work = Path(args.work_dir or default_work_dir("drill-")).resolve()
-    config = SystemConfig(work_dir=work, seed=args.seed, hang_seconds=HANG_SECONDS,
+    config = SystemConfig(work_dir=work, seed=args.seed, hang_seconds=HANG_SECONDS, hosts=HOSTS,
                           settings={**base_settings(args.settings), **RACE_SETTINGS[drill], **overrides})
     system = LocalSystem(config)
     console = Console(stderr=args.json)

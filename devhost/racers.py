@@ -5,9 +5,10 @@ Azure scales out (issue 15: the starter-race and supervisor-race drills).
 It runs the product's own pass (`orderflow.starter.run_starter`, `orderflow.supervisor.run_supervisor`) every
 `--every` seconds with the app settings of its environment, and a `DurableOrchestrationClient` bound to the host's
 Durable HTTP API (devhost/durable/engine.py `client_binding_json`), the same client the host gives its triggers. The
-orchestrations themselves run in the one host: devhost does not share a task hub's work between processes (one
-process executes orchestrations; docs/devhost.md, differences from Azure), so what races here is every
-state-store and start_new decision of the Starters and Supervisors, which is where the pattern's races are.
+orchestrations run on the devhost hosts of the task hub (devhost/durable/hub.py); what races here is every
+state-store and start_new decision of the Starters and Supervisors, which is where the pattern's races are. On Azure
+a timer function runs on one instance at a time, so the racers stand for passes beyond that: a lock that lapsed
+(a paused instance), or the app deployed twice on one store.
 
 On SIGTERM it writes what it did to `--stats` (JSON: passes, claimed, lost races, recovered, escalated, ...).
 """

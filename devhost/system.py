@@ -73,6 +73,8 @@ class SystemConfig:
     app_dir: Path = ROOT
     reply_queue: str = "app-status"
     servicebus_config: Path = ROOT / "servicebus.config.json"
+    # devhost processes sharing one task hub, state folder, broker and store (scale-out: devhost/durable/hub.py).
+    hosts: int = 1
 
     @property
     def bus_connection(self) -> str:
@@ -159,7 +161,8 @@ class LocalSystem:
         config.work_dir.mkdir(parents=True, exist_ok=True)
         self.simulator: Process | None = None
         self.agent: Process | None = None
-        self.devhost: Process | None = None
+        self.devhost: Process | None = None  # the first host
+        self.devhosts: list[Process | None] = [None] * config.hosts
 
     def env(self) -> dict[str, str]:
         c = self.config
@@ -194,19 +197,25 @@ class LocalSystem:
         self.agent.start(wait_for_url=False)
         return self.agent
 
-    def start_devhost(self) -> Process:
-        self.devhost = self._process("devhost", devhost_args(
-            self.config.app_dir, 0, self.config.work_dir / "devhost")).start()
-        return self.devhost
+    def start_devhost(self, index: int = 0) -> Process:
+        """Start host `index` (0: `devhost`, then `devhost-2`, ...); every host shares the state folder, so they
+        run one task hub together, as the instances of a scaled-out app do."""
+        name = "devhost" if index == 0 else f"devhost-{index + 1}"
+        host = self._process(name, devhost_args(self.config.app_dir, 0, self.config.work_dir / "devhost")).start()
+        self.devhosts[index] = host
+        if index == 0:
+            self.devhost = host
+        return host
 
     def start(self) -> LocalSystem:
         self.start_simulator()
         self.start_agent()
-        self.start_devhost()
+        for index in range(self.config.hosts):
+            self.start_devhost(index)
         return self
 
     def stop(self) -> None:
-        for p in (self.devhost, self.agent, self.simulator):
+        for p in (*self.devhosts, self.agent, self.simulator):
             if p is not None:
                 p.stop()
 

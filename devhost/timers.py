@@ -19,6 +19,8 @@ from typing import Any
 
 from croniter import croniter
 
+from .singleton import DEFAULT_RECOVERY_POLL_SECONDS, ListenerLock
+
 log = logging.getLogger("devhost.timer")
 
 
@@ -81,7 +83,8 @@ class TimerRunner:
 
     def __init__(self, name: str, expression: str, *, run_on_startup: bool, use_monitor: bool, state_dir: Path,
                  invoke: Callable[[dict[str, Any]], Awaitable[None]],
-                 now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 now: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 lock: ListenerLock | None = None, recovery_poll: float = DEFAULT_RECOVERY_POLL_SECONDS) -> None:
         self.name = name
         self.expression = parse_schedule(expression)
         self.run_on_startup = run_on_startup
@@ -90,6 +93,8 @@ class TimerRunner:
         self._invoke = invoke
         self._now = now
         self.executions = 0
+        self.lock = lock  # the listener lock across hosts sharing the state folder (singleton.py)
+        self.recovery_poll = recovery_poll
 
     def _load_status(self) -> ScheduleStatus | None:
         try:
@@ -119,6 +124,28 @@ class TimerRunner:
         return now
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Hold the listener lock (when there is one), then run the schedule until `stop`."""
+        if self.lock is not None and not await self._acquire(self.lock, stop):
+            return
+        try:
+            await self._run_schedule(stop)
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+
+    async def _acquire(self, lock: ListenerLock, stop: asyncio.Event) -> bool:
+        """One attempt at start-up, then one every recovery poll, as SingletonListener does; False when stopped."""
+        while not lock.try_acquire():
+            log.info("timer %s: another host (pid %s) runs this schedule; trying again in %.0f s", self.name,
+                     lock.holder(), self.recovery_poll)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self.recovery_poll)
+                return False
+            except TimeoutError:
+                pass
+        return True
+
+    async def _run_schedule(self, stop: asyncio.Event) -> None:
         last: datetime | None = None
         previous = self._load_status() if self.use_monitor else None
         if previous is not None and previous.next <= self._now():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import heapq
 import itertools
 import json
@@ -32,8 +33,9 @@ from .errors import (
     InstanceNotTerminal,
     OrchestratorNotFound,
 )
+from .hub import DEFAULT_PARTITIONS, LOOK_SECONDS, HubMembership, process_alive
 from .ids import new_instance_id, validate_instance_id
-from .records import Commit, Conflict, InstanceRow, Message, TimerItem, WorkItem
+from .records import Commit, Conflict, Fenced, InstanceRow, Member, Message, TimerItem, WorkItem
 from .status import status_payload
 from .store import Store
 from .versioning import VersioningPolicy
@@ -125,6 +127,8 @@ class DurableEngine:
         clock: Callable[[], datetime] = utcnow,
         task_hub: str = "devhost",
         versioning: VersioningPolicy | None = None,
+        partition_count: int = DEFAULT_PARTITIONS,
+        alive: Callable[[Member], bool] = process_alive,
     ) -> None:
         self.db_path = Path(db_path)
         self.task_hub = task_hub
@@ -159,6 +163,12 @@ class DurableEngine:
         self._stopping = False
         self._rejected: set[tuple[str, str]] = set()  # (instance, execution) already logged as rejected
         self._conflicts: dict[str, int] = {}  # instance -> episodes refused in a row (see _conflict)
+        # Membership of the task hub, shared with other devhost processes (hub.py).
+        self._partition_count = partition_count
+        self._alive = alive
+        self.hub: HubMembership | None = None
+        self._look_lock = asyncio.Lock()
+        self._looks_wanted = False
         if hasattr(invoke, "set_client_binding"):
             invoke.set_client_binding(self.client_binding_json)
 
@@ -184,16 +194,27 @@ class DurableEngine:
         self._timer_wakeup = asyncio.Event()
         self._changed = asyncio.Condition()
         self._spawn(self._timer_loop(), "durable-timers")
-        for item in self.store.pending_work():
-            self._spawn_work(item)
-        for timer in self.store.pending_timers():
-            self._add_timer(timer)
-        for instance_id in self.store.instances_with_inbox():
-            self._mark(instance_id)
+        self.hub = HubMembership(self.store, self._partition_count, self._alive)
+        sock = self.hub.join()
+        self._look_lock = asyncio.Lock()
+        asyncio.get_running_loop().add_reader(sock.fileno(), self._woken)
+        await self._look()  # takes the partitions (all of them when alone) and adopts what dead members left
+        self.hub.wake_all()  # the others make room now
+        self._spawn(self._look_loop(), "durable-hub")
 
-    async def stop(self) -> None:
-        """Stop dispatching; unfinished activities stay persisted and run again at the next start."""
+    async def stop(self, *, leave: bool = True) -> None:
+        """Stop dispatching; unfinished activities stay persisted and run again at the next start, or on another
+        host of the hub. `leave=False` stops as a crash would: the partitions stay held until a look finds this
+        member dead (tests)."""
         self._stopping = True
+        if self.hub is not None:
+            with contextlib.suppress(ValueError, OSError):
+                asyncio.get_running_loop().remove_reader(self.hub.fileno())
+            if leave:
+                self.hub.leave()
+            else:
+                self.hub.close()
+            self.hub = None
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -256,16 +277,12 @@ class DurableEngine:
         instance_id = new_instance_id() if instance_id is None else validate_instance_id(instance_id)
         serialized = token_to_serialized(input_token)
         async with self._lock(instance_id):
-            existing = self.store.instance(instance_id)
-            if existing is not None and existing.status not in TERMINAL:
-                raise InstanceAlreadyExists(
-                    f"An Orchestration instance with the status {existing.status} already exists."
-                )
             now = self._clock()
             row = new_row(instance_id, name, serialized, now)
             row.input = input_token or None
             instance_version = self.versioning.version_for_new_instance(version)
-            self.store.create(row, h.execution_started(now, name, serialized, version=instance_version))
+            self.store.create(row, h.execution_started(now, name, serialized, version=instance_version),
+                              refuse=_refuse_running)
         self._mark(instance_id)
         await self._notify()
         return instance_id
@@ -282,11 +299,8 @@ class DurableEngine:
         # an older execution. The extension sends external events to the instance, not to an execution
         # (DurableClient.RaiseEventInternalAsync clears the execution id).
         async with self._lock(instance_id):
-            row = self._existing(instance_id)
-            if row.status in TERMINAL:
-                raise InstanceGone(f"Instance with ID {instance_id} is gone: it is {row.status}.")
             event = h.event_raised(self._clock(), event_name, event_token_to_serialized(data_token))
-            self.store.send(Message(instance_id, row.execution_id, event))
+            self.store.send_to_current(instance_id, _accepts_event(instance_id), event)
         self._mark(instance_id)
 
     async def get_status(
@@ -330,10 +344,17 @@ class DurableEngine:
 
     async def terminate(self, instance_id: str, reason: str | None = None) -> None:
         async with self._lock(instance_id):
-            row = self._existing(instance_id)
-            if row.status in TERMINAL:
-                raise InstanceGone(f"Instance with ID {instance_id} is already {row.status}.")
-            self.store.commit(self._termination(row, reason))
+            for tries in itertools.count(1):
+                row = self._existing(instance_id)
+                if row.status in TERMINAL:
+                    raise InstanceGone(f"Instance with ID {instance_id} is already {row.status}.")
+                try:
+                    self.store.commit(self._termination(row, reason))
+                    break
+                except Conflict:  # another host's episode of the instance committed first: terminate what it left
+                    if tries >= MAX_CONFLICTS:
+                        raise
+        self._wake_holder(instance_id)
         await self._notify()
 
     async def purge(self, instance_id: str) -> int:
@@ -401,8 +422,12 @@ class DurableEngine:
         return self._locks.setdefault(instance_id, asyncio.Lock())
 
     def _mark(self, instance_id: str) -> None:
-        """Schedule the replay of an instance whose inbox has messages (at most one drain per instance)."""
+        """Schedule the replay of an instance whose inbox has messages (at most one drain per instance); an instance
+        of a partition another host holds is that host's: wake it."""
         if self._stopping:
+            return
+        if self.hub is not None and not self.hub.owns(instance_id):
+            self.hub.wake_owner_of(instance_id)
             return
         if instance_id in self._running:
             self._again.add(instance_id)
@@ -424,6 +449,9 @@ class DurableEngine:
         """Run one episode of the instance if its inbox holds messages for it. Reads first: an instance with
         nothing to do costs no write transaction."""
         async with self._lock(instance_id):
+            hub = self.hub
+            if hub is None or not hub.owns(instance_id):
+                return False  # the partition went to another host, which reads its inbox
             row = self.store.instance(instance_id)
             if row is None:
                 return False
@@ -452,10 +480,16 @@ class DurableEngine:
                     return False  # the messages stay in the inbox, as an abandoned work item stays in its queue
                 else:
                     commit = episode.version_mismatch()
+                commit.fence = (hub.partition(instance_id), hub.owner)
                 work, timers = self.store.commit(commit)
+            except Fenced as exc:  # another host holds the partition now, and runs the episode
+                log.info("episode of %s not committed: %s", instance_id, exc)
+                self._request_look()
+                return False
             except Conflict as exc:
                 return self._conflict(instance_id, exc)
             self._conflicts.pop(instance_id, None)
+            hub.episodes += 1
         self._after_commit(commit, work, timers)
         await self._notify()
         return True
@@ -511,6 +545,12 @@ class DurableEngine:
         targets = {m.instance_id for m in commit.messages} | {c.instance_id for c, _ in commit.children}
         for instance_id in targets:
             self._mark(instance_id)
+        if commit.ends and self.hub is not None:
+            self.hub.wake_all()  # status waits on the other hosts (see hub.py)
+
+    def _wake_holder(self, instance_id: str) -> None:
+        if self.hub is not None and not self.hub.owns(instance_id):
+            self.hub.wake_owner_of(instance_id)
 
     async def _notify(self) -> None:
         async with self._changed:
@@ -542,6 +582,55 @@ class DurableEngine:
             raise InstanceNotFound(f"No instance with ID {instance_id} found.")
         return row
 
+    # ---- the task hub's members (hub.py) ---------------------------------------------------------------------
+    def _woken(self) -> None:
+        """A wake-up datagram arrived: another host committed something for one of our partitions, or the members
+        changed. Look again (coalesced: one look runs at a time, and one more follows if woken meanwhile)."""
+        assert self.hub is not None
+        self.hub.drain()
+        self._request_look()
+
+    def _request_look(self) -> None:
+        self._looks_wanted = True
+        if not self._look_lock.locked() and not self._stopping:
+            self._spawn(self._look(read_inbox=True), "durable-hub-look")
+
+    async def _look_loop(self) -> None:
+        while True:
+            await asyncio.sleep(LOOK_SECONDS)
+            await self._look()
+
+    async def _look(self, *, read_inbox: bool = False) -> None:
+        """Find dead members, rebalance the partitions and adopt orphaned work (hub.py); read the inbox and timers
+        of every partition taken, and, after a wake-up, the inbox of every partition held."""
+        async with self._look_lock:
+            while True:
+                self._looks_wanted = False
+                hub = self.hub
+                if hub is None or self._stopping:
+                    return
+                change, adopted = hub.look()
+                for item in adopted:
+                    self._spawn_work(item)
+                taken = set(change.acquired)
+                if taken:
+                    for timer in self.store.pending_timers():
+                        if hub.partition(timer.instance_id) in taken:
+                            self._add_timer(timer)
+                if taken or read_inbox:
+                    scope = hub.mine if read_inbox else taken
+                    for instance_id in self.store.instances_with_inbox():
+                        if hub.partition(instance_id) in scope:
+                            self._mark(instance_id)
+                    await self._notify()
+                if not self._looks_wanted:
+                    return
+                read_inbox = True
+
+    def hub_members(self) -> list[Member]:
+        """Every host that joined this task hub, with the episodes and activities each ran (recorded at its looks)."""
+        return self.store.all_members()
+
     # ---- activities ----------------------------------------------------------------------------------------
     def _spawn_work(self, item: WorkItem) -> None:
         self._spawn(self._run_work(item), f"durable-activity:{item.name}:{item.instance_id}:{item.task_id}")
@@ -552,6 +641,8 @@ class DurableEngine:
             event = await self._execute(item)
         if self._stopping:
             return
+        if self.hub is not None:
+            self.hub.activities += 1
         if self.store.complete_work(item.id, Message(item.instance_id, item.execution_id, event)):
             self._mark(item.instance_id)
 
@@ -584,9 +675,27 @@ class DurableEngine:
                 pass
 
     def _fire(self, timer: TimerItem) -> None:
+        if self.hub is not None and not self.hub.owns(timer.instance_id):
+            return  # the partition went to another host, which loaded its timers when it took it
         event = h.timer_fired(self._clock(), timer.timer_id, timer.fire_at)
         if self.store.fire_timer(timer, Message(timer.instance_id, timer.execution_id, event)):
             self._mark(timer.instance_id)
+
+
+def _refuse_running(status: str) -> None:
+    """StartNewAsync's dedupe: an id whose instance is not in a terminal status is refused (see start_with_token)."""
+    if status not in TERMINAL:
+        raise InstanceAlreadyExists(f"An Orchestration instance with the status {status} already exists.")
+
+
+def _accepts_event(instance_id: str) -> Callable[[InstanceRow | None], None]:
+    def check(row: InstanceRow | None) -> None:
+        if row is None:
+            raise InstanceNotFound(f"No instance with ID {instance_id} found.")
+        if row.status in TERMINAL:
+            raise InstanceGone(f"Instance with ID {instance_id} is gone: it is {row.status}.")
+
+    return check
 
 
 def _matches(

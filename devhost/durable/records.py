@@ -110,7 +110,43 @@ class Commit:
     messages: list[Message] = field(default_factory=list)
     drop_pending: bool = False
     ends: bool = False  # the instance reaches a terminal status: its timeline is dropped
+    # (partition, owner): the episode commits only while `owner` holds the instance's partition (hub.py); its work
+    # items are owned by `owner`. None: a client operation (terminate), from any host.
+    fence: tuple[int, str] | None = None
+
+
+@dataclass(frozen=True)
+class Member:
+    """A host that joined the task hub (devhost/durable/hub.py): its owner id, process (pid and creation time, to
+    tell it from a later process with the same pid), its wake-up socket, and what it ran (recorded now and then)."""
+
+    owner: str
+    pid: int
+    started: float
+    socket: str
+    episodes: int = 0
+    activities: int = 0
+
+
+@dataclass
+class Rebalance:
+    """What one look at the hub's members decides for one host: the members found dead (they leave and free their
+    partitions), the partitions to take and to give back, and the members alive after it. `acquired` is filled in
+    by the store: the partitions it could take."""
+
+    live: set[str]
+    dead: list[str] = field(default_factory=list)
+    acquire: list[int] = field(default_factory=list)
+    release: list[int] = field(default_factory=list)
+    acquired: list[int] = field(default_factory=list)
+
+    def is_empty(self) -> bool:
+        return not (self.dead or self.acquire or self.release)
 
 
 class Conflict(Exception):
     """The store changed since an episode read it (another writer); nothing of the episode was written."""
+
+
+class Fenced(Conflict):
+    """The episode's host no longer holds the instance's partition (hub.py); nothing was written."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +26,19 @@ from typing import Any
 from azure.durable_functions.models.history import HistoryEventType as T
 
 from .history import Event
-from .records import INSTANCE_COLUMNS, Commit, Conflict, InstanceRow, Message, Pending, TimerItem, WorkItem
+from .records import (
+    INSTANCE_COLUMNS,
+    Commit,
+    Conflict,
+    Fenced,
+    InstanceRow,
+    Member,
+    Message,
+    Pending,
+    Rebalance,
+    TimerItem,
+    WorkItem,
+)
 from .timeline import FRESH_BASE, RETRIED_EVENTS, Bookkeeping, Timeline, TimelineCache
 
 SCHEMA = """
@@ -46,6 +58,10 @@ CREATE TABLE IF NOT EXISTS work(id INTEGER PRIMARY KEY AUTOINCREMENT, instance_i
   execution_id TEXT NOT NULL, task_id INTEGER NOT NULL, name TEXT NOT NULL, input TEXT);
 CREATE TABLE IF NOT EXISTS timers(instance_id TEXT NOT NULL, execution_id TEXT NOT NULL, timer_id INTEGER NOT NULL,
   fire_at TEXT NOT NULL, PRIMARY KEY(instance_id, execution_id, timer_id));
+CREATE TABLE IF NOT EXISTS hosts(owner TEXT PRIMARY KEY, pid INTEGER NOT NULL, started REAL NOT NULL,
+  socket TEXT NOT NULL, gone INTEGER NOT NULL DEFAULT 0, episodes INTEGER NOT NULL DEFAULT 0,
+  activities INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS partitions(partition INTEGER PRIMARY KEY, owner TEXT);
 """
 
 _INSERT_INSTANCE = f"INSERT INTO instances({','.join(INSTANCE_COLUMNS)},state) VALUES ({','.join('?' * 13)})"
@@ -102,11 +118,16 @@ class Store:
 
     def __init__(self, path: Path, *, cache_size: int = 1024) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
+        if "owner" not in {r[1] for r in self._db.execute("PRAGMA table_info(work)")}:
+            # A task hub written before scale-out (devhost/durable/hub.py): its work items have no owner, and an
+            # item without one is adopted by the first host that looks.
+            self._db.execute("ALTER TABLE work ADD COLUMN owner TEXT")
         self.stats = StoreStats()
         self.timelines = TimelineCache(cache_size)
 
@@ -178,9 +199,97 @@ class Store:
         )
         return [WorkItem(*r) for r in rows.fetchall()]
 
+    # ---- the hub's members (devhost/durable/hub.py) ---------------------------------------------------------
+    def members(self) -> list[Member]:
+        """The hosts that joined the task hub and have not left (alive or not: the caller checks)."""
+        rows = self._db.execute(
+            "SELECT owner, pid, started, socket, episodes, activities FROM hosts WHERE gone=0 ORDER BY owner"
+        )
+        return [Member(*r) for r in rows.fetchall()]
+
+    def all_members(self) -> list[Member]:
+        """Every host that ever joined, with what it ran (for reports)."""
+        rows = self._db.execute("SELECT owner, pid, started, socket, episodes, activities FROM hosts ORDER BY rowid")
+        return [Member(*r) for r in rows.fetchall()]
+
+    def partition_owners(self) -> dict[int, str | None]:
+        return dict(self._db.execute("SELECT partition, owner FROM partitions ORDER BY partition").fetchall())
+
+    def owner_socket(self, partition: int) -> str | None:
+        """The socket of the live member that holds `partition`, if one does."""
+        found = self._db.execute(
+            "SELECT h.socket FROM partitions p JOIN hosts h ON h.owner = p.owner WHERE p.partition=? AND h.gone=0",
+            (partition,),
+        ).fetchone()
+        return found[0] if found else None
+
+    def ensure_partitions(self, count: int) -> int:
+        """Create the hub's partitions if it has none; returns how many it has (the first host's count wins, as a
+        task hub's partitionCount is fixed when the hub is created)."""
+        existing = self._db.execute("SELECT COUNT(*) FROM partitions").fetchone()[0]
+        if existing:
+            return int(existing)
+        with self._tx() as db:
+            db.executemany("INSERT OR IGNORE INTO partitions(partition, owner) VALUES (?, NULL)",
+                           [(p,) for p in range(count)])
+        return int(self._db.execute("SELECT COUNT(*) FROM partitions").fetchone()[0])
+
+    def join(self, member: Member) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO hosts(owner, pid, started, socket) VALUES (?,?,?,?)",
+                       (member.owner, member.pid, member.started, member.socket))
+
+    def leave(self, owner: str, episodes: int, activities: int) -> None:
+        """An orderly stop: the member's partitions are free at once, its work items go to whoever adopts them."""
+        with self._tx() as db:
+            db.execute("UPDATE partitions SET owner=NULL WHERE owner=?", (owner,))
+            db.execute("UPDATE hosts SET gone=1, episodes=?, activities=? WHERE owner=?",
+                       (episodes, activities, owner))
+
+    def rebalance(self, owner: str, plan: Callable[[list[Member], dict[int, str | None]], Rebalance],
+                  counts: tuple[int, int] | None) -> tuple[Rebalance, list[WorkItem]]:
+        """Apply `plan` (computed on the members and partitions read inside the transaction) in one transaction:
+        members found dead leave and free their partitions, free partitions are taken, extra ones released, and
+        the work items of members no longer alive (or of none) are adopted by `owner`. No write when the plan
+        changes nothing and `counts` (episodes, activities to record for `owner`) is None."""
+        first = plan(self.members(), self.partition_owners())
+        if first.is_empty() and counts is None and not self._orphaned_work(owner, first.live):
+            return first, []
+        with self._tx() as db:
+            members = [Member(*r) for r in db.execute(
+                "SELECT owner, pid, started, socket, episodes, activities FROM hosts WHERE gone=0 ORDER BY owner"
+            ).fetchall()]
+            change = plan(members, dict(db.execute("SELECT partition, owner FROM partitions").fetchall()))
+            for dead in change.dead:
+                db.execute("UPDATE hosts SET gone=1 WHERE owner=?", (dead,))
+                db.execute("UPDATE partitions SET owner=NULL WHERE owner=?", (dead,))
+            held = dict(db.execute("SELECT partition, owner FROM partitions").fetchall())
+            change.acquired = [p for p in change.acquire if db.execute(
+                "UPDATE partitions SET owner=? WHERE partition=? AND owner IS ?", (owner, p, held[p])).rowcount]
+            for p in change.release:
+                db.execute("UPDATE partitions SET owner=NULL WHERE partition=? AND owner=?", (p, owner))
+            live = sorted(change.live)
+            marks = ",".join("?" * len(live))
+            adopted = [WorkItem(*r[:6]) for r in db.execute(
+                "SELECT id, instance_id, execution_id, task_id, name, input FROM work "
+                f"WHERE owner IS NULL OR owner NOT IN ({marks}) ORDER BY id", live).fetchall()]
+            db.executemany("UPDATE work SET owner=? WHERE id=?", [(owner, w.id) for w in adopted])
+            if counts is not None:
+                db.execute("UPDATE hosts SET episodes=?, activities=? WHERE owner=?", (*counts, owner))
+        return change, adopted
+
+    def _orphaned_work(self, owner: str, live: Iterable[str]) -> bool:
+        live = sorted(set(live) | {owner})
+        marks = ",".join("?" * len(live))
+        return self._db.execute(
+            f"SELECT 1 FROM work WHERE owner IS NULL OR owner NOT IN ({marks}) LIMIT 1", live
+        ).fetchone() is not None
+
     def pending_timers(self) -> list[TimerItem]:
         rows = self._db.execute("SELECT instance_id, execution_id, timer_id, fire_at FROM timers")
         return [TimerItem(*r) for r in rows.fetchall()]
+
+
 
     def work_exists(self, work_id: int) -> bool:
         return self._db.execute("SELECT 1 FROM work WHERE id=?", (work_id,)).fetchone() is not None
@@ -220,10 +329,15 @@ class Store:
         return timeline
 
     # ---- writes --------------------------------------------------------------------------------------------
-    def create(self, row: InstanceRow, first: Event) -> None:
-        """(Re)create an instance with fresh history, its ExecutionStarted waiting in the inbox."""
+    def create(self, row: InstanceRow, first: Event, refuse: Callable[[str], None] | None = None) -> None:
+        """(Re)create an instance with fresh history, its ExecutionStarted waiting in the inbox. `refuse` is called,
+        inside the transaction, with the status of an instance already there, and may raise to write nothing: the
+        check and the write are one step even when several hosts share the hub."""
         try:
             with self._tx() as db:
+                found = db.execute("SELECT status FROM instances WHERE instance_id=?", (row.instance_id,)).fetchone()
+                if found is not None and refuse is not None:
+                    refuse(found[0])
                 _forget(db, row.instance_id)
                 db.execute(_INSERT_INSTANCE, (*row.values(), FRESH_BASE))
                 _send(db, Message(row.instance_id, row.execution_id, first))
@@ -234,6 +348,19 @@ class Store:
     def send(self, message: Message) -> None:
         with self._tx() as db:
             _send(db, message)
+
+    def send_to_current(self, instance_id: str, check: Callable[[InstanceRow | None], None], event: Event) -> None:
+        """Send `event` to the instance's current execution, read inside the write transaction, so that an episode
+        starting a new execution (ContinueAsNew) on another host cannot slip between the read and the write.
+        `check` sees the row and may raise to write nothing."""
+        with self._tx() as db:
+            found = db.execute(
+                f"SELECT {','.join(INSTANCE_COLUMNS)} FROM instances WHERE instance_id=?", (instance_id,)
+            ).fetchone()
+            row = InstanceRow(*found) if found else None
+            check(row)
+            assert row is not None
+            _send(db, Message(instance_id, row.execution_id, event))
 
     def drop_messages(self, ids: list[int]) -> int:
         """Remove inbox messages no episode will take (late ones of a finished instance, older executions')."""
@@ -286,6 +413,10 @@ class Store:
         try:
             with self._tx() as db:
                 work, timers = self._apply(db, change, texts, entry)
+        except Fenced:
+            self.timelines.drop(row.instance_id)
+            self.stats.conflicts += 1
+            raise
         except (Conflict, sqlite3.IntegrityError) as exc:
             self.timelines.drop(row.instance_id)
             self.stats.conflicts += 1
@@ -301,6 +432,11 @@ class Store:
     ) -> tuple[list[WorkItem], list[TimerItem]]:
         row, base, timeline = change.row, change.base, change.timeline
         instance_id = row.instance_id
+        if change.fence is not None:
+            partition, owner = change.fence
+            held = db.execute("SELECT owner FROM partitions WHERE partition=?", (partition,)).fetchone()
+            if held is None or held[0] != owner:
+                raise Fenced(f"its partition {partition} is no longer held by this host")
         if change.consumed:
             deleted = db.executemany("DELETE FROM inbox WHERE id=?", [(i,) for i in change.consumed]).rowcount
             if deleted != len(change.consumed):
@@ -338,7 +474,7 @@ class Store:
         if entry is not None:
             assert timeline is not None
             db.execute("INSERT INTO journal VALUES (?,?,?)", (instance_id, timeline.next_journal, entry))
-        work = [_insert_work(db, row, *w) for w in change.work]
+        work = [_insert_work(db, row, change.fence[1] if change.fence else None, *w) for w in change.work]
         timers = [_insert_timer(db, row, *t) for t in change.timers]
         for child, first in change.children:
             _forget(db, child.instance_id)
@@ -405,10 +541,13 @@ def _send(db: _Writer, message: Message) -> None:
     )
 
 
-def _insert_work(db: _Writer, row: InstanceRow, task_id: int, name: str, data: str | None) -> WorkItem:
+def _insert_work(
+    db: _Writer, row: InstanceRow, owner: str | None, task_id: int, name: str, data: str | None
+) -> WorkItem:
+    """A work item, owned by the host that scheduled it (it runs it; see hub.py for who adopts it otherwise)."""
     cursor = db.execute(
-        "INSERT INTO work(instance_id, execution_id, task_id, name, input) VALUES (?,?,?,?,?)",
-        (row.instance_id, row.execution_id, task_id, name, data),
+        "INSERT INTO work(instance_id, execution_id, task_id, name, input, owner) VALUES (?,?,?,?,?,?)",
+        (row.instance_id, row.execution_id, task_id, name, data, owner),
     )
     return WorkItem(int(cursor.lastrowid or 0), row.instance_id, row.execution_id, task_id, name, data)
 
