@@ -76,11 +76,12 @@ class Options:
     peer_synchronous: str = "default"
     count: bool = True  # the counting shim and strace
     keep: Path | None = None
+    hosts: int = 1  # our devhost hosts on one task hub (scale-out, docs/devhost.md)
 
     def as_dict(self) -> dict[str, Any]:
         return {"remote_latency_ms_mean": self.latency_ms, "peer_mode": self.peer_mode,
                 "peer_concurrency": self.peer_concurrency, "peer_polling_interval_s": self.peer_polling_interval,
-                "peer_synchronous": self.peer_synchronous, "counted": self.count}
+                "peer_synchronous": self.peer_synchronous, "counted": self.count, "our_hosts": self.hosts}
 
 
 # --- instrumentation ---------------------------------------------------------------------------------------------
@@ -156,7 +157,8 @@ class OurSystem:
                 return proc
 
         self.dir, self.instrument = round_dir, instrument
-        self.config = SystemConfig(work_dir=round_dir / "system", seed=SEED, latency_ms_mean=options.latency_ms)
+        self.config = SystemConfig(work_dir=round_dir / "system", seed=SEED, latency_ms_mean=options.latency_ms,
+                                   hosts=options.hosts)
         self.system = InstrumentedSystem(self.config)
         self.driver: Driver | None = None
         self.pids: dict[str, int] = {}
@@ -169,7 +171,9 @@ class OurSystem:
                 self.config.reply_queue]
         self.driver = Driver("our client", self.instrument.wrap("client", argv), env, self.dir / "client.log", ROOT)
         self.driver.wait_ready(120)
-        procs = {"devhost": self.system.devhost, "agent": self.system.agent, "simulator": self.system.simulator}
+        procs = {"agent": self.system.agent, "simulator": self.system.simulator}
+        procs.update({("devhost" if n == 0 else f"devhost-{n + 1}"): host
+                      for n, host in enumerate(self.system.devhosts)})
         self.pids = {role: python_pid(p.proc.pid) for role, p in procs.items() if p is not None and p.proc}
         self.pids["client"] = python_pid(self.driver.proc.pid)
 
@@ -579,6 +583,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--peer-synchronous", choices=("default", "FULL", "NORMAL"), default="default",
                    help="PRAGMA synchronous of the peer's databases (default: DBOS's, i.e. SQLite's FULL)")
     p.add_argument("--no-count", action="store_true", help="no counting shim, no strace: timing only")
+    p.add_argument("--hosts", type=int, default=1,
+                   help="our devhost hosts on one task hub (default 1; 2 spreads the Durable work over both cores)")
     p.add_argument("--keep", type=Path, default=None, help="keep the rounds' folders (logs, databases) here")
     p.add_argument("--bursts", default=None, help="burst sizes, comma-separated (overrides the plan's)")
     p.add_argument("--reps", type=int, default=None, help="rounds per burst size and system (overrides the plan's)")
@@ -599,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = Plan(plan.burst_sizes, args.reps, plan.sequential, plan.rate_fractions, plan.rate_seconds, plan.warmup)
     options = Options(latency_ms=args.latency_ms, peer_mode=args.peer_mode, peer_concurrency=args.peer_concurrency,
                       peer_polling_interval=args.peer_polling_interval, peer_synchronous=args.peer_synchronous,
-                      count=not args.no_count, keep=args.keep)
+                      count=not args.no_count, keep=args.keep, hosts=args.hosts)
     if options.count:
         STRACE_USABLE[0] = counts.strace_usable()
         if not STRACE_USABLE[0]:

@@ -111,6 +111,7 @@ class HubMembership:
     mine: set[int] = field(default_factory=set)
     episodes: int = 0
     activities: int = 0
+    peers: int = 0  # other live members at the last look
     _recorded: tuple[int, int] = (0, 0)
     _socket: socket.socket | None = None
     _path: str = ""
@@ -157,10 +158,13 @@ class HubMembership:
         """Find dead members, take and give back partitions, adopt orphaned work (one transaction, or none when
         nothing changes); returns the change and the work items adopted."""
         counts = (self.episodes, self.activities)
-        record = counts if counts != self._recorded else None
+        # What this host ran is recorded while it shares the hub (for the drills' figures), and when it leaves; a
+        # host alone writes nothing at a look that changes nothing.
+        record = counts if counts != self._recorded and self.peers else None
         change, adopted = self.store.rebalance(self.owner, plan_for(self.owner, self.alive), record)
         if record is not None:
             self._recorded = record
+        self.peers = len(change.live) - 1
         held = {p for p, o in self.store.partition_owners().items() if o == self.owner}
         lost = self.mine - held
         change.acquired = sorted(held - self.mine)  # taken by this look, or found held: either way, read them

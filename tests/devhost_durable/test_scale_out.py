@@ -183,3 +183,15 @@ async def test_a_second_start_of_a_running_id_through_another_host_is_refused(hu
     instance_id = await first.client.start_new("approval", new_id("dedupe"), {"timeout": 60})
     with pytest.raises(InstanceAlreadyExists):
         await second.engine.start_new("approval", instance_id, {"timeout": 60})
+
+
+async def test_the_looks_of_a_host_alone_on_its_hub_write_nothing(hubs: HubFactory) -> None:
+    # A lone host (the default, and every test that counts commits) pays nothing for scale-out once it has started.
+    hub = await hubs.start()
+    instance_id = await hub.client.start_new("hello_sequence", new_id("alone"), ["Lima"])
+    assert (await hub.wait(instance_id))["runtimeStatus"] == "Completed"
+    before = hub.engine.store.stats.snapshot()
+    for _ in range(3):
+        await hub.engine._look()
+    assert hub.engine.store.stats == before
+    assert hub.engine.hub is not None and hub.engine.hub.mine == {0, 1, 2, 3}
