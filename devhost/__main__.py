@@ -42,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="share of remote calls that hang past the step deadline (default 0)")
     d.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds (default 600)")
     d.add_argument("--work-dir", type=Path, default=None, help="state folder (default: a fresh .demo/<timestamp>)")
+    d.add_argument("--hosts", type=int, default=1,
+                   help="devhost hosts on one task hub, as a scaled-out app (default 1; docs/devhost.md)")
     d.add_argument("--json", action="store_true", help="print one JSON object with the figures as the last line")
 
     # submit, cancel and queues: aliases of the operator CLI's client commands (orderflow/cli/client.py), one

@@ -250,7 +250,8 @@ def default_work_dir(prefix: str = "") -> Path:
 async def _run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     config = SystemConfig(work_dir=Path(args.work_dir or default_work_dir()).resolve(), seed=args.seed,
                           transient_failure_rate=args.transient_failure_rate,
-                          permanent_failure_rate=args.permanent_failure_rate, hang_rate=args.hang_rate)
+                          permanent_failure_rate=args.permanent_failure_rate, hang_rate=args.hang_rate,
+                          hosts=getattr(args, "hosts", 1))
     system = LocalSystem(config)
     orders = make_orders(args.orders, args.seed, config.reply_queue)
     with console.status("starting devhost, the Agent and the simulator…"):
@@ -298,6 +299,9 @@ def summary_table(summary: dict[str, Any], title: str) -> Table:
 
 def run_demo(args: argparse.Namespace) -> int:
     console = Console(stderr=args.json)
+    if getattr(args, "hosts", 1) < 1:
+        Console(stderr=True).print("devhost demo: --hosts must be at least 1")
+        return 2
     summary = asyncio.run(_run(args, console))
     console.print(summary_table(summary, "orderflow demo"))
     if args.json:

@@ -24,7 +24,7 @@ from devhost.system import ROOT
 COMMANDS = {
     "start": {"--app-dir", "--port", "--state-dir", "--log-level"},
     "demo": {"--orders", "--seed", "--transient-failure-rate", "--permanent-failure-rate", "--hang-rate", "--timeout",
-             "--work-dir", "--json"},
+             "--work-dir", "--hosts", "--json"},
     "submit": {"--app-dir", "--connection", "--order-id", "--file", "--count", "--reply-to", "--wait", "--json",
                "--host-port"},
     "queues": {"--app-dir", "--connection", "--peek", "--json"},
@@ -263,3 +263,10 @@ def test_idle_devhost_uses_almost_no_cpu(host: HostedSample) -> None:
     after = proc.cpu_times()
     used = (after.user - before.user) + (after.system - before.system)
     assert used / 3.0 < 0.03, f"idle devhost used {used / 3.0:.1%} of a core"
+
+
+def test_demo_refuses_fewer_than_one_host_in_one_line() -> None:
+    done = subprocess.run([sys.executable, "-m", "devhost", "demo", "--hosts", "0"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "devhost demo: --hosts must be at least 1"
