@@ -14,6 +14,7 @@ import heapq
 import itertools
 import json
 import logging
+import sqlite3
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -169,6 +170,8 @@ class DurableEngine:
         self.hub: HubMembership | None = None
         self._look_lock = asyncio.Lock()
         self._looks_wanted = False
+        self._inbox_owed = False
+        self._unread: set[int] = set()  # partitions taken whose inbox and timers are not read yet
         if hasattr(invoke, "set_client_binding"):
             invoke.set_client_binding(self.client_binding_json)
 
@@ -598,23 +601,33 @@ class DurableEngine:
     async def _look_loop(self) -> None:
         while True:
             await asyncio.sleep(LOOK_SECONDS)
-            await self._look()
+            try:
+                await self._look()
+            except sqlite3.Error as exc:  # the hub file busy past its timeout: the next look tries again
+                log.warning("task hub look failed, trying again in %.0f s: %s", LOOK_SECONDS, exc)
 
     async def _look(self, *, read_inbox: bool = False) -> None:
         """Find dead members, rebalance the partitions and adopt orphaned work (hub.py); read the inbox and timers
-        of every partition taken, and, after a wake-up, the inbox of every partition held."""
+        of every partition taken, and, after a wake-up, the inbox of every partition held.
+
+        What a look owes stays owed until a look completes it: the partitions taken but not read yet, and the inbox
+        read a wake-up asked for. A look that fails part-way (the hub file busy past its timeout) leaves them to the
+        next one, so no partition and no wake-up is lost."""
         async with self._look_lock:
             while True:
                 self._looks_wanted = False
                 hub = self.hub
                 if hub is None or self._stopping:
                     return
+                read_inbox = self._inbox_owed = read_inbox or self._inbox_owed
                 change, adopted = hub.look()
                 for item in adopted:
                     self._spawn_work(item)
-                taken = set(change.acquired)
+                self._unread.update(change.acquired)
+                self._unread &= hub.mine
+                taken = set(self._unread)
                 if taken:
-                    for timer in self.store.pending_timers():
+                    for timer in self.store.pending_timers():  # a timer loaded twice fires once (fire_timer)
                         if hub.partition(timer.instance_id) in taken:
                             self._add_timer(timer)
                 if taken or read_inbox:
@@ -622,6 +635,8 @@ class DurableEngine:
                     for instance_id in self.store.instances_with_inbox():
                         if hub.partition(instance_id) in scope:
                             self._mark(instance_id)
+                    self._unread -= taken
+                    self._inbox_owed = False
                     await self._notify()
                 if not self._looks_wanted:
                     return

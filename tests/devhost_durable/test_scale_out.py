@@ -9,6 +9,7 @@ simulated by `stop(leave=False)` and a liveness check that reports the member de
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -195,3 +196,25 @@ async def test_the_looks_of_a_host_alone_on_its_hub_write_nothing(hubs: HubFacto
         await hub.engine._look()
     assert hub.engine.store.stats == before
     assert hub.engine.hub is not None and hub.engine.hub.mine == {0, 1, 2, 3}
+
+
+async def test_a_wake_up_whose_look_fails_is_read_by_the_next_look(hubs: HubFactory) -> None:
+    first = await hubs.start(partition_count=4)
+    second = await hubs.start(partition_count=4)
+    await until(lambda: len(second.engine.hub.mine) == 2)  # type: ignore[union-attr]
+    store = second.engine.store
+    real = store.instances_with_inbox
+    failures = []
+
+    def busy_once() -> list[str]:
+        if not failures:
+            failures.append(1)
+            raise sqlite3.OperationalError("database is locked")  # the hub file busy past its timeout
+        return real()
+
+    store.instances_with_inbox = busy_once  # type: ignore[method-assign]
+    [instance_id] = ids_in(first, 1, held_by=second, prefix="owed")
+    await first.client.start_new("hello_sequence", instance_id, ["Kyiv"])
+    # The wake-up's look failed before it read the inbox; the periodic look (every second) owes that read.
+    assert (await first.wait(instance_id))["runtimeStatus"] == "Completed"
+    assert failures == [1]
