@@ -9,8 +9,8 @@ function app scales out to multiple instances, only a single instance of a timer
 all instances."
 
 devhost keeps the lock in `<state dir>/singletons.db`: one row per function, naming the holder's process (pid and
-creation time). A host takes a lock that is free, or whose holder is gone (every host runs on this machine, so a dead
-holder is seen at once instead of after the lease runs out: docs/devhost.md, differences from Azure), at start-up
+start, devhost/processes.py). A host takes a lock that is free, or whose holder is gone (every host runs on this
+machine, so a dead holder is seen at once instead of after the lease runs out: docs/devhost.md, differences from Azure), at start-up
 and then at every recovery poll; it gives its locks back when it stops.
 """
 
@@ -22,18 +22,18 @@ from pathlib import Path
 
 from .durable.hub import process_alive
 from .durable.records import Member
+from .processes import process_start
 
 DEFAULT_RECOVERY_POLL_SECONDS = 60.0  # SingletonOptions.ListenerLockRecoveryPollingInterval: TimeSpan.FromMinutes(1)
 
 
 class ListenerLock:
     def __init__(self, state_dir: Path, name: str, *, process: tuple[int, float] | None = None) -> None:
-        """`process`: the holder's (pid, creation time); this process by default (tests name another)."""
-        import psutil  # noqa: PLC0415
-
+        """`process`: the holder's (pid, start from devhost/processes.py); this process by default (tests name
+        another)."""
         state_dir.mkdir(parents=True, exist_ok=True)
         self.name = name
-        self._pid, self._started = process or (os.getpid(), psutil.Process(os.getpid()).create_time())
+        self._pid, self._started = process or (os.getpid(), process_start())
         self._db = sqlite3.connect(str(state_dir / "singletons.db"), isolation_level=None, timeout=5.0)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("CREATE TABLE IF NOT EXISTS listener_locks(name TEXT PRIMARY KEY, pid INTEGER NOT NULL, "

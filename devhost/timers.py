@@ -125,9 +125,9 @@ class TimerRunner:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Hold the listener lock (when there is one), then run the schedule until `stop`."""
-        if self.lock is not None and not await self._acquire(self.lock, stop):
-            return
         try:
+            if self.lock is not None and not await self._acquire(self.lock, stop):
+                return
             await self._run_schedule(stop)
         finally:
             if self.lock is not None:

@@ -23,7 +23,6 @@ from typing import Any
 import psutil
 
 from .config import ConfigError, HostConfig
-from .processes import process_running
 from .system import READY, ROOT, agent_args, devhost_args, simulator_args, terminate_group
 
 PID_FILE = "up.json"
@@ -110,7 +109,12 @@ def _write_pid_file(path: Path, processes: list[Recorded]) -> None:
 
 def is_same_process(rec: Recorded) -> bool:
     """True while `rec.pid` is still the process `up` started (same creation time), not a reused pid."""
-    return process_running(rec.pid, rec.create_time)
+    try:
+        proc = psutil.Process(rec.pid)
+        same: bool = abs(proc.create_time() - rec.create_time) < 0.5 and proc.status() != psutil.STATUS_ZOMBIE
+        return same
+    except psutil.Error:
+        return False
 
 
 def _stop(records: list[Recorded], timeout: float) -> list[tuple[Recorded, str]]:

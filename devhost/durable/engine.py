@@ -17,7 +17,7 @@ import logging
 import sqlite3
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -211,13 +211,16 @@ class DurableEngine:
         member dead (tests)."""
         self._stopping = True
         if self.hub is not None:
+            hub, self.hub = self.hub, None
             with contextlib.suppress(ValueError, OSError):
-                asyncio.get_running_loop().remove_reader(self.hub.fileno())
-            if leave:
-                self.hub.leave()
-            else:
-                self.hub.close()
-            self.hub = None
+                asyncio.get_running_loop().remove_reader(hub.fileno())
+            try:
+                if leave:
+                    hub.leave()
+            except (sqlite3.Error, OSError) as exc:  # the others find it dead at their next look instead
+                log.warning("could not leave the task hub in order: %s", exc)
+            finally:
+                hub.close()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -351,13 +354,14 @@ class DurableEngine:
                 row = self._existing(instance_id)
                 if row.status in TERMINAL:
                     raise InstanceGone(f"Instance with ID {instance_id} is already {row.status}.")
+                termination = self._termination(row, reason)
                 try:
-                    self.store.commit(self._termination(row, reason))
+                    self.store.commit(termination)
                     break
                 except Conflict:  # another host's episode of the instance committed first: terminate what it left
                     if tries >= MAX_CONFLICTS:
                         raise
-        self._wake_holder(instance_id)
+        self._after_commit(termination, [], [])  # a parent told of its child's end; waits on every host woken
         await self._notify()
 
     async def purge(self, instance_id: str) -> int:
@@ -551,9 +555,6 @@ class DurableEngine:
         if commit.ends and self.hub is not None:
             self.hub.wake_all()  # status waits on the other hosts (see hub.py)
 
-    def _wake_holder(self, instance_id: str) -> None:
-        if self.hub is not None and not self.hub.owns(instance_id):
-            self.hub.wake_owner_of(instance_id)
 
     async def _notify(self) -> None:
         async with self._changed:
@@ -603,7 +604,7 @@ class DurableEngine:
             await asyncio.sleep(LOOK_SECONDS)
             try:
                 await self._look()
-            except sqlite3.Error as exc:  # the hub file busy past its timeout: the next look tries again
+            except (sqlite3.Error, OSError) as exc:  # the hub file busy past its timeout, a socket error: next look
                 log.warning("task hub look failed, trying again in %.0f s: %s", LOOK_SECONDS, exc)
 
     async def _look(self, *, read_inbox: bool = False) -> None:
@@ -621,6 +622,8 @@ class DurableEngine:
                     return
                 read_inbox = self._inbox_owed = read_inbox or self._inbox_owed
                 change, adopted = hub.look()
+                if change.dead:  # a member that died between a COMMIT and its datagram to us: read our inboxes
+                    read_inbox = self._inbox_owed = True
                 for item in adopted:
                     self._spawn_work(item)
                 self._unread.update(change.acquired)
@@ -658,7 +661,16 @@ class DurableEngine:
             return
         if self.hub is not None:
             self.hub.activities += 1
-        if self.store.complete_work(item.id, Message(item.instance_id, item.execution_id, event)):
+        while not self._stopping:
+            try:
+                completed = self.store.complete_work(item.id, Message(item.instance_id, item.execution_id, event))
+                break
+            except sqlite3.Error as exc:  # the hub file busy past its timeout: the result is kept and tried again
+                log.warning("activity result of %s not recorded yet, trying again: %s", item.instance_id, exc)
+                await asyncio.sleep(1.0)
+        else:
+            return
+        if completed:
             self._mark(item.instance_id)
 
     async def _execute(self, item: WorkItem) -> h.Event:
@@ -682,7 +694,13 @@ class DurableEngine:
             self._timer_wakeup.clear()
             now = self._clock()
             while self._timers and self._timers[0][0] <= now:
-                self._fire(heapq.heappop(self._timers)[2])
+                timer = heapq.heappop(self._timers)[2]
+                try:
+                    self._fire(timer)
+                except sqlite3.Error as exc:  # the hub file busy past its timeout: fire it again in a second
+                    log.warning("timer of %s not fired yet, trying again: %s", timer.instance_id, exc)
+                    heapq.heappush(self._timers, (now + timedelta(seconds=1), next(self._timer_seq), timer))
+                    break
             delay = (self._timers[0][0] - now).total_seconds() if self._timers else None
             try:
                 await asyncio.wait_for(self._timer_wakeup.wait(), delay)

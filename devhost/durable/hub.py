@@ -7,9 +7,10 @@ partition by a hash of its id, and each partition is leased by one worker at a t
 of its instances. Activity work items sit on one shared work-item queue that any worker takes from. devhost does
 the same on its SQLite task hub (store.py), with every host a member of the hub:
 
-- **Members.** A host joins with an owner id (`<pid>-<random>`), its pid and process creation time, and a Unix
-  datagram socket. It is alive while that process runs: the hosts share one machine (the task hub is a local SQLite
-  file), so a dead member is seen at once (psutil: gone, a zombie, or a later process with the same pid). Azure has
+- **Members.** A host joins with an owner id (`<pid>-<random>`), its pid and process start (devhost/processes.py),
+  and a Unix datagram socket. It is alive while that process runs: the hosts share one machine (the task hub is a local SQLite
+  file), so a dead member is seen at once (gone, a zombie, or a later process with the same pid: devhost/processes.py,
+  which reads the start so that a clock step cannot make a live host look dead). Azure has
   no such view: a dead worker's partition leases run out first (DurableTask.AzureStorage, 30 s by default), and its
   work items reappear after the work-item queue's visibility timeout. devhost takes over as soon as the process is
   gone, which is faster than Azure and is listed in docs/devhost.md, "Differences from Azure".
@@ -42,11 +43,9 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import psutil
-
 from orderflow.bus.notify import notify_dir_for
 
-from ..processes import process_running
+from ..processes import process_running, process_start
 from .records import Member, Rebalance, WorkItem
 from .store import Store
 
@@ -115,6 +114,7 @@ class HubMembership:
     _recorded: tuple[int, int] = (0, 0)
     _socket: socket.socket | None = None
     _path: str = ""
+    _member: Member | None = None
 
     def join(self) -> socket.socket:
         """Create the partitions if the hub has none, bind the wake-up socket and join; returns the socket (the
@@ -127,8 +127,8 @@ class HubMembership:
         sock.bind(self._path)
         sock.setblocking(False)
         self._socket = sock
-        started = psutil.Process(os.getpid()).create_time()
-        self.store.join(Member(self.owner, os.getpid(), started, self._path))
+        self._member = Member(self.owner, os.getpid(), process_start(), self._path)
+        self.store.join(self._member)
         return sock
 
     def leave(self) -> None:
@@ -161,6 +161,9 @@ class HubMembership:
         # What this host ran is recorded while it shares the hub (for the drills' figures), and when it leaves; a
         # host alone writes nothing at a look that changes nothing.
         record = counts if counts != self._recorded and self.peers else None
+        if self.store.left(self.owner) and self._member is not None:  # judged dead while alive: join again
+            self.store.join(self._member)
+            self._recorded = (0, 0)
         change, adopted = self.store.rebalance(self.owner, plan_for(self.owner, self.alive), record)
         if record is not None:
             self._recorded = record
@@ -169,6 +172,11 @@ class HubMembership:
         lost = self.mine - held
         change.acquired = sorted(held - self.mine)  # taken by this look, or found held: either way, read them
         self.mine = held
+        if change.dead:
+            for member in self.store.all_members():  # a dead member's socket file goes with it
+                if member.owner in change.dead:
+                    with contextlib.suppress(OSError):
+                        os.unlink(member.socket)
         if change.dead or change.release or lost:
             self.wake_all()
         return change, adopted

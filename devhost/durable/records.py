@@ -117,8 +117,9 @@ class Commit:
 
 @dataclass(frozen=True)
 class Member:
-    """A host that joined the task hub (devhost/durable/hub.py): its owner id, process (pid and creation time, to
-    tell it from a later process with the same pid), its wake-up socket, and what it ran (recorded now and then)."""
+    """A host that joined the task hub (devhost/durable/hub.py): its owner id, process (pid and start, from
+    devhost/processes.py, to tell it from a later process with the same pid), its wake-up socket, and what it ran
+    (recorded now and then)."""
 
     owner: str
     pid: int

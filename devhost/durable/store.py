@@ -212,6 +212,11 @@ class Store:
         rows = self._db.execute("SELECT owner, pid, started, socket, episodes, activities FROM hosts ORDER BY rowid")
         return [Member(*r) for r in rows.fetchall()]
 
+    def left(self, owner: str) -> bool:
+        """Whether `owner` is marked gone (it left, or another member judged it dead)."""
+        found = self._db.execute("SELECT gone FROM hosts WHERE owner=?", (owner,)).fetchone()
+        return bool(found and found[0])
+
     def partition_owners(self) -> dict[int, str | None]:
         return dict(self._db.execute("SELECT partition, owner FROM partitions ORDER BY partition").fetchall())
 

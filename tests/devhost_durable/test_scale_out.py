@@ -218,3 +218,41 @@ async def test_a_wake_up_whose_look_fails_is_read_by_the_next_look(hubs: HubFact
     # The wake-up's look failed before it read the inbox; the periodic look (every second) owes that read.
     assert (await first.wait(instance_id))["runtimeStatus"] == "Completed"
     assert failures == [1]
+
+
+async def test_a_message_committed_by_a_host_that_died_before_its_wake_up_is_read_by_the_host_that_finds_it_dead(
+    hubs: HubFactory,
+) -> None:
+    dead, alive = liveness()
+    first = await hubs.start(partition_count=4, alive=alive)
+    second = await hubs.start(partition_count=4, alive=alive)
+    await until(lambda: len(first.engine.hub.mine) == 2 and len(second.engine.hub.mine) == 2)  # type: ignore[union-attr]
+    [instance_id] = ids_in(first, 1, held_by=first, prefix="stranded")
+    await first.client.start_new("approval", instance_id, {"timeout": 60})
+    await first.engine.wait_for_history(instance_id, lambda events: len(events) >= 3, WAIT)
+    await until(lambda: instance_id not in first.engine._running)
+    assert second.engine.hub is not None
+    second.engine.hub.wake_owner_of = lambda _: None  # type: ignore[method-assign]  # killed after COMMIT, before the datagram
+    await second.engine.raise_event(instance_id, "Approval", "yes")
+    owner = second.engine.hub.owner
+    await second.engine.stop(leave=False)
+    dead.add(owner)
+    # The first host's own periodic look finds the member dead; the event it left for the first host's own partition
+    # had no wake-up, so that look reads the first host's inboxes too.
+    assert (await first.wait(instance_id))["output"] == 'approved:"yes"'
+
+
+async def test_a_terminate_through_another_host_tells_the_parent_and_wakes_the_waits(hubs: HubFactory) -> None:
+    first = await hubs.start(partition_count=4)
+    second = await hubs.start(partition_count=4)
+    await until(lambda: len(second.engine.hub.mine) == 2)  # type: ignore[union-attr]
+    parent_id = new_id("parent")
+    await first.client.start_new("waiting_parent", parent_id)
+    child_id = f"{parent_id}-child"
+    await until(lambda: (row := first.engine.store.instance(child_id)) is not None and row.status == "Running")
+    holder = first if first.engine.hub.owns(child_id) else second  # type: ignore[union-attr]
+    other = second if holder is first else first
+    await other.client.terminate(child_id, "operator")
+    assert (await holder.wait(child_id))["runtimeStatus"] == "Terminated"
+    status = await other.wait(parent_id)
+    assert status["runtimeStatus"] == "Completed" and "terminated" in status["output"]["error"]

@@ -4,6 +4,7 @@ scale-out settings devhost reads from host.json."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import psutil
 import pytest
 
 from devhost.config import ConfigError, HostConfig
+from devhost.processes import process_running, process_start
 from devhost.singleton import ListenerLock
 from devhost.timers import TimerRunner
 
@@ -19,12 +21,13 @@ from devhost.timers import TimerRunner
 def other_live_process() -> tuple[int, float]:
     parent = psutil.Process().parent()
     assert parent is not None
-    return parent.pid, parent.create_time()
+    return parent.pid, process_start(parent.pid)
 
 
 def a_dead_process() -> tuple[int, float]:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    started = psutil.Process(proc.pid).create_time()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    started = process_start(proc.pid)
+    proc.kill()
     proc.wait()
     return proc.pid, started
 
@@ -92,3 +95,15 @@ def test_a_partition_count_outside_1_to_16_stops_the_host(tmp_path: Path, count:
                                f'{{"partitionCount": {count!r}}}}}}}}}'.replace("'", '"'))
     with pytest.raises(ConfigError, match="no greater than 16"):
         config.durable_options()
+
+
+def test_a_live_process_stays_alive_when_the_wall_clock_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    # psutil's create_time() adds /proc/stat's btime, read afresh each call in whole seconds, which moves when the
+    # wall clock is stepped (giampaolo/psutil #1724, #2526): a live host must not be judged dead for that.
+    import psutil._pslinux as pslinux  # noqa: PLC0415
+
+    started = process_start()
+    real = pslinux.boot_time
+    monkeypatch.setattr(pslinux, "boot_time", lambda: real() + 1.0)
+    assert process_running(os.getpid(), started)
+    assert not process_running(os.getpid(), started + 5)  # another start: another process

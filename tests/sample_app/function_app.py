@@ -184,6 +184,16 @@ def parent(context: df.DurableOrchestrationContext):
 
 
 @app.orchestration_trigger(context_name="context")
+def waiting_parent(context: df.DurableOrchestrationContext):
+    """Waits on a child that waits for an Approval (tests terminate the child)."""
+    try:
+        yield context.call_sub_orchestrator("approval", {"timeout": 600}, instance_id=f"{context.instance_id}-child")
+    except Exception as exc:  # noqa: BLE001
+        return {"error": str(exc).splitlines()[0]}
+    return "child completed"
+
+
+@app.orchestration_trigger(context_name="context")
 def countdown(context: df.DurableOrchestrationContext):
     n = context.get_input()
     if n > 0:
