@@ -10,8 +10,8 @@ all instances."
 
 devhost keeps the lock in `<state dir>/singletons.db`: one row per function, naming the holder's process (pid and
 start, devhost/processes.py). A host takes a lock that is free, or whose holder is gone (every host runs on this
-machine, so a dead holder is seen at once instead of after the lease runs out: docs/devhost.md, differences from Azure), at start-up
-and then at every recovery poll; it gives its locks back when it stops.
+machine, so a dead holder is seen at once instead of after the lease runs out: docs/devhost.md, differences from
+Azure), at start-up and then at every recovery poll; it gives its locks back when it stops.
 """
 
 from __future__ import annotations

@@ -7,13 +7,14 @@ partition by a hash of its id, and each partition is leased by one worker at a t
 of its instances. Activity work items sit on one shared work-item queue that any worker takes from. devhost does
 the same on its SQLite task hub (store.py), with every host a member of the hub:
 
-- **Members.** A host joins with an owner id (`<pid>-<random>`), its pid and process start (devhost/processes.py),
-  and a Unix datagram socket. It is alive while that process runs: the hosts share one machine (the task hub is a local SQLite
-  file), so a dead member is seen at once (gone, a zombie, or a later process with the same pid: devhost/processes.py,
-  which reads the start so that a clock step cannot make a live host look dead). Azure has
-  no such view: a dead worker's partition leases run out first (DurableTask.AzureStorage, 30 s by default), and its
-  work items reappear after the work-item queue's visibility timeout. devhost takes over as soon as the process is
-  gone, which is faster than Azure and is listed in docs/devhost.md, "Differences from Azure".
+- **Members.** A host joins with an owner id (`<pid>-<random>`), its pid and process start (devhost/processes.py), and
+  a Unix datagram socket. It is alive while that process runs: the hosts share one machine (the task hub is a local
+  SQLite file), so a dead member is seen at once (gone, a zombie, or a later process with the same pid;
+  devhost/processes.py reads the start so that a clock step cannot make a live host look dead, and a host judged dead
+  while alive joins again). Azure has no such view: a dead worker's partition leases run out first
+  (DurableTask.AzureStorage, 30 s by default), and its work items reappear after the work-item queue's visibility
+  timeout. devhost takes over as soon as the process is gone, which is faster than Azure and is listed in
+  docs/devhost.md, "Differences from Azure".
 - **Partitions.** `partition_of(instance_id)` is FNV-1a over the id's UTF-8 bytes, modulo the hub's partition
   count. A host takes free partitions up to its fair share (the count over the live members, rounded up) and gives
   back what is over it, or one partition when another member is below the rounded-down share, so the partitions
