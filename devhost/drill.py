@@ -433,21 +433,35 @@ def run_drill_command(args: argparse.Namespace) -> int:
             resilience = ResilienceOptions(drill=args.scenario, orders=orders, seed=args.seed, settings=args.settings,
                                            overrides=overrides, outage_after=args.outage_after,
                                            outage_for=args.outage_for, timeout=args.timeout)
-    except ValueError as exc:  # a mistake on the command line: one line, no traceback
-        Console(stderr=True).print(f"devhost drill: {exc}")
-        return 2
+    except ValueError as exc:
+        return usage_error(exc)
     work = Path(args.work_dir or default_work_dir("drill-"))
-    console = Console(stderr=args.json)
-    title = f"drill {args.scenario} ({args.settings} settings)"
     if args.scenario in TARGETS:
+        console = Console(stderr=args.json)
+        title = f"drill {args.scenario} ({args.settings} settings)"
         system = LocalSystem(drill_config(work, crash, args.servicebus_config))
         result = _run_on_system(system, console, lambda: run_drill(system, crash, console, transient=args.json))
         return _report(console, summary_table(_display(result.summary), title), result.summary if args.json else None,
                        [] if result.ok else ["every order must end Processed, with none lost and no duplicate or "
                                              "missing side effect"])
     system = LocalSystem(resilience_config(work, resilience, args.servicebus_config))
-    verdict = _run_on_system(system, console,
-                             lambda: run_resilience_drill(system, resilience, console, transient=args.json))
+    return run_verdict_drill(args, system,
+                             lambda console: run_resilience_drill(system, resilience, console, transient=args.json))
+
+
+def usage_error(exc: Exception) -> int:
+    """A mistake on the drill's command line: one line on stderr, no traceback; exit code 2."""
+    Console(stderr=True).print(f"devhost drill: {exc}")
+    return 2
+
+
+def run_verdict_drill(args: argparse.Namespace, system: LocalSystem,
+                      drill: Callable[[Console], Awaitable[Verdict]]) -> int:
+    """Start `system`, run a drill that ends in a Verdict on it, stop it; print the table (and with --json the
+    verdict as the last line of stdout); the exit code."""
+    console = Console(stderr=args.json)
+    verdict = _run_on_system(system, console, lambda: drill(console))
+    title = f"drill {args.scenario} ({args.settings} settings)"
     return _report(console, summary_table(verdict.display(), title), verdict.to_json() if args.json else None,
                    verdict.failed_checks())
 

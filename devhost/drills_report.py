@@ -73,7 +73,7 @@ QUICK: tuple[Run, ...] = (
     Run("state-store-conflicts", ("--orders", "10"), ("injected_412", "injected_429", "elapsed_s")),
     Run("store-outage", ("--orders", "10", "--outage-for", "6"), ("outage_s", "operations_refused",
                                                                   "time_to_drain_s", "elapsed_s")),
-    Run("scale-out", ("--orders", "60", "--kills", "3"), ("kills", "host_processes", "episodes_per_host_process",
+    Run("scale-out", ("--orders", "80", "--kills", "3"), ("kills", "host_processes", "episodes_per_host_process",
                                                           "attempts", "elapsed_s")),
 )
 COMMON = ("invariants.transitions_audited", "invariants.most_calls_per_key")

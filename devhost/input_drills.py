@@ -54,7 +54,6 @@ from azure.servicebus import ServiceBusMessage
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
-from rich.console import Console
 
 from orderflow.messages import (
     COMPENSATION_OF,
@@ -76,8 +75,8 @@ from orderflow.messages import (
 )
 from orderflow.records import ProcessState
 
-from .demo import client_app, default_work_dir, make_orders, summary_table
-from .drill import SETTINGS_CHOICES, Verdict, _report, _run_on_system, base_settings, parse_overrides
+from .demo import client_app, default_work_dir, make_orders
+from .drill import SETTINGS_CHOICES, Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
 from .invariants import check_system, install_for, read_transitions, store_path
 from .lifecycle_drills import Lab, durable_instances, lifecycle_verdict, status_matches_ledger
 from .system import LocalSystem, SystemConfig
@@ -764,14 +763,9 @@ def run_command(args: argparse.Namespace) -> int:
         options = InputOptions(drill=args.scenario, orders=args.orders, seed=args.seed, settings=args.settings,
                                overrides=parse_overrides(args.overrides), timeout=args.timeout)
     except ValueError as exc:
-        Console(stderr=True).print(f"devhost drill: {exc}")
-        return 2
+        return usage_error(exc)
     work = Path(args.work_dir or default_work_dir("drill-"))
-    console = Console(stderr=args.json)
     system = LocalSystem(input_config(work, options, args.servicebus_config))
     poison = draw_poison(options.seed, options.poison_count, system.config.reply_queue) \
         if options.drill == "poison-input" else []
-    verdict = _run_on_system(system, console, lambda: run_input_drill(system, options, poison))
-    title = f"drill {args.scenario} ({args.settings} settings)"
-    return _report(console, summary_table(verdict.display(), title), verdict.to_json() if args.json else None,
-                   verdict.failed_checks())
+    return run_verdict_drill(args, system, lambda _: run_input_drill(system, options, poison))

@@ -45,7 +45,6 @@ from typing import Any, TypeVar
 
 from azure.durable_functions.models.history import HistoryEventType
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
-from rich.console import Console
 
 from orderflow.messages import (
     COMPENSATION_OF,
@@ -63,15 +62,15 @@ from orderflow.operations import cancel_body, cancel_message
 from orderflow.records import OrderStateRecord, ProcessState, StepStatus
 from orderflow.workflow import WORKFLOW_V1, WORKFLOW_V2, WORKFLOW_VERSION
 
-from .demo import ClientApp, client_app, default_work_dir, make_orders, simulator_json, summary_table
+from .demo import ClientApp, client_app, default_work_dir, make_orders, simulator_json
 from .drill import (
     LIFECYCLE_DRILLS,
     SETTINGS_CHOICES,
     Verdict,
-    _report,
-    _run_on_system,
     base_settings,
     parse_overrides,
+    run_verdict_drill,
+    usage_error,
 )
 from .invariants import DeadLettered, check_system, dead_letters, install_for
 from .system import LocalSystem, SystemConfig
@@ -880,12 +879,7 @@ def run_lifecycle_command(args: argparse.Namespace) -> int:
                                    hang_seconds=args.hang_seconds, latency_ms=args.latency_ms, restart=args.restart,
                                    from_version=args.from_version)
     except ValueError as exc:
-        Console(stderr=True).print(f"devhost drill: {exc}")
-        return 2
+        return usage_error(exc)
     work = Path(args.work_dir or default_work_dir("drill-"))
-    console = Console(stderr=args.json)
     system = LocalSystem(lifecycle_config(work, options, args.servicebus_config))
-    verdict = _run_on_system(system, console, lambda: run_lifecycle_drill(system, options))
-    title = f"drill {args.scenario} ({args.settings} settings)"
-    return _report(console, summary_table(verdict.display(), title), verdict.to_json() if args.json else None,
-                   verdict.failed_checks())
+    return run_verdict_drill(args, system, lambda _: run_lifecycle_drill(system, options))

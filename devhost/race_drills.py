@@ -39,10 +39,9 @@ from .demo import (
     read_effects,
     read_states,
     simulator_json,
-    summary_table,
     wait_terminal,
 )
-from .drill import Verdict, _report, _run_on_system, base_settings, parse_overrides
+from .drill import Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
 from .invariants import check_system, install_for
 from .system import LocalSystem, Process, SystemConfig
 
@@ -131,17 +130,13 @@ def run_command(args: argparse.Namespace) -> int:
         if orders < 1:
             raise ValueError("--orders must be at least 1")
     except ValueError as exc:
-        Console(stderr=True).print(f"devhost drill: {exc}")
-        return 2
+        return usage_error(exc)
     work = Path(args.work_dir or default_work_dir("drill-")).resolve()
     config = SystemConfig(work_dir=work, seed=args.seed, hang_seconds=HANG_SECONDS, hosts=HOSTS,
                           settings={**base_settings(args.settings), **RACE_SETTINGS[drill], **overrides})
     system = LocalSystem(config)
-    console = Console(stderr=args.json)
-    verdict = _run_on_system(system, console,
-                             lambda: run_race(system, drill, orders, args.seed, args.timeout, console))
-    return _report(console, summary_table(verdict.display(), f"drill {drill} ({args.settings} settings)"),
-                   verdict.to_json() if args.json else None, verdict.failed_checks())
+    return run_verdict_drill(args, system,
+                             lambda console: run_race(system, drill, orders, args.seed, args.timeout, console))
 
 
 __all__ = ["RACE_SETTINGS", "run_command", "run_race"]

@@ -28,8 +28,8 @@ from typing import Any
 
 from rich.console import Console
 
-from .demo import client_app, default_work_dir, make_orders, read_effects, read_states, summary_table, wait_terminal
-from .drill import Verdict, _report, _run_on_system, base_settings, parse_overrides
+from .demo import client_app, default_work_dir, make_orders, read_effects, read_states, wait_terminal
+from .drill import Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
 from .invariants import check_system, install_for
 from .system import LocalSystem, SystemConfig
 
@@ -116,17 +116,13 @@ def run_command(args: argparse.Namespace) -> int:
         if orders < 1 or kills < 0 or not 0 <= args.min_gap <= args.max_gap:
             raise ValueError("need at least one order, no negative kill count and 0 <= --min-gap <= --max-gap")
     except ValueError as exc:
-        Console(stderr=True).print(f"devhost drill: {exc}")
-        return 2
+        return usage_error(exc)
     work = Path(args.work_dir or default_work_dir("drill-")).resolve()
     config = SystemConfig(work_dir=work, seed=args.seed, hosts=HOSTS,
                           settings={**base_settings(args.settings), **SETTINGS, **overrides})
     system = LocalSystem(config)
-    console = Console(stderr=args.json)
-    verdict = _run_on_system(system, console, lambda: run_scale_out(
+    return run_verdict_drill(args, system, lambda console: run_scale_out(
         system, orders, kills, (args.min_gap, args.max_gap), args.seed, args.timeout, console))
-    return _report(console, summary_table(verdict.display(), f"drill scale-out ({args.settings} settings)"),
-                   verdict.to_json() if args.json else None, verdict.failed_checks())
 
 
 __all__ = ["HOSTS", "hub_members", "run_command", "run_scale_out"]

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 from azure.durable_functions.models.history import HistoryEventType
-from rich.console import Console
 
 from orderflow.messages import STEPS, OrderStatus, SubmitOrder
 from orderflow.records import ProcessState
@@ -49,9 +48,8 @@ from .demo import (
     make_orders,
     read_effects,
     read_states,
-    summary_table,
 )
-from .drill import SETTINGS_CHOICES, Verdict, _report, _run_on_system, base_settings, parse_overrides
+from .drill import SETTINGS_CHOICES, Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
 from .invariants import _dead_letters, check_system, install_for, read_transitions, store_path
 from .lifecycle_drills import until
 from .system import LocalSystem, Process, SystemConfig
@@ -427,16 +425,11 @@ def run_command(args: argparse.Namespace) -> int:
         options = StoreDrillOptions(drill=args.scenario, orders=args.orders, seed=args.seed, settings=args.settings,
                                     overrides=parse_overrides(args.overrides), outage_for=args.outage_for,
                                     latency_ms=args.latency_ms, timeout=args.timeout)
-    except ValueError as exc:  # a mistake on the command line: one line, no traceback
-        Console(stderr=True).print(f"devhost drill: {exc}")
-        return 2
+    except ValueError as exc:
+        return usage_error(exc)
     work = Path(args.work_dir or default_work_dir("drill-"))
-    console = Console(stderr=args.json)
     system = FaultySystem(store_config(work, options, args.servicebus_config), options)
-    verdict = _run_on_system(system, console, lambda: run_store_drill(system, options))
-    title = f"drill {args.scenario} ({args.settings} settings)"
-    return _report(console, summary_table(verdict.display(), title), verdict.to_json() if args.json else None,
-                   verdict.failed_checks())
+    return run_verdict_drill(args, system, lambda _: run_store_drill(system, options))
 
 
 __all__ = ["STORE_DRILLS", "FaultySystem", "StoreDrillOptions", "run_command", "run_store_drill"]

@@ -53,8 +53,8 @@ from orderflow.bus.config import load_config_file
 from orderflow.messages import STEPS, AgentOutcome, AgentReply, AlertKind, OrderStatus, idempotency_key
 from orderflow.records import OrderStateRecord, ProcessState, StepStatus
 
-from .demo import client_app, default_work_dir, make_orders, summary_table, wait_terminal
-from .drill import SETTINGS_CHOICES, Verdict, _report, _run_on_system, base_settings, parse_overrides
+from .demo import client_app, default_work_dir, make_orders, wait_terminal
+from .drill import SETTINGS_CHOICES, Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
 from .invariants import check_system, install_for
 from .lifecycle_drills import Lab, Ledger, lifecycle_verdict
 from .system import ROOT, LocalSystem, Process, SystemConfig, agent_args
@@ -745,13 +745,9 @@ def run_command(args: argparse.Namespace) -> int:
                                 overrides=parse_overrides(args.overrides), timeout=args.timeout,
                                 hang_seconds=args.hang_seconds, servicebus_config=args.servicebus_config)
     except ValueError as exc:
-        Console(stderr=True).print(f"devhost drill: {exc}")
-        return 2
+        return usage_error(exc)
     work = Path(args.work_dir or default_work_dir("drill-"))
-    console = Console(stderr=args.json)
     system = LocalSystem(timing_config(work, options, args.servicebus_config))
-    verdict = _run_on_system(system, console, lambda: run_timing_drill(system, options, console, transient=args.json))
-    title = f"drill {args.scenario} ({args.settings} settings)"
-    return _report(console, summary_table(verdict.display(), title), verdict.to_json() if args.json else None,
-                   verdict.failed_checks())
+    return run_verdict_drill(args, system,
+                             lambda console: run_timing_drill(system, options, console, transient=args.json))
 
