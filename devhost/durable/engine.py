@@ -555,7 +555,6 @@ class DurableEngine:
         if commit.ends and self.hub is not None:
             self.hub.wake_all()  # status waits on the other hosts (see hub.py)
 
-
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
@@ -581,10 +580,7 @@ class DurableEngine:
         return commit
 
     def _existing(self, instance_id: str) -> InstanceRow:
-        row = self.store.instance(instance_id)
-        if row is None:
-            raise InstanceNotFound(f"No instance with ID {instance_id} found.")
-        return row
+        return _found(instance_id, self.store.instance(instance_id))
 
     # ---- the task hub's members (hub.py) ---------------------------------------------------------------------
     def _woken(self) -> None:
@@ -644,10 +640,6 @@ class DurableEngine:
                 if not self._looks_wanted:
                     return
                 read_inbox = True
-
-    def hub_members(self) -> list[Member]:
-        """Every host that joined this task hub, with the episodes and activities each ran (recorded at its looks)."""
-        return self.store.all_members()
 
     # ---- activities ----------------------------------------------------------------------------------------
     def _spawn_work(self, item: WorkItem) -> None:
@@ -721,12 +713,17 @@ def _refuse_running(status: str) -> None:
         raise InstanceAlreadyExists(f"An Orchestration instance with the status {status} already exists.")
 
 
+def _found(instance_id: str, row: InstanceRow | None) -> InstanceRow:
+    if row is None:
+        raise InstanceNotFound(f"No instance with ID {instance_id} found.")
+    return row
+
+
 def _accepts_event(instance_id: str) -> Callable[[InstanceRow | None], None]:
     def check(row: InstanceRow | None) -> None:
-        if row is None:
-            raise InstanceNotFound(f"No instance with ID {instance_id} found.")
-        if row.status in TERMINAL:
-            raise InstanceGone(f"Instance with ID {instance_id} is gone: it is {row.status}.")
+        status = _found(instance_id, row).status
+        if status in TERMINAL:
+            raise InstanceGone(f"Instance with ID {instance_id} is gone: it is {status}.")
 
     return check
 

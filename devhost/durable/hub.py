@@ -193,9 +193,6 @@ class HubMembership:
             if member.owner != self.owner:
                 _send(member.socket)
 
-    def has_peers(self) -> bool:
-        return any(m.owner != self.owner for m in self.store.members())
-
     def drain(self) -> None:
         """Read every pending wake-up datagram (they carry nothing: a wake-up means "look again")."""
         if self._socket is None:

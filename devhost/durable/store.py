@@ -64,6 +64,8 @@ CREATE TABLE IF NOT EXISTS hosts(owner TEXT PRIMARY KEY, pid INTEGER NOT NULL, s
 CREATE TABLE IF NOT EXISTS partitions(partition INTEGER PRIMARY KEY, owner TEXT);
 """
 
+_SELECT_WORK = "SELECT id, instance_id, execution_id, task_id, name, input FROM work"
+_SELECT_MEMBERS = "SELECT owner, pid, started, socket, episodes, activities FROM hosts"
 _INSERT_INSTANCE = f"INSERT INTO instances({','.join(INSTANCE_COLUMNS)},state) VALUES ({','.join('?' * 13)})"
 _EVENT_TYPE = re.compile(r'\{"EventType": (\d+),')
 _WRITTEN_TABLE = re.compile(r"\s*(?:INSERT(?: OR REPLACE)? INTO|UPDATE)\s+(\w+)", re.IGNORECASE)
@@ -194,23 +196,16 @@ class Store:
         return [r[0] for r in self._db.execute("SELECT DISTINCT instance_id FROM inbox").fetchall()]
 
     def pending_work(self) -> list[WorkItem]:
-        rows = self._db.execute(
-            "SELECT id, instance_id, execution_id, task_id, name, input FROM work ORDER BY id"
-        )
-        return [WorkItem(*r) for r in rows.fetchall()]
+        return [WorkItem(*r) for r in self._db.execute(f"{_SELECT_WORK} ORDER BY id").fetchall()]
 
     # ---- the hub's members (devhost/durable/hub.py) ---------------------------------------------------------
     def members(self) -> list[Member]:
         """The hosts that joined the task hub and have not left (alive or not: the caller checks)."""
-        rows = self._db.execute(
-            "SELECT owner, pid, started, socket, episodes, activities FROM hosts WHERE gone=0 ORDER BY owner"
-        )
-        return [Member(*r) for r in rows.fetchall()]
+        return [Member(*r) for r in self._db.execute(f"{_SELECT_MEMBERS} WHERE gone=0 ORDER BY owner").fetchall()]
 
     def all_members(self) -> list[Member]:
         """Every host that ever joined, with what it ran (for reports)."""
-        rows = self._db.execute("SELECT owner, pid, started, socket, episodes, activities FROM hosts ORDER BY rowid")
-        return [Member(*r) for r in rows.fetchall()]
+        return [Member(*r) for r in self._db.execute(f"{_SELECT_MEMBERS} ORDER BY rowid").fetchall()]
 
     def left(self, owner: str) -> bool:
         """Whether `owner` is marked gone (it left, or another member judged it dead)."""
@@ -258,37 +253,27 @@ class Store:
         the work items of members no longer alive (or of none) are adopted by `owner`. No write when the plan
         changes nothing and `counts` (episodes, activities to record for `owner`) is None."""
         first = plan(self.members(), self.partition_owners())
-        if first.is_empty() and counts is None and not self._orphaned_work(owner, first.live):
+        orphans, live = _orphans(first.live)
+        if first.is_empty() and counts is None and not self._db.execute(
+                f"SELECT 1 FROM work WHERE {orphans} LIMIT 1", live).fetchone():
             return first, []
-        with self._tx() as db:
-            members = [Member(*r) for r in db.execute(
-                "SELECT owner, pid, started, socket, episodes, activities FROM hosts WHERE gone=0 ORDER BY owner"
-            ).fetchall()]
-            change = plan(members, dict(db.execute("SELECT partition, owner FROM partitions").fetchall()))
+        with self._tx() as db:  # the reads below run on the same connection, inside the write transaction
+            change = plan(self.members(), self.partition_owners())
             for dead in change.dead:
                 db.execute("UPDATE hosts SET gone=1 WHERE owner=?", (dead,))
                 db.execute("UPDATE partitions SET owner=NULL WHERE owner=?", (dead,))
-            held = dict(db.execute("SELECT partition, owner FROM partitions").fetchall())
+            held = self.partition_owners()
             change.acquired = [p for p in change.acquire if db.execute(
                 "UPDATE partitions SET owner=? WHERE partition=? AND owner IS ?", (owner, p, held[p])).rowcount]
             for p in change.release:
                 db.execute("UPDATE partitions SET owner=NULL WHERE partition=? AND owner=?", (p, owner))
-            live = sorted(change.live)
-            marks = ",".join("?" * len(live))
-            adopted = [WorkItem(*r[:6]) for r in db.execute(
-                "SELECT id, instance_id, execution_id, task_id, name, input FROM work "
-                f"WHERE owner IS NULL OR owner NOT IN ({marks}) ORDER BY id", live).fetchall()]
+            orphans, live = _orphans(change.live)
+            adopted = [WorkItem(*r) for r in db.execute(f"{_SELECT_WORK} WHERE {orphans} ORDER BY id", live).fetchall()]
             db.executemany("UPDATE work SET owner=? WHERE id=?", [(owner, w.id) for w in adopted])
             if counts is not None:
                 db.execute("UPDATE hosts SET episodes=?, activities=? WHERE owner=?", (*counts, owner))
         return change, adopted
 
-    def _orphaned_work(self, owner: str, live: Iterable[str]) -> bool:
-        live = sorted(set(live) | {owner})
-        marks = ",".join("?" * len(live))
-        return self._db.execute(
-            f"SELECT 1 FROM work WHERE owner IS NULL OR owner NOT IN ({marks}) LIMIT 1", live
-        ).fetchone() is not None
 
     def pending_timers(self) -> list[TimerItem]:
         rows = self._db.execute("SELECT instance_id, execution_id, timer_id, fire_at FROM timers")
@@ -511,6 +496,12 @@ class Store:
                 return _forget(db, instance_id)
         finally:
             self.timelines.drop(instance_id)
+
+
+def _orphans(live: Iterable[str]) -> tuple[str, list[str]]:
+    """The WHERE clause (and its parameters) of work items whose owner is none of the `live` members."""
+    owners = sorted(live)
+    return f"owner IS NULL OR owner NOT IN ({','.join('?' * len(owners))})", owners
 
 
 def _started_in(texts: list[str]) -> Event | None:

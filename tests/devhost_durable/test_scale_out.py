@@ -142,7 +142,7 @@ async def test_a_host_that_dies_is_taken_over_its_partitions_timers_and_work_ite
     assert (await first.wait(worker))["output"] == f"ran {gate}"
     for instance_id in timed:
         assert (await first.wait(instance_id))["output"] == "timeout"
-    owners = {m.owner: m for m in first.engine.hub_members()}
+    owners = {m.owner: m for m in first.engine.store.all_members()}
     assert second_owner in owners and second_owner not in {m.owner for m in first.engine.store.members()}
 
 
