@@ -37,6 +37,7 @@ the same on its SQLite task hub (store.py), with every host a member of the hub:
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import secrets
@@ -57,6 +58,7 @@ _FNV_OFFSET = 0x811C9DC5
 _FNV_PRIME = 0x01000193
 
 
+@functools.lru_cache(maxsize=4096)  # asked for every mark, episode and timer of an instance
 def partition_of(instance_id: str, count: int) -> int:
     """The partition an instance belongs to: 32-bit FNV-1a of its id, modulo the partition count (the Azure Storage
     backend hashes the instance id with FNV-1a to pick its control queue)."""
