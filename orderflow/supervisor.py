@@ -14,6 +14,13 @@ LockedBy null, a retry time with backoff; at the threshold → Error + operator 
 Supervisors at once never double-recover: the second one's update is fenced (LockedBy is no longer the expired
 instance) or loses on the etag. Each run ends with a sweep that sends the terminal notifications still owed
 (orderflow/notifications.py), so a failed send after a state write is repaired.
+
+A record skipped for a reason that may pass (its orchestration status unknown: the Durable API unreachable; a
+transient store error, `is_transient`) is held: the checkpoint stays at or before its CompleteBy, so the next run sees
+it again, however far the clock moved. A record skipped because another writer won (Fenced, IllegalTransition,
+NotFound, PreconditionFailed) needs nothing more and does not hold the checkpoint. A record that keeps failing keeps
+the checkpoint where it is; each run then reads its window again (the records handled behind it have left the result
+set), still within the result budget.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from orderflow.recovery_index import ExpiredSource, ScanCost, expired_source, in
 from orderflow.runtime import Services
 from orderflow.starter import DurableStarts, StarterRun, never_started, start_attempt, workflow_input
 from orderflow.state_machine import Fenced, IllegalTransition, recover, restart
-from orderflow.store.errors import Conflict, NotFound, PreconditionFailed
+from orderflow.store.errors import Conflict, NotFound, PreconditionFailed, is_transient
 
 log = logging.getLogger("orderflow.supervisor")
 
@@ -47,7 +54,9 @@ class SupervisorRun:
     recovered: list[str] = field(default_factory=list)
     escalated: list[str] = field(default_factory=list)
     restarted: list[str] = field(default_factory=list)  # never-started attempts started again (no FailureCount)
-    skipped: int = 0
+    skipped: int = 0  # held ones included
+    held: list[str] = field(default_factory=list)  # skipped for a reason that may pass: seen again next run
+    hold: datetime | None = None  # the earliest CompleteBy among `held`: the checkpoint stays at or before it
     request_charge: float = 0.0
     position: datetime | None = None
     notified: int = 0  # owed terminal notifications sent by this run's sweep
@@ -57,6 +66,13 @@ class SupervisorRun:
     def handled(self) -> int:
         """Expired records dealt with in this run (the result budget counts them)."""
         return len(self.recovered) + len(self.escalated) + len(self.restarted) + self.skipped
+
+    def hold_for(self, rec: OrderStateRecord) -> None:
+        """Skip `rec` for now and keep the checkpoint at or before its CompleteBy."""
+        self.skipped += 1
+        self.held.append(rec.order_id)
+        if rec.complete_by is not None and (self.hold is None or rec.complete_by < self.hold):
+            self.hold = rec.complete_by
 
 
 async def _load_position(services: Services) -> tuple[datetime, str | None]:
@@ -108,13 +124,16 @@ async def run_supervisor(services: Services, durable: DurableStarts | None = Non
             break
         first, _ = probe.items[0]
         position = first.complete_by or end
+    if run.hold is not None:  # never past a record skipped for a reason that may pass (never before the start)
+        position = min(position, run.hold)
     run.position = position
     await _save_position(services, position, etag, run, now)
     run.notified = await sweep_unnotified(services)
-    log.info("supervisor scan (%s): %d expired, %d recovered, %d escalated, %d restarted, %.2f RU, %d queries, "
-             "%d documents, %d point reads, %d stale index entries, position %s", t.scan_mode, run.scanned,
-             len(run.recovered), len(run.escalated), len(run.restarted), run.request_charge, run.cost.queries,
-             run.cost.documents, run.cost.point_reads, run.cost.stale, format_utc(position))
+    log.info("supervisor scan (%s): %d expired, %d recovered, %d escalated, %d restarted, %d held, %.2f RU, "
+             "%d queries, %d documents, %d point reads, %d stale index entries, position %s", t.scan_mode,
+             run.scanned, len(run.recovered), len(run.escalated), len(run.restarted), len(run.held),
+             run.request_charge, run.cost.queries, run.cost.documents, run.cost.point_reads, run.cost.stale,
+             format_utc(position))
     telemetry.record_supervisor_scan(run.request_charge, len(run.recovered), len(run.escalated))
     return run
 
@@ -160,6 +179,12 @@ async def _recover_one(services: Services, run: SupervisorRun, seen: OrderStateR
     except (Fenced, IllegalTransition, NotFound, PreconditionFailed):
         run.skipped += 1  # another Supervisor or the Scheduler got there first
         return
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        log.warning("recovery of %s failed transiently (%s); it is looked at again next run", seen.order_id, exc)
+        run.hold_for(seen)
+        return
     try:
         if seen.process_state is ProcessState.PROCESSING:  # out of Processing: its admission slot is free
             await admission.exited(services, now)
@@ -182,18 +207,24 @@ async def _restarted(services: Services, run: SupervisorRun, seen: OrderStateRec
         status = await durable.get_status(expired_by)
     except Exception:  # the Durable API is unreachable: spend nothing, look again next run
         log.exception("orchestration status of %s unknown; it is looked at again next run", expired_by)
-        run.skipped += 1
+        run.hold_for(seen)
         return True
     if not never_started(status):
         return False
     now = services.clock.now()
     lease_until = now + services.tunables.claim_lease
-    await index_deadline(services.index, seen.order_id, lease_until, expired_by)
     try:
+        await index_deadline(services.index, seen.order_id, lease_until, expired_by)
         rec, _ = await services.state.update_with_retry(
             seen.order_id, lambda r: restart(r, expired_by, lease_until, now))
     except (Fenced, IllegalTransition, NotFound, PreconditionFailed):
         run.skipped += 1  # started meanwhile (its Scheduler moved CompleteBy), or another Supervisor won
+        return True
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        log.warning("restart of %s failed transiently (%s); it is looked at again next run", expired_by, exc)
+        run.hold_for(seen)
         return True
     log.warning("attempt %s was claimed but never started; starting it again (restart %d)", expired_by,
                 rec.restarts)

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from integration_support import Pipeline, encode, open_pipeline, order_body
+from integration_support import FakeDurable, Pipeline, encode, open_pipeline, order_body
 
 from orderflow import runtime
 from orderflow.clock import FakeClock
 from orderflow.messages import STEPS, StepName
 from orderflow.records import OrderStateRecord, ProcessState, format_utc, parse_utc
-from orderflow.starter import try_claim
+from orderflow.starter import DurableStarts, try_claim
 from orderflow.store.ports import IndexEntry
 from orderflow.store.sqlite_store import SqliteRecoveryIndex, open_sqlite_recovery_index
 from orderflow.submission import Accepted, submit
@@ -437,3 +437,52 @@ async def test_a_step_deadline_whose_entry_is_not_written_is_not_set(pair: Pair)
             "completeBy": format_utc(pair.clock.now() + timedelta(hours=1))})
     assert (await d.record("o-1")).complete_by == lease
     assert [(e.order_id, e.complete_by) for e in d.entries()] == [("o-1", lease)]
+
+
+# --- a record skipped for a reason that may pass holds the checkpoint, in both modes ---------------------------------
+
+
+class DownFor:
+    """A Durable client (FakeDurable) whose status route fails for the instances in `down`: the Durable HTTP API
+    answering 503, which azure-functions-durable 1.x's DurableOrchestrationClient.get_status raises as a plain
+    Exception."""
+
+    def __init__(self, down: set[str]) -> None:
+        self.durable = FakeDurable()
+        self.down = down
+
+    async def get_status(self, instance_id: str) -> Any:
+        if instance_id in self.down:
+            raise Exception("The operation failed with an unexpected status code 503")  # noqa: TRY002
+        return await self.durable.get_status(instance_id)
+
+    def client(self) -> DurableStarts:
+        return DurableStarts(self.durable.starts, self.get_status)
+
+
+async def test_a_record_whose_status_failed_is_not_passed_in_either_mode(pair: Pair) -> None:
+    """Two never-started claims three hours apart (windows of 10 min, so the pass jumps from one to the other); the
+    first one's status fails. Both modes must keep the checkpoint at the first one's CompleteBy (its index entry
+    still matches: not deleted) and start it in a pass a day later."""
+    await reconfigure(pair, scan_window=timedelta(minutes=10))
+    start = pair.clock.now()
+    await pair.set_position(start)
+    await pair.submit("o-first")
+    first = await pair.claim("o-first")
+    pair.clock.advance(timedelta(hours=3))
+    await pair.submit("o-second")
+    await pair.claim("o-second")
+    first_by = (await pair.query.record("o-first")).complete_by
+    pair.clock.advance(timedelta(hours=1))
+    clients = {d.mode: DownFor({first}) for d in pair.both}
+
+    runs = [await run_supervisor(d.services, clients[d.mode].client()) for d in pair.both]
+
+    assert [(r.restarted, r.held, r.position) for r in runs] == [(["o-second"], ["o-first"], first_by)] * 2
+    assert [e.order_id for e in pair.index.entries() if e.complete_by == first_by] == ["o-first"]
+    pair.clock.advance(timedelta(days=1))
+    for d in pair.both:
+        clients[d.mode].down.clear()
+        again = await run_supervisor(d.services, clients[d.mode].client())
+        assert (again.restarted, again.held) == (["o-first"], []), d.mode
+        assert (await d.record("o-first")).restarts == 1
