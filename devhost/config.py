@@ -80,6 +80,8 @@ class HostConfig:
             ),
             version_failure_strategy=_enum_setting(dt, "versionFailureStrategy", VERSION_FAILURE_STRATEGIES, "Reject"),
             partition_count=_partition_count((dt.get("storageProvider") or {}).get("partitionCount", 4)),
+            max_queue_polling_interval_s=_max_queue_polling_interval(
+                _setting(dt.get("storageProvider") or {}, "maxQueuePollingInterval")),
         )
 
     def listener_lock_recovery_seconds(self) -> float:
@@ -104,6 +106,7 @@ class DurableOptions:
     version_match_strategy: str = "CurrentOrOlder"
     version_failure_strategy: str = "Reject"
     partition_count: int = 4
+    max_queue_polling_interval_s: float = 30.0
 
 
 # DurableTask.Core VersioningSettings.VersionMatchStrategy / VersionFailureStrategy (Azure/durabletask
@@ -236,6 +239,19 @@ def _partition_count(value: Any) -> int:
         raise ConfigError(f"host.json: extensions.durableTask.storageProvider.partitionCount {value!r}: the number of "
                           "partitions must be a positive integer and no greater than 16")
     return count
+
+
+def _max_queue_polling_interval(value: Any) -> float:
+    """storageProvider.maxQueuePollingInterval, the Azure Storage provider's longest idle poll of a queue: 30 s when
+    absent (AzureStorageOptions.MaxQueuePollingInterval); the extension refuses zero or less (AzureStorageOptions.
+    Validate: "MaxQueuePollingInterval must be non-negative")."""
+    if value is None:
+        return 30.0
+    seconds = _duration_seconds(value)
+    if seconds <= 0:
+        raise ConfigError(f"host.json: extensions.durableTask.storageProvider.maxQueuePollingInterval {value!r} must "
+                          "be more than zero")
+    return seconds
 
 
 def _duration_seconds(value: Any) -> float:

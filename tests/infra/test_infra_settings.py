@@ -188,9 +188,10 @@ def test_host_json() -> None:
     }
     durable = HOST_JSON["extensions"]["durableTask"]
     assert durable["hubName"] == "%TaskHubName%"
-    # No storageProvider: the default provider (Azure Storage) on the default connection (AzureWebJobsStorage); see
+    # No storageProvider type or connection: the default provider (Azure Storage) on the default connection
+    # (AzureWebJobsStorage); only its polling bound (tests/infra/test_crash_budget.py). See
     # test_durable_task_scheduler_override_leaves_no_stray_connection_name.
-    assert "storageProvider" not in durable
+    assert set(durable["storageProvider"]) == {"maxQueuePollingInterval"}
     service_bus = HOST_JSON["extensions"]["serviceBus"]
     # Per-function settlement: the submission trigger passes auto_complete_messages=False and settles with
     # ServiceBusMessageActions; triggers that do not settle explicitly rely on the host completing on success.
@@ -229,10 +230,14 @@ def effective_storage_provider(host_json: dict[str, Any], overrides: dict[str, A
 
 def test_durable_task_scheduler_override_leaves_no_stray_connection_name() -> None:
     overrides = {k: evaluate(n, _function_scope()) for k, n in _dts_overrides().items()}
-    # The Durable Task Scheduler docs configure the provider as exactly { type: azureManaged, connectionStringName }.
+    # The Durable Task Scheduler docs configure the provider as { type: azureManaged, connectionStringName }. The
+    # Azure Storage polling bound stays in the section and is inert there: DurableTaskOptions.StorageProvider is a
+    # dictionary from which each provider's factory takes its own keys (azure-functions-durable-extension,
+    # AzureStorageDurabilityProviderFactory populates AzureStorageOptions from it; nothing else reads that key).
     assert effective_storage_provider(HOST_JSON, overrides) == {
         "type": "azureManaged",
         "connectionStringName": "DURABLE_TASK_SCHEDULER_CONNECTION_STRING",
+        "maxQueuePollingInterval": HOST_JSON["extensions"]["durableTask"]["storageProvider"]["maxQueuePollingInterval"],
     }
     # The merge keeps what host.json says: a host.json connectionName would survive the override.
     stray = {"extensions": {"durableTask": {"storageProvider": {"connectionName": "AzureWebJobsStorage"}}}}

@@ -217,3 +217,28 @@ def test_devhost_session_idle_timeout_defaults_to_the_try_timeout(tmp_path: Path
     # ServiceBusOptions.SessionIdleTimeout: "If not specified, the ServiceBusRetryOptions.TryTimeout will be used."
     assert _service_bus(tmp_path, {}).session_idle_timeout_s == 60.0
     assert _service_bus(tmp_path, {"clientRetryOptions": {"tryTimeout": "00:00:20"}}).session_idle_timeout_s == 20.0
+
+
+# ---- durableTask.storageProvider.maxQueuePollingInterval ----------------------------------------------------------
+
+
+def _durable(tmp_path: Path, provider: dict[str, Any]) -> Any:
+    section = {"durableTask": {"storageProvider": provider}}
+    (tmp_path / "host.json").write_text(json.dumps({"version": "2.0", "extensions": section}))
+    return HostConfig.load(tmp_path, environ={}).durable_options()
+
+
+def test_max_queue_polling_interval_is_a_whole_second_timespan_devhost_reads() -> None:
+    value = HOST_JSON["extensions"]["durableTask"]["storageProvider"]["maxQueuePollingInterval"]
+    assert HH_MM_SS.match(value)
+    assert HostConfig.load(ROOT, environ={}).durable_options().max_queue_polling_interval_s == 5.0
+
+
+def test_devhost_takes_the_providers_default_polling_and_refuses_zero(tmp_path: Path) -> None:
+    # AzureStorageOptions.MaxQueuePollingInterval defaults to 30 s; AzureStorageOptions.Validate throws for <= 0
+    # ("MaxQueuePollingInterval must be non-negative"), which stops the host.
+    assert _durable(tmp_path, {}).max_queue_polling_interval_s == 30.0
+    assert _durable(tmp_path, {"MaxQueuePollingInterval": "00:00:02"}).max_queue_polling_interval_s == 2.0
+    for bad in ("00:00:00", "-00:00:05", "5s"):
+        with pytest.raises(ConfigError):
+            _durable(tmp_path, {"maxQueuePollingInterval": bad})
