@@ -1,7 +1,10 @@
 // Concern: the signals that mean an operator must act, as Azure Monitor alert rules, routed to an optional e-mail
 // action group:
 //  - dead-lettered messages above 0 on any queue (a poison message or an expired one: never silently dropped);
-//  - orders in Error (the `orderflow.orders.error` custom metric or an operator-alert log line);
+//  - orders that ended failed (the `orderflow.orders.error` custom metric or an operator-alert log line of an order
+//    failure kind), Sev-1;
+//  - bad input above a rate (operator-alert log lines of an input kind: poison messages, conflicting duplicates),
+//    Sev-2: one sender of junk must not page the on-call;
 //  - the Supervisor not running (no `supervisor` execution for supervisorSilenceMinutes);
 //  - a circuit breaker open (issue 11): the gauge `orderflow.circuit.state` (0 closed, 1 half-open, 2 open; attribute
 //    `service`) that the Agent reports (orderflow/telemetry.py) reads 2 for a remote service.
@@ -16,10 +19,21 @@ param applicationInsightsId string
 param alertEmail string = ''
 @minValue(5)
 param supervisorSilenceMinutes int = 15
+@description('Bad-input operator alerts (poison messages, conflicting duplicates) per badInputWindowMinutes that raise the Sev-2 alert.')
+@minValue(1)
+param badInputThreshold int = 20
+@minValue(5)
+param badInputWindowMinutes int = 15
 
 var ordersErrorMetric = 'orderflow.orders.error'
-// The start of the log line orderflow.outbound.raise_alert writes for every operator alert.
+// The start of the log line orderflow.outbound.raise_alert writes for every operator alert; the line carries the
+// alert's kind (orderflow.messages.AlertKind) as the log attribute `alert_kind` (customDimensions in App Insights).
 var operatorAlertLogPrefix = 'operator alert '
+// Kinds that mean an order ended failed (orderflow.notifications: Error, or failed and compensated, or compensation
+// failed) page the on-call; kinds a sender's bad input causes count towards the lower-severity rate alert.
+// Each a KQL list of string literals.
+var orderFailureKindList = '"FailureThresholdReached", "OrderFailed", "CompensationFailed"'
+var inputKindList = '"PoisonMessage", "OrderConflict"'
 var supervisorFunctionName = 'supervisor'
 // The breaker's state gauge and the value that means open (orderflow.breaker: 0 closed, 1 half-open, 2 open).
 var circuitStateMetric = 'orderflow.circuit.state'
@@ -88,7 +102,7 @@ resource ordersInError 'Microsoft.Insights/scheduledQueryRules@2023-03-15-previe
   location: location
   tags: tags
   properties: {
-    description: 'An order reached Error (FailureThreshold exceeded or permanent failure): see the operator-alerts queue.'
+    description: 'An order ended failed (FailureThreshold exceeded, permanent failure, or compensation failed): see the operator-alerts queue.'
     severity: 1
     enabled: true
     scopes: [
@@ -99,11 +113,48 @@ resource ordersInError 'Microsoft.Insights/scheduledQueryRules@2023-03-15-previe
     criteria: {
       allOf: [
         {
-          query: 'union (customMetrics | where name == "${ordersErrorMetric}" | project n = valueSum), (traces | where message startswith "${operatorAlertLogPrefix}" | project n = 1.0) | summarize errors = sum(n)'
+          query: 'union (customMetrics | where name == "${ordersErrorMetric}" | project n = valueSum), (traces | where message startswith "${operatorAlertLogPrefix}" | where tostring(customDimensions["alert_kind"]) in (${orderFailureKindList}) | project n = 1.0) | summarize errors = sum(n)'
           timeAggregation: 'Total'
           metricMeasureColumn: 'errors'
           operator: 'GreaterThan'
           threshold: 0
+          failingPeriods: {
+            numberOfEvaluationPeriods: 1
+            minFailingPeriodsToAlert: 1
+          }
+        }
+      ]
+    }
+    actions: {
+      actionGroups: actions
+    }
+  }
+}
+
+// Bad input is the senders' to fix, and each message is already dead-lettered with its reason and answered on the
+// sender's status queue when it names one: a few are no reason to wake anyone. Many in a window mean a sender is
+// broken (or hostile): Sev-2, for working hours.
+resource badInput 'Microsoft.Insights/scheduledQueryRules@2023-03-15-preview' = {
+  name: '${namePrefix}-bad-input-rate'
+  location: location
+  tags: tags
+  properties: {
+    description: 'More than ${badInputThreshold} poison or conflicting messages in ${badInputWindowMinutes} minutes: a sender is sending bad input. See the dead-letter reasons and the operator-alerts queue.'
+    severity: 2
+    enabled: true
+    scopes: [
+      applicationInsightsId
+    ]
+    evaluationFrequency: 'PT5M'
+    windowSize: 'PT${badInputWindowMinutes}M'
+    criteria: {
+      allOf: [
+        {
+          query: 'traces | where message startswith "${operatorAlertLogPrefix}" | where tostring(customDimensions["alert_kind"]) in (${inputKindList}) | summarize bad = count()'
+          timeAggregation: 'Total'
+          metricMeasureColumn: 'bad'
+          operator: 'GreaterThan'
+          threshold: badInputThreshold
           failingPeriods: {
             numberOfEvaluationPeriods: 1
             minFailingPeriodsToAlert: 1

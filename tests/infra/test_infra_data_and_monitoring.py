@@ -5,10 +5,16 @@ test_infra_telemetry.py.)
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import re
+from datetime import UTC, datetime
+
 import pytest
 
-from orderflow import settings
+from orderflow import outbound, settings
 from orderflow.function_names import SUPERVISOR
+from orderflow.messages import AlertKind
 from orderflow.store import cosmos_store
 
 from .bicep_tree import Opaque, Scope, all_files, app, evaluate, main, module_scope, text
@@ -132,6 +138,73 @@ def test_orders_in_error_alert_reads_the_metric_and_the_alert_log() -> None:
     query = text(criterion)
     assert "${ordersErrorMetric}" in query and "${operatorAlertLogPrefix}" in query
     assert evaluate(alerts.variables["operatorAlertLogPrefix"], Scope(alerts)) == "operator alert "
+
+
+# Every operator alert kind, by what it means: an order that ended failed (Sev-1, pages), bad input a sender can send
+# at will (Sev-2 over a rate), a breaker transition (the circuit-open alert reads the breaker's gauge instead).
+ORDER_FAILURE_KINDS = {AlertKind.FAILURE_THRESHOLD, AlertKind.ORDER_FAILED, AlertKind.COMPENSATION_FAILED}
+INPUT_KINDS = {AlertKind.POISON_MESSAGE, AlertKind.ORDER_CONFLICT}
+BREAKER_KINDS = {AlertKind.CIRCUIT_OPENED, AlertKind.CIRCUIT_CLOSED}
+
+
+def _kind_filter(symbol: str) -> set[str]:
+    """The alert kinds a rule's traces half matches: `customDimensions["alert_kind"]) in (<list>)`."""
+    alerts = app("alerts.bicep")
+    (criterion,) = alerts.resource(symbol).get("properties", "criteria", "allOf").named_children
+    (variable,) = re.findall(r'customDimensions\["alert_kind"\]\) in \(\$\{(\w+)\}\)', text(criterion))
+    return set(re.findall(r'"([^"]+)"', evaluate(alerts.variables[variable], Scope(alerts))))
+
+
+def test_every_alert_kind_has_one_meaning() -> None:
+    assert ORDER_FAILURE_KINDS | INPUT_KINDS | BREAKER_KINDS == set(AlertKind)
+    assert len(ORDER_FAILURE_KINDS) + len(INPUT_KINDS) + len(BREAKER_KINDS) == len(AlertKind)
+
+
+def test_the_sev1_alert_pages_on_orders_that_ended_failed_only() -> None:
+    assert _alert("ordersInError")["severity"] == 1
+    assert _kind_filter("ordersInError") == {k.value for k in ORDER_FAILURE_KINDS}
+
+
+def test_bad_input_has_its_own_lower_severity_rate_alert() -> None:
+    rule = _alert("badInput")
+    assert rule["severity"] == 2 and rule["enabled"] is True
+    assert _kind_filter("badInput") == {k.value for k in INPUT_KINDS}
+    (criterion,) = rule["criteria"]["allOf"]
+    assert (criterion["operator"], criterion["threshold"]) == ("GreaterThan", 20)
+    assert criterion["timeAggregation"] == "Total" and criterion["metricMeasureColumn"] == "bad"
+    assert rule["evaluationFrequency"] == "PT5M"
+    alerts = app("alerts.bicep")
+    assert evaluate(alerts.params["badInputWindowMinutes"], Scope(alerts)) == 15
+    assert text(alerts.resource("badInput").get("properties", "windowSize")) == "'PT${badInputWindowMinutes}M'"
+    assert "summarize bad = count()" in text(alerts.resource("badInput").get("properties", "criteria"))
+
+
+def test_the_alert_log_line_carries_the_kind_the_rules_filter_on(caplog: pytest.LogCaptureFixture) -> None:
+    """raise_alert's ERROR line has the attribute `alert_kind`; the OpenTelemetry log handler turns a record's extra
+    attributes into log attributes (opentelemetry-sdk LoggingHandler._get_attributes), which the Azure Monitor
+    exporter writes as customDimensions (azure-monitor-opentelemetry-exporter export/logs/_exporter.py)."""
+    sent: list[object] = []
+
+    class Sender:
+        async def __aenter__(self) -> Sender:
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+        async def send_messages(self, message: object) -> None:
+            sent.append(message)
+
+    class Bus:
+        def get_queue_sender(self, queue: str) -> Sender:
+            return Sender()
+
+    with caplog.at_level(logging.ERROR, logger="orderflow.outbound"):
+        asyncio.run(outbound.raise_alert(Bus(), "operator-alerts", kind=AlertKind.POISON_MESSAGE, order_id=None,
+                                         reason="bad json", now=datetime(2026, 1, 1, tzinfo=UTC)))
+    (record,) = [r for r in caplog.records if r.getMessage().startswith("operator alert ")]
+    assert record.alert_kind == "PoisonMessage"  # type: ignore[attr-defined]
+    assert len(sent) == 1  # and the alert still goes to the operator-alerts queue
 
 
 def test_supervisor_silence_alert() -> None:
