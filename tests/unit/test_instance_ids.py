@@ -51,3 +51,20 @@ def test_each_broken_rule_is_named(value: str, rule: str) -> None:
 @given(order_id=st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z"), attempt=st.integers(1, MAX_ATTEMPT))
 def test_every_scheduler_instance_id_obeys_the_rules(order_id: str, attempt: int) -> None:
     assert durable_instance_id_problem(instance_id(order_id, attempt)) is None
+
+
+def test_devhost_md_states_the_length_rule_the_code_applies() -> None:
+    """The product keeps 100 characters; the extension's own limit is 256 (Azure/azure-functions-durable-extension
+    src/WebJobs.Extensions.DurableTask/ContextImplementations/DurableClient.cs, `MaxInstanceIdLength = 256`), so the
+    docs must not call 100 the extension's rule."""
+    from pathlib import Path
+
+    from orderflow.instance_ids import MAX_INSTANCE_ID_LENGTH
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "devhost.md").read_text()
+    (bullet,) = [line for line in doc.split("\n- ") if line.startswith("instance ids validated")]
+    bullet = " ".join(bullet.split())
+    assert f"1–{MAX_INSTANCE_ID_LENGTH} characters" in bullet
+    assert "the extension itself allows 256" in bullet
+    assert "as the extension does" not in bullet
+    assert durable_instance_id_problem("x" * 101) is not None and durable_instance_id_problem("x" * 100) is None
