@@ -119,8 +119,9 @@ class Resubmitted(_Answer):
 
 
 class CancelAccepted(_Answer):
-    """POST /orders/{id}/cancel (202): the CancelOrder sent on the order's session (`messageId`), or the cancel already
-    recorded (`alreadyRequested`). Its outcome arrives on the order's reply queue."""
+    """POST /orders/{id}/cancel (202): the cancel applied to the state record (Pending → Cancelled, Processing →
+    `cancelRequestedAt`), or already recorded (`alreadyRequested`); `messageId` is null (nothing is sent). Its outcome
+    arrives on the order's reply queue."""
 
     order_id: str
     process_state: ProcessState
@@ -157,7 +158,7 @@ class DeadLetterDepth(_Answer):
 
 
 class DeadLetterUnreadable(_Answer):
-    """The queue's dead-letter depth could not be read (the other queues still are)."""
+    """The queue's dead-letter depth could not be read, or this identity may not read it (the others still are)."""
 
     error: str
 
@@ -283,7 +284,7 @@ def _paths() -> dict[str, Any]:
             "responses": {"200": _json(Resubmitted, "Resubmitted"), **_errors(400, 404, 409, 500)}}},
         f"/{ROUTE_CANCEL}": {"post": {
             "operationId": "cancelOrder",
-            "summary": "Send the order's CancelOrder on its session (a Pending or Processing order only)",
+            "summary": "Cancel the order through the CancelOrder use case (a Pending or Processing order only)",
             "parameters": [_ID],
             "requestBody": {"required": False, "content": {"application/json": {"schema": _ref(CancelRequest)}}},
             "responses": {"202": _json(CancelAccepted, "The cancel is on its way (or was already recorded)"),

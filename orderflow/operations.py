@@ -4,15 +4,16 @@ one place, over the app's own ports (state store, orders DB, bus, breaker docume
 Every answer is plain JSON (camelCase), the same for both front ends. A refusal is an `OpsError` with an HTTP status
 and one line of text: an unknown order (404), a move its state does not allow (409), bad input (400). Nothing here
 writes outside the state machine: a resubmit is `state_machine.resubmit` under an If-Match write, a cancel is the
-client's own CancelOrder message on the order's session (processed in FIFO order after the order, like any client's).
+CancelOrder handler's own use case (`submission.cancel_order`), applied at once to an order the state store holds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -23,14 +24,29 @@ from orderflow import deadletters, telemetry
 from orderflow.breaker import BreakerConfig
 from orderflow.messages import ORDER_ID_PATTERN, CancelOrder
 from orderflow.records import ProcessState, format_utc, instance_id, parse_utc
-from orderflow.runtime import Services
+from orderflow.runtime import Services, Tunables
 from orderflow.state_machine import IllegalTransition, resubmit
+from orderflow.submission import CancelTooLate, Rejected, cancel_order
 from orderflow.supervisor import CHECKPOINT
+from orderflow.workflow import CANCEL_EVENT
 
 PAGE_SIZE_MAX = 200
 DURATION = re.compile(r"\A(\d+)([smhd])\Z")
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 CANCELLABLE = (ProcessState.PENDING, ProcessState.PROCESSING)
+# DurableOrchestrationClient.raise_event(instance_id, event_name, event_data)
+RaiseEvent = Callable[[str, str, Any], Awaitable[None]]
+log = logging.getLogger("orderflow.ops")
+
+
+NOT_LISTENED = ("not read: this identity holds no Listen right on {queue}; see the Service Bus metric "
+                "DeadletteredMessages (workbook tile Dead-lettered messages)")
+
+
+def app_listens(tunables: Tunables) -> frozenset[str]:
+    """The queues the function app's identity holds Service Bus Data Receiver on (infra/app/rbac.bicep): the ones its
+    triggers receive from. A peek, dead letters included, needs that right."""
+    return frozenset({tunables.orders_queue, tunables.agent_replies_queue})
 
 
 class OpsError(Exception):
@@ -105,6 +121,8 @@ class Operations:
     services: Services
     durable: DurableStatuses | None = None
     breaker_services: Sequence[str] = ()  # remote services whose breakers the summary shows (default: the app's)
+    # The queues whose dead letters this caller may read (Listen), from the tunables; None: try every queue.
+    listens: Callable[[Tunables], frozenset[str]] | None = None
 
     @property
     def now(self) -> datetime:
@@ -168,33 +186,45 @@ class Operations:
         return {"orderId": order_id, "processState": rec.process_state.value,
                 "resubmission": rec.resubmissions[-1].model_dump(mode="json", by_alias=True)}
 
-    async def cancel(self, order_id: str, by: str, reason: str | None = None) -> dict[str, Any]:
-        """Send the order's CancelOrder (in its session, after the order). Refused (409) when the order is past
-        cancelling; what the cancel did arrives on the order's reply queue (`orderflow watch`)."""
+    async def cancel(self, order_id: str, by: str, reason: str | None = None,
+                     tell: RaiseEvent | None = None) -> dict[str, Any]:
+        """Apply the order's cancel through the CancelOrder handler's use case (`submission.cancel_order`): Pending →
+        Cancelled at once, Processing → cancelRequestedAt, and `tell` raises `CancelOrder` on the running attempt
+        (which otherwise honours the record at its next decision point). No bus send: the function app holds no send
+        right on orders-inbound. Refused (409) when the order is past cancelling, 404 when the state store does not
+        hold it (yet: a client's own CancelOrder, in the order's session, waits for its submission)."""
         rec, _ = await self._record(order_id)
         if rec.process_state not in CANCELLABLE:
             raise WrongState(f"order {order_id} is {rec.process_state.value}: only a Pending or Processing order can "
                              "be cancelled")
         if rec.cancel_requested_at is not None:
-            return {"orderId": order_id, "processState": rec.process_state.value, "messageId": None,
-                    "cancelRequestedAt": format_utc(rec.cancel_requested_at), "alreadyRequested": True}
+            return _cancel_answer(order_id, rec, already=True)
         try:
-            message = cancel_message(order_id, rec.reply_to, reason or f"cancelled by {by}", self.now)
+            body = cancel_body(order_id, rec.reply_to, reason or f"cancelled by {by}", self.now)
         except ValueError as exc:
             raise BadRequest(str(exc).splitlines()[0]) from exc
-        async with self.services.bus.get_queue_sender(self.services.tunables.orders_queue) as sender:
-            await sender.send_messages(message)
-        return {"orderId": order_id, "processState": rec.process_state.value, "messageId": message.message_id,
-                "cancelRequestedAt": None, "alreadyRequested": False}
+        done = await cancel_order(self.services, body.encode(), order_id, f"{order_id}:cancel:ops")
+        if isinstance(done, CancelTooLate):
+            raise WrongState(f"order {order_id}: {done.reason}")
+        if isinstance(done, Rejected):
+            raise WrongState(f"order {order_id}: cancel refused: {done.description}")
+        if done.tell and tell is not None:
+            try:
+                await tell(done.tell, CANCEL_EVENT, {"orderId": order_id})
+            except Exception:  # noqa: BLE001 - the record carries the cancel; the event only makes it sooner
+                log.warning("cancel of %s: event to %s not delivered; the record carries it", order_id, done.tell)
+        after, _ = await self._record(order_id)
+        return _cancel_answer(order_id, after, already=not done.changed)
 
     async def summary(self, dead_letter_cap: int = 1000) -> dict[str, Any]:
-        """Counts per state, the oldest Pending, the expired supervised records, dead-letter depth per queue, breaker
-        states and the Supervisor's last run (every figure is also set as a metric for the workbook)."""
+        """Counts per state, the oldest Pending, the expired supervised records, dead-letter depth per queue (those
+        the caller `listens` to; the others say where to read it), breaker states and the Supervisor's last run
+        (every figure is also set as a metric for the workbook)."""
         now, state = self.now, self.services.state
         counts = await asyncio.gather(*(state.count_in_state(s) for s in ProcessState))
         oldest, expired = await asyncio.gather(state.oldest_in_state(ProcessState.PENDING), state.count_expired(now))
         queues = sorted(self.services.tunables.internal_queues() | self.services.tunables.allowed_reply_queues)
-        depths = await asyncio.gather(*(_depth_or_error(self.services.bus, q, dead_letter_cap) for q in queues))
+        depths = await asyncio.gather(*(self._depth(q, dead_letter_cap) for q in queues))
         checkpoint = await state.get_checkpoint(CHECKPOINT)
         per_state = {s.value: n for s, n in zip(ProcessState, counts, strict=True)}
         for name, n in per_state.items():
@@ -214,6 +244,11 @@ class Operations:
             "supervisor": None if checkpoint is None else _supervisor(checkpoint[0], now),
         }
 
+    async def _depth(self, queue: str, cap: int) -> dict[str, Any]:
+        if self.listens is not None and queue not in self.listens(self.services.tunables):
+            return {"error": NOT_LISTENED.format(queue=queue)}
+        return await _depth_or_error(self.services.bus, queue, cap)
+
     async def _breakers(self) -> list[dict[str, Any]]:
         if self.services.breakers is None:
             return []
@@ -228,6 +263,13 @@ async def _depth_or_error(bus: Any, queue: str, cap: int) -> dict[str, Any]:
         return (await deadletters.depth(bus, queue, cap)).to_json()
     except Exception as exc:  # noqa: BLE001 - one unreadable queue must not hide the others
         return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+
+
+def _cancel_answer(order_id: str, rec: Any, *, already: bool) -> dict[str, Any]:
+    """The cancel route's answer; `messageId` stays null (no message is sent)."""
+    at = rec.cancel_requested_at
+    return {"orderId": order_id, "processState": rec.process_state.value, "messageId": None,
+            "cancelRequestedAt": None if at is None else format_utc(at), "alreadyRequested": already}
 
 
 def _supervisor(data: Mapping[str, Any], now: datetime) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orderflow.operations import BadRequest, Operations, OpsError
+from orderflow.operations import BadRequest, Operations, OpsError, RaiseEvent, app_listens
 from orderflow.runtime import get_services
 from orderflow.starter import never_started
 
@@ -65,7 +65,8 @@ class ClientStatuses:
 async def serve(handler: Handler, get_status: GetStatus | None = None, ok: int = 200) -> Reply:
     """Run one operation on this process's services: `ok` with its answer, an `OpsError`'s status, or a bare 500."""
     try:
-        ops = Operations(await get_services(), None if get_status is None else ClientStatuses(get_status))
+        ops = Operations(await get_services(), None if get_status is None else ClientStatuses(get_status),
+                         listens=app_listens)
         return Reply(ok, await handler(ops))
     except OpsError as exc:
         return Reply(exc.status, exc.to_json())
@@ -98,10 +99,11 @@ def resubmit(order_id: str, body: bytes, headers: Mapping[str, str], env: Mappin
     return run
 
 
-def cancel(order_id: str, body: bytes, headers: Mapping[str, str], env: Mapping[str, str]) -> Handler:
+def cancel(order_id: str, body: bytes, headers: Mapping[str, str], env: Mapping[str, str],
+           tell: RaiseEvent | None = None) -> Handler:
     async def run(ops: Operations) -> dict[str, Any]:
         fields = _body(body, required=False)
-        return await ops.cancel(order_id, _caller(fields, headers, env), fields.get("reason"))
+        return await ops.cancel(order_id, _caller(fields, headers, env), fields.get("reason"), tell)
     return run
 
 

@@ -43,8 +43,9 @@ async def ops_resubmit(req: func.HttpRequest) -> func.HttpResponse:
 
 @bp.function_name(fn.OPS_CANCEL)
 @bp.route(route=openapi.ROUTE_CANCEL, methods=[func.HttpMethod.POST], auth_level=FUNCTION)
-async def ops_cancel(req: func.HttpRequest) -> func.HttpResponse:
-    handler = ops_http.cancel(req.route_params["id"], req.get_body(), req.headers, os.environ)
+@bp.durable_client_input(client_name="client")
+async def ops_cancel(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    handler = ops_http.cancel(req.route_params["id"], req.get_body(), req.headers, os.environ, client.raise_event)
     return _response(await ops_http.serve(handler, ok=202))
 
 

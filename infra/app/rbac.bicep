@@ -2,21 +2,33 @@
 // scoped to the one resource (queue, account, database, container, registry) it uses. No Service Bus Data Owner, no
 // Contributor, no key. Role assignment names are guid(scope, principal, role): stable across redeployments.
 //
-//  principal              | grant                                   | scope
-//  function app           | Service Bus Data Receiver               | orders-inbound, agent-replies
-//  function app           | Service Bus Data Sender                 | agent-requests, operator-alerts, each status queue
-//  function app           | Storage Blob Data Owner                 | host storage account (host, deployment package)
-//  function app           | Storage Queue and Table Data Contributor | the same account, Azure Storage Durable backend only
-//  function app           | Monitoring Metrics Publisher            | Application Insights (AAD ingestion)
-//  function app           | Cosmos DB Built-in Data Contributor     | databases orders and state
-//  Agent                  | Service Bus Data Receiver               | agent-requests
-//  Agent                  | Service Bus Data Sender                 | agent-replies, operator-alerts
-//  Agent                  | AcrPull                                 | container registry
-//  Agent                  | Monitoring Metrics Publisher            | Application Insights (AAD ingestion)
-//  Agent                  | orderflow circuit breaker (custom)      | container circuitBreakers of database state
-//  submitting application | Service Bus Data Sender                 | orders-inbound
-//  submitting application | Service Bus Data Receiver               | its own status queue only
-//  operators (optional)   | Service Bus Data Receiver               | operator-alerts
+//  principal        | grant                                  | scope                     | why (what the code does)
+//  function app     | Service Bus Data Receiver              | orders-inbound            | submission trigger; DLQ peek
+//  function app     | Service Bus Data Receiver              | agent-replies             | replies trigger; DLQ peek
+//  function app     | Service Bus Data Sender                | agent-requests            | the Scheduler's requests
+//  function app     | Service Bus Data Sender                | operator-alerts           | alerts (poison, escalation)
+//  function app     | Service Bus Data Sender                | each status queue         | order status messages
+//  function app     | Storage Blob Data Owner                | host storage account      | host, deployment package
+//  function app     | Storage Queue + Table Data Contributor | the same account          | Durable hub (AzureStorage)
+//  function app     | Monitoring Metrics Publisher           | Application Insights      | telemetry (Entra ID)
+//  function app     | Cosmos DB Built-in Data Contributor    | databases orders, state   | every store read, write
+//  Agent            | Service Bus Data Receiver              | agent-requests            | its session receiver
+//  Agent            | Service Bus Data Sender                | agent-replies             | its replies
+//  Agent            | Service Bus Data Sender                | operator-alerts           | its poison alerts
+//  Agent            | AcrPull                                | container registry        | its container image
+//  Agent            | Monitoring Metrics Publisher           | Application Insights      | telemetry (Entra ID)
+//  Agent            | orderflow circuit breaker (custom)     | container circuitBreakers | the breaker documents
+//  submitting app   | Service Bus Data Sender                | orders-inbound            | SubmitOrder, CancelOrder
+//  submitting app   | Service Bus Data Receiver              | its own status queue only | its order statuses
+//  operators (opt.) | Service Bus Data Receiver              | operator-alerts           | orderflow alerts
+// Service Bus rights are per queue, and a queue's dead-letter sub-queue (<queue>/$deadletterqueue) is part of it
+// (https://learn.microsoft.com/azure/service-bus-messaging/service-bus-dead-letter-queues). A receive, a peek included,
+// needs Data Receiver (Microsoft.ServiceBus/*/receive/action), a send Data Sender (.../send/action)
+// (https://learn.microsoft.com/azure/role-based-access-control/built-in-roles/integration). Not granted on purpose:
+// Send on orders-inbound to the app (the operator cancel route applies the cancel through the CancelOrder use case and
+// sends nothing), Listen on agent-requests, operator-alerts or a status queue to the app (the ops summary answers "not
+// read" for those dead-letter queues and points at the DeadletteredMessages metric the workbook shows), and any Manage
+// right. tests/infra/test_rbac_operations.py checks every Service Bus call of the deployed code against these grants.
 // The Agent touches one Cosmos DB container, the circuit-breaker documents (issue 11): a custom data-plane role lets it
 // read, create and replace items there and nothing else (no delete, upsert, query or change feed; no other container;
 // not the orders or the order state). The function app reads and writes the breakers through its Data Contributor

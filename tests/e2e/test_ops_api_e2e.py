@@ -282,14 +282,14 @@ def test_resubmit_refusals_change_nothing(api: Api, order: str, payload: Any, ex
 
 
 # --- POST /orders/{id}/cancel ----------------------------------------------------------------------------------------
-def test_cancel_sends_the_cancel_order_in_the_orders_session_and_the_submission_applies_it(api: Api) -> None:
+def test_cancel_applies_the_cancel_order_use_case_at_once_and_sends_no_message(api: Api) -> None:
     order_id = api.ids["pending_cancel"]
     status, body = api.call("POST", f"orders/{order_id}/cancel", "orders/{id}/cancel",
                             body={"reason": "customer changed their mind"})
-    assert status == 202 and body["processState"] == "Pending" and body["alreadyRequested"] is False
-    assert body["messageId"].startswith(f"{order_id}:cancel:")
-    # The submission trigger (orders-inbound, sessions) applies a CancelOrder only from the order's own session (any
-    # other is dead-lettered), and tells the order's reply queue in that session.
+    assert status == 202 and body["processState"] == "Cancelled" and body["alreadyRequested"] is False
+    assert body["messageId"] is None and body["cancelRequestedAt"] is not None
+    # The route runs the CancelOrder handler's use case (the function app may not send to orders-inbound): a Pending
+    # order is Cancelled, and the order's reply queue is told in its session.
     status_message = api.client.wait_status(order_id, OrderStatus.CANCELLED)
     assert status_message.order_id == order_id
     rec = api.state(order_id)
@@ -331,7 +331,11 @@ def test_summary_agrees_with_a_direct_count_of_the_store(api: Api) -> None:
     assert oldest["orderId"] == api.ids["pending_oldest"] and oldest["since"] == format_utc(
         EPOCH - timedelta(hours=5))
     assert body["deadLetters"]["orders-inbound"] == {"count": 1, "capped": False}
-    assert body["deadLetters"][REPLY_QUEUE] == {"count": 0, "capped": False}
+    assert body["deadLetters"]["agent-replies"] == {"count": 0, "capped": False}
+    # The function app holds Listen on its trigger queues only (infra/app/rbac.bicep): the other dead-letter queues
+    # are not read, and the answer says where their depth is.
+    for queue in (REPLY_QUEUE, "agent-requests", "operator-alerts"):
+        assert "no Listen right" in body["deadLetters"][queue]["error"], body["deadLetters"]
     assert [b["service"] for b in body["breakers"]] == ["fulfilment"]
     assert body["supervisor"]["lastRun"]["scanned"] == 0
     assert body["supervisor"]["position"] == format_utc(EPOCH - timedelta(minutes=5))
