@@ -5,8 +5,8 @@
 @description('A submitting application: its status queue is "<name>-status"; its principal (when not empty) may send to orders-inbound and receive from its own status queue.')
 type submittingApp = {
   @minLength(1)
-  @maxLength(200)
-  @description('Application name; the status queue is "<name>-status".')
+  @maxLength(43)
+  @description('Application name; the status queue is "<name>-status", which must be a reply queue name (at most 50 characters: orderflow/messages.py QUEUE_NAME_PATTERN), so at most 43.')
   name: string
 
   @description('Object id of its identity; empty for no grant.')

@@ -107,3 +107,23 @@ def test_agent_requests_max_delivery_count_is_the_budget_setting() -> None:
     function = app("function.bicep")
     settings_ = evaluate(function.variables["codeSettings"], Scope(function))
     assert settings_["AgentRequestsMaxDeliveryCount"] == str(properties["maxDeliveryCount"])
+
+
+def test_a_submitting_apps_longest_name_still_has_a_valid_status_queue() -> None:
+    """main.bicep names each app's status queue `<name>-status` and lists it in AllowedReplyQueues; an order's
+    replyTo must pass the reply-queue rule (orderflow.messages.valid_reply_to), so a longer name would get every
+    order rejected. types.bicep's @maxLength on the name is that rule's length minus the suffix."""
+    import re
+
+    from orderflow.messages import valid_reply_to
+
+    from .bicep_tree import text, type_declarations
+
+    declared = text(type_declarations(app("types.bicep"))["submittingApp"])
+    (max_name,) = (int(n) for n in re.findall(r"@maxLength\((\d+)\)\s*@description\('[^']*'\)\s*name: string",
+                                                declared))
+    assert "'${app.name}-status'" in main().path.read_text()
+    longest = "a" * max_name + "-status"
+    assert valid_reply_to(longest) == longest
+    with pytest.raises(ValueError):
+        valid_reply_to("a" * (max_name + 1) + "-status")
