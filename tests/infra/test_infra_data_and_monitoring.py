@@ -48,6 +48,32 @@ def test_containers_and_partition_keys_match_the_adapter(symbol: str, setting: s
     assert container["partitionKey"]["paths"] == [path]
 
 
+def test_orders_container_indexes_only_fields_its_documents_have_and_its_queries_need() -> None:
+    """The orders DB holds OrderRecord documents, read by id only: every indexed path is a field of such a document,
+    and the partition key is the only one (no query filters or sorts on anything else)."""
+    import inspect
+    from datetime import UTC, datetime
+
+    from orderflow.messages import SubmitOrder
+    from orderflow.records import OrderRecord
+
+    order = SubmitOrder.model_validate({
+        "orderId": "o-1", "replyTo": "app-status", "customer": {"id": "c-1", "name": "Ada"},
+        "items": [{"sku": "sku-1", "quantity": 1, "unitPrice": "1.00"}], "currency": "EUR",
+        "submittedAt": "2026-01-01T00:00:00+00:00"})
+    doc = OrderRecord.from_order(order, datetime(2026, 1, 1, tzinfo=UTC)).to_doc()
+    policy = _container("ordersContainer")["indexingPolicy"]
+    paths = [p["path"] for p in policy["includedPaths"]]
+    for path in paths:
+        node: object = doc
+        for part in path.removesuffix("/?").strip("/").split("/"):
+            assert isinstance(node, dict) and part in node, f"{path}: the orders documents have no such field"
+            node = node[part]
+    assert paths == [cosmos_store.ORDER_PARTITION_PATH + "/?"]
+    assert policy["excludedPaths"] == [{"path": "/*"}]
+    assert "query_items" not in inspect.getsource(cosmos_store.CosmosOrdersDb)
+
+
 def test_databases() -> None:
     scope = _cosmos()
     names = {
