@@ -1,19 +1,18 @@
-"""Store error taxonomy: NotFound, PreconditionFailed, Conflict, transient, and the classifier.
+"""Store error taxonomy: NotFound, PreconditionFailed, Conflict, transient.
 
-Both adapters raise these, never SDK errors, for the outcomes callers branch on. `is_transient` maps any
-exception to retry / do-not-retry (408, 429, 5xx and network failures are transient). All are picklable.
+Both adapters raise these, never SDK errors, for the outcomes callers branch on. All are picklable. The classifier,
+`is_transient` (408, 429, 5xx, network and bus failures are transient), is orderflow.errors', re-exported here.
 """
 
 from __future__ import annotations
 
-import sqlite3
+from orderflow.errors import TRANSIENT_STATUS_CODES, Failure, is_transient, is_transient_status
 
-from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
+__all__ = ["TRANSIENT_STATUS_CODES", "Conflict", "NotFound", "PreconditionFailed", "StoreError",
+           "TransientStoreError", "is_transient", "is_transient_status"]
 
-TRANSIENT_STATUS_CODES = frozenset({408, 429})
 
-
-class StoreError(Exception):
+class StoreError(Failure):
     """Base of every store error; `status_code` is the HTTP status it stands for (Cosmos semantics)."""
 
     status_code: int | None = None
@@ -47,21 +46,3 @@ class TransientStoreError(StoreError):
 
     def __str__(self) -> str:
         return f"{self.args[0]} (status {self.status_code})"
-
-
-def is_transient_status(status: int | None) -> bool:
-    return status is not None and (status in TRANSIENT_STATUS_CODES or 500 <= status <= 599)
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True when retrying the same operation later may succeed."""
-    if isinstance(exc, StoreError):
-        return exc.transient
-    if isinstance(exc, (ServiceRequestError, ServiceResponseError, TimeoutError, ConnectionError)):
-        return True
-    if isinstance(exc, HttpResponseError):
-        return is_transient_status(exc.status_code)
-    if isinstance(exc, sqlite3.OperationalError):
-        text = str(exc).lower()
-        return "locked" in text or "busy" in text
-    return False

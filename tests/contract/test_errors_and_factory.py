@@ -1,4 +1,4 @@
-"""Store error taxonomy (transient vs permanent, picklable) and the `open_stores` adapter factory."""
+"""Error taxonomy (transient vs permanent, picklable), the store's and the bus's, and the `open_stores` factory."""
 
 from __future__ import annotations
 
@@ -9,7 +9,21 @@ from pathlib import Path
 import pytest
 from azure.core.exceptions import HttpResponseError, ServiceRequestError
 from azure.cosmos.exceptions import CosmosHttpResponseError
+from azure.servicebus import exceptions as bus_exceptions
+from azure.servicebus.exceptions import (
+    MessageLockLostError,
+    MessageSizeExceededError,
+    OperationTimeoutError,
+    ServiceBusCommunicationError,
+    ServiceBusConnectionError,
+    ServiceBusError,
+    ServiceBusServerBusyError,
+    SessionCannotBeLockedError,
+    SessionLockLostError,
+)
 
+from orderflow import errors as orderflow_errors
+from orderflow.errors import BUS_LOCK_ERRORS, BUS_TRANSIENT
 from orderflow.store import (
     Conflict,
     NotFound,
@@ -111,3 +125,45 @@ async def test_account_endpoint_opens_cosmos_with_managed_identity() -> None:
 def test_missing_endpoint_is_a_clear_error() -> None:
     with pytest.raises(KeyError, match="CosmosDb__accountEndpoint"):
         open_stores({})
+
+
+# ---- azure-servicebus errors: the SDK's own classes, classified as the SDK itself retries them --------------------
+
+def _bus_error_classes() -> list[type[ServiceBusError]]:
+    return [c for c in vars(bus_exceptions).values() if isinstance(c, type) and issubclass(c, ServiceBusError)]
+
+
+def _raise_bus_error(cls: type[ServiceBusError]) -> ServiceBusError:
+    """An instance of `cls`, raised and caught as a caller catches it."""
+    try:
+        raise cls(message=f"{cls.__name__} from the test")
+    except ServiceBusError as exc:
+        return exc
+
+
+@pytest.mark.parametrize("cls", _bus_error_classes(), ids=lambda c: c.__name__)
+def test_bus_errors_are_transient_exactly_when_the_sdk_retries_them(cls: type[ServiceBusError]) -> None:
+    """azure-servicebus constructs each error class with `retryable=` (azure/servicebus/exceptions.py), the flag its
+    retry policy honours (_pyamqp client `_do_retryable_operation`). Transient: every retryable class but the session
+    lock error (never "the same operation again"); the SDK's non-retryable ones (lock lost, size, quota, not found)
+    are permanent."""
+    error = _raise_bus_error(cls)
+    expected = error._retryable and cls not in BUS_LOCK_ERRORS
+    assert is_transient(error) is expected
+    assert (cls in BUS_TRANSIENT) is expected  # the classifier's list is the SDK's, nothing hand-picked beside it
+
+
+@pytest.mark.parametrize("cls", [ServiceBusConnectionError, OperationTimeoutError, ServiceBusServerBusyError,
+                                 ServiceBusCommunicationError], ids=lambda c: c.__name__)
+def test_bus_outages_and_throttling_are_transient(cls: type[ServiceBusError]) -> None:
+    assert is_transient(_raise_bus_error(cls))
+
+
+@pytest.mark.parametrize("cls", [MessageLockLostError, SessionLockLostError, SessionCannotBeLockedError,
+                                 MessageSizeExceededError], ids=lambda c: c.__name__)
+def test_lock_and_size_errors_are_permanent(cls: type[ServiceBusError]) -> None:
+    assert not is_transient(_raise_bus_error(cls))
+
+
+def test_the_store_reexports_the_one_classifier() -> None:
+    assert is_transient is orderflow_errors.is_transient and issubclass(StoreError, orderflow_errors.Failure)

@@ -1,0 +1,67 @@
+"""The failure classifier every port shares: `is_transient` says whether retrying the same operation later may succeed.
+
+Transient: a `Failure` that says so (the store's taxonomy), HTTP 408, 429 and 5xx (azure-core, Cosmos), network
+failures and timeouts, a busy SQLite file, and azure-servicebus's retryable errors (`BUS_TRANSIENT`). Everything
+else, a lost lock included, is permanent for the operation that raised it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
+from azure.servicebus.exceptions import (
+    MessagingEntityDisabledError,
+    OperationTimeoutError,
+    ServiceBusAuthenticationError,
+    ServiceBusAuthorizationError,
+    ServiceBusCommunicationError,
+    ServiceBusConnectionError,
+    ServiceBusServerBusyError,
+    SessionCannotBeLockedError,
+)
+
+TRANSIENT_STATUS_CODES = frozenset({408, 429})
+
+# The azure-servicebus errors its own classes construct with `retryable=True` (azure/servicebus/exceptions.py), the
+# ones its retry policy retries before they reach the caller. Authentication and authorization count: a role
+# assignment takes minutes to propagate after a deployment, and retrying lets it. Left out: the lock errors
+# (SessionCannotBeLockedError is retryable for a receiver that accepts another session; it is never "the same
+# operation again"), and MessageLockLostError, SessionLockLostError, MessageSizeExceededError, quota and not-found
+# errors, which the SDK itself does not retry.
+BUS_TRANSIENT: tuple[type[Exception], ...] = (
+    ServiceBusConnectionError,
+    ServiceBusCommunicationError,
+    OperationTimeoutError,
+    ServiceBusServerBusyError,
+    ServiceBusAuthenticationError,
+    ServiceBusAuthorizationError,
+    MessagingEntityDisabledError,
+)
+BUS_LOCK_ERRORS: tuple[type[Exception], ...] = (SessionCannotBeLockedError,)
+
+
+class Failure(Exception):
+    """Base of the errors orderflow raises for outcomes callers branch on; `transient` says retry later."""
+
+    transient: bool = False
+
+
+def is_transient_status(status: int | None) -> bool:
+    return status is not None and (status in TRANSIENT_STATUS_CODES or 500 <= status <= 599)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when retrying the same operation later may succeed."""
+    if isinstance(exc, Failure):
+        return exc.transient
+    if isinstance(exc, BUS_TRANSIENT):
+        return True
+    if isinstance(exc, (ServiceRequestError, ServiceResponseError, TimeoutError, ConnectionError)):
+        return True
+    if isinstance(exc, HttpResponseError):
+        return is_transient_status(exc.status_code)
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc).lower()
+        return "locked" in text or "busy" in text
+    return False
