@@ -31,6 +31,8 @@ from pydantic import (
     model_validator,
 )
 
+from orderflow.text import QUOTE_MAX, bounded, printable, quote
+
 SCHEMA_VERSION = 2  # the newest message schema
 READ_SCHEMA_VERSIONS = (1, 2)  # the previous version is still read
 SchemaVersion = Literal[1, 2]
@@ -178,6 +180,7 @@ class InvalidMessage(Exception):
     """A message that can never be processed: dead-letter it with `reason` (names the field)."""
 
     def __init__(self, reason: str, description: str) -> None:
+        reason, description = bounded(reason), bounded(description)  # within Service Bus's dead-letter limit
         super().__init__(f"{reason}: {description}")
         self.reason = reason
         self.description = description
@@ -187,25 +190,44 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def parse_message(model: type[M], kind: str, body: bytes | str) -> M:
-    """Validate a message body of `type` == kind; raise InvalidMessage with a reason that names the field."""
-    try:
-        raw = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidMessage("InvalidJson", f"body is not JSON: {exc}") from exc
+    """Validate a message body of `type` == kind; raise InvalidMessage with a reason that names the field (sender
+    text in it quoted and bounded: orderflow/text.py)."""
+    raw = load_json(body)
     if not isinstance(raw, dict):
         raise InvalidMessage("InvalidJson", "body must be a JSON object")
     if raw.get("type") != kind:
-        raise InvalidMessage("UnknownType", f"field 'type' must be {kind!r}, got {raw.get('type')!r}")
+        raise InvalidMessage("UnknownType", f"field 'type' must be {kind!r}, got {quote(raw.get('type'))}")
     version = raw.get("schemaVersion")
     if version not in READ_SCHEMA_VERSIONS or isinstance(version, bool):
         raise InvalidMessage("UnsupportedSchemaVersion",
-                             f"field 'schemaVersion' must be one of {list(READ_SCHEMA_VERSIONS)}, got {version!r}")
+                             f"field 'schemaVersion' must be one of {list(READ_SCHEMA_VERSIONS)}, got {quote(version)}")
     try:
         return model.model_validate(raw)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or ("schemaVersion" if "schemaVersion" in err["msg"] else "body")
-        raise InvalidMessage(f"InvalidField:{field}", f"field '{field}': {err['msg']}") from exc
+    except (ValidationError, RecursionError) as exc:
+        raise _invalid_field(exc) from exc
+
+
+def load_json(body: bytes | str) -> Any:
+    """The parsed body; InvalidMessage("InvalidJson") for anything json.loads refuses: not JSON, not UTF-8, an integer
+    past Python's digit limit (ValueError), or nesting past the interpreter's recursion limit (RecursionError)."""
+    try:
+        return json.loads(body)
+    except RecursionError as exc:
+        raise InvalidMessage("InvalidJson", "body is nested too deeply to parse") from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidMessage("InvalidJson", f"body is not JSON: {bounded(str(exc), QUOTE_MAX * 4)}") from exc
+
+
+def _invalid_field(exc: ValidationError | RecursionError) -> InvalidMessage:
+    """The first validation error as `InvalidField:<path>`; the path, a sender's key, cut to QUOTE_MAX characters."""
+    if isinstance(exc, RecursionError):
+        return InvalidMessage("InvalidField:body", "field 'body': nested too deeply to validate")
+    err = exc.errors()[0]
+    field = ".".join(str(p) for p in err["loc"]) or ("schemaVersion" if "schemaVersion" in err["msg"] else "body")
+    if err["type"] == "extra_forbidden":
+        return InvalidMessage(f"InvalidField:{printable(bounded(field, QUOTE_MAX))}", f"unknown field {quote(field)}")
+    return InvalidMessage(f"InvalidField:{printable(bounded(field, QUOTE_MAX))}",
+                          f"field {quote(field)}: {bounded(err['msg'], QUOTE_MAX * 4)}")
 
 
 class CancelOrder(_Routed):
@@ -233,13 +255,10 @@ INBOUND_TYPES = ("SubmitOrder", "CancelOrder")
 
 def inbound_type(body: bytes | str) -> str:
     """The `type` of an orders-inbound message, for dispatch; InvalidMessage when it is neither kind."""
-    try:
-        raw = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidMessage("InvalidJson", f"body is not JSON: {exc}") from exc
+    raw = load_json(body)
     kind = raw.get("type") if isinstance(raw, dict) else None
     if kind not in INBOUND_TYPES:
-        raise InvalidMessage("UnknownType", f"field 'type' must be one of {list(INBOUND_TYPES)}, got {kind!r}")
+        raise InvalidMessage("UnknownType", f"field 'type' must be one of {list(INBOUND_TYPES)}, got {quote(kind)}")
     return str(kind)
 
 

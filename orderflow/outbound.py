@@ -18,6 +18,7 @@ from azure.servicebus import ServiceBusMessage
 
 from orderflow import telemetry, tracing
 from orderflow.messages import AgentRequest, AlertKind, Effects, OperatorAlert, OrderStatus, StatusMessage
+from orderflow.text import bounded, shown
 
 log = logging.getLogger("orderflow.outbound")
 
@@ -35,8 +36,9 @@ async def _send(bus: Any, queue: str, body: str, *, message_id: str, session_id:
 
 async def send_status(bus: Any, queue: str, *, order_id: str, state: OrderStatus, attempt: int, reason: str,
                       now: datetime, message_id: str | None = None, effects: Effects | None = None) -> StatusMessage:
-    """Send a status; its MessageId is `<orderId>:<state>:<attempt>` unless the caller names one."""
-    status = StatusMessage(order_id=order_id, state=state, attempt=attempt, timestamp=now, reason=reason,
+    """Send a status; its MessageId is `<orderId>:<state>:<attempt>` unless the caller names one. The reason (an
+    error text may come from a remote service) is cut to `DEAD_LETTER_TEXT_MAX` characters."""
+    status = StatusMessage(order_id=order_id, state=state, attempt=attempt, timestamp=now, reason=bounded(reason),
                            effects=effects)
     await _send(bus, queue, status.to_json(), message_id=message_id or status.message_id(), session_id=order_id,
                 subject="OrderStatus")
@@ -63,14 +65,17 @@ async def raise_alert(bus: Any, queue: str, *, kind: AlertKind, order_id: str | 
     """Raise an operator alert: a log record at ERROR, a metric, and a message on the operator-alerts queue.
 
     The alert's MessageId is `OperatorAlert.message_id()`: one per source message (or order attempt) and reason, the
-    same when a redelivery raises it again.
+    same when a redelivery raises it again. The reason and every text in `details` are cut to `DEAD_LETTER_TEXT_MAX`
+    characters, so an alert stays far inside the queue's message size whatever text a sender chose.
     """
-    alert = OperatorAlert(kind=kind, order_id=order_id, reason=reason, raised_at=now, details=details or {})
-    # %r: an id from a message may hold control characters (a NUL, a newline); repr keeps them whole and visible.
-    log.error("operator alert %s for order %r: %s", kind.value, order_id, reason,
+    alert = OperatorAlert(kind=kind, order_id=order_id, reason=bounded(reason), raised_at=now,
+                          details={k: bounded(v) if isinstance(v, str) else v for k, v in (details or {}).items()})
+    # %r and shown(): an id or a reason from a message may hold control characters (a NUL, a newline, an ANSI escape);
+    # they are written as escapes, never as a new log line.
+    log.error("operator alert %s for order %r: %s", kind.value, order_id, shown(alert.reason),
               extra={"alert_kind": kind.value, "order_id": order_id})
     telemetry.count_alert(kind.value)
-    telemetry.alert_event(kind.value, order_id, reason)
+    telemetry.alert_event(kind.value, order_id, alert.reason)
     await _send(bus, queue, alert.to_json(), message_id=alert.message_id(), session_id=None, subject="OperatorAlert")
     return alert
 

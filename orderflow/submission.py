@@ -25,6 +25,7 @@ from typing import Any
 
 from orderflow import admission, telemetry, tracing
 from orderflow.admission import BACKLOG_FULL, backlog_gate
+from orderflow.errors import is_transient
 from orderflow.messages import (
     AlertKind,
     CancelOrder,
@@ -43,7 +44,7 @@ from orderflow.runtime import Services
 from orderflow.starter import claims_allowed, workflow_input
 from orderflow.state_machine import TERMINAL_STATES, CancelRefused, Wrote, cancel
 from orderflow.state_machine import claim as claim_record
-from orderflow.store.errors import is_transient
+from orderflow.text import QUOTE_MAX, bounded, quote, shown
 from orderflow.workflow import WorkflowInput
 
 
@@ -100,7 +101,7 @@ def check_routing(order: SubmitOrder | CancelOrder, session_id: str | None, serv
     """The message's session is its order, and replyTo is an allowed reply queue (never an internal one)."""
     if session_id is not None and session_id != order.order_id:
         raise InvalidMessage("InvalidField:sessionId",
-                             f"field 'sessionId' must equal orderId {order.order_id!r}, got {session_id!r}")
+                             f"field 'sessionId' must equal orderId {order.order_id!r}, got {quote(session_id)}")
     allowed = services.tunables.allowed_reply_queues
     if order.reply_to in services.tunables.internal_queues() or order.reply_to not in allowed:
         raise InvalidMessage("InvalidField:replyTo",
@@ -123,9 +124,10 @@ async def receive_patiently(services: Services, body: bytes, session_id: str | N
                             sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                             patience: timedelta = PATIENCE,
                             ) -> Accepted | Rejected | Refused | CancelDone | CancelTooLate:
-    """`receive`, retried on a transient failure (`store.errors.is_transient`: throttled, unavailable, timed out)
-    with waits doubling from 0.5 s to 8 s for at most `patience`; then, or on any other failure, it raises (the
-    trigger abandons the message). Every step of `receive` is idempotent, so a retry repairs a half-done one."""
+    """`receive`, retried on a transient failure of the store or the bus (`orderflow.errors.is_transient`:
+    throttled, busy, unavailable, timed out, connection lost) with waits doubling from 0.5 s to 8 s for at most
+    `patience`; then, or on any other failure, it raises (the trigger abandons the message). Every step of `receive`
+    is idempotent, so a retry repairs a half-done one."""
     started, wait = services.clock.now(), FIRST_WAIT
     while True:
         try:
@@ -133,7 +135,7 @@ async def receive_patiently(services: Services, body: bytes, session_id: str | N
         except Exception as exc:
             if not is_transient(exc) or services.clock.now() - started + timedelta(seconds=wait) > patience:
                 raise
-            log.warning("submission of %r: %s; retrying in %.1f s", session_id, exc, wait)
+            log.warning("submission of %r: %s; retrying in %.1f s", session_id, shown(exc, QUOTE_MAX * 4), wait)
             await sleep(wait)
             wait = min(wait * 2, LONGEST_WAIT)
 
@@ -273,6 +275,8 @@ async def _store(services: Services, order: SubmitOrder, now: datetime, where: d
 
 async def _reject(services: Services, reason: str, description: str, *, order_id: str | None,
                   kind: AlertKind, where: dict[str, Any]) -> Rejected:
+    """Alert, and answer the dead-letter reason and description, each within Service Bus's 4,096 characters."""
+    reason, description = bounded(reason), bounded(description)
     await raise_alert(services.bus, services.tunables.alerts_queue, kind=kind, order_id=order_id, reason=reason,
                       now=services.clock.now(), details={"description": description, **where})
     return Rejected(reason=reason, description=description, order_id=order_id)

@@ -25,6 +25,7 @@ from orderflow import tracing
 from orderflow.runtime import Services, get_services
 from orderflow.starter import StarterRun, start_attempt, start_one
 from orderflow.submission import Accepted, CancelDone, CancelTooLate, Refused, receive_patiently
+from orderflow.text import bounded, shown
 from orderflow.workflow import CANCEL_EVENT
 
 bp = df.Blueprint()
@@ -77,9 +78,13 @@ async def _handle(services: Services, message: servicebus.ServiceBusReceivedMess
         await asyncio.to_thread(message_actions.complete, message)
         return
     if not isinstance(outcome, Accepted):
-        log.warning("dead-lettering message %s: %s: %s", message.message_id, outcome.reason, outcome.description)
-        await asyncio.to_thread(message_actions.deadletter, message, deadletter_reason=outcome.reason,
-                                deadletter_error_description=outcome.description)
+        # Sender-chosen text, escaped (orderflow/text.py): a MessageId or reason cannot forge a log line. The reason
+        # and description are within Service Bus's 4,096 characters already (submission._reject); bounded again
+        # here, where the limit applies.
+        log.warning("dead-lettering message %r: %s: %s", message_id, shown(outcome.reason),
+                    shown(outcome.description))
+        await asyncio.to_thread(message_actions.deadletter, message, deadletter_reason=bounded(outcome.reason),
+                                deadletter_error_description=bounded(outcome.description))
         return
     await asyncio.to_thread(message_actions.complete, message)
     # Fast path: start at once — the record was created claimed (one write), or else (no slot at creation, a Pending

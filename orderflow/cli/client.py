@@ -30,7 +30,7 @@ from rich.table import Table
 
 from orderflow.breaker_cli import CliError
 from orderflow.bus import from_connection_string
-from orderflow.cli.common import load_settings, started_by_up
+from orderflow.cli.common import load_settings, safe, started_by_up
 from orderflow.messages import (
     TERMINAL_STATUSES,
     InvalidMessage,
@@ -40,6 +40,7 @@ from orderflow.messages import (
     parse_submit_order,
 )
 from orderflow.operations import CANCELLABLE, cancel_message
+from orderflow.text import shown
 
 SAMPLE_ORDER: dict[str, Any] = {
     "schemaVersion": 1, "type": "SubmitOrder", "replyTo": "app-status",
@@ -144,8 +145,8 @@ def _read_order_file(path: Path, prog: str) -> dict[str, Any]:
         raw = json.loads(path.read_text())
     except OSError as exc:
         _usage_error(prog, f"cannot read --file {path}: {exc.strerror or exc}")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        _usage_error(prog, f"--file {path} is not JSON: {exc}")
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, an integer past the limit, nested too deeply
+        _usage_error(prog, f"--file {path} is not JSON: {shown(exc, 200)}")
     if not isinstance(raw, dict):
         _usage_error(prog, f"--file {path} must hold one JSON object (a SubmitOrder), not {type(raw).__name__}")
     return dict(raw)
@@ -168,22 +169,23 @@ def submit(args: argparse.Namespace) -> int:
     body = json.dumps(raw)
     order_id, reply_to = str(raw["orderId"]), str(raw["replyTo"])
     message_id = f"{order_id}:{hashlib.sha256(body.encode()).hexdigest()[:12]}"
-    console = Console()
+    console = Console(emoji=False)
     known_rejection: InvalidMessage | None = None
     try:
         parse_submit_order(body)
     except InvalidMessage as exc:  # still sent: the system dead-letters it with the reason; say so here too
         known_rejection = exc
-        console.print(f"[yellow]note: the system will reject this order: {exc}[/]")
+        console.print(f"[yellow]note: the system will reject this order: {safe(exc)}[/]")
     orders_queue = os.environ.get("OrdersQueueName", "orders-inbound")
     with _client(args) as client:
         with client.get_queue_sender(orders_queue) as sender:
             sender.send_messages(ServiceBusMessage(body, session_id=order_id, message_id=message_id,
                                                    content_type="application/json"))
-        console.print(f"sent order [bold]{order_id}[/] (MessageId {message_id}); statuses from {reply_to}:")
+        console.print(f"sent order [bold]{safe(order_id)}[/] (MessageId {safe(message_id)}); statuses from "
+                      f"{safe(reply_to)}:")
         if known_rejection is not None:  # no status will come: the rejection is known, say it and stop
-            console.print(f"[red]rejected: {known_rejection.reason}: the order is dead-lettered on {orders_queue}, "
-                          f"no status follows (orderflow queues)[/]")
+            console.print(f"[red]rejected: {safe(known_rejection.reason)}: the order is dead-lettered on "
+                          f"{safe(orders_queue)}, no status follows (orderflow queues)[/]")
             return 1
         watch = _Watch(client, orders_queue, message_id)
         code, statuses = _follow(client, reply_to, order_id, args.wait, console, watch)
@@ -215,7 +217,7 @@ def submit_many(args: argparse.Namespace) -> int:
     orders_queue = os.environ.get("OrdersQueueName", "orders-inbound")
     prefix = f"order-{uuid.uuid4().hex[:6]}"
     ids = [f"{prefix}-{n:05d}" for n in range(args.count)]
-    console = Console()
+    console = Console(emoji=False)
     with _client(args) as client:
         with client.get_queue_sender(orders_queue) as sender:
             for order_id in ids:
@@ -223,7 +225,7 @@ def submit_many(args: argparse.Namespace) -> int:
                 sender.send_messages(ServiceBusMessage(body, session_id=order_id, message_id=message_id,
                                                        content_type="application/json"))
         if not args.json:
-            console.print(f"sent {len(ids)} orders ({ids[0]} … {ids[-1]}); statuses from {reply_to}:")
+            console.print(f"sent {len(ids)} orders ({ids[0]} … {ids[-1]}); statuses from {safe(reply_to)}:")
         pending = set(ids)
         ended: dict[str, StatusMessage] = {}
         for status in _all_statuses(client, reply_to, args.wait, lambda: not pending):
@@ -235,7 +237,7 @@ def submit_many(args: argparse.Namespace) -> int:
                     print(status.to_json(), flush=True)
                 else:
                     console.print(f"  {status.order_id}  {status.state.value:<19} attempt {status.attempt}  "
-                                  f"{status.reason}")
+                                  f"{safe(status.reason)}")
         counts: dict[str, int] = {}
         for status in ended.values():
             counts[status.state.value] = counts.get(status.state.value, 0) + 1
@@ -264,8 +266,8 @@ def _all_statuses(client: Any, queue: str, wait: float, done: Any = lambda: Fals
                         try:
                             status = StatusMessage.model_validate_json(b"".join(message.body))
                         except ValueError as exc:
-                            print(f"not a status (left on {queue}): {message.message_id}: {str(exc).splitlines()[0]}",
-                                  file=sys.stderr)
+                            print(f"not a status (left on {queue}): {shown(message.message_id)}: "
+                                  f"{shown(str(exc).splitlines()[0])}", file=sys.stderr)
                             continue
                         receiver.complete_message(message)
                         yield status
@@ -275,11 +277,11 @@ def _all_statuses(client: Any, queue: str, wait: float, done: Any = lambda: Fals
 
 def watch(args: argparse.Namespace) -> int:
     """`orderflow watch REPLY_QUEUE`: print statuses for --for seconds (or --max of them); exit 0."""
-    console = Console()
+    console = Console(emoji=False)
     seen = [0]
     with _client(args) as client:
         if not args.json:
-            console.print(f"watching {args.queue}" + (f" (order {args.order})" if args.order else "")
+            console.print(f"watching {safe(args.queue)}" + (f" (order {safe(args.order)})" if args.order else "")
                           + f" for {args.duration:g} s")
         try:
             for status in _all_statuses(client, args.queue, args.duration,
@@ -289,7 +291,7 @@ def watch(args: argparse.Namespace) -> int:
                     print(status.to_json(), flush=True)
                 else:
                     console.print(f"  {status.timestamp.isoformat()}  {status.order_id}  {status.state.value:<19} "
-                                  f"attempt {status.attempt}  {status.reason}")
+                                  f"attempt {status.attempt}  {safe(status.reason)}")
         except MessagingEntityNotFoundError as exc:
             raise CliError(f"there is no queue {args.queue!r}") from exc
     return 0
@@ -324,7 +326,7 @@ def cancel(args: argparse.Namespace) -> int:
     Processing (an operator's check); with it, the cancel goes out as any client app's would, and the system answers
     (`rejected`, or the dead-letter reason UnknownOrder)."""
     order_id = str(args.order_id)
-    console = Console()
+    console = Console(emoji=False)
     orders_queue = os.environ.get("OrdersQueueName", "orders-inbound")
     with _client(args) as client:  # (chdir to the app dir: an embedded store path resolves as under devhost)
         reply_to = args.reply_to
@@ -345,8 +347,8 @@ def cancel(args: argparse.Namespace) -> int:
         sent_at = datetime.now(UTC)
         with client.get_queue_sender(orders_queue) as sender:
             sender.send_messages(message)
-        console.print(f"sent cancel of [bold]{order_id}[/] (MessageId {message.message_id}); statuses from "
-                      f"{reply_to}:")
+        console.print(f"sent cancel of [bold]{safe(order_id)}[/] (MessageId {safe(message.message_id)}); statuses "
+                      f"from {safe(reply_to)}:")
         if args.wait <= 0:
             return 0
         watch = _Watch(client, orders_queue, str(message.message_id))
@@ -373,14 +375,14 @@ def _follow_cancel(client: Any, reply_to: str, order_id: str, sent_at: datetime,
             effects = "" if status.effects is None else (
                 f"  applied {[s.value for s in status.effects.applied]} undone "
                 f"{[s.value for s in status.effects.undone]}")
-            console.print(f"  {status.timestamp.isoformat()}  {status.state.value:<19} attempt "
-                          f"{status.attempt}  {status.reason}{effects}" + ("  (before the cancel)" if earlier else ""))
+            console.print(f"  {status.timestamp.isoformat()}  {status.state.value:<19} attempt {status.attempt}  "
+                          f"{safe(status.reason)}{effects}" + ("  (before the cancel)" if earlier else ""))
             if not earlier and status.state in CANCEL_ANSWERS:
                 return 0 if status.state in CANCEL_DONE else 1
     except OperationTimeoutError:
         pass
     except MessagingEntityNotFoundError:
-        console.print(f"[yellow]there is no reply queue {reply_to!r}[/]")
+        console.print(f"[yellow]there is no reply queue {safe(repr(reply_to))}[/]")
         return 1
     console.print(f"[yellow]no answer within {wait:g} s: an order whose step is running is cancelled at once or at "
                   f"its next step (wait longer); a repeated cancel changes nothing and is not answered again[/]")
@@ -397,8 +399,9 @@ class _Watch:
         dead = self.dead_lettered()
         if dead is None:
             return False
-        console.print(f"[red]rejected: {dead.dead_letter_reason}: {dead.dead_letter_error_description or ''} "
-                      f"(dead-lettered on {self.orders_queue}; orderflow queues)[/]")
+        console.print(f"[red]rejected: {safe(dead.dead_letter_reason)}: "
+                      f"{safe(dead.dead_letter_error_description or '')} "
+                      f"(dead-lettered on {safe(self.orders_queue)}; orderflow queues)[/]")
         return True
 
     def __init__(self, client: Any, orders_queue: str, message_id: str) -> None:
@@ -457,16 +460,16 @@ def _follow(client: Any, reply_to: str, order_id: str, wait: float, console: Con
                 continue
             statuses.append(status)
             console.print(f"  {status.timestamp.isoformat()}  {status.state.value:<10} attempt "
-                          f"{status.attempt}  {status.reason}")
+                          f"{status.attempt}  {safe(status.reason)}")
             if status.state in TERMINAL_STATUSES:  # 0: completed; 1: it ended otherwise (failed, compensated...)
                 return (0 if status.state is OrderStatus.COMPLETED else 1), statuses
             if status.state is OrderStatus.REJECTED:  # admission control: nothing was stored
-                console.print(f"[red]rejected: {status.reason} (nothing stored; submit it again later)[/]")
+                console.print(f"[red]rejected: {safe(status.reason)} (nothing stored; submit it again later)[/]")
                 return 1, statuses
     except OperationTimeoutError:
         pass
     except MessagingEntityNotFoundError:
-        console.print(f"[yellow]there is no reply queue {reply_to!r}: the system cannot answer this order "
+        console.print(f"[yellow]there is no reply queue {safe(repr(reply_to))}: the system cannot answer this order "
                       f"(replyTo must be an existing, allowed reply queue)[/]")
         return 1, statuses
     return None, statuses
@@ -564,7 +567,7 @@ def queues(args: argparse.Namespace) -> int:
                               "sessionsWithBacklog": c.sessions_with_backlog} for name, c in counts.items()},
             "deadLetters": dead, "alerts": [json.loads(a.to_json()) for a in alerts]}, indent=2))
         return 0
-    console = Console()
+    console = Console(emoji=False)
     table = Table(title="queues")
     for column in ("queue", "active", "scheduled", "dead-lettered", "sessions with backlog"):
         table.add_column(column, justify="left" if column == "queue" else "right")
@@ -573,9 +576,9 @@ def queues(args: argparse.Namespace) -> int:
     console.print(table)
     for name, rows in dead.items():
         for r in rows:
-            console.print(f"dead-lettered on {name}: {r['messageId']}  [bold]{r['deadLetterReason']}[/]  "
-                          f"{r['deadLetterErrorDescription'] or ''}")
+            console.print(f"dead-lettered on {safe(name)}: {safe(r['messageId'])}  "
+                          f"[bold]{safe(r['deadLetterReason'])}[/]  {safe(r['deadLetterErrorDescription'] or '')}")
     for alert in alerts:
-        console.print(f"alert {alert.kind.value}: order {alert.order_id or '-'}  {alert.reason}  "
-                      f"{json.dumps(alert.details)}")
+        console.print(f"alert {alert.kind.value}: order {safe(alert.order_id)}  {safe(alert.reason)}  "
+                      f"{safe(json.dumps(alert.details))}")
     return 0

@@ -21,11 +21,13 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+from rich.markup import escape
 
 from orderflow.breaker_cli import CliError, one_line
 from orderflow.clock import Clock, SystemClock
 from orderflow.operations import Operations
 from orderflow.runtime import Services, Tunables
+from orderflow.text import shown
 
 DURABLE_PREFIX = "/runtime/webhooks/durabletask"
 DEFAULT_HOST = "http://127.0.0.1:7071"
@@ -42,6 +44,12 @@ def load_settings(app_dir: Path, environ: Mapping[str, str] | None = None) -> di
             raise CliError(f"{path} is not valid JSON: {exc}") from exc
         values = {str(k): str(v) for k, v in ((data or {}).get("Values") or {}).items()}
     return {**values, **(os.environ if environ is None else environ)}
+
+
+def safe(value: object) -> str:
+    """Sender-chosen text for a rich markup string: bounded, control characters escaped (orderflow.text.shown), and
+    markup escaped, so a MessageId `[/]` prints as itself instead of raising MarkupError."""
+    return escape(shown(value))
 
 
 def dumps(data: Any) -> str:

@@ -11,8 +11,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.style import StyleType
 from rich.table import Table
 from rich.text import Text
 
@@ -21,6 +22,7 @@ from orderflow.breaker_cli import CliError, one_line, operator_name
 from orderflow.cli.common import dumps, operations
 from orderflow.clock import Clock, SystemClock
 from orderflow.operations import PAGE_SIZE_MAX, Operations, check_order_id
+from orderflow.text import printable
 
 HISTORY_SHOWN = 12  # newest history events `order` prints per attempt (all of them with --json)
 
@@ -223,8 +225,18 @@ TERMINAL = ("Processed", "Error", "Compensated", "CompensationFailed", "Cancelle
 # --- rendering ---------------------------------------------------------------------------------------------------
 
 
+class _Table(Table):
+    """A table of sender-chosen text: each string cell is a plain `Text` (never markup) with its control characters
+    escaped, so a MessageId `[/]`, a newline or an ANSI escape prints as itself."""
+
+    def add_row(self, *renderables: RenderableType | None, style: StyleType | None = None,
+                end_section: bool = False) -> None:
+        cells = [Text(printable(r)) if isinstance(r, str) else r for r in renderables]
+        super().add_row(*cells, style=style, end_section=end_section)
+
+
 def _table(title: str, columns: Sequence[str]) -> Table:
-    table = Table(title=title, title_justify="left")
+    table = _Table(title=Text(printable(title)), title_justify="left")
     for column in columns:
         table.add_column(column)
     return table
@@ -303,7 +315,7 @@ def render_order(view: Mapping[str, Any]) -> str:
         orch = attempt["orchestration"]
         title = f"attempt {attempt['attempt']}: {attempt['instanceId']}"
         if orch is None:
-            parts.append(Text(f"{title}: {attempt.get('orchestrationError', 'no status')}"))
+            parts.append(Text(printable(f"{title}: {attempt.get('orchestrationError', 'no status')}")))
             continue
         history = orch.get("historyEvents") or []
         events = _table(f"{title}: {orch.get('runtimeStatus')} (created {orch.get('createdTime')}, last update "

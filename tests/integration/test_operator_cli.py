@@ -328,3 +328,23 @@ def test_bad_usage_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["orders"])
     assert exited.value.code == 2 and "--state" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("message_id", ["[/]", "m-1\nforged row\x1b[31m", "[bold]x[/bold] :smile:"])
+async def test_dlq_list_and_queues_print_sender_chosen_text_as_itself(system: Services, cli: Cli,
+                                                                      message_id: str) -> None:
+    """rich markup in a MessageId or a reason must neither raise MarkupError nor style the output; a newline or an ANSI
+    escape is printed escaped (orderflow.text.printable)."""
+    async with system.bus.get_queue_sender("orders-inbound") as sender:
+        await sender.send_messages(ServiceBusMessage("{}", session_id="o-m", message_id=message_id))
+    async with system.bus.get_queue_receiver("orders-inbound", session_id="o-m") as receiver:
+        [message] = await receiver.receive_messages(max_message_count=1, max_wait_time=5)
+        await receiver.dead_letter_message(message, reason=f"InvalidField:{message_id}", error_description="[/]")
+    escaped = message_id.replace("\n", "\\n").replace("\x1b", "\\x1b")
+    for argv in (("dlq", "list", "orders-inbound"), ("queues",)):
+        code, out, err = cli(*argv)
+        assert code == 0, err
+        assert escaped in out.replace("\n", "")  # a narrow table column may wrap it
+        assert "\x1b" not in out and "forged row\n" not in out
+    code, out, _ = cli("queues")
+    assert f"dead-lettered on orders-inbound: {escaped}  InvalidField:{escaped}  [/]" in out.replace("\n", "")
