@@ -108,6 +108,7 @@ MODULE_DRILLS: dict[str, str] = {
     "starter-race": "devhost.race_drills:run_command",
     "supervisor-race": "devhost.race_drills:run_command",
     "scale-out": "devhost.scale_drills:run_command",
+    "durable-api-outage": "devhost.durable_api_drills:run_command",
 }
 DRILLS = (*sorted(TARGETS), *RESILIENCE_DRILLS, *LIFECYCLE_DRILLS, *MODULE_DRILLS)
 DEFAULT_ORDERS = {"host-crash": 100, "agent-crash": 100, "retry-budget": 20, "remote-outage": 100,
@@ -159,7 +160,8 @@ def add_command(sub: Any) -> None:
                                    "run; remote-hang, late-replies, reply-reordering, clock-skew, "
                                    "duplicate-delivery, poison-input, state-store-conflicts, store-outage, "
                                    "starter-race and supervisor-race (issue 15; docs/devhost.md, docs/reliability.md) "
-                                   "each inject their fault; scale-out runs three devhost hosts on one task hub and "
+                                   "each inject their fault; durable-api-outage makes the Durable HTTP API answer 503 "
+                                   "while attempts expire; scale-out runs three devhost hosts on one task hub and "
                                    "kills them in turn. Every drill also checks the invariants of "
                                    "devhost/invariants.py. When every order has its final status, print the figures "
                                    "(a table, or "
@@ -170,7 +172,7 @@ def add_command(sub: Any) -> None:
                    help="number of orders to submit (default 100; retry-budget 20, backlog-flood 300, compensation "
                         "8; upgrade-in-flight: 8 before the restart and half as many after; cancel-in-flight and "
                         "poison-in-session run a fixed set; remote-hang, late-replies, reply-reordering 12, "
-                        "clock-skew 10; starter-race 60, supervisor-race 12; scale-out 200)")
+                        "clock-skew 10; starter-race 60, supervisor-race 12; scale-out 200; durable-api-outage 8)")
     d.add_argument("--kills", type=int, default=None,
                    help="crash drills: kills to do (default 10 for host-crash and scale-out, 5 for agent-crash)")
     d.add_argument("--min-gap", type=float, default=1.0,
@@ -180,7 +182,8 @@ def add_command(sub: Any) -> None:
     d.add_argument("--outage-after", type=float, default=2.0,
                    help="remote-outage: seconds from the submission to the outage (default 2)")
     d.add_argument("--outage-for", type=float, default=15.0,
-                   help="remote-outage: seconds the remote stays down; store-outage: the state store (default 15)")
+                   help="remote-outage: seconds the remote stays down; store-outage: the state store; "
+                        "durable-api-outage: the Durable HTTP API's start and status routes (default 15)")
     d.add_argument("--seed", type=int, default=1, help="seed of the gaps, the orders and the Agent's jitter "
                                                        "(default 1)")
     d.add_argument("--settings", choices=SETTINGS_CHOICES, default="local", metavar="SETTINGS",

@@ -55,9 +55,11 @@ FULL: tuple[Run, ...] = (
     Run("starter-race", (), ("won_by_racers", "lost_races", "attempts", "elapsed_s")),
     Run("supervisor-race", (), ("won_by_racers", "attempts", "failure_counts", "elapsed_s")),
     Run("scale-out", (), ("kills", "host_processes", "episodes_per_host_process", "attempts", "elapsed_s")),
+    Run("durable-api-outage", (), ("outage_s", "status_refused", "expired_at_outage_end", "time_to_drain_s",
+                                   "elapsed_s")),
 )
 # What CI runs after the tests: the invariants under a crash of each process, a remote that fails, and a fault of
-# the bus and of the store, each small.
+# the bus, of the store and of the Durable HTTP API, each small.
 QUICK: tuple[Run, ...] = (
     Run("host-crash", ("--orders", "20", "--kills", "3"), ("kills_done", "settle_s", "max_attempt", "total_s")),
     Run("agent-crash", ("--orders", "20", "--kills", "3"), ("kills_done", "settle_s", "max_attempt", "total_s")),
@@ -75,6 +77,9 @@ QUICK: tuple[Run, ...] = (
                                                                   "time_to_drain_s", "elapsed_s")),
     Run("scale-out", ("--orders", "80", "--kills", "3"), ("kills", "host_processes", "episodes_per_host_process",
                                                           "attempts", "elapsed_s")),
+    Run("durable-api-outage", ("--orders", "6", "--outage-for", "8"), ("outage_s", "status_refused",
+                                                                     "expired_at_outage_end", "time_to_drain_s",
+                                                                     "elapsed_s")),
 )
 COMMON = ("invariants.transitions_audited", "invariants.most_calls_per_key")
 

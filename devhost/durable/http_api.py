@@ -6,13 +6,20 @@ start 202 (+Location) / 400 / 500 (an id still running); status 200 / 202 / 404;
 x-ms-continuation-token; raiseEvent 202 / 400 / 404 / 410; terminate 202 / 404 / 410; purge 200 / 404 / 412; any
 path or method no route takes, 404 with no body (HandleRequestAsync's last `CreateResponse(HttpStatusCode.NotFound)`).
 Entities, suspend/resume, rewind and restart answer 501 "not supported by devhost".
+
+Fault switch (the `durable-api-outage` drill; off by default): with the setting DEVHOST_DURABLE_API_OUTAGE_FILE naming
+a file, the start and status routes (what the Starter's `start_new` and the Supervisor's `get_status` call) answer
+503 while that file exists, doing nothing, and append one JSON line per refused request to `<file>.jsonl`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -35,6 +42,7 @@ if TYPE_CHECKING:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RUNNING = frozenset({"Running", "Pending", "ContinuedAsNew", "Suspended"})
 CONTINUATION = "x-ms-continuation-token"
+OUTAGE_SETTING = "DEVHOST_DURABLE_API_OUTAGE_FILE"
 
 
 def error(status: int, message: str) -> web.Response:
@@ -221,17 +229,55 @@ class DurableHttpApi:
         return error(501, f"'{operation}' is not supported by devhost.")
 
 
-def add_routes(app: web.Application, engine: DurableEngine) -> None:
+class OutageSwitch:
+    """The fault switch of the start and status routes: 503 while `path` exists; each refusal is a line of
+    `ledger` {at, route, instanceId}."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.ledger = ledger_of(path)
+
+    @classmethod
+    def from_settings(cls, environ: Mapping[str, str] = os.environ) -> OutageSwitch | None:
+        value = environ.get(OUTAGE_SETTING, "").strip()
+        return cls(Path(value)) if value else None
+
+    def guard(self, route: str, handler: Handler) -> Handler:
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            if not self.path.exists():
+                return await handler(request)
+            line = {"at": time.time(), "route": route, "instanceId": request.match_info.get("instanceId")}
+            with self.ledger.open("a") as ledger:
+                ledger.write(json.dumps(line) + "\n")
+            # What the client makes of it (azure-functions-durable 1.x, DurableOrchestrationClient): get_status
+            # raises Exception("The operation failed with an unexpected status code 503") (its status switch takes
+            # 200/202/400/404/500 only); start_new raises Exception(<this body>) (its catch-all after 400).
+            return web.json_response({"Message": "The Durable HTTP API is unavailable (devhost fault switch)."},
+                                     status=503, headers={"Retry-After": "1"})
+        return guarded
+
+
+def ledger_of(outage_file: Path) -> Path:
+    """Where the switch of `outage_file` records its refusals."""
+    return outage_file.with_name(outage_file.name + ".jsonl")
+
+
+def add_routes(app: web.Application, engine: DurableEngine, outage: OutageSwitch | None = None) -> None:
+    """The extension's routes on `app`; `outage` (default: from DEVHOST_DURABLE_API_OUTAGE_FILE) guards start and
+    status."""
     api = DurableHttpApi(engine)
+    switch = outage or OutageSwitch.from_settings()
+    start = api.start if switch is None else switch.guard("start", api.start)
+    status = api.status if switch is None else switch.guard("status", api.status)
     prefix = "/runtime/webhooks/durabletask"
     routes: list[tuple[str, str, Handler]] = [
-        ("POST", "/orchestrators/{functionName}", api.start),
-        ("POST", "/orchestrators/{functionName}/{instanceId}", api.start),
+        ("POST", "/orchestrators/{functionName}", start),
+        ("POST", "/orchestrators/{functionName}/{instanceId}", start),
         ("GET", "/instances", api.query),
         ("GET", "/instances/", api.query),
         ("DELETE", "/instances", api.purge_by),
         ("DELETE", "/instances/", api.purge_by),
-        ("GET", "/instances/{instanceId}", api.status),
+        ("GET", "/instances/{instanceId}", status),
         ("DELETE", "/instances/{instanceId}", api.purge),
         ("POST", "/instances/{instanceId}/raiseEvent/{eventName}", api.raise_event),
         ("POST", "/instances/{instanceId}/terminate", api.terminate),
@@ -244,4 +290,4 @@ def add_routes(app: web.Application, engine: DurableEngine) -> None:
         app.router.add_route(method, prefix + path, handler)
 
 
-__all__ = ["DurableHttpApi", "add_routes", "error"]
+__all__ = ["OUTAGE_SETTING", "DurableHttpApi", "OutageSwitch", "add_routes", "error", "ledger_of"]
