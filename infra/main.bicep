@@ -31,6 +31,8 @@ param functionPlanName string = ''
 param functionAppName string = ''
 param containerAppsEnvironmentName string = ''
 param agentContainerAppName string = ''
+param simulatorContainerAppName string = ''
+param simulatorIdentityName string = ''
 param durableTaskSchedulerName string = ''
 param virtualNetworkName string = ''
 @description('Operations workbook (app/workbook.bicep); empty: a GUID from the resource group (it must be a GUID).')
@@ -112,8 +114,13 @@ The Agent takes RemoteServiceName and the CircuitBreaker* values from here too, 
 param appSettingOverrides object = {}
 
 // ---------- the Agent ----------
-@description('Base URL of the remote service the Agent calls.')
-param agentRemoteUrl string = 'https://example.invalid/orderflow-remote'
+@description('''Base URL of the remote service the Agent calls (azd env AGENT_REMOTE_URL). Empty (default): the
+remote-service simulator (app/simulator.bicep) is deployed beside the Agent and the Agent calls it.''')
+param agentRemoteUrl string = ''
+@description('azd: SERVICE_AGENT_RESOURCE_EXISTS. True once the Agent\'s container app exists: it keeps its image.')
+param agentExists bool = false
+@description('azd: SERVICE_SIMULATOR_RESOURCE_EXISTS. True once the simulator\'s container app exists: it keeps its image.')
+param simulatorExists bool = false
 @description('Agent replicas, always running: fixed, no scale rule (docs/deploy.md, "Agent telemetry and scaling").')
 @minValue(1)
 param agentReplicas int = 2
@@ -144,6 +151,8 @@ var tags = {
 }
 var statusQueueNames = [for app in submittingApps: '${app.name}-status']
 var useDurableTaskScheduler = durableBackend == 'DurableTaskScheduler'
+var useSimulator = empty(agentRemoteUrl)
+var simulatorAppName = !empty(simulatorContainerAppName) ? simulatorContainerAppName : '${abbrs.appContainerApps}simulator-${resourceToken}'
 
 resource rg 'Microsoft.Resources/resourceGroups@2024-03-01' = {
   name: !empty(resourceGroupName) ? resourceGroupName : '${abbrs.resourcesResourceGroups}${environmentName}'
@@ -341,8 +350,26 @@ module agent 'app/agent.bicep' = {
     circuitBreakerContainerName: circuitBreakerContainerName
     settingOverrides: appSettingOverrides
     agentRemoteUrl: agentRemoteUrl
+    simulatorContainerAppName: useSimulator ? simulatorAppName : ''
+    exists: agentExists
     replicas: agentReplicas
     infrastructureSubnetId: vnetEnabled ? network.outputs.agentSubnetId : ''
+  }
+}
+
+// The Agent's remote service when none is configured (agentRemoteUrl empty): the simulator, internal ingress only.
+module simulator 'app/simulator.bicep' = if (useSimulator) {
+  name: 'simulator'
+  scope: rg
+  params: {
+    location: location
+    tags: tags
+    containerAppName: simulatorAppName
+    identityName: !empty(simulatorIdentityName) ? simulatorIdentityName : '${abbrs.managedIdentityUserAssignedIdentities}simulator-${resourceToken}'
+    environmentId: agent.outputs.environmentId
+    registryName: registry.outputs.registryName
+    registryLoginServer: registry.outputs.loginServer
+    exists: simulatorExists
   }
 }
 
@@ -468,6 +495,9 @@ output AZURE_RESOURCE_GROUP string = rg.name
 output AZURE_CONTAINER_REGISTRY_ENDPOINT string = registry.outputs.loginServer
 output AZURE_FUNCTION_APP_NAME string = functionApp.outputs.functionAppName
 output AZURE_AGENT_CONTAINER_APP_NAME string = agent.outputs.containerAppName
+// azure.yaml's simulator service deploys only when this is true (its `condition`).
+output ORDERFLOW_SIMULATOR_DEPLOYED bool = useSimulator
+output AGENT_REMOTE_SERVICE_URL string = agent.outputs.remoteUrl
 output AZURE_APP_IDENTITY_CLIENT_ID string = identity.outputs.appClientId
 output AZURE_AGENT_IDENTITY_CLIENT_ID string = identity.outputs.agentClientId
 output SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace

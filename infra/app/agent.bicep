@@ -1,6 +1,10 @@
 // Concern: the Agent worker (`python -m agent`) hosted on Azure Container Apps: a long-running process, not a
 // function, so it runs as a container with its own user-assigned identity. The image is built by azd from
 // infra/agent/Dockerfile and pulled (with the identity's AcrPull grant) from registry.bicep's registry.
+// Image and command: a new app starts the placeholder image, which runs its own entrypoint; `azd deploy` then
+// replaces the image only (azure-dev cli/azd/pkg/containerapps/container_app.go, AddRevision), so no command is set
+// here and the Agent image's own CMD (`python -m agent`) runs. A re-provision keeps the deployed image
+// (container-image.bicep, azd's exists pattern).
 // Fixed replicas (minReplicas == maxReplicas == replicas), no scale rule: KEDA's azure-servicebus scaler reads the
 // queue length through the Service Bus management API, which needs the Manage right (Data Owner) that this design
 // grants nobody, so a queue-length rule would never add a replica (docs/deploy.md, "Agent telemetry and scaling").
@@ -31,13 +35,17 @@ param stateDatabaseName string
 param circuitBreakerContainerName string
 @description('The function app\'s appSettingOverrides: the Agent takes RemoteServiceName and CircuitBreaker* from it.')
 param settingOverrides object = {}
-@description('Base URL of the remote service the Agent calls for each step.')
+@description('Base URL of the remote service the Agent calls for each step; empty: the simulator below.')
 param agentRemoteUrl string
+@description('Container app of the remote-service simulator (simulator.bicep) in this environment, called when agentRemoteUrl is empty.')
+param simulatorContainerAppName string = ''
 @description('Agent replicas, always running (no scale rule: see the header).')
 @minValue(1)
 param replicas int = 2
-@description('Image to start with; azd deploy replaces it with the built Agent image.')
-param image string = 'mcr.microsoft.com/azuredocs/containerapps-helloworld:latest'
+@description('azd: SERVICE_AGENT_RESOURCE_EXISTS. True once the app exists: it keeps the image it runs.')
+param exists bool = false
+@description('Image of a new app until azd deploy replaces it with the Agent image; it runs its own entrypoint.')
+param placeholderImage string = 'mcr.microsoft.com/azuredocs/containerapps-helloworld:latest'
 @description('Private posture (main.bicep vnetEnabled): the Container Apps environment\'s subnet; empty for none.')
 param infrastructureSubnetId string = ''
 
@@ -51,6 +59,21 @@ var breakerSettings = union({
   CircuitBreakerMaxCooldownSeconds: '300'
   CircuitBreakerProbes: '2'
 }, settingOverrides)
+
+// The simulator's internal ingress: https://<app>.internal.<environment default domain>, reachable from the apps of
+// the same environment only (https://learn.microsoft.com/azure/container-apps/ingress-overview, "Internal").
+var remoteUrl = !empty(agentRemoteUrl)
+  ? agentRemoteUrl
+  : 'https://${simulatorContainerAppName}.internal.${environment.properties.defaultDomain}'
+
+module image 'container-image.bicep' = {
+  name: 'agent-image'
+  params: {
+    exists: exists
+    containerAppName: containerAppName
+    placeholderImage: placeholderImage
+  }
+}
 
 // Logs go to Azure Monitor through a diagnostic setting: the 'log-analytics' destination would need the
 // workspace shared key.
@@ -119,12 +142,7 @@ resource agent 'Microsoft.App/containerApps@2025-01-01' = {
       containers: [
         {
           name: 'agent'
-          image: image
-          command: [
-            'python'
-            '-m'
-            'agent'
-          ]
+          image: image.outputs.image
           resources: {
             cpu: json('0.5')
             memory: '1Gi'
@@ -135,7 +153,7 @@ resource agent 'Microsoft.App/containerApps@2025-01-01' = {
             { name: 'OperatorAlertsQueueName', value: operatorAlertsQueueName }
             { name: 'ServiceBusConnection__fullyQualifiedNamespace', value: serviceBusFullyQualifiedNamespace }
             { name: 'AZURE_CLIENT_ID', value: identityClientId }
-            { name: 'AGENT_REMOTE_URL', value: agentRemoteUrl }
+            { name: 'AGENT_REMOTE_URL', value: remoteUrl }
             // The circuit-breaker documents: identity-based (CosmosDb__clientId, as orderflow.store reads it).
             { name: 'CosmosDb__accountEndpoint', value: cosmosEndpoint }
             { name: 'CosmosDb__clientId', value: identityClientId }
@@ -164,3 +182,5 @@ resource agent 'Microsoft.App/containerApps@2025-01-01' = {
 
 output containerAppName string = agent.name
 output environmentName string = environment.name
+output environmentId string = environment.id
+output remoteUrl string = remoteUrl

@@ -3,11 +3,14 @@
 No bicep CLI and no network: the tests read the tree. `BicepFile` indexes a file's params, variables,
 resources (nested ones get their full type), modules and outputs; `evaluate` reduces an expression to a Python
 value where it can (literals, objects, arrays, variables, parameter defaults or the values a caller passes,
-`union`, `obj.key` of a known object), and to `Opaque` (its source text) where the value only exists at deployment time.
+`union`, `empty` when the scope asks, `!`, `obj.key` of a known object, a module's output when it reduces to a
+value as the caller invokes it), and to `Opaque` (its source text) where the value only exists at deployment time.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
@@ -234,10 +237,12 @@ def app(name: str) -> BicepFile:
 
 @dataclass(frozen=True)
 class Scope:
-    """Where identifiers resolve: a file, plus the parameter values its caller passes (node, caller scope)."""
+    """Where identifiers resolve: a file, plus the parameter values its caller passes (node, caller scope).
+    `functions`: the functions beyond `union` that evaluate reduces (only `empty`), off unless asked for."""
 
     file: BicepFile
     passed: tuple[tuple[str, Node, Scope], ...] = ()
+    functions: frozenset[str] = frozenset()
 
     def bound(self, name: str) -> tuple[Node, Scope] | None:
         return next(((node, scope) for key, node, scope in self.passed if key == name), None)
@@ -247,7 +252,7 @@ def module_scope(caller: Scope, module: Module) -> Scope:
     """The scope of a module's file as `caller` invokes it."""
     target = module.target()
     assert target is not None, f"{module.symbol} is a registry module"
-    return Scope(target, tuple((key, node, caller) for key, node in module.params().items()))
+    return Scope(target, tuple((key, node, caller) for key, node in module.params().items()), caller.functions)
 
 
 def evaluate(node: Node | None, scope: Scope) -> Any:
@@ -277,7 +282,33 @@ def evaluate(node: Node | None, scope: Scope) -> Any:
         return _ternary(node, scope)
     if kind == "member_expression":
         return _member(node, scope)
+    if kind == "unary_expression":
+        return _unary(node, scope)
     return Opaque(text(node))
+
+
+def _unary(node: Node, scope: Scope) -> Any:
+    """`!x` when `x` reduces to a boolean; Opaque otherwise."""
+    operator, argument = node.children[0].type, node.named_children[-1]
+    value = evaluate(argument, scope)
+    if operator == "!" and isinstance(value, bool):
+        return not value
+    return Opaque(text(node))
+
+
+def _module_output(node: Node, scope: Scope) -> Any:
+    """`mod.outputs.name`: the module's output expression, evaluated in the module as `scope` invokes it; None if
+    `node` is not such a reference."""
+    target, key = node.named_children[0], node.named_children[-1]
+    if target.type != "member_expression" or text(target.named_children[-1]) != "outputs":
+        return None
+    symbol = text(target.named_children[0])
+    module = next((m for m in scope.file.modules if m.symbol == symbol), None)
+    if module is None or module.target() is None:
+        return None
+    inner = module_scope(scope, module)
+    output = inner.file.outputs.get(text(key))
+    return evaluate(output, inner) if output is not None else None
 
 
 def _member(node: Node, scope: Scope) -> Any:
@@ -286,6 +317,9 @@ def _member(node: Node, scope: Scope) -> Any:
     target, key = node.named_children[0], node.named_children[-1]
     if key.type != "property_identifier":
         return Opaque(text(node))
+    output = _module_output(node, scope)
+    if output is not None and not isinstance(output, Opaque):
+        return output
     value = evaluate(target, scope)
     if isinstance(value, dict) and text(key) in value:
         return value[text(key)]
@@ -311,6 +345,8 @@ def _call(node: Node, scope: Scope) -> Any:
         for arg in args:
             merged.update(arg)
         return merged
+    if function == "empty" and "empty" in scope.functions and len(args) == 1 and not isinstance(args[0], Opaque):
+        return not args[0]
     return Opaque(text(node))
 
 
@@ -333,7 +369,29 @@ def literal(source: str) -> Node:
 def with_params(scope: Scope, **values: str) -> Scope:
     """`scope` with parameters bound to Bicep literals, as if passed: with_params(Scope(main()), vnetEnabled='true')."""
     bound = tuple((name, literal(source), scope) for name, source in values.items())
-    return Scope(scope.file, bound + scope.passed)
+    return Scope(scope.file, bound + scope.passed, scope.functions)
+
+
+def bicep_literal(value: Any) -> str:
+    """The Bicep source of a JSON value (a parameters file's `value`): strings quoted, objects and arrays multi-line."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'").replace("${", "\\${") + "'"
+    if isinstance(value, list):
+        return "[\n" + "".join(f"{bicep_literal(item)}\n" for item in value) + "]"
+    if isinstance(value, dict):
+        return "{\n" + "".join(f"'{key}': {bicep_literal(item)}\n" for key, item in value.items()) + "}"
+    raise TypeError(f"not a JSON value: {value!r}")
+
+
+def with_values(scope: Scope, values: dict[str, Any]) -> Scope:
+    """`scope` with parameters bound to JSON values, as a parameters file passes them."""
+    return with_params(scope, **{name: bicep_literal(value) for name, value in values.items()})
 
 
 # ---------------------------------------------------------------- declarations: types, decorators, property paths
@@ -417,3 +475,61 @@ def property_paths(resource: Resource) -> set[str]:
         return found
 
     return walk(resource.body, "")
+
+
+# ---------------------------------------------------------------- azd: azure.yaml services, main.parameters.json
+
+_AZD_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(=|:=|:-)([^}]*))?\}")
+
+
+def azd_substitute(value: str, env: dict[str, str]) -> str:
+    """`${VAR}` and `${VAR=default}` as azd expands a parameters file: drone/envsubst (funcs.go toDefault) gives the
+    default when the variable is unset *or empty*, since azd's lookup returns "" for both (azure-dev
+    cli/azd/pkg/infra/provisioning/bicep/bicep_provider.go, evalParamEnvSubst)."""
+    return _AZD_VARIABLE.sub(lambda m: env.get(m.group(1), "") or (m.group(3) or ""), value)
+
+
+def azd_parameters(env: dict[str, str]) -> dict[str, Any]:
+    """main.parameters.json's values after azd's substitution with `env` (strings, nested in objects and arrays)."""
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, str):
+            return azd_substitute(node, env)
+        if isinstance(node, list):
+            return [walk(item) for item in node]
+        if isinstance(node, dict):
+            return {key: walk(item) for key, item in node.items()}
+        return node
+
+    document = json.loads((INFRA / "main.parameters.json").read_text())
+    return {name: walk(entry["value"]) for name, entry in document["parameters"].items()}
+
+
+def azure_yaml_services() -> dict[str, dict[str, str]]:
+    """Each service of azure.yaml: its settings with nested keys '/'-joined ('docker/path'). Line-based: the file is
+    small, flat and has no YAML parser in the dev requirements."""
+    services: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
+    parents: list[tuple[int, str]] = []
+    inside = False
+    for line in (REPO / "azure.yaml").read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        depth = len(line) - len(line.lstrip())
+        if depth == 0:
+            inside = line.startswith("services:")
+            continue
+        if not inside:
+            continue
+        key, _, value = line.strip().partition(":")
+        if depth == 2:
+            current = services.setdefault(key, {})
+            parents = []
+            continue
+        assert current is not None
+        parents = [(d, k) for d, k in parents if d < depth]
+        if value.strip():
+            current["/".join([k for _, k in parents] + [key])] = value.strip().strip("'\"")
+        else:
+            parents.append((depth, key))
+    return services

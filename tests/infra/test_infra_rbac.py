@@ -40,6 +40,8 @@ EXPECTED = Counter(
         ("namespace::agentRepliesQueue", "Service Bus Data Sender", "agentPrincipalId"),
         ("namespace::operatorAlertsQueue", "Service Bus Data Sender", "agentPrincipalId"),
         ("registry", "AcrPull", "agentPrincipalId"),
+        # simulator.bicep (only without AGENT_REMOTE_URL): its own identity pulls its image, nothing else.
+        ("registry", "AcrPull", "identity.properties.principalId"),
         ("applicationInsights", "Monitoring Metrics Publisher", "agentPrincipalId"),
         ("namespace::ordersQueue", "Service Bus Data Sender", "app.principalId"),
         ("statusQueues[i]", "Service Bus Data Receiver", "app.principalId"),

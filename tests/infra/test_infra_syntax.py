@@ -83,8 +83,8 @@ def test_azure_yaml_services() -> None:
         if line.strip().startswith("project:")
     }
     hosts = [line.strip() for line in lines if line.strip().startswith("host:")]
-    assert set(services) == {"api", "agent"}
-    assert hosts == ["host: function", "host: containerapp"]
+    assert set(services) == {"api", "agent", "simulator"}
+    assert hosts == ["host: function", "host: containerapp", "host: containerapp"]
     dockerfile = next(
         line.split(":", 1)[1].strip() for line in lines if line.strip().startswith("path: infra/")
     )

@@ -1,11 +1,12 @@
 """Infra deployment fixes (issue 9, item 1) and the API versions they rest on, read from the tree:
 
-- no parameter file fixes a principal type: azd fills AZURE_PRINCIPAL_TYPE (User or ServicePrincipal);
+- no parameter file fixes a principal type: azd fills AZURE_PRINCIPAL_TYPE (User or ServicePrincipal), and an
+  empty one falls back to an allowed default;
 - every Microsoft.* resource uses an API version a person checked against Azure's published resource types
   (Azure/bicep-types-az), and for the types in VERIFIED_PROPERTIES every property the Bicep sets exists there;
 - the Cosmos DB sqlRoleAssignments on one account are serialised (concurrent writes fail with 412);
 - the storage queue and table roles exist only with the Azure Storage Durable backend;
-- the Agent image's Docker ignore file keeps local environments, caches and azd env files out of the build;
+- the Docker ignore file of each image azd builds keeps local environments, caches and azd env files out;
 - the array parameters have user-defined types.
 """
 
@@ -23,6 +24,8 @@ from .bicep_tree import (
     Resource,
     all_files,
     app,
+    azd_parameters,
+    azure_yaml_services,
     code_children,
     decorators,
     depends_on,
@@ -236,7 +239,8 @@ def test_the_registry_sets_anonymous_pull_on_a_version_that_has_it() -> None:
 
 # ---------------------------------------------------------------- (a) principal types come from azd
 
-AZD_REFERENCE = re.compile(r"^\$\{[A-Z][A-Z0-9_]*\}$")
+# `${VAR}`, or `${VAR=Default}` with a literal default for an azd too old to fill VAR (or a lookup that fails).
+AZD_REFERENCE = re.compile(r"^\$\{[A-Z][A-Z0-9_]*(=[A-Za-z]+)?\}$")
 
 
 def _principal_types(value: object, where: str) -> list[tuple[str, object]]:
@@ -270,10 +274,21 @@ def test_the_deployers_principal_type_is_azds() -> None:
     with_azd_principal = [a for a in apps if a.get("principalId") == "${AZURE_PRINCIPAL_ID}"]
     assert with_azd_principal, "the deploying principal is a submitting application"
     for entry in with_azd_principal:
-        assert entry.get("principalType") == "${AZURE_PRINCIPAL_TYPE}"
+        assert entry.get("principalType", "").startswith("${AZURE_PRINCIPAL_TYPE")
     # ...and the parameter's type accepts both values azd writes (User when a user, ServicePrincipal in CI).
     union = _property_type(main(), param_type(main(), "submittingApps").removesuffix("[]"), "principalType")
     assert {"User", "ServicePrincipal"} <= _string_literals(union)
+
+
+@pytest.mark.parametrize("azd_type", ["User", "ServicePrincipal", ""], ids=["user", "service-principal", "empty"])
+def test_the_principal_type_azd_passes_is_one_the_type_allows(azd_type: str) -> None:
+    # Empty: azd before 1.17.1 (the first to fill AZURE_PRINCIPAL_TYPE, azure-dev CHANGELOG #5285) or a failed lookup;
+    # an empty string fails the type's allowed values, so the parameters file gives a default.
+    allowed = _string_literals(
+        _property_type(main(), param_type(main(), "submittingApps").removesuffix("[]"), "principalType"))
+    (entry,) = [a for a in azd_parameters({"AZURE_PRINCIPAL_TYPE": azd_type})["submittingApps"] if a["name"] == "app"]
+    assert entry["principalType"] in allowed
+    assert entry["principalType"] == (azd_type or "User")
 
 
 # ---------------------------------------------------------------- (c) Cosmos role assignments are serialised
@@ -405,21 +420,20 @@ MUST_EXCLUDE = [
     "local.settings.json",
     "orderflow/__pycache__/settings.cpython-311.pyc",
 ]
-MUST_KEEP = ["requirements.txt", "constraints.txt", "orderflow/settings.py", "agent/__main__.py"]
+MUST_KEEP = ["requirements.txt", "orderflow/settings.py", "agent/__main__.py", "agent/simulator.py"]
+DOCKER_SERVICES = sorted(name for name, service in azure_yaml_services().items() if "docker/path" in service)
 
 
-def _agent_docker() -> tuple[Path, Path]:
-    """(Dockerfile, context) of azure.yaml's agent service (line-based: azure.yaml is small and flat)."""
-    lines = (REPO / "azure.yaml").read_text().splitlines()
-    start = lines.index("  agent:")
-    block = {k.strip(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[start + 1 :] if ln[:5] == "     ")}
-    return REPO / block["path"], REPO / block["context"]
+def _docker(service: str) -> tuple[Path, Path]:
+    """(Dockerfile, context) of an azure.yaml service."""
+    settings = azure_yaml_services()[service]
+    return REPO / settings["docker/path"], REPO / settings["docker/context"]
 
 
-def _ignore_file() -> Path | None:
+def _ignore_file(service: str) -> Path | None:
     # azd (cli/azd/pkg/containerregistry/pack_source.go) and BuildKit: "<Dockerfile>.dockerignore", else
     # "<context>/.dockerignore".
-    dockerfile, context = _agent_docker()
+    dockerfile, context = _docker(service)
     for candidate in (Path(f"{dockerfile}.dockerignore"), context / ".dockerignore"):
         if candidate.is_file():
             return candidate
@@ -469,13 +483,18 @@ def test_the_matcher_follows_dockerignore_rules() -> None:
     assert not _ignored(".venv/x", [".venv/", "!.venv"])
 
 
-def test_the_agent_image_ignores_local_environments_and_caches() -> None:
-    ignore = _ignore_file()
-    assert ignore is not None, "add infra/agent/Dockerfile.dockerignore (or a root .dockerignore)"
+def test_every_image_azd_builds() -> None:
+    assert DOCKER_SERVICES == ["agent", "simulator"]
+
+
+@pytest.mark.parametrize("service", DOCKER_SERVICES)
+def test_each_image_ignores_local_environments_and_caches(service: str) -> None:
+    ignore = _ignore_file(service)
+    assert ignore is not None, f"add {_docker(service)[0].relative_to(REPO)}.dockerignore (or a root .dockerignore)"
     lines = ignore.read_text().splitlines()
     assert [p for p in MUST_EXCLUDE if not _ignored(p, lines)] == []
     assert [p for p in MUST_KEEP if _ignored(p, lines)] == [], "the Dockerfile COPYs these"
-    copied = re.findall(r"^COPY\s+(.+?)\s+\S+$", _agent_docker()[0].read_text(), re.M)
+    copied = re.findall(r"^COPY\s+(.+?)\s+\S+$", _docker(service)[0].read_text(), re.M)
     for source in " ".join(copied).split():
         assert not _ignored(source.rstrip("/"), lines), source
 
