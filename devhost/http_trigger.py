@@ -5,6 +5,12 @@ Source: "Azure Functions HTTP trigger"
 default route `api/<function name>`; route templates with `{name}`, `{name:constraint}` and optional `{name?}`;
 auth level `function` needs a function or host key in the `x-functions-key` header or the `code` query parameter,
 `admin` needs the master key, `anonymous` none; a missing or wrong key answers 401.
+
+Routing as in azure-functions-host (src/WebJobs.Script.WebHost/WebScriptHostHttpRoutesManager.cs): a trigger's
+methods are a constraint of its route (`HttpMethodRouteConstraint`), so a method no trigger on that path declares
+matches no route and answers 404 with no body, before any key check (Azure/azure-functions-host#10098, #11625).
+Query values as the host hands them to a worker that does not ask for nullable values, which the Python worker does
+not (GrpcMessageConversionExtensions.ToRpcHttp): a repeated parameter's values joined with ",", empty values dropped.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import json
 import os
 import re
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +48,7 @@ def compile_route(template: str) -> re.Pattern[str]:
             pattern += re.escape(literal) + (f"{group}?" if optional else group)
         pos = m.end()
     pattern += re.escape(template[pos:])
-    return re.compile(f"^{pattern}/?$", re.IGNORECASE)
+    return re.compile(f"^{pattern}/?\\Z", re.IGNORECASE | re.DOTALL)
 
 
 class KeyStore:
@@ -101,26 +107,33 @@ class HttpTriggers:
                                      param=str(trigger["name"]), invoke=invoke))
 
     def attach(self, app: web.Application) -> None:
-        app.router.add_route("*", "/api/{tail:.*}", self.handle)
+        # [\s\S]: a route value may hold any decoded character but "/", a newline (%0A) too, as in ASP.NET routing.
+        app.router.add_route("*", r"/api/{tail:[\s\S]*}", self.handle)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         path = request.match_info["tail"]
-        matched = [(r, m) for r in self.routes if (m := r.pattern.match(path))]
-        if not matched:
-            return web.Response(status=404)
-        allowed = [(r, m) for r, m in matched if request.method in r.methods]
+        allowed = [(r, m) for r in self.routes if request.method in r.methods and (m := r.pattern.match(path))]
         if not allowed:
-            return web.Response(status=405)
+            return web.Response(status=404)
         route, match = allowed[0]
         key = request.headers.get("x-functions-key") or request.query.get("code")
         if not self.keys.allows(route.auth_level, key):
             return web.Response(status=401)
         body = await request.read()
+        route_params = {k: v for k, v in match.groupdict().items() if v is not None}
         req = func.HttpRequest(method=request.method, url=str(request.url), headers=dict(request.headers),
-                               params=dict(request.query), route_params={k: v for k, v in match.groupdict().items()
-                                                                         if v is not None}, body=body)
+                               params=query_params(request.query), route_params=route_params, body=body)
         result = await route.invoke({route.param: req})
         return to_response(result)
+
+
+def query_params(query: Mapping[str, str]) -> dict[str, str]:
+    """The query as the host passes it to the worker: each name once, its values joined with "," (StringValues.
+    ToString), left out when that is empty."""
+    joined: dict[str, list[str]] = {}
+    for name, value in query.items():
+        joined.setdefault(name, []).append(value)
+    return {name: text for name, values in joined.items() if (text := ",".join(values))}
 
 
 def to_response(result: Any) -> web.Response:
