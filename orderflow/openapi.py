@@ -23,7 +23,7 @@ from pydantic.json_schema import models_json_schema
 from orderflow.breaker import BreakerState
 from orderflow.messages import ORDER_ID_PATTERN, SubmitOrder
 from orderflow.operations import PAGE_SIZE_MAX
-from orderflow.ops_http import DEFAULT_PAGE_SIZE
+from orderflow.ops_http import DEFAULT_PAGE_SIZE, OLDER_THAN_MAX, OLDER_THAN_PATTERN
 from orderflow.records import OrderStateRecord, ProcessState, Resubmission
 
 API_VERSION = "1.0.0"
@@ -37,6 +37,10 @@ ROUTE_OPENAPI = "openapi.json"
 ORDER_ID_REGEX = ORDER_ID_PATTERN.pattern.replace("\\A", "^").replace("\\Z", "$")
 # OrchestrationRuntimeStatus names, as DurableOrchestrationStatus.to_json() writes them (azure-functions-durable
 # models/OrchestrationRuntimeStatus.py).
+# A ProcessState in any case, in a pattern both regex dialects read alike (ECMA-262 has no inline (?i)).
+STATE_REGEX = "^(?:" + "|".join("".join(f"[{c.upper()}{c.lower()}]" for c in s.value) for s in ProcessState) + ")$"
+# The continuation a page answers with; opaque to clients (a keyset position, orderflow/store/ports.py KeysetCursor).
+CONTINUATION_FORMAT = "orderflow-continuation"
 RuntimeStatus = Literal["Running", "Completed", "ContinuedAsNew", "Failed", "Canceled", "Terminated", "Pending",
                         "Suspended"]
 
@@ -219,7 +223,7 @@ class ResubmitRequest(_Answer):
     """Who resubmits and why (the audit entry). Without `by`: the Easy Auth caller when App Service Authentication is
     on, else "api"."""
 
-    reason: str = Field(min_length=1)
+    reason: str = Field(min_length=1, pattern=r"\S", description="Not blank")
     by: str | None = None
 
 
@@ -265,15 +269,19 @@ def _paths() -> dict[str, Any]:
             "responses": {"200": _json(OrderView, "The order"), **_errors(400, 404, 500)}}},
         f"/{ROUTE_ORDERS}": {"get": {
             "operationId": "listOrders", "summary": "The orders in one state, a page at a time, oldest change first",
+            # An empty optional parameter is as good as absent: the Functions host drops empty query values before
+            # the worker sees them (azure-functions-host GrpcMessageConversionExtensions.ToRpcHttp).
             "parameters": [
                 {"name": "state", "in": "query", "required": True, "description": "A ProcessState (any case)",
-                 "schema": {"type": "string"}},
-                {"name": "olderThan", "in": "query", "description": "Only those unchanged for this long: 90s, 15m, "
-                 "2h, 3d", "schema": {"type": "string", "pattern": r"^\s*\d+[smhd]\s*$"}},
-                {"name": "pageSize", "in": "query", "schema": {"type": "integer", "minimum": 1,
-                                                               "maximum": PAGE_SIZE_MAX, "default": DEFAULT_PAGE_SIZE}},
-                {"name": "continuation", "in": "query", "description": "The previous page's continuation, unchanged "
-                 "(URL-encoded)", "schema": {"type": "string"}}],
+                 "schema": {"type": "string", "pattern": STATE_REGEX}},
+                {"name": "olderThan", "in": "query", "allowEmptyValue": True,
+                 "description": f"Only those unchanged for this long: 90s, 15m, 2h, 3d (at most {OLDER_THAN_MAX})",
+                 "schema": {"type": "string", "pattern": OLDER_THAN_PATTERN}},
+                {"name": "pageSize", "in": "query", "allowEmptyValue": True,
+                 "schema": {"type": "integer", "minimum": 1, "maximum": PAGE_SIZE_MAX, "default": DEFAULT_PAGE_SIZE}},
+                {"name": "continuation", "in": "query", "allowEmptyValue": True,
+                 "description": "The previous page's continuation, unchanged (URL-encoded); any other value is a 400",
+                 "schema": {"type": "string", "format": CONTINUATION_FORMAT}}],
             "responses": {"200": _json(OrdersPage, "One page"), **_errors(400, 500)}}},
         f"/{ROUTE_RESUBMIT}": {"post": {
             "operationId": "resubmitOrder",

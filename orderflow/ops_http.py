@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,12 @@ DEFAULT_BY = "api"
 PRINCIPAL_HEADER = "x-ms-client-principal-name"
 EASY_AUTH_SETTING = "WEBSITE_AUTH_ENABLED"
 INTERNAL_ERROR = {"error": "InternalError", "message": "the request failed; the function app's log has the details"}
+# olderThan: ASCII digits and a unit, at most about a century or more per unit, so that now - olderThan is a date
+# (a longer one is refused, not an OverflowError). orderflow/openapi.py documents this very pattern.
+OLDER_THAN_PATTERN = r"^(?:[0-9]{1,9}s|[0-9]{1,8}m|[0-9]{1,6}h|[0-9]{1,5}d)$"
+OLDER_THAN_MAX = "999999999s, 99999999m, 999999h or 99999d"
+_OLDER_THAN = re.compile(OLDER_THAN_PATTERN.replace("$", r"\Z"))
+_WHOLE_NUMBER = re.compile(r"-?[0-9]{1,12}")
 
 Handler = Callable[[Operations], Awaitable[dict[str, Any]]]
 GetStatus = Callable[..., Awaitable[Any]]  # DurableOrchestrationClient.get_status
@@ -80,11 +87,13 @@ def order(order_id: str) -> Handler:
 
 
 def orders(query: Mapping[str, str]) -> Handler:
+    """GET /orders. An empty parameter counts as absent, as on Azure, where the host drops empty query values before
+    the Python worker sees them."""
     async def run(ops: Operations) -> dict[str, Any]:
         state = query.get("state")
         if not state:
             raise BadRequest("the query parameter state is required (Pending, Processing, Error, ...)")
-        return await ops.orders(state, query.get("olderThan") or None, _page_size(query.get("pageSize")),
+        return await ops.orders(state, _older_than(query.get("olderThan") or None), _page_size(query.get("pageSize")),
                                 query.get("continuation") or None)
     return run
 
@@ -111,35 +120,54 @@ def summary() -> Handler:
     return lambda ops: ops.summary()
 
 
+def _older_than(text: str | None) -> str | None:
+    if text is not None and not _OLDER_THAN.match(text):
+        raise BadRequest(f"olderThan {text[:40]!r} is not a duration like 90s, 15m, 2h or 3d "
+                         f"(at most {OLDER_THAN_MAX})")
+    return text
+
+
 def _page_size(text: str | None) -> int:
     if not text:
         return DEFAULT_PAGE_SIZE
-    try:
-        return int(text)
-    except ValueError:
-        raise BadRequest(f"pageSize must be a whole number, got {text[:40]!r}") from None
+    if not _WHOLE_NUMBER.fullmatch(text):
+        raise BadRequest(f"pageSize must be a whole number, got {text[:40]!r}")
+    return int(text)
 
 
 def _body(raw: bytes, *, required: bool) -> dict[str, str]:
-    """The request body: a JSON object of `reason` and `by`, both strings; unknown fields are refused, so that a
-    misspelt one is not silently dropped from the audit trail."""
+    """The request body: a JSON object of `reason` and `by`, each a string or null (null: as if left out); unknown
+    fields are refused, so that a misspelt one is not silently dropped from the audit trail. Any body that is not
+    such an object is a BadRequest: malformed, nested too deeply to parse, or not UTF-8 text."""
     if not raw.strip():
         if required:
             raise BadRequest("the body must be a JSON object like {\"reason\": \"...\", \"by\": \"...\"}")
         return {}
     try:
         fields = json.loads(raw)
-    except ValueError:
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError, and an integer too long to convert
         raise BadRequest("the body is not JSON") from None
+    except RecursionError:
+        raise BadRequest("the body is not JSON: it is nested too deeply") from None
     if not isinstance(fields, dict):
         raise BadRequest("the body must be a JSON object like {\"reason\": \"...\", \"by\": \"...\"}")
     unknown = sorted(set(fields) - {"reason", "by"})
     if unknown:
         raise BadRequest(f"unknown field(s) in the body: {', '.join(unknown)} (expected reason, by)")
     for name, value in fields.items():
-        if not isinstance(value, str):
+        if value is not None and not isinstance(value, str):
             raise BadRequest(f"field {name!r} must be a string")
-    return fields
+        if isinstance(value, str) and not _is_utf8(value):
+            raise BadRequest(f"field {name!r} is not Unicode text (it holds an unpaired surrogate escape)")
+    return {name: value for name, value in fields.items() if value is not None}
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _caller(fields: Mapping[str, str], headers: Mapping[str, str], env: Mapping[str, str]) -> str:

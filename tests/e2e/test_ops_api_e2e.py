@@ -227,6 +227,8 @@ def test_orders_older_than_keeps_only_records_unchanged_for_that_long(api: Api) 
     ({"state": "Pending", "pageSize": "0"}, "pageSize (--page-size) must be 1.."),
     ({"state": "Pending", "pageSize": "many"}, "whole number"),
     ({"state": "Pending", "olderThan": "5y"}, "not a duration"),
+    ({"state": "Pending", "olderThan": "99999999999999d"}, "at most 999999999s, 99999999m, 999999h or 99999d"),
+    ({"state": ""}, "state is required"),  # the host drops an empty value: as if left out
     ({"state": "Pending", "continuation": "not-a-token"}, "malformed continuation"),
 ])
 def test_orders_refuses_bad_parameters(api: Api, query: dict[str, str], says: str) -> None:
@@ -265,6 +267,8 @@ def test_resubmit_of_compensation_failed_resumes_the_compensation(api: Api) -> N
     ("bad", {"reason": "again"}, (400, "BadRequest"), "not a valid order id"),
     ("error_kept", None, (400, "BadRequest"), "must be a JSON object"),
     ("error_kept", b"{not json", (400, "BadRequest"), "not JSON"),
+    ("error_kept", b'{"reason": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", (400, "BadRequest"), "nested too deeply"),
+    ("error_kept", {"reason": None}, (400, "BadRequest"), "needs a reason"),
     ("error_kept", {"reason": "x", "reasom": "typo"}, (400, "BadRequest"), "unknown field(s) in the body: reasom"),
     ("error_kept", {"reason": "  "}, (400, "BadRequest"), "needs who (by) and why (reason)"),
     ("error_kept", {"reason": 7}, (400, "BadRequest"), "must be a string"),

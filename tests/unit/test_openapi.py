@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -15,8 +16,9 @@ from openapi_spec_validator import validate as validate_openapi
 
 from orderflow import ops_http, runtime
 from orderflow.messages import ORDER_ID_PATTERN
-from orderflow.openapi import ORDER_ID_REGEX, document
-from orderflow.operations import Operations, UnknownOrder, WrongState
+from orderflow.openapi import ORDER_ID_REGEX, STATE_REGEX, document
+from orderflow.operations import BadRequest, Operations, UnknownOrder, WrongState, parse_duration, parse_state
+from orderflow.ops_http import OLDER_THAN_PATTERN
 from orderflow.records import ProcessState
 
 
@@ -137,3 +139,85 @@ async def test_the_durable_status_adapter_keeps_the_history_and_maps_a_missing_i
     assert found["runtimeStatus"] == "Running" and schema_errors("OrchestrationStatus", found) == []
     assert await statuses.status("o-1:2") is None
     assert calls[0] == ("o-1:1", {"show_history": True, "show_history_output": False})
+
+
+# --- bad input: every refusal a 400 with one line, never an exception ----------------------------------------------
+class Recorder:
+    """Operations that record what reached them."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.now = datetime.now(UTC)
+
+    async def orders(self, *args: Any) -> dict[str, Any]:
+        self.calls.append(args)
+        return {}
+
+    async def cancel(self, *args: Any) -> dict[str, Any]:
+        self.calls.append(args)
+        return {}
+
+    async def resubmit(self, *args: Any) -> dict[str, Any]:
+        self.calls.append(args)
+        return {}
+
+
+@pytest.mark.parametrize(("raw", "says"), [
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),  # RecursionError inside json.loads
+    (b'{"reason": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+    (b'{"reason": "\xff\xfe caf\xe9"}', "not JSON"),  # not UTF-8
+    (b'{"reason": ' + b"9" * 5000 + b"}", "not JSON"),  # longer than int's conversion limit
+    (b'{"reason": NaN}', "must be a string"),
+    (b'{"reason": "a\\ud800b"}', "not Unicode text"),  # an unpaired surrogate: no store could write it
+    (b'{"reason": "x", "by": 1e999}', "must be a string"),
+])
+async def test_a_bad_body_is_a_bad_request(raw: bytes, says: str) -> None:
+    ops = Recorder()
+    with pytest.raises(BadRequest, match=says):
+        await ops_http.cancel("o-1", raw, {}, {})(ops)  # type: ignore[arg-type]
+    assert ops.calls == []
+
+
+async def test_null_reason_and_by_are_as_if_left_out() -> None:
+    ops = Recorder()
+    await ops_http.cancel("o-1", b'{"reason": null, "by": null}', {}, {})(ops)  # type: ignore[arg-type]
+    await ops_http.resubmit("o-1", b'{"reason": "why", "by": null}', {}, {})(ops)  # type: ignore[arg-type]
+    assert ops.calls[0][:3] == ("o-1", "api", None) and ops.calls[1] == ("o-1", "api", "why")
+    with pytest.raises(BadRequest, match="needs a reason"):
+        await ops_http.resubmit("o-1", b'{"reason": null}', {}, {})(ops)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("query", "says"), [
+    ({"state": "Pending", "olderThan": "99999999999999999999d"}, "at most"),  # OverflowError in timedelta
+    ({"state": "Pending", "olderThan": "999999d"}, "at most"),  # a timedelta, but before year 1
+    ({"state": "Pending", "olderThan": "\u0663d"}, "not a duration"),  # an Arabic-Indic digit: int() takes it
+    ({"state": "Pending", "olderThan": "2d\n"}, "not a duration"),
+    ({"state": "Pending", "pageSize": "9" * 5000}, "whole number"),
+    ({"state": "Pending", "pageSize": "\u0665"}, "whole number"),
+    ({"state": "Pending", "pageSize": " 5"}, "whole number"),
+])
+async def test_a_bad_query_is_a_bad_request(query: dict[str, str], says: str) -> None:
+    ops = Recorder()
+    with pytest.raises(BadRequest, match=says):
+        await ops_http.orders(query)(ops)  # type: ignore[arg-type]
+    assert ops.calls == []
+
+
+@pytest.mark.parametrize("text", ["999999999s", "99999999m", "999999h", "99999d"])
+def test_the_longest_documented_older_than_is_still_a_date(text: str) -> None:
+    schema = {"type": "string", "pattern": OLDER_THAN_PATTERN}
+    assert Draft202012Validator(schema).is_valid(text)
+    assert datetime.now(UTC) - parse_duration(text) > datetime.min.replace(tzinfo=UTC)
+    assert not Draft202012Validator(schema).is_valid("1" + text)  # one digit more is refused by the document too
+
+
+@pytest.mark.parametrize("candidate", [*(s.value for s in ProcessState), "pending", "COMPENSATED", "", "Stuck",
+                                       "Pending,Error", "Pendin", "Pendingg", "Pending\n"])
+def test_the_state_pattern_is_the_states_in_any_case(candidate: str) -> None:
+    try:
+        parse_state(candidate)
+        accepted = True
+    except BadRequest:
+        accepted = False
+    assert Draft202012Validator({"type": "string", "pattern": STATE_REGEX}).is_valid(candidate) == accepted or (
+        candidate == "Pending\n")  # Python's `$` matches before a final newline; ECMA-262's (the document's) does not
