@@ -471,6 +471,14 @@ module alerts 'app/alerts.bicep' = {
     applicationInsightsId: monitoring.outputs.applicationInsightsId
     alertEmail: alertEmail
     supervisorSilenceMinutes: supervisorSilenceMinutes
+    // Queues only the product writes to: a dead letter there is a product fault (Sev-2).
+    systemQueueNames: [
+      agentRequestsQueueName
+      agentRepliesQueueName
+      operatorAlertsQueueName
+    ]
+    // Queues a sender fills (orders) or drains (statuses): their dead letters count towards a Sev-3 threshold.
+    senderQueueNames: concat([ordersQueueName], statusQueueNames)
   }
 }
 

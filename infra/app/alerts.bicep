@@ -1,6 +1,9 @@
 // Concern: the signals that mean an operator must act, as Azure Monitor alert rules, routed to an optional e-mail
 // action group:
-//  - dead-lettered messages above 0 on any queue (a poison message or an expired one: never silently dropped);
+//  - dead-lettered messages above 0 on a system queue (agent-requests, agent-replies, operator-alerts: only the
+//    product writes there, so a dead letter is a product fault), Sev-2;
+//  - dead-lettered messages above badInputThreshold on a sender's queue (orders-inbound, the status queues: poison
+//    input, or an app that does not read its statuses), Sev-3: a sender cannot page the on-call;
 //  - orders that ended failed (the `orderflow.orders.error` custom metric or an operator-alert log line of an order
 //    failure kind), Sev-1;
 //  - bad input above a rate (operator-alert log lines of an input kind: poison messages, conflicting duplicates),
@@ -24,6 +27,10 @@ param supervisorSilenceMinutes int = 15
 param badInputThreshold int = 20
 @minValue(5)
 param badInputWindowMinutes int = 15
+@description('Queues only the product writes to (agent-requests, agent-replies, operator-alerts).')
+param systemQueueNames array
+@description('Queues whose dead letters a sender causes: orders-inbound and every status queue.')
+param senderQueueNames array
 
 var ordersErrorMetric = 'orderflow.orders.error'
 // The start of the log line orderflow.outbound.raise_alert writes for every operator alert; the line carries the
@@ -62,8 +69,8 @@ resource deadLetters 'Microsoft.Insights/metricAlerts@2018-03-01' = {
   location: 'global'
   tags: tags
   properties: {
-    description: 'A message was dead-lettered on a queue: inspect the dead-letter sub-queue and its reason.'
-    severity: 1
+    description: 'A message was dead-lettered on a system queue (only the product writes there): inspect the dead-letter sub-queue and its reason.'
+    severity: 2
     enabled: true
     scopes: [
       serviceBusNamespaceId
@@ -82,13 +89,49 @@ resource deadLetters 'Microsoft.Insights/metricAlerts@2018-03-01' = {
             {
               name: 'EntityName'
               operator: 'Include'
-              values: [
-                '*'
-              ]
+              values: systemQueueNames
             }
           ]
           operator: 'GreaterThan'
           threshold: 0
+          timeAggregation: 'Maximum'
+        }
+      ]
+    }
+    actions: [for id in actions: { actionGroupId: id }]
+  }
+}
+
+resource senderDeadLetters 'Microsoft.Insights/metricAlerts@2018-03-01' = {
+  name: '${namePrefix}-sender-dead-letters'
+  location: 'global'
+  tags: tags
+  properties: {
+    description: 'More than ${badInputThreshold} dead letters on a sender\'s queue (orders-inbound, a status queue): poison input, or an app that does not read its statuses. Inspect the reasons (orderflow dlq list) and clear them.'
+    severity: 3
+    enabled: true
+    scopes: [
+      serviceBusNamespaceId
+    ]
+    evaluationFrequency: 'PT5M'
+    windowSize: 'PT15M'
+    criteria: {
+      'odata.type': 'Microsoft.Azure.Monitor.SingleResourceMultipleMetricCriteria'
+      allOf: [
+        {
+          criterionType: 'StaticThresholdCriterion'
+          name: 'dead-lettered'
+          metricNamespace: 'Microsoft.ServiceBus/namespaces'
+          metricName: 'DeadletteredMessages'
+          dimensions: [
+            {
+              name: 'EntityName'
+              operator: 'Include'
+              values: senderQueueNames
+            }
+          ]
+          operator: 'GreaterThan'
+          threshold: badInputThreshold
           timeAggregation: 'Maximum'
         }
       ]

@@ -150,11 +150,54 @@ def _alert(symbol: str) -> dict:
     return evaluate(alerts.resource(symbol).get("properties"), Scope(alerts))
 
 
-def test_dead_letter_alert_covers_every_queue() -> None:
-    (criterion,) = _alert("deadLetters")["criteria"]["allOf"]
-    assert criterion["metricName"] == "DeadletteredMessages"
-    assert criterion["operator"] == "GreaterThan" and criterion["threshold"] == 0
-    assert criterion["dimensions"] == [{"name": "EntityName", "operator": "Include", "values": ["*"]}]
+def _dead_letter_alert(symbol: str) -> tuple[dict, dict]:
+    """(properties, the one criterion) of a dead-letter metric alert, as main.bicep invokes alerts.bicep."""
+    alerts = app("alerts.bicep")
+    scope = module_scope(Scope(main()), main().module("alerts"))
+    properties = evaluate(alerts.resource(symbol).get("properties"), scope)
+    (criterion,) = properties["criteria"]["allOf"]
+    assert criterion["metricName"] == "DeadletteredMessages" and criterion["operator"] == "GreaterThan"
+    return properties, criterion
+
+
+def _queues_of(criterion: dict) -> set[str]:
+    (dimension,) = criterion["dimensions"]
+    assert dimension["name"] == "EntityName" and dimension["operator"] == "Include"
+    assert isinstance(dimension["values"], list), dimension["values"]
+    return set(dimension["values"])
+
+
+def test_dead_letter_alerts_cover_every_queue_and_no_sender_pages() -> None:
+    # Every queue of the namespace is watched by exactly one dead-letter alert. Dead letters on a queue a sender
+    # fills or drains (poison input on orders-inbound, an app that never reads its status queue) count towards a
+    # Sev-3 threshold; only the product writes the system queues, so a dead letter there is Sev-2. Sev-1 is the
+    # orders-in-Error alert alone (issue 21: anybody who can submit could page the operators).
+    names = {key: evaluate(main().module("serviceBus").params()[key], Scope(main())) for key in (
+        "ordersQueueName", "agentRequestsQueueName", "agentRepliesQueueName", "operatorAlertsQueueName")}
+    system, system_criterion = _dead_letter_alert("deadLetters")
+    sender, sender_criterion = _dead_letter_alert("senderDeadLetters")
+    assert _queues_of(system_criterion) == {names["agentRequestsQueueName"], names["agentRepliesQueueName"],
+                                            names["operatorAlertsQueueName"]}
+    # The status queues are a deployment-time list (one per submitting app): the sender alert takes the very list the
+    # namespace creates its status queues from, after orders-inbound.
+    bus_status, alert_queues = (text(main().module(m).params()[k]) for m, k in (
+        ("serviceBus", "statusQueueNames"), ("alerts", "senderQueueNames")))
+    assert bus_status == "statusQueueNames" and alert_queues == "concat([ordersQueueName], statusQueueNames)"
+    assert text(main().module("serviceBus").params()["ordersQueueName"]) == "ordersQueueName"
+    assert system["severity"] == 2 and system_criterion["threshold"] == 0
+    assert sender["severity"] == 3 and sender_criterion["threshold"] == 20  # badInputThreshold's default
+    assert sender["windowSize"] == "PT15M" and system["windowSize"] == "PT5M"
+
+
+def test_severity_1_is_kept_for_what_no_sender_can_cause() -> None:
+    # What pages: an order ended failed, the remote service is cut off (the breaker is open: every order waits), or
+    # the Supervisor stopped running. No sender's input causes these; every alert a sender can cause is Sev-2 or lower.
+    alerts = app("alerts.bicep")
+    scope = module_scope(Scope(main()), main().module("alerts"))
+    severities = {r.symbol: evaluate(r.get("properties", "severity"), scope) for r in alerts.resources
+                  if r.type.startswith("Microsoft.Insights/") and r.get("properties", "severity") is not None}
+    assert sorted(s for s, level in severities.items() if level == 1) == ["circuitOpen", "ordersInError", "supervisorSilent"]
+    assert severities["badInput"] == 2 and severities["deadLetters"] == 2 and severities["senderDeadLetters"] == 3
 
 
 def test_orders_in_error_alert_reads_the_metric_and_the_alert_log() -> None:
