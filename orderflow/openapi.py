@@ -22,8 +22,8 @@ from pydantic.json_schema import models_json_schema
 
 from orderflow.breaker import BreakerState
 from orderflow.messages import ORDER_ID_PATTERN, SubmitOrder
-from orderflow.operations import PAGE_SIZE_MAX
-from orderflow.ops_http import DEFAULT_PAGE_SIZE, OLDER_THAN_MAX, OLDER_THAN_PATTERN
+from orderflow.operations import OLDER_THAN_MAX, OLDER_THAN_PATTERN, PAGE_SIZE_MAX
+from orderflow.ops_http import DEFAULT_PAGE_SIZE
 from orderflow.records import OrderStateRecord, ProcessState, Resubmission
 
 API_VERSION = "1.0.0"

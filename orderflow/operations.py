@@ -31,7 +31,11 @@ from orderflow.supervisor import CHECKPOINT
 from orderflow.workflow import CANCEL_EVENT
 
 PAGE_SIZE_MAX = 200
-DURATION = re.compile(r"\A(\d+)([smhd])\Z")
+# olderThan / --older-than: ASCII digits and a unit, at most about a century or more per unit, so that now - olderThan
+# is a date (a longer one is refused, not an OverflowError). orderflow/openapi.py documents this very pattern.
+OLDER_THAN_PATTERN = r"^(?:[0-9]{1,9}s|[0-9]{1,8}m|[0-9]{1,6}h|[0-9]{1,5}d)$"
+OLDER_THAN_MAX = "999999999s, 99999999m, 999999h or 99999d"
+DURATION = re.compile(OLDER_THAN_PATTERN.replace("$", r"\Z"))
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 CANCELLABLE = (ProcessState.PENDING, ProcessState.PROCESSING)
 # DurableOrchestrationClient.raise_event(instance_id, event_name, event_data)
@@ -84,10 +88,10 @@ class DurableStatuses(Protocol):
 
 def parse_duration(text: str) -> timedelta:
     """`90s`, `15m`, `2h`, `3d` (the CLI's --older-than, the API's olderThan)."""
-    m = DURATION.match(text.strip())
-    if m is None:
-        raise BadRequest(f"olderThan (--older-than) {text!r} is not a duration like 90s, 15m, 2h or 3d")
-    return timedelta(seconds=int(m.group(1)) * UNITS[m.group(2)])
+    if DURATION.match(text) is None:
+        raise BadRequest(f"olderThan (--older-than) {text[:40]!r} is not a duration like 90s, 15m, 2h or 3d "
+                         f"(at most {OLDER_THAN_MAX})")
+    return timedelta(seconds=int(text[:-1]) * UNITS[text[-1]])
 
 
 def parse_state(text: str) -> ProcessState:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orderflow.operations import BadRequest, Operations, OpsError, RaiseEvent, app_listens
+from orderflow.operations import BadRequest, Operations, OpsError, RaiseEvent, app_listens, parse_duration
 from orderflow.runtime import get_services
 from orderflow.starter import never_started
 
@@ -31,11 +31,6 @@ DEFAULT_BY = "api"
 PRINCIPAL_HEADER = "x-ms-client-principal-name"
 EASY_AUTH_SETTING = "WEBSITE_AUTH_ENABLED"
 INTERNAL_ERROR = {"error": "InternalError", "message": "the request failed; the function app's log has the details"}
-# olderThan: ASCII digits and a unit, at most about a century or more per unit, so that now - olderThan is a date
-# (a longer one is refused, not an OverflowError). orderflow/openapi.py documents this very pattern.
-OLDER_THAN_PATTERN = r"^(?:[0-9]{1,9}s|[0-9]{1,8}m|[0-9]{1,6}h|[0-9]{1,5}d)$"
-OLDER_THAN_MAX = "999999999s, 99999999m, 999999h or 99999d"
-_OLDER_THAN = re.compile(OLDER_THAN_PATTERN.replace("$", r"\Z"))
 _WHOLE_NUMBER = re.compile(r"-?[0-9]{1,12}")
 
 Handler = Callable[[Operations], Awaitable[dict[str, Any]]]
@@ -121,9 +116,8 @@ def summary() -> Handler:
 
 
 def _older_than(text: str | None) -> str | None:
-    if text is not None and not _OLDER_THAN.match(text):
-        raise BadRequest(f"olderThan {text[:40]!r} is not a duration like 90s, 15m, 2h or 3d "
-                         f"(at most {OLDER_THAN_MAX})")
+    if text is not None:
+        parse_duration(text)  # a BadRequest names the bound
     return text
 
 

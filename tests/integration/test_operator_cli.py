@@ -119,6 +119,8 @@ async def test_orders_pages_through_one_state_oldest_first_and_filters_by_age(sy
     (("--state", "Stuck"), "state 'Stuck' is not one of Pending, Processing, Processed, Error"),
     (("--state", "Error", "--older-than", "soon"),
      "olderThan (--older-than) 'soon' is not a duration like 90s, 15m, 2h or 3d"),
+    # A duration whose age is no date (OverflowError in now - timedelta) is refused with its bound, not a traceback.
+    (("--state", "Error", "--older-than", "99999999999d"), "(at most 999999999s, 99999999m, 999999h or 99999d)"),
     (("--state", "Error", "--continuation", "garbage"), "continuation"),
     (("--state", "Error", "--page-size", "0"), "pageSize (--page-size) must be 1..200, got 0"),
 ])

@@ -17,8 +17,15 @@ from openapi_spec_validator import validate as validate_openapi
 from orderflow import ops_http, runtime
 from orderflow.messages import ORDER_ID_PATTERN
 from orderflow.openapi import ORDER_ID_REGEX, STATE_REGEX, document
-from orderflow.operations import BadRequest, Operations, UnknownOrder, WrongState, parse_duration, parse_state
-from orderflow.ops_http import OLDER_THAN_PATTERN
+from orderflow.operations import (
+    OLDER_THAN_PATTERN,
+    BadRequest,
+    Operations,
+    UnknownOrder,
+    WrongState,
+    parse_duration,
+    parse_state,
+)
 from orderflow.records import ProcessState
 
 
