@@ -301,6 +301,7 @@ module functionApp 'app/function.bicep' = {
     applicationInsightsConnectionString: monitoring.outputs.applicationInsightsConnectionString
     logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
     serviceBusFullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
+    serviceBusNamespaceResourceId: serviceBus.outputs.namespaceId
     cosmosEndpoint: cosmos.outputs.endpoint
     ordersQueueName: ordersQueueName
     agentRequestsQueueName: agentRequestsQueueName
@@ -509,6 +510,7 @@ output AGENT_REMOTE_SERVICE_URL string = agent.outputs.remoteUrl
 output AZURE_APP_IDENTITY_CLIENT_ID string = identity.outputs.appClientId
 output AZURE_AGENT_IDENTITY_CLIENT_ID string = identity.outputs.agentClientId
 output SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace
+output SERVICEBUS_NAMESPACE_RESOURCE_ID string = serviceBus.outputs.namespaceId
 output ORDERS_QUEUE_NAME string = ordersQueueName
 output STATUS_QUEUE_NAMES string = join(statusQueueNames, ',')
 output OPERATOR_ALERTS_QUEUE_NAME string = operatorAlertsQueueName

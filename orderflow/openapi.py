@@ -154,15 +154,16 @@ class OldestPending(_Answer):
 
 
 class DeadLetterDepth(_Answer):
-    """Messages in a queue's dead-letter sub-queue; `capped`: counting stopped at the cap (there are at least this
-    many)."""
+    """Messages in a queue's dead-letter sub-queue: on Azure the queue's runtime count (exact, never capped), else
+    peeked; `capped`: counting stopped at the cap (there are at least this many)."""
 
     count: int = Field(ge=0)
     capped: bool
 
 
 class DeadLetterUnreadable(_Answer):
-    """The queue's dead-letter depth could not be read, or this identity may not read it (the others still are)."""
+    """The queue's dead-letter depth could not be read, or this identity may not read it (the others still are);
+    `error` says why in one line."""
 
     error: str
 

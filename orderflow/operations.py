@@ -43,13 +43,15 @@ RaiseEvent = Callable[[str, str, Any], Awaitable[None]]
 log = logging.getLogger("orderflow.ops")
 
 
-NOT_LISTENED = ("not read: this identity holds no Listen right on {queue}; see the Service Bus metric "
-                "DeadletteredMessages (workbook tile Dead-lettered messages)")
+NOT_LISTENED = ("not read: this identity holds no Listen right on {queue} and ServiceBusNamespaceResourceId is not "
+                "set (the exact count, with Reader on the queue); see the Service Bus metric DeadletteredMessages "
+                "(workbook tile Dead-lettered messages)")
 
 
 def app_listens(tunables: Tunables) -> frozenset[str]:
     """The queues the function app's identity holds Service Bus Data Receiver on (infra/app/rbac.bicep): the ones its
-    triggers receive from. A peek, dead letters included, needs that right."""
+    triggers receive from. A peek, dead letters included, needs that right; the runtime counts the summary reads on
+    Azure (`Services.queue_counts`) do not."""
     return frozenset({tunables.orders_queue, tunables.agent_replies_queue})
 
 
@@ -125,7 +127,8 @@ class Operations:
     services: Services
     durable: DurableStatuses | None = None
     breaker_services: Sequence[str] = ()  # remote services whose breakers the summary shows (default: the app's)
-    # The queues whose dead letters this caller may read (Listen), from the tunables; None: try every queue.
+    # The queues whose dead letters this caller may peek (Listen), from the tunables; None: try every queue. Only
+    # for peeking: with `services.queue_counts` (Azure) every depth is the queue's runtime count instead.
     listens: Callable[[Tunables], frozenset[str]] | None = None
 
     @property
@@ -221,14 +224,15 @@ class Operations:
         return _cancel_answer(order_id, after, already=not done.changed)
 
     async def summary(self, dead_letter_cap: int = 1000) -> dict[str, Any]:
-        """Counts per state, the oldest Pending, the expired supervised records, dead-letter depth per queue (those
-        the caller `listens` to; the others say where to read it), breaker states and the Supervisor's last run
+        """Counts per state, the oldest Pending, the expired supervised records, dead-letter depth per queue (the
+        exact runtime count from `services.queue_counts` when set, else peeked, at most `dead_letter_cap`, on the
+        queues the caller `listens` to; an unreadable queue says why), breaker states and the Supervisor's last run
         (every figure is also set as a metric for the workbook)."""
         now, state = self.now, self.services.state
         counts = await asyncio.gather(*(state.count_in_state(s) for s in ProcessState))
         oldest, expired = await asyncio.gather(state.oldest_in_state(ProcessState.PENDING), state.count_expired(now))
         queues = sorted(self.services.tunables.internal_queues() | self.services.tunables.allowed_reply_queues)
-        depths = await asyncio.gather(*(self._depth(q, dead_letter_cap) for q in queues))
+        depths = await self._depths(queues, dead_letter_cap)
         checkpoint = await state.get_checkpoint(CHECKPOINT)
         per_state = {s.value: n for s, n in zip(ProcessState, counts, strict=True)}
         for name, n in per_state.items():
@@ -247,6 +251,13 @@ class Operations:
             "breakers": await self._breakers(),
             "supervisor": None if checkpoint is None else _supervisor(checkpoint[0], now),
         }
+
+    async def _depths(self, queues: Sequence[str], cap: int) -> list[dict[str, Any]]:
+        counts = self.services.queue_counts
+        if counts is not None:
+            found = await counts.dead_letter_depths(queues)
+            return [found[q] for q in queues]
+        return list(await asyncio.gather(*(self._depth(q, cap) for q in queues)))
 
     async def _depth(self, queue: str, cap: int) -> dict[str, Any]:
         if self.listens is not None and queue not in self.listens(self.services.tunables):

@@ -11,13 +11,16 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orderflow import settings
 from orderflow.clock import Clock, SystemClock
 from orderflow.retry_budget import RetryBudget
 from orderflow.state_machine import Backoff, exponential_backoff
 from orderflow.store.ports import DocumentStore, OrdersDb, RecoveryIndex, StateStore
+
+if TYPE_CHECKING:
+    from orderflow.queue_counts import ArmQueueCounts
 
 SCAN_MODES = ("query", "index")
 
@@ -98,6 +101,9 @@ class Services:
     # The recovery index: written with every CompleteBy change in both scan modes (so a switch to `index` finds the
     # orders already in flight), read by the Supervisor in SupervisorScanMode `index`. None: not written (tests).
     index: RecoveryIndex | None = None
+    # Queue runtime counts from Azure Resource Manager (orderflow/queue_counts.py, ServiceBusNamespaceResourceId):
+    # the ops summary's dead-letter depths. None: the summary peeks them on the bus.
+    queue_counts: ArmQueueCounts | None = None
 
 
 _services: dict[int, Services] = {}
@@ -108,6 +114,7 @@ async def get_services() -> Services:
     """The services of the running event loop, built from app settings on first use."""
     loop_id = id(asyncio.get_running_loop())
     if loop_id not in _services:
+        from orderflow import queue_counts  # noqa: PLC0415
         from orderflow.bus.aio import client_from_settings  # noqa: PLC0415
         from orderflow.store import open_breaker_documents, open_recovery_index, open_stores  # noqa: PLC0415
 
@@ -116,7 +123,7 @@ async def get_services() -> Services:
         _services[loop_id] = Services(
             orders=orders, state=state, bus=client_from_settings(os.environ), tunables=tunables,
             breakers=open_breaker_documents(os.environ),
-            index=open_recovery_index(os.environ))
+            index=open_recovery_index(os.environ), queue_counts=queue_counts.from_settings(os.environ))
     return _services[loop_id]
 
 

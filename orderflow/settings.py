@@ -26,6 +26,9 @@ SERVICE_BUS_CONNECTION = "ServiceBusConnection"
 SETTINGS: tuple[Setting, ...] = (
     Setting("ServiceBusConnection__fullyQualifiedNamespace", None,
             "Service Bus namespace host (identity-based connection, Azure)."),
+    Setting("ServiceBusNamespaceResourceId", None,
+            "Azure: ARM resource id of the Service Bus namespace; the ops summary reads each queue's exact "
+            "dead-letter depth from its runtime counts (Reader on the queue). Unset: the depth is peeked."),
     Setting("ServiceBusConnection", None,
             "Local only: connection string; `Endpoint=embedded://...` selects the embedded broker."),
     Setting("CosmosDb__accountEndpoint", None,

@@ -19,6 +19,8 @@ param applicationInsightsConnectionString string
 param logAnalyticsWorkspaceId string
 
 param serviceBusFullyQualifiedNamespace string
+@description('ARM resource id of the Service Bus namespace: the ops summary reads each queue\'s runtime counts there.')
+param serviceBusNamespaceResourceId string
 param cosmosEndpoint string
 param ordersQueueName string
 param agentRequestsQueueName string
@@ -96,6 +98,8 @@ var durableTaskSchedulerSettings = useDurableTaskScheduler ? {
 // Settings the app code reads: names exactly as in orderflow/settings.py, values its defaults unless overridden.
 var codeSettings = {
   ServiceBusConnection__fullyQualifiedNamespace: serviceBusFullyQualifiedNamespace
+  // The ops summary's exact dead-letter depths: each queue's runtime counts from ARM, with Reader (rbac.bicep).
+  ServiceBusNamespaceResourceId: serviceBusNamespaceResourceId
   CosmosDb__accountEndpoint: cosmosEndpoint
   CosmosDb__credential: 'managedidentity'
   CosmosDb__clientId: identityClientId

@@ -336,8 +336,8 @@ def test_summary_agrees_with_a_direct_count_of_the_store(api: Api) -> None:
         EPOCH - timedelta(hours=5))
     assert body["deadLetters"]["orders-inbound"] == {"count": 1, "capped": False}
     assert body["deadLetters"]["agent-replies"] == {"count": 0, "capped": False}
-    # The function app holds Listen on its trigger queues only (infra/app/rbac.bicep): the other dead-letter queues
-    # are not read, and the answer says where their depth is.
+    # No ServiceBusNamespaceResourceId here (no ARM): the summary peeks, and only where the function app holds Listen
+    # (its trigger queues, infra/app/rbac.bicep); the other queues say where their depth is.
     for queue in (REPLY_QUEUE, "agent-requests", "operator-alerts"):
         assert "no Listen right" in body["deadLetters"][queue]["error"], body["deadLetters"]
     assert [b["service"] for b in body["breakers"]] == ["fulfilment"]

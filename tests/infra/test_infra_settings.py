@@ -301,9 +301,12 @@ def test_func_start_sample_uses_azurite_and_identity_based_azure_connections() -
     assert not [k for k in values if k.endswith(("__credential", "__clientId"))]
     assert not re.search(r"AccountKey|SharedAccessKey|embedded://", json.dumps(values))
     assert all(value != "" for value in values.values()), "an empty value would shadow a default"
+    # The ops summary reads the real namespace's queue counts from ARM (orderflow/queue_counts.py).
+    assert re.fullmatch(r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.ServiceBus/namespaces/[^/]+",
+                        values["ServiceBusNamespaceResourceId"])
     # The two samples differ exactly in the connections; every tunable is the same.
     connections = {"ServiceBusConnection", "ServiceBusConnection__fullyQualifiedNamespace", "CosmosDb__accountEndpoint",
-                   "CosmosDb__credential"}
+                   "CosmosDb__credential", "ServiceBusNamespaceResourceId"}
     devhost = {k: v for k, v in SAMPLE["Values"].items() if k not in connections}
     func = {k: v for k, v in values.items() if k not in connections}
     assert devhost == func
