@@ -1,13 +1,15 @@
-// Concern: every data-plane grant, in one place, least privilege. Each principal gets exactly the roles it needs,
-// scoped to the one resource (queue, account, database, container, registry) it uses. No Service Bus Data Owner, no
-// Contributor, no key. Role assignment names are guid(scope, principal, role): stable across redeployments.
+// Concern: every grant (data plane; Reader for queue counts), in one place, least privilege. Each principal gets
+// exactly the roles it needs, scoped to the one resource (queue, account, database, container, registry) it uses. No
+// Service Bus Data Owner, no Contributor, no key. Role assignment names are guid(scope, principal, role): stable
+// across redeployments.
 //
 //  principal        | grant                                  | scope                     | why (what the code does)
-//  function app     | Service Bus Data Receiver              | orders-inbound            | submission trigger; DLQ peek
-//  function app     | Service Bus Data Receiver              | agent-replies             | replies trigger; DLQ peek
+//  function app     | Service Bus Data Receiver              | orders-inbound            | submission trigger
+//  function app     | Service Bus Data Receiver              | agent-replies             | replies trigger
 //  function app     | Service Bus Data Sender                | agent-requests            | the Scheduler's requests
 //  function app     | Service Bus Data Sender                | operator-alerts           | alerts (poison, escalation)
 //  function app     | Service Bus Data Sender                | each status queue         | order status messages
+//  function app     | Reader                                 | each of those 5 queues    | summary: exact DLQ counts
 //  function app     | Storage Blob Data Owner                | host storage account      | host, deployment package
 //  function app     | Storage Queue + Table Data Contributor | the same account          | Durable hub (AzureStorage)
 //  function app     | Monitoring Metrics Publisher           | Application Insights      | telemetry (Entra ID)
@@ -24,11 +26,18 @@
 // Service Bus rights are per queue, and a queue's dead-letter sub-queue (<queue>/$deadletterqueue) is part of it
 // (https://learn.microsoft.com/azure/service-bus-messaging/service-bus-dead-letter-queues). A receive, a peek included,
 // needs Data Receiver (Microsoft.ServiceBus/*/receive/action), a send Data Sender (.../send/action)
-// (https://learn.microsoft.com/azure/role-based-access-control/built-in-roles/integration). Not granted on purpose:
-// Send on orders-inbound to the app (the operator cancel route applies the cancel through the CancelOrder use case and
-// sends nothing), Listen on agent-requests, operator-alerts or a status queue to the app (the ops summary answers "not
-// read" for those dead-letter queues and points at the DeadletteredMessages metric the workbook shows), and any Manage
-// right. tests/infra/test_rbac_operations.py checks every Service Bus call of the deployed code against these grants.
+// (https://learn.microsoft.com/azure/role-based-access-control/built-in-roles/integration). The ops summary's
+// dead-letter depths are the control plane's runtime counts of each queue (GET .../queues/{queue}, properties.
+// countDetails.deadLetterMessageCount: https://learn.microsoft.com/rest/api/servicebus/controlplane-stable/queues/get),
+// read with Reader (`*/read`, no data action: https://learn.microsoft.com/azure/role-based-access-control/built-in-roles/
+// general#reader) on each queue the summary reads: Microsoft.ServiceBus/namespaces/queues/read shows the queue's
+// properties and counts, never a message (receive is a data action) nor a key (listKeys is a POST action, not a read).
+// Reader on every summary queue, the two the app may also peek included, is the one uniform, exact source (a peek
+// stops at a cap); scoped per queue, not to the namespace. Not granted on purpose: Send on orders-inbound to the app
+// (the operator cancel route applies the cancel through the CancelOrder use case and sends nothing), Listen on
+// agent-requests, operator-alerts or a status queue to the app (the summary does not peek them), and any Manage
+// right. tests/infra/test_rbac_operations.py checks every Service Bus call and every queue ARM read of the deployed
+// code against these grants.
 // The Agent touches one Cosmos DB container, the circuit-breaker documents (issue 11): a custom data-plane role lets it
 // read, create and replace items there and nothing else (no delete, upsert, query or change feed; no other container;
 // not the orders or the order state). The function app reads and writes the breakers through its Data Contributor
@@ -84,6 +93,7 @@ var roles = {
   storageTableDataContributor: '0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3'
   monitoringMetricsPublisher: '3913510d-42f4-4e42-8a64-420c390055eb'
   acrPull: '7f951dda-4ed3-4680-a7ca-43fe172d538d'
+  reader: 'acdd72a7-3385-48ef-bd42-f606fba81ae7'
 }
 // Cosmos DB data-plane built-in role (sqlRoleDefinitions): Cosmos DB Built-in Data Contributor.
 var cosmosDataContributor = '00000000-0000-0000-0000-000000000002'
@@ -185,6 +195,57 @@ resource appSendsStatus 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
   scope: statusQueues[i]
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataSender)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}]
+
+// ---- function app: Reader on each queue the ops summary reads (its runtime counts, no message, no key) ----
+resource appReadsOrdersCounts 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(namespace::ordersQueue.id, appPrincipalId, roles.reader)
+  scope: namespace::ordersQueue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.reader)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource appReadsAgentRequestsCounts 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(namespace::agentRequestsQueue.id, appPrincipalId, roles.reader)
+  scope: namespace::agentRequestsQueue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.reader)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource appReadsAgentRepliesCounts 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(namespace::agentRepliesQueue.id, appPrincipalId, roles.reader)
+  scope: namespace::agentRepliesQueue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.reader)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource appReadsOperatorAlertsCounts 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(namespace::operatorAlertsQueue.id, appPrincipalId, roles.reader)
+  scope: namespace::operatorAlertsQueue
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.reader)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+resource appReadsStatusCounts 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (name, i) in statusQueueNames: {
+  name: guid(statusQueues[i].id, appPrincipalId, roles.reader)
+  scope: statusQueues[i]
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.reader)
     principalId: appPrincipalId
     principalType: 'ServicePrincipal'
   }

@@ -23,6 +23,8 @@ ROLE_NAMES = {
     "3913510d-42f4-4e42-8a64-420c390055eb": "Monitoring Metrics Publisher",
     "7f951dda-4ed3-4680-a7ca-43fe172d538d": "AcrPull",
     "0ad04412-c4d5-4796-b79c-f76d14c8d402": "Durable Task Data Contributor",
+    # https://learn.microsoft.com/azure/role-based-access-control/built-in-roles/general#reader: `*/read` only.
+    "acdd72a7-3385-48ef-bd42-f606fba81ae7": "Reader",
 }
 # (scope symbol, role, principal expression) for every Azure RBAC assignment in infra/.
 EXPECTED = Counter(
@@ -32,6 +34,12 @@ EXPECTED = Counter(
         ("namespace::agentRepliesQueue", "Service Bus Data Receiver", "appPrincipalId"),
         ("namespace::operatorAlertsQueue", "Service Bus Data Sender", "appPrincipalId"),
         ("statusQueues[i]", "Service Bus Data Sender", "appPrincipalId"),
+        # The ops summary's dead-letter depths: each queue's runtime counts (control plane), no message, no key.
+        ("namespace::ordersQueue", "Reader", "appPrincipalId"),
+        ("namespace::agentRequestsQueue", "Reader", "appPrincipalId"),
+        ("namespace::agentRepliesQueue", "Reader", "appPrincipalId"),
+        ("namespace::operatorAlertsQueue", "Reader", "appPrincipalId"),
+        ("statusQueues[i]", "Reader", "appPrincipalId"),
         ("storage", "Storage Blob Data Owner", "appPrincipalId"),
         ("storage", "Storage Queue Data Contributor", "appPrincipalId"),
         ("storage", "Storage Table Data Contributor", "appPrincipalId"),
@@ -101,6 +109,16 @@ def test_managed_identities_are_service_principals() -> None:
                 evaluate(assignment.get("properties", "principalType"), Scope(assignment.file))
                 == "ServicePrincipal"
             )
+
+
+def test_reader_is_granted_on_queues_only_never_wider() -> None:
+    # Reader's `*/read` on a queue reads its properties and runtime counts; on the namespace or the resource group it
+    # would read every other resource too. No other principal gets it.
+    readers = [a for a in _assignments() if ROLE_NAMES[_role_id(a)] == "Reader"]
+    assert {text(a.get("scope")) for a in readers} == {
+        "namespace::ordersQueue", "namespace::agentRequestsQueue", "namespace::agentRepliesQueue",
+        "namespace::operatorAlertsQueue", "statusQueues[i]"}
+    assert {text(a.get("properties", "principalId")) for a in readers} == {"appPrincipalId"}
 
 
 def test_cosmos_grants_are_data_contributor_for_the_app_only_per_database() -> None:

@@ -6,12 +6,16 @@ orderflow/ they run), the Agent (agent/), the submitting application (examples/c
 them: Azure Service Bus Data Sender = Send, Data Receiver = Listen; a receive, a peek and a settlement are Listen, on
 the queue and on its dead-letter sub-queue `<queue>/$deadletterqueue`
 (https://learn.microsoft.com/azure/role-based-access-control/built-in-roles/integration,
-https://learn.microsoft.com/azure/service-bus-messaging/service-bus-dead-letter-queues).
+https://learn.microsoft.com/azure/service-bus-messaging/service-bus-dead-letter-queues). Reader = Read: the control
+plane's GET of the queue (Microsoft.ServiceBus/namespaces/queues/read), its runtime counts included
+(https://learn.microsoft.com/azure/role-based-access-control/built-in-roles/general#reader).
 
 The operations come from three sources: the Service Bus triggers the app registers (Listen on their queue); a scan of
 every call that opens a sender or a receiver in the deployed code, through the helpers that pass a queue on, with each
 queue argument mapped to its queue (an unknown one fails the suite until it is mapped here); and a run of the operator
-routes (cancel, summary) on the embedded broker through a recording bus, whose queues only exist at run time.
+routes (cancel, summary) on the embedded broker through a recording bus and, for the summary's ARM reads, a local
+fake of Azure Resource Manager that logs every queue read (tests/support/arm_server.py); their queues only exist at
+run time.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.arm_server import NAMESPACE_ID, FakeCredential, run_fake_arm
 
 from orderflow import runtime, settings
 from orderflow.bus.aio import from_connection_string
 from orderflow.clock import FakeClock
 from orderflow.messages import SubmitOrder
+from orderflow.queue_counts import ArmQueueCounts
 from orderflow.records import ProcessState
 from orderflow.runtime import Services, Tunables
 from orderflow.starter import run_starter
@@ -40,9 +46,9 @@ from .bicep_tree import REPO, text
 from .test_infra_rbac import ROLE_NAMES, _assignments, _role_id
 
 APP, AGENT, SUBMITTER = "function app", "Agent", "submitting app"
-SEND, LISTEN = "Send", "Listen"
-# Built-in role → the right it gives (the built-in roles page above: .../send/action, .../receive/action).
-RIGHTS = {"Service Bus Data Sender": SEND, "Service Bus Data Receiver": LISTEN}
+SEND, LISTEN, READ = "Send", "Listen", "Read"
+# Built-in role → the right it gives (the built-in roles pages above: .../send/action, .../receive/action, */read).
+RIGHTS = {"Service Bus Data Sender": SEND, "Service Bus Data Receiver": LISTEN, "Reader": READ}
 PRINCIPALS = {"appPrincipalId": APP, "agentPrincipalId": AGENT, "app.principalId": SUBMITTER,
               "operatorPrincipalId": "operators"}
 # Queues by role in the system; "status" is any submitting application's status (reply) queue.
@@ -69,11 +75,14 @@ QUEUE_ARGUMENTS = {
     "rec.reply_to": STATUS, "order.reply_to": STATUS, "request.reply_to": STATUS, "reply_queue": STATUS,
 }
 # Queue arguments known only at run time, and the test that runs them.
-RUN_TIME = {("orderflow/operations.py", "q"): "the summary's dead-letter queues: test_the_operator_routes_*"}
+RUN_TIME = {("orderflow/operations.py", "q"): "the summary's dead-letter queues, peeked: test_the_operator_routes_*",
+            ("orderflow/operations.py", "queues"): "the summary's queues, read on ARM: test_the_operator_routes_*"}
 # Operations the code performs knowing the right may be missing (it catches the refusal and says so).
 MAY_BE_REFUSED = {(SUBMITTER, ORDERS, LISTEN): "examples/client.py dead_letter_reason: peeks the orders DLQ for its "
                                                "own rejected order, and says so when it may not (ServiceBusError)"}
-PRIMITIVES = {"get_queue_sender": {SEND}, "get_queue_receiver": {LISTEN}}
+# Bus and ARM calls: name → (keyword of the queue argument, at position 0; the rights it needs).
+PRIMITIVES = {"get_queue_sender": ("queue_name", {SEND}), "get_queue_receiver": ("queue_name", {LISTEN}),
+              "dead_letter_depths": ("queues", {READ})}  # orderflow/queue_counts.py: GET .../queues/{queue}
 
 
 @dataclass(frozen=True)
@@ -166,7 +175,7 @@ def scanned_operations() -> tuple[list[Operation], list[str]]:
     imports = {key: _imports(tree) for key, tree in trees.items()}
     # Bus functions: (module stem, name) → the spec of their queue argument; a function that passes its own parameter
     # on as the queue of a bus function is one too (to a fixpoint).
-    bus: dict[tuple[str, str], Spec] = {("", name): (0, "queue_name", frozenset(r)) for name, r in PRIMITIVES.items()}
+    bus: dict[tuple[str, str], Spec] = {("", name): (0, kw, frozenset(r)) for name, (kw, r) in PRIMITIVES.items()}
     changed = True
     while changed:
         changed = False
@@ -247,10 +256,11 @@ def test_every_operation_of_the_deployed_code_is_granted() -> None:
 
 
 def test_every_service_bus_grant_to_a_deployed_identity_is_used() -> None:
+    # Read (Reader) is used by the summary's ARM reads, whose queues are known at run time: the run below checks it.
     operations, _ = scanned_operations()
     used = {(o.identity, o.queue, o.right) for o in operations + trigger_operations()}
     unused = sorted((identity, queue, right) for identity, pairs in grants().items() if identity in SOURCES
-                    for queue, right in pairs if (identity, queue, right) not in used)
+                    for queue, right in pairs if (identity, queue, right) not in used and right != READ)
     assert unused == []
 
 
@@ -298,14 +308,20 @@ def _order(order_id: str, reply_to: str) -> bytes:
         "submittedAt": "2024-01-01T00:00:00+00:00"}).to_json().encode()
 
 
-def _as_operations(services: Services, route: str) -> list[Operation]:
+def _as_operations(services: Services, route: str, read: list[str] | None = None) -> list[Operation]:
+    """The recording bus's (queue, right) pairs as operations; with `read`, those ARM queue reads (Read) instead."""
     queues = {services.tunables.orders_queue: ORDERS, services.tunables.agent_requests_queue: REQUESTS,
               services.tunables.agent_replies_queue: REPLIES, services.tunables.alerts_queue: ALERTS}
+    pairs = services.bus.opened if read is None else [(q, READ) for q in read]
     return [Operation(APP, queues.get(q, STATUS if q in services.tunables.allowed_reply_queues else q), right, route)
-            for q, right in services.bus.opened]
+            for q, right in pairs]
 
 
-async def test_the_operator_routes_use_only_what_the_function_app_is_granted(app_services: Services) -> None:
+@pytest.mark.parametrize("arm", [True, False], ids=["azure-arm-counts", "no-resource-id-peek"])
+async def test_the_operator_routes_use_only_what_the_function_app_is_granted(app_services: Services,
+                                                                             arm: bool) -> None:
+    """As deployed (ServiceBusNamespaceResourceId set): the summary reads every queue's counts on ARM, each read
+    needs Reader there, and every Reader grant of the app is read. Without the setting it peeks, within Listen."""
     from orderflow import ops_http
 
     reply_to = sorted(app_services.tunables.allowed_reply_queues)[0]
@@ -323,15 +339,28 @@ async def test_the_operator_routes_use_only_what_the_function_app_is_granted(app
     async def tell(instance: str, event: str, data: Any) -> None:
         told.append((instance, event))
 
-    answers = [await ops_http.serve(ops_http.cancel(o, b"", {}, {}, tell), ok=202) for o in ("pending-1", "running-1")]
+    queues = sorted(app_services.tunables.internal_queues() | app_services.tunables.allowed_reply_queues)
+    async with run_fake_arm(dict.fromkeys(queues, 0)) as fake:
+        if arm:
+            app_services.queue_counts = ArmQueueCounts(NAMESPACE_ID, FakeCredential(), endpoint=fake.url)
+        answers = [await ops_http.serve(ops_http.cancel(o, b"", {}, {}, tell), ok=202)
+                   for o in ("pending-1", "running-1")]
+        summary = await ops_http.serve(ops_http.summary())
     assert [a.status for a in answers] == [202, 202], answers
-    summary = await ops_http.serve(ops_http.summary())
     assert summary.status == 200
-    assert _missing(_as_operations(app_services, "POST /api/orders/{id}/cancel, GET /api/ops/summary")) == []
+    route = "POST /api/orders/{id}/cancel, GET /api/ops/summary"
+    read = _as_operations(app_services, route, fake.queues_read())
+    assert _missing(_as_operations(app_services, route) + read) == []
     states = {(await app_services.state.get(o))[0].process_state for o in ("pending-1", "running-1")}  # type: ignore
     assert states == {ProcessState.CANCELLED, ProcessState.PROCESSING}
     assert told == [("running-1:1", "CancelOrder")]
     depths = summary.body["deadLetters"]
+    if arm:
+        assert depths == {q: {"count": 0, "capped": False} for q in queues}
+        assert [q for q, right in app_services.bus.opened if right == LISTEN] == []  # no peek: control-plane counts
+        assert {(o.queue, o.right) for o in read} == {pair for pair in grants()[APP] if pair[1] == READ}
+        return
+    assert fake.seen == []
     assert depths[ORDERS] == depths[REPLIES] == {"count": 0, "capped": False}
     for queue in (REQUESTS, ALERTS, reply_to):
         assert "no Listen right" in depths[queue]["error"] and "DeadletteredMessages" in depths[queue]["error"]
