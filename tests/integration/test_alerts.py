@@ -14,20 +14,16 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
-from azure.servicebus import ServiceBusMessage
-from integration_support import ALERTS_QUEUE, Pipeline, encode, order_body
+from integration_support import ALERTS_QUEUE, Pipeline, encode, order_body, run_submission_trigger
 from replies_support import REPLIES_QUEUE, ScriptedDurableApi, deliver, reply_body
 
-from devhost.sdk_servicebus import to_sdk_message
 from orderflow.messages import AlertKind, OperatorAlert
 from orderflow.notifications import notify_terminal
 from orderflow.records import ProcessState
 from orderflow.submission import submit
 from triggers import agent_replies as replies_trigger
-from triggers import submission as submission_trigger
 
 NUL_ID = "bad\x00tail"
 
@@ -120,44 +116,14 @@ async def test_an_agent_reply_alert_carries_the_ids_whole(replies: Pipeline, dur
     assert alert.details["sequenceNumber"] == message.sequence_number
 
 
-class RecordingActions:
-    """ServiceBusMessageActions in the trigger's hands: records what it settled and how."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, Any, dict[str, Any]]] = []
-
-    def complete(self, message: Any) -> None:
-        self.calls.append(("complete", message, {}))
-
-    def abandon(self, message: Any) -> None:
-        self.calls.append(("abandon", message, {}))
-
-    def deadletter(self, message: Any, **kwargs: Any) -> None:
-        self.calls.append(("deadletter", message, kwargs))
-
-
 async def test_the_sdk_binding_alert_names_the_dead_lettered_message_by_sequence_number(pipeline: Pipeline) -> None:
     """The SDK-type binding hands the function a message decoded by the extension (azurefunctions-extensions-bindings-
     servicebus utils.get_decoded_message → uamqp), whose string properties stop at a NUL, in Azure as here; the
     broker keeps the whole ids. The alert's SequenceNumber is exact, so it still names the dead-lettered message."""
-    from orderflow import runtime
 
-    async with pipeline.services.bus.get_queue_sender("orders-inbound") as sender:
-        await sender.send_messages(ServiceBusMessage(encode(order_body(NUL_ID)), session_id=NUL_ID,
-                                                     message_id=f"{NUL_ID}:m"))
-    async with pipeline.services.bus.get_queue_receiver("orders-inbound", session_id=NUL_ID) as receiver:
-        [received] = await receiver.receive_messages(max_message_count=1, max_wait_time=5)
-        sdk_message = to_sdk_message(received)  # while locked, as the host hands it over
-        await receiver.complete_message(received)
+    done = await run_submission_trigger(pipeline, encode(order_body(NUL_ID)), NUL_ID, f"{NUL_ID}:m")
+    received, sdk_message, actions = done.received, done.sdk_message, done.actions
     assert (sdk_message.message_id, sdk_message.session_id) != (f"{NUL_ID}:m", NUL_ID)  # cut by the decoder
-    actions = RecordingActions()
-    runtime.use_services(pipeline.services)
-    try:
-        handler = submission_trigger.submission._function.get_user_function()  # type: ignore[attr-defined]
-        await handler(message=sdk_message, message_actions=actions,
-                      client=ScriptedDurableApi(base="http://127.0.0.1:9").binding())
-    finally:
-        runtime.reset_services()
     assert [c[0] for c in actions.calls] == ["deadletter"]
     [(_, alert)] = await alert_messages(pipeline)
     assert alert.details["sequenceNumber"] == received.sequence_number

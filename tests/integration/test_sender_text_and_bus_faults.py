@@ -17,7 +17,6 @@ import logging
 from typing import Any
 
 import pytest
-from azure.servicebus import ServiceBusMessage
 from azure.servicebus.exceptions import (
     OperationTimeoutError,
     ServiceBusCommunicationError,
@@ -25,59 +24,27 @@ from azure.servicebus.exceptions import (
     ServiceBusError,
     ServiceBusServerBusyError,
 )
-from integration_support import ALERTS_QUEUE, REPLY_QUEUE, Pipeline, encode, order_body
-from replies_support import ScriptedDurableApi
+from integration_support import (
+    ALERTS_QUEUE,
+    REPLY_QUEUE,
+    Pipeline,
+    RecordingActions,
+    encode,
+    order_body,
+    run_submission_trigger,
+)
 
-from devhost.sdk_servicebus import to_sdk_message
-from orderflow import runtime
 from orderflow.bus._core import MAX_MESSAGE_SIZE_BYTES
 from orderflow.messages import AlertKind, OrderStatus
 from orderflow.runtime import Services
 from orderflow.submission import Accepted, Rejected, receive_patiently
-from orderflow.text import DEAD_LETTER_TEXT_MAX
-from triggers import submission as submission_trigger
 
 BIG = 204_800
 FORGING_ID = "m-1\nINFO orderflow.submission: order o-x accepted\x1b[2K[/]"
 
 
-class Actions:
-    """ServiceBusMessageActions in the trigger's hands: records each settlement, refusing what the host's SDK
-    refuses (a dead-letter reason or description past 4,096 characters)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, dict[str, Any]]] = []
-
-    def complete(self, message: Any) -> None:
-        self.calls.append(("complete", {}))
-
-    def abandon(self, message: Any) -> None:
-        self.calls.append(("abandon", {}))
-
-    def deadletter(self, message: Any, **kwargs: Any) -> None:
-        for name in ("deadletter_reason", "deadletter_error_description"):
-            if len(kwargs.get(name) or "") > DEAD_LETTER_TEXT_MAX:
-                raise ValueError(f"Maximum permitted length is {DEAD_LETTER_TEXT_MAX} (Parameter '{name}')")
-        self.calls.append(("deadletter", kwargs))
-
-
-async def deliver(p: Pipeline, body: bytes, session_id: str, message_id: str) -> Actions:
-    """Send `body` to orders-inbound, receive it as the host hands it over, and run the submission trigger on it."""
-    async with p.services.bus.get_queue_sender("orders-inbound") as sender:
-        await sender.send_messages(ServiceBusMessage(body, session_id=session_id, message_id=message_id))
-    async with p.services.bus.get_queue_receiver("orders-inbound", session_id=session_id) as receiver:
-        [received] = await receiver.receive_messages(max_message_count=1, max_wait_time=5)
-        sdk_message = to_sdk_message(received)
-        await receiver.complete_message(received)
-    actions = Actions()
-    runtime.use_services(p.services)
-    try:
-        handler = submission_trigger.submission._function.get_user_function()  # type: ignore[attr-defined]
-        await handler(message=sdk_message, message_actions=actions,
-                      client=ScriptedDurableApi(base="http://127.0.0.1:9").binding())
-    finally:
-        runtime.reset_services()
-    return actions
+async def deliver(p: Pipeline, body: bytes, session_id: str, message_id: str) -> RecordingActions:
+    return (await run_submission_trigger(p, body, session_id, message_id)).actions
 
 
 async def alert_bodies(p: Pipeline) -> list[bytes]:
