@@ -307,7 +307,8 @@ class EmbeddedBroker:
         self.duplicate_delivery = duplicate_delivery
         self.notify_dir = notify.notify_dir_for(self.path)
         self._local = threading.local()
-        self._connections: list[sqlite3.Connection] = []
+        # Each connection with the thread that opened it and alone uses it.
+        self._connections: list[tuple[threading.Thread, sqlite3.Connection]] = []
         self._lock = threading.Lock()
         self._properties: dict[str, QueueProperties] = {}
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -328,7 +329,7 @@ class EmbeddedBroker:
             conn.execute("PRAGMA synchronous = NORMAL")
             self._local.conn, self._local.pid = conn, os.getpid()
             with self._lock:
-                self._connections.append(conn)
+                self._connections.append((threading.current_thread(), conn))
         return conn
 
     def _create_schema(self) -> None:
@@ -431,11 +432,19 @@ class EmbeddedBroker:
         return self.clock().timestamp()
 
     def close(self) -> None:
-        """Close every connection this broker opened (in any thread)."""
+        """Close the connections of this thread and of threads that have ended; drop the others.
+
+        A live thread may still be inside a call on its connection (an aio receive whose await was cancelled goes on
+        in its worker thread), and closing a connection under a running statement crashes the process (sqlite3
+        finalizes the statement the other thread is stepping). Dropped, such a connection closes itself once its
+        thread's call returns and its last reference goes.
+        """
         with self._lock:
             connections, self._connections = self._connections, []
-        for conn in connections:  # each was used by one thread only; none is in use once clients are closed
-            conn.close()
+        me = threading.current_thread()
+        for owner, conn in connections:
+            if owner is me or not owner.is_alive():
+                conn.close()
         self._local = threading.local()
 
     # -- entities -------------------------------------------------------------------------------------------
