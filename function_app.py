@@ -3,7 +3,7 @@
 import azure.durable_functions as df
 import azure.functions as func
 
-from activities import agents as agent_activities
+from activities import frozen_versions as frozen_activities
 from activities import state as state_activities
 from orchestrators import order_workflow
 from orderflow import telemetry
@@ -13,5 +13,5 @@ telemetry.configure_from_env()  # Application Insights via OpenTelemetry when it
 app = df.DFApp(http_auth_level=func.AuthLevel.FUNCTION)
 
 for blueprint in (submission.bp, starter.bp, agent_replies.bp, supervisor.bp, order_workflow.bp,
-                  state_activities.bp, agent_activities.bp, ops_api.bp):
+                  state_activities.bp, frozen_activities.bp, ops_api.bp):
     app.register_functions(blueprint)

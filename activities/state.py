@@ -1,7 +1,9 @@
-"""State activities of the Scheduler: every state-store update is fenced on LockedBy == the calling instance id.
+"""The live Scheduler's state activities: every state-store update is fenced on LockedBy == the calling instance id.
 
 A fenced-out call (a superseded attempt) returns False/None instead of raising, so the orchestration stops quietly.
-Repeating a call with the same input is a no-op (the state machine treats an identical update as unchanged).
+Repeating a call with the same input is a no-op (the state machine treats an identical update as unchanged). Inputs
+and results are the typed models of orderflow/activity_models.py, as plain JSON; the activities only versions 1 and
+2 call are in activities/frozen_versions.py.
 """
 
 from __future__ import annotations
@@ -16,51 +18,22 @@ import azure.durable_functions as df
 from activities import ActivityInput, traced
 from orderflow import admission, tracing
 from orderflow import function_names as fn
-from orderflow.advance import Decision, StepResult, advance
-from orderflow.messages import AgentRequest, idempotency_key, parse_action
+from orderflow.activity_models import AdvanceOrderInput, AdvanceOrderResult, DeferOrderInput
+from orderflow.advance import Decision, advance
+from orderflow.messages import AgentRequest, idempotency_key
 from orderflow.notifications import entered_end
 from orderflow.outbound import send_agent_request
-from orderflow.records import TERMINAL_STATES, OrderRecord, OrderStateRecord, ProcessState, StepStatus, parse_utc
+from orderflow.records import OrderRecord, OrderStateRecord, ProcessState
 from orderflow.recovery_index import index_deadline
 from orderflow.runtime import Services, get_services
 from orderflow.state_machine import (
     Fenced,
     Wrote,
-    begin_compensation,
-    cancel_pending,
-    complete,
     defer,
-    fail,
-    record_step,
-    set_step_deadline,
 )
-from orderflow.workflow import PLAN, SUCCEEDED_STEPS
 
 bp = df.Blueprint()
 log = logging.getLogger("orderflow.activities")
-
-
-@bp.function_name(fn.LOAD_ORDER)
-@bp.activity_trigger(input_name="request")
-async def load_order(request: ActivityInput) -> dict[str, Any] | None:
-    """The order's data for the Agent requests, or None when this instance no longer holds the lock."""
-    with traced(fn.LOAD_ORDER, request):
-        services = await get_services()
-        current = await services.state.get(request["orderId"])
-        if current is None or current[0].locked_by != request["instanceId"]:
-            return None
-        stored = await services.orders.get(request["orderId"])
-        if stored is None:
-            return None
-        rec = current[0]
-        loaded: dict[str, Any] = {
-            **order_payload(stored),
-            # Steps an earlier attempt completed: the Scheduler skips them (no remote call; the retry budget).
-            SUCCEEDED_STEPS: [s.name.value for s in rec.steps if s.status is StepStatus.SUCCEEDED]}
-        if rec.process_state is ProcessState.COMPENSATING:  # version 2 reads it; version 1 never claims a compensation
-            loaded[PLAN] = {"compensations": [c.name.value for c in rec.compensations
-                                              if c.status is not StepStatus.SUCCEEDED]}
-        return loaded
 
 
 def order_payload(stored: OrderRecord) -> dict[str, Any]:
@@ -70,7 +43,7 @@ def order_payload(stored: OrderRecord) -> dict[str, Any]:
             "total": str(order.total()), "items": [i.to_dict() for i in order.items]}
 
 
-async def _fenced(order_id: str, mutate: Callable[[OrderStateRecord], OrderStateRecord], what: str,
+async def fenced_update(order_id: str, mutate: Callable[[OrderStateRecord], OrderStateRecord], what: str,
                   left_processing_at: datetime | None = None) -> bool:
     """Apply one fenced update; False when this instance no longer holds LockedBy (a superseded attempt). With
     `left_processing_at` (the `now` the mutation stamps), the update takes the order out of Processing: when this call
@@ -99,65 +72,6 @@ async def free_slot(services: Services, rec: OrderStateRecord, wrote: Wrote, now
         log.exception("admission slot of %s not freed; the next refresh corrects it", rec.order_id)
 
 
-class _CancelRequested(Exception):
-    """The record says the client cancelled: the Scheduler (version 2) stops before this step."""
-
-
-@bp.function_name(fn.SET_STEP_DEADLINE)
-@bp.activity_trigger(input_name="request")
-async def set_step_deadline_activity(request: ActivityInput) -> bool | str:
-    """True: the deadline is set (fenced). False: superseded. "cancel" (only for a caller that honours cancels, the
-    Scheduler's version 2): the client cancelled this order; nothing was written."""
-    with traced(fn.SET_STEP_DEADLINE, request):
-        services = await get_services()
-        action, deadline = parse_action(request["step"]), parse_utc(request["completeBy"])
-        instance, honours_cancel = request["instanceId"], bool(request.get("honoursCancel"))
-        await index_deadline(services.index, request["orderId"], deadline, instance)
-
-        def mutate(r: OrderStateRecord) -> OrderStateRecord:
-            if honours_cancel and cancel_pending(r, instance):
-                raise _CancelRequested
-            return set_step_deadline(r, instance, action, deadline, services.clock.now(),
-                                     request.get("workflowVersion"))
-
-        try:
-            return await _fenced(request["orderId"], mutate, fn.SET_STEP_DEADLINE)
-        except _CancelRequested:
-            return "cancel"
-
-
-@bp.function_name(fn.RECORD_STEP_RESULT)
-@bp.activity_trigger(input_name="request")
-async def record_step_result(request: ActivityInput) -> bool:
-    with traced(fn.RECORD_STEP_RESULT, request):
-        services = await get_services()
-        action, status = parse_action(request["step"]), StepStatus(request["status"])
-        return await _fenced(request["orderId"], lambda r: record_step(
-            r, request["instanceId"], action, status, services.clock.now(), error=request.get("error"),
-            undone=request.get("undone")), fn.RECORD_STEP_RESULT)
-
-
-@bp.function_name(fn.BEGIN_COMPENSATION)
-@bp.activity_trigger(input_name="request")
-async def begin_compensation_activity(request: ActivityInput) -> list[str] | None:
-    """Fenced: Processing → CompensationInProgress; answers the compensations to run, newest step first. [] when
-    nothing was sent: the order ended Cancelled (a cancel) or Error (a failure), and its status is sent here. None:
-    superseded."""
-    with traced(fn.BEGIN_COMPENSATION, request):
-        services = await get_services()
-        now = services.clock.now()
-        deadline = parse_utc(request["completeBy"])
-        await index_deadline(services.index, request["orderId"], deadline, request["instanceId"])
-        rec = await _write_and_notify(services, request["orderId"], Wrote(
-            lambda r: begin_compensation(r, request["instanceId"], request["cause"], deadline, now)), now,
-            fn.BEGIN_COMPENSATION)
-        if rec is None:
-            return None
-        if rec.process_state in TERMINAL_STATES:
-            return []
-        return [c.name.value for c in rec.compensations if c.status is not StepStatus.SUCCEEDED]
-
-
 @bp.function_name(fn.DEFER_ORDER)
 @bp.activity_trigger(input_name="request")
 async def defer_order(request: ActivityInput) -> bool:
@@ -167,58 +81,10 @@ async def defer_order(request: ActivityInput) -> bool:
     with traced(fn.DEFER_ORDER, request):
         services = await get_services()
         now = services.clock.now()
-        retry_at = parse_utc(request["retryAt"]) if request.get("retryAt") else \
-            now + timedelta(seconds=max(0.0, float(request.get("retryAfterSeconds") or 0.0)))
-        return await _fenced(request["orderId"], lambda r: defer(
-            r, request["instanceId"], retry_at, now, request.get("reason") or "deferred"), fn.DEFER_ORDER,
-            left_processing_at=now)
-
-
-@bp.function_name(fn.FINISH_ORDER)
-@bp.activity_trigger(input_name="request")
-async def finish_order(request: ActivityInput) -> bool | str:
-    """Processed + status `completed`, or Error + operator alert + status `failed`; in CompensationInProgress,
-    Compensated + status `compensated` or CompensationFailed + alert + status `compensation-failed` (fenced,
-    idempotent). "cancel" (a caller that honours cancels, the Scheduler's version 2): the client cancelled while
-    the last step ran; nothing was written.
-
-    The notification follows the state write; if it fails the activity raises and is retried by the Scheduler,
-    and the Supervisor's sweep sends whatever a terminal record still owes (orderflow/notifications.py)."""
-    with traced(fn.FINISH_ORDER, request):
-        services = await get_services()
-        now = services.clock.now()
-        instance, reason = request["instanceId"], request["reason"]
-        failed = request["outcome"] == "failed"
-        honours_cancel = bool(request.get("honoursCancel"))
-
-        def finish(r: OrderStateRecord) -> OrderStateRecord:
-            if failed:
-                return fail(r, instance, reason, now)
-            if honours_cancel and cancel_pending(r, instance):
-                raise _CancelRequested
-            return complete(r, instance, now)
-
-        try:
-            return await _write_and_notify(services, request["orderId"], Wrote(finish), now, fn.FINISH_ORDER) \
-                is not None
-        except _CancelRequested:
-            return "cancel"
-
-
-async def _write_and_notify(services: Services, order_id: str, wrote: Wrote, now: datetime,
-                            what: str) -> OrderStateRecord | None:
-    """One fenced write (None: fenced); the admission slot of an exit from Processing is freed, and a record that
-    reached its end sends what it owes. A failed send raises: the Scheduler retries the activity, and the
-    Supervisor's sweep sends whatever a terminal record still owes (orderflow/notifications.py)."""
-    try:
-        rec, _ = await services.state.update_with_retry(order_id, wrote)
-    except Fenced as exc:
-        log.info("%s fenced: %s", what, exc)
-        return None
-    await free_slot(services, rec, wrote, now)
-    if rec.process_state in TERMINAL_STATES and rec.notified_at is None:
-        await entered_end(services, rec)
-    return rec
+        inp = DeferOrderInput.from_dict(request)
+        retry_at = inp.retry_at or now + timedelta(seconds=max(0.0, inp.retry_after_seconds))
+        return await fenced_update(inp.order_id, lambda r: defer(
+            r, inp.instance_id, retry_at, now, inp.reason or "deferred"), fn.DEFER_ORDER, left_processing_at=now)
 
 
 @bp.function_name(fn.ADVANCE_ORDER)
@@ -235,11 +101,10 @@ async def advance_order(request: ActivityInput) -> dict[str, Any] | None:
     with traced(fn.ADVANCE_ORDER, request) as span:
         services = await get_services()
         now = services.clock.now()
-        order_id, instance = request["orderId"], request["instanceId"]
-        complete_by = parse_utc(request["completeBy"])
-        result = StepResult.from_request(request["result"]) if request.get("result") else None
-        cancel = bool(request.get("cancel"))
-        version = str(request["workflowVersion"])
+        inp = AdvanceOrderInput.from_dict(request)
+        order_id, instance, complete_by, cancel = inp.order_id, inp.instance_id, inp.complete_by, inp.cancel
+        result = inp.result.step_result() if inp.result is not None else None
+        version = inp.workflow_version
         decisions: list[Decision] = []
 
         def decide(r: OrderStateRecord) -> OrderStateRecord:
@@ -262,14 +127,14 @@ async def advance_order(request: ActivityInput) -> dict[str, Any] | None:
         if decision.send is None:
             if rec.notified_at is None:
                 await entered_end(services, rec)
-            return {"done": rec.process_state.value}
+            return AdvanceOrderResult(done=rec.process_state).to_dict()
         stored = await services.orders.get(order_id)
         if stored is None:
             raise LookupError(f"order {order_id} has a state record but no order record")
         message = AgentRequest.model_validate({
             "instanceId": instance, "orderId": order_id, "attempt": rec.attempt, "step": decision.send.value,
             "idempotencyKey": idempotency_key(order_id, decision.send.value), "deadline": complete_by.isoformat(),
-            "maxRetries": request["agentRetries"], "payload": order_payload(stored),
+            "maxRetries": inp.agent_retries, "payload": order_payload(stored),
             "replyTo": services.tunables.agent_replies_queue, "traceparent": tracing.current_traceparent()})
         await send_agent_request(services.bus, services.tunables.agent_requests_queue, message)
-        return {"send": decision.send.value}
+        return AdvanceOrderResult(send=decision.send).to_dict()

@@ -78,7 +78,7 @@ from .system import LocalSystem, SystemConfig
 T = TypeVar("T")
 
 DEFAULT_ORDERS = {"compensation": 8, "upgrade-in-flight": 8}  # upgrade: the orders before the restart
-FIXED_ORDERS = {"cancel-in-flight": 5, "poison-in-session": 4}  # one order per stage / per case
+FIXED_ORDERS = {"cancel-in-flight": len(STEPS) + 2, "poison-in-session": 4}  # per stage (one per step) / per case
 DEFAULT_VERSION_SETTING = "AzureFunctionsJobHost__extensions__durableTask__defaultVersion"
 _EVERY_SECOND = "*/1 * * * * *"
 # Over the chosen base (LOCAL_DEFAULTS or the sample's) and under `--set`. The Starter runs every second so that a

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from orderflow.messages import STEPS, Action, CompensationName, parse_action
+from orderflow.messages import Action, CompensationName, parse_action
 from orderflow.records import TERMINAL_STATES, OrderStateRecord, ProcessState, StepStatus
 from orderflow.state_machine import (
     CANCELLED_PREFIX,
@@ -78,11 +78,11 @@ def _in_phase(rec: OrderStateRecord, action: Action) -> bool:
 
 
 def _next_action(rec: OrderStateRecord) -> Action | None:
-    """The first step (Processing) or compensation (CompensationInProgress) not yet succeeded; None: all done."""
+    """The first of the record's own steps (Processing) or compensations (CompensationInProgress) not yet succeeded;
+    None: all done. A record keeps the steps it was created with, so a step added later never reaches it."""
     if rec.process_state is ProcessState.COMPENSATING:
         return next((c.name for c in rec.compensations if c.status is not StepStatus.SUCCEEDED), None)
-    done = {s.name for s in rec.steps if s.status is StepStatus.SUCCEEDED}
-    return next((s for s in STEPS if s not in done), None)
+    return next((s.name for s in rec.steps if s.status is not StepStatus.SUCCEEDED), None)
 
 
 def advance(rec: OrderStateRecord, instance: str, result: StepResult | None, complete_by: datetime, now: datetime,

@@ -41,6 +41,11 @@ UtcDatetime = Annotated[
 ]
 
 
+class IllegalTransition(Exception):
+    """The record's state does not allow this move (permanent for this record version). Raised by the state machine
+    (orderflow/state_machine.py, which exports it) and by a record asked for a step or compensation it does not have."""
+
+
 class ProcessState(StrEnum):
     """The pattern's ProcessState. Transitions live in `orderflow.state_machine.TRANSITIONS`."""
 
@@ -218,13 +223,15 @@ class OrderStateRecord(_Record):
         for c in self.compensations:
             if c.name == name:
                 return c
-        raise KeyError(f"order {self.order_id} has no compensation {name!r}")
+        raise IllegalTransition(f"order {self.order_id} has no compensation {name!r}")
 
     def step(self, name: StepName) -> StepRecord:
+        """The record's own step `name`; IllegalTransition for a step it does not have (a record created before the
+        step was added keeps the steps it was created with)."""
         for s in self.steps:
             if s.name == name:
                 return s
-        raise KeyError(f"order {self.order_id} has no step {name!r}")
+        raise IllegalTransition(f"order {self.order_id} has no step {name!r}")
 
 
 def instance_id(order_id: str, attempt: int) -> str:

@@ -16,7 +16,7 @@ and every other layer is a factor of 1:
 - the azure-servicebus and azure-cosmos retry policies retry bus and store operations, never the remote call;
 - the Agent's HTTP client (aiohttp) has no retry: one `RemoteCaller.call` is one HTTP request;
 - an attempt deferred by an open circuit breaker makes no call and does not count as a failure (orderflow/breaker.py),
-  and a step recorded `succeeded` is skipped by later attempts (orchestrators/order_workflow.py).
+  and a step recorded `succeeded` is skipped by later attempts (orderflow/advance.py).
 
 `RemoteCallBudgetPerStep` is the budget. The Starter carries `request_retries()` in every request (the
 `maxRetries` of WorkflowInput): the configured AgentRetriesPerStep, lowered until the product fits. A budget smaller

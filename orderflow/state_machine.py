@@ -20,6 +20,7 @@ from orderflow.records import (
     CLAIMABLE_STATES,
     TERMINAL_STATES,
     CompensationRecord,
+    IllegalTransition,
     OrderStateRecord,
     ProcessState,
     Resubmission,
@@ -59,10 +60,6 @@ __all__ = [
     "recover",
     "set_step_deadline",
 ]
-
-
-class IllegalTransition(Exception):
-    """The record's state does not allow this move (permanent for this record version)."""
 
 
 class NotDue(IllegalTransition):
@@ -249,10 +246,7 @@ def _current_status(rec: OrderStateRecord, action: StepName | CompensationName) 
     if isinstance(action, CompensationName):
         if rec.process_state is not ProcessState.COMPENSATING:
             raise IllegalTransition(f"compensation {action.value} outside CompensationInProgress")
-        try:
-            found = rec.compensation(action)
-        except KeyError as exc:
-            raise IllegalTransition(str(exc)) from exc
+        found = rec.compensation(action)
         return found.status, found.attempt
     if rec.process_state is ProcessState.COMPENSATING:
         raise IllegalTransition(f"step {action.value} while the order is compensated")

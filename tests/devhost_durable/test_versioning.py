@@ -17,6 +17,7 @@ Sources (each test names the one it copies):
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from pathlib import Path
@@ -27,6 +28,7 @@ from azure.durable_functions.models.history import HistoryEventType as T
 from devhost.config import ConfigError, HostConfig
 from devhost.durable import VersioningPolicy, compare_versions, versioning_policy
 from devhost.durable.versioning import MISMATCH_OUTPUT
+from tests.devhost_durable import stepped_app
 from tests.devhost_durable.harness import WAIT, Hub, HubFactory
 from tests.devhost_durable.versioned_app import FUNCTIONS
 
@@ -316,3 +318,44 @@ async def test_status_and_history_do_not_report_the_version(hubs: HubFactory) ->
         status = await response.json()
     assert not any("version" in key.lower() for key in status)
     assert all("Version" not in entry for entry in status["historyEvents"])
+
+
+# ---- 6. adding a step (README, "Versioning") ------------------------------------------------------------------
+async def waiting_for(hub: Hub, instance_id: str, step: str) -> None:
+    """Until the instance waits for `step`'s reply (its custom status names the step)."""
+    for _ in range(int(WAIT * 20)):
+        if (await hub.client.get_status(instance_id)).custom_status == step:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{instance_id} never waited for {step}")
+
+
+async def reply_to_each_step(hub: Hub, instance_id: str, steps: list[str]) -> None:
+    for step in steps:
+        await waiting_for(hub, instance_id, step)
+        await hub.client.raise_event(instance_id, f"Reply:{step}", "ok")
+
+
+async def test_an_in_flight_three_step_instance_finishes_its_steps_after_a_fourth_is_added(
+    hubs: HubFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The live Scheduler walks the record's own steps (orderflow/advance.py), so a deployment that adds a step does
+    # not reach an order already in flight: its replay schedules what it scheduled, and it ends after its three.
+    monkeypatch.setenv(stepped_app.RECORDS_SETTING, str(tmp_path))
+    three = stepped_app.STEPS
+    assert len(three) == 3
+    first = await hubs.start(functions=stepped_app.FUNCTIONS)
+    old_id = await first.client.start_new("stepped_workflow", new_id("old"), {"orderId": "old"})
+    await reply_to_each_step(first, old_id, [three[0]])
+    await waiting_for(first, old_id, three[1])  # in flight: the first step done, waiting for the second
+    await hubs.stop(first)
+
+    monkeypatch.setattr(stepped_app, "STEPS", (*three, "gift-wrap"))  # the deployment adds a fourth step
+    second = await hubs.start(functions=stepped_app.FUNCTIONS)
+    new_id_ = await second.client.start_new("stepped_workflow", new_id("new"), {"orderId": "new"})
+    await reply_to_each_step(second, old_id, list(three[1:]))
+    await reply_to_each_step(second, new_id_, [*three, "gift-wrap"])
+    old, new = await second.wait(old_id), await second.wait(new_id_)
+    assert old["runtimeStatus"] == "Completed", old
+    assert old["output"] == {"steps": list(three), "sent": list(three)}
+    assert new["output"] == {"steps": [*three, "gift-wrap"], "sent": [*three, "gift-wrap"]}

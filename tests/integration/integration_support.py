@@ -216,7 +216,7 @@ def histogram_count(points: MetricPoints, name: str) -> int:
 # ---- compensation and cancel (tests/integration/test_compensation.py, test_cancel.py) -----------------------------
 
 def state_activity(name: str) -> Callable[..., Any]:
-    """A Scheduler activity of activities/state.py as the worker calls it, from its blueprint (the activities read
+    """A Scheduler activity (activities/) as the worker calls it, from its blueprint (the activities read
     their services with get_services(): install the pipeline's with `orderflow.runtime.use_services` first)."""
     from support.product_app import user_function
 

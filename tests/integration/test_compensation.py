@@ -1,5 +1,5 @@
-"""Compensation on the embedded store and broker: the version-2 Scheduler's activities (activities/state.py) called as
-the worker calls them, the Starter claiming a compensation, and the Supervisor recovering one.
+"""Compensation on the embedded store and broker: the version-2 Scheduler's activities (activities/frozen_versions.py)
+called as the worker calls them, the Starter claiming a compensation, and the Supervisor recovering one.
 
 BEGIN_COMPENSATION moves a running attempt from Processing to CompensationInProgress (its admission slot is freed
 there, once) and answers the compensations of the steps sent, newest first; with nothing sent the order ends

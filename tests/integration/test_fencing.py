@@ -35,12 +35,12 @@ STEP_TIMEOUT_SECONDS = 10
 def functions() -> dict[str, Any]:
     """The Scheduler's functions as the worker calls them, from the blueprints (not `app.get_functions()`, which
     validates and may be called only once per app)."""
-    import activities.agents
+    import activities.frozen_versions
     import activities.state
     import orchestrators.order_workflow
 
-    builders = [getattr(module, name) for module in (activities.state, activities.agents, orchestrators.order_workflow)
-                for name in dir(module)]
+    modules = (activities.state, activities.frozen_versions, orchestrators.order_workflow)
+    builders = [getattr(module, name) for module in modules for name in dir(module)]
     found = {b._function.get_function_name(): b._function.get_user_function()
              for b in builders if hasattr(b, "_function") and hasattr(b._function, "get_user_function")}
     assert {fn.ORDER_WORKFLOW, fn.LOAD_ORDER, fn.SET_STEP_DEADLINE, fn.SEND_AGENT_REQUEST, fn.RECORD_STEP_RESULT,

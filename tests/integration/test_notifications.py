@@ -65,7 +65,7 @@ async def test_escalation_notice_lost_to_a_failed_send_is_sent_by_a_later_sweep(
 
 
 async def test_completed_status_lost_by_finish_order_is_sent_by_the_sweep(p: Pipeline) -> None:
-    import activities.state as activities
+    import activities.frozen_versions as activities
 
     await claim_orders(p, "o-1")
     for step in STEPS:

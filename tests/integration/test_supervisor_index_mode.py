@@ -2,9 +2,10 @@
 query mode, on the embedded store with a FakeClock.
 
 Spec: issue 12 part 4. The index is written before every state write that sets a CompleteBy (the Starter's claim,
-`orderflow.starter.try_claim`; the Scheduler's step deadline, activities/state.py `set_step_deadline`) and may be stale;
-the state record stays the truth. Index mode must find every expired record that query mode finds, ignore (and remove)
-stale entries, not end a scan early on a page of stale entries, and jump over long empty stretches.
+`orderflow.starter.try_claim`; the Scheduler's step deadline, `set_step_deadline` in activities/frozen_versions.py)
+and may be stale; the state record stays the truth. Index mode must find every expired record that query mode finds,
+ignore (and remove) stale entries, not end a scan early on a page of stale entries, and jump over long empty
+stretches.
 
 Each comparison builds the same data twice, in lockstep on one clock, through the real writers: one deployment in
 query mode (no index), one in index mode (services.index on the same store file); then one Supervisor run on each.
@@ -40,11 +41,9 @@ THRESHOLD = 3
 
 def _activity(name: str) -> Callable[[dict[str, Any]], Any]:
     """The activity as the worker calls it, from its blueprint (as tests/unit/test_order_workflow.py does)."""
-    import activities.state
+    from support.product_app import user_function
 
-    builders = [getattr(activities.state, attr) for attr in dir(activities.state)]
-    return next(b._function.get_user_function() for b in builders
-                if hasattr(b, "_function") and b._function.get_function_name() == name)
+    return user_function(name)  # type: ignore[no-any-return]
 
 
 @dataclass

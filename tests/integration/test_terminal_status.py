@@ -53,7 +53,7 @@ async def replies(p: Pipeline, order_id: str) -> list[tuple[str, StatusMessage]]
 
 async def finish_all_steps(p: Pipeline, order_id: str, instance: str) -> None:
     """The Scheduler's attempt `instance` runs every step to success, then finish_order (the real activity)."""
-    import activities.state as activities
+    import activities.frozen_versions as activities
 
     for step in STEPS:
         now = p.clock.now()

@@ -61,6 +61,19 @@ def test_each_success_is_recorded_with_the_next_step_in_the_same_change_and_the_
     assert all(s.status is StepStatus.SUCCEEDED for s in rec.steps)
 
 
+def test_a_record_walks_its_own_steps_not_the_codes() -> None:
+    """A record created when the code had fewer steps (here: two) ends after them: the steps a deployment adds to
+    STEPS never reach an order already in flight (README, "Versioning", adding a step)."""
+    rec = claimed()
+    rec = rec.model_copy(update={"steps": rec.steps[:2]})
+    rec, send = decide(rec)
+    rec, send = decide(rec, ok(RESERVE))
+    assert send is CHARGE
+    rec, send = decide(rec, ok(CHARGE))
+    assert send is None and rec.process_state is ProcessState.PROCESSED
+    assert [s.name for s in rec.steps] == [RESERVE, CHARGE]
+
+
 def test_a_later_attempt_starts_at_the_first_step_not_yet_succeeded() -> None:
     rec = claimed()
     rec = record_step(set_step_deadline(rec, FIRST, RESERVE, BY, NOW), FIRST, RESERVE, StepStatus.SUCCEEDED, NOW)

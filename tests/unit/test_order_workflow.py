@@ -316,15 +316,14 @@ def test_an_order_whose_steps_all_succeeded_finishes_without_sending(driver: Dri
     assert scheduled(driver, fn.SET_STEP_DEADLINE) == [] and scheduled(driver, fn.SEND_AGENT_REQUEST) == []
 
 
-# The two activities behind those Scheduler paths (activities/state.py), over the embedded store.
+# The activities behind those Scheduler paths (activities/state.py, activities/frozen_versions.py), over the embedded
+# store.
 
 def _activity_function(name: str) -> Any:
     """The activity as the worker calls it, from its blueprint (`app.get_functions()` may be called once per app)."""
-    import activities.state
+    from support.product_app import user_function
 
-    builders = [getattr(activities.state, attr) for attr in dir(activities.state)]
-    return next(b._function.get_user_function() for b in builders
-                if hasattr(b, "_function") and b._function.get_function_name() == name)
+    return user_function(name)
 
 
 async def _claimed_services(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, succeeded: int = 0) -> Any:

@@ -297,10 +297,14 @@ def test_a_step_from_an_earlier_attempt_must_restart_first() -> None:
     assert restarted.step(STEP).attempt == 2 and restarted.step(STEP).completed_at is None
 
 
-def test_unknown_step_is_an_error() -> None:
+def test_unknown_step_is_an_illegal_transition() -> None:
+    """A record without the step (created before the step was added) refuses it as the state machine refuses a
+    move, not with a KeyError."""
     rec = in_state(ProcessState.PROCESSING).model_copy(update={"steps": ()})
-    with pytest.raises(KeyError):
+    with pytest.raises(IllegalTransition, match="has no step"):
         record_step(rec, FIRST, STEP, StepStatus.RUNNING, NOW)
+    with pytest.raises(IllegalTransition, match="has no step"):
+        rec.step(STEP)
 
 
 # --- complete / fail ------------------------------------------------------------------------------
