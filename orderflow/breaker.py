@@ -2,7 +2,7 @@
 and read by the Starter.
 
 State lives in one JSON document per remote service (id = `RemoteServiceName`) in a store that every Agent instance
-and the function app reach (`orderflow.store.open_breaker_documents`: Cosmos container `CircuitBreakerContainerName`,
+and the function app reach (`orderflow.adapters.open_breaker_documents`: Cosmos container `CircuitBreakerContainerName`,
 the embedded store's `documents` table locally). Every write is create-if-absent or If-Match on the etag; a writer
 that loses re-reads and re-applies its change, so two Agents counting failures at once lose no count.
 
@@ -41,9 +41,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orderflow import settings, telemetry
 from orderflow.clock import Clock, ensure_utc
+from orderflow.errors import Conflict, PreconditionFailed
+from orderflow.ports import DocumentStore
 from orderflow.records import UtcDatetime
-from orderflow.store.errors import Conflict, PreconditionFailed
-from orderflow.store.ports import DocumentStore
 
 log = logging.getLogger("orderflow.breaker")
 

@@ -162,7 +162,7 @@ def one_line(exc: BaseException) -> str:
 
 
 def _open_documents(env: Mapping[str, str]) -> Any:
-    from orderflow.store import open_breaker_documents  # noqa: PLC0415 - lazily: the store SDKs are heavy
+    from orderflow.adapters import open_breaker_documents  # noqa: PLC0415 - lazily: the store SDKs are heavy
 
     endpoint = _setting("CosmosDb__accountEndpoint", env)
     try:
@@ -172,10 +172,10 @@ def _open_documents(env: Mapping[str, str]) -> Any:
 
 
 def _open_bus(env: Mapping[str, str]) -> Any:
-    from orderflow.bus.aio import client_from_settings  # noqa: PLC0415
+    from orderflow.adapters import aio_bus_from_settings  # noqa: PLC0415
 
     try:
-        return client_from_settings(env)
+        return aio_bus_from_settings(env)
     except Exception as exc:
         raise CliError(f"cannot open the Service Bus client: {one_line(exc)}") from exc
 

@@ -116,7 +116,7 @@ async def show(bus: Any, queue: str, sequence_number: int) -> dict[str, Any]:
 async def depth(bus: Any, queue: str, cap: int = 1000) -> Depth:
     """How many messages `queue`'s dead-letter queue holds: the broker's own count where the client has one (the
     embedded broker), else counted by peeking, at most `cap` (peeking needs the Data Receiver role; the exact runtime
-    count is the control plane's, orderflow/queue_counts.py)."""
+    count is the control plane's, orderflow/azure/queue_counts.py)."""
     broker = getattr(bus, "broker", None)
     if broker is not None and queue in broker.queue_names():
         return Depth(int(broker.counts(queue).dead_lettered))

@@ -103,8 +103,11 @@ class DurableHttpStatuses:
 async def operations(app_dir: Path, env: Mapping[str, str], clock: Clock | None = None,
                      need_durable: bool = False) -> AsyncIterator[Operations]:
     """The app's ports, opened from `env` (identity-based on Azure), as one `Operations`; closed on exit."""
-    from orderflow.bus.aio import client_from_settings  # noqa: PLC0415 - the SDKs are heavy; only when needed
-    from orderflow.store import open_breaker_documents, open_stores  # noqa: PLC0415
+    from orderflow.adapters import (  # noqa: PLC0415
+        aio_bus_from_settings,  # noqa: PLC0415 - the SDKs are heavy; only when needed
+        open_breaker_documents,
+        open_stores,
+    )
 
     try:
         tunables = Tunables.from_env(env)
@@ -116,7 +119,7 @@ async def operations(app_dir: Path, env: Mapping[str, str], clock: Clock | None 
     try:
         stores = open_stores(env)
         breakers = open_breaker_documents(env)
-        bus = client_from_settings(env)
+        bus = aio_bus_from_settings(env)
     except Exception as exc:
         raise CliError(f"cannot open the app's stores or bus: {one_line(exc)}") from exc
     durable = DurableHttpStatuses(durable_api_url(app_dir, env), env.get("DurableTaskApiKey")) if need_durable \

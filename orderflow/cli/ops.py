@@ -178,10 +178,10 @@ async def run(args: argparse.Namespace, env: Mapping[str, str], clock: Clock | N
         return await breaker_cli.run(argparse.Namespace(**{**vars(args), "command": args.breaker_command}), env,
                                      clock or SystemClock())
     if args.run is _dlq:
-        from orderflow.bus.aio import client_from_settings  # noqa: PLC0415
+        from orderflow.adapters import aio_bus_from_settings  # noqa: PLC0415
 
         try:
-            bus = client_from_settings(env)
+            bus = aio_bus_from_settings(env)
         except Exception as exc:
             raise CliError(f"cannot open the Service Bus client: {one_line(exc)}") from exc
         try:

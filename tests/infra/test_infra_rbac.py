@@ -219,9 +219,9 @@ def _container_calls(module: ast.Module, class_name: str) -> set[str]:
 
 
 def test_the_breaker_data_actions_are_what_the_breaker_store_calls() -> None:
-    # The Agent touches Cosmos DB only through orderflow.store.cosmos_store.CosmosDocuments (open_breaker_documents):
+    # The Agent touches Cosmos DB only through orderflow.azure.cosmos.CosmosDocuments (open_breaker_documents):
     # every SDK call it can make must be allowed, and nothing more is allowed than it calls (plus readMetadata).
-    path = REPO / "orderflow" / "store" / "cosmos_store.py"
+    path = REPO / "orderflow" / "azure" / "cosmos.py"
     calls = _container_calls(ast.parse(path.read_text()), "CosmosDocuments")
     assert calls, "the scan found no SDK call: has the breaker store moved?"
     allowed = {a.rsplit("/containers/", 1)[1] for a in BREAKER_DATA_ACTIONS if "/containers/" in a}

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from orderflow import breaker_cli
+from orderflow.adapters import bus_from_connection_string
 from orderflow.breaker import BreakerDoc, BreakerState
-from orderflow.bus import from_connection_string
+from orderflow.embedded.store import open_sqlite_documents
 from orderflow.messages import AlertKind, OperatorAlert
 from orderflow.records import format_utc
-from orderflow.store.sqlite_store import open_sqlite_documents
 
 REPO = Path(__file__).resolve().parents[2]
 PROG = "python -m orderflow.breaker_cli"
@@ -94,7 +94,7 @@ class Env:
     def alerts(self) -> list[tuple[str, str, OperatorAlert]]:
         """(MessageId, Subject, alert) of every message on operator-alerts (received and completed)."""
         out = []
-        with from_connection_string(self.bus) as client, client.get_queue_receiver(ALERTS) as receiver:
+        with bus_from_connection_string(self.bus) as client, client.get_queue_receiver(ALERTS) as receiver:
             while messages := receiver.receive_messages(10, max_wait_time=0.5):
                 for message in messages:
                     alert = OperatorAlert.model_validate_json(b"".join(message.body))

@@ -1,6 +1,6 @@
 """Ports of the domain core: the orders DB and the state store (async `typing.Protocol`s), shared helpers.
 
-Adapters: `orderflow.store.sqlite_store` (embedded) and `orderflow.store.cosmos_store` (azure-cosmos).
+Adapters: `orderflow.embedded.store` (embedded) and `orderflow.azure.cosmos` (azure-cosmos).
 Both pass `tests/contract/test_store_contract.py`. An etag is an opaque string that changes on every write.
 """
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, Self, runtime_checkable
 
+from orderflow.errors import NotFound, PreconditionFailed
 from orderflow.records import (
     CLAIMABLE_STATES,
     SUPERVISED_STATES,
@@ -22,7 +23,6 @@ from orderflow.records import (
     format_utc,
     parse_utc,
 )
-from orderflow.store.errors import NotFound, PreconditionFailed
 
 Versioned = tuple[OrderStateRecord, str]
 Mutate = Callable[[OrderStateRecord], OrderStateRecord]
