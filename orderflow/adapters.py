@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from orderflow import settings
-from orderflow.ports import DocumentStore, OrdersDb, RecoveryIndex, StateStore
+from orderflow.ports import BusClient, DocumentStore, OrdersDb, RecoveryIndex, StateStore
 from orderflow.settings import SERVICE_BUS_CONNECTION
 
 if TYPE_CHECKING:
@@ -142,22 +142,44 @@ def open_recovery_index(env: Mapping[str, str] | None = None) -> RecoveryIndex:
 
 def bus_from_connection_string(conn_str: str, **kwargs: Any) -> Any:
     """The embedded client for `Endpoint=embedded://...`, else the azure-servicebus client."""
-    return _bus_client(conn_str, aio=False, **kwargs)
+    if is_embedded_connection(conn_str):
+        from orderflow.embedded.client import ServiceBusClient as Embedded
+
+        return Embedded.from_connection_string(conn_str, **kwargs)
+    from orderflow.azure.servicebus import client_from_connection_string
+
+    return client_from_connection_string(conn_str, **kwargs)
 
 
-def aio_bus_from_connection_string(conn_str: str, **kwargs: Any) -> Any:
+def aio_bus_from_connection_string(conn_str: str, **kwargs: Any) -> BusClient:
     """The embedded aio client for `Endpoint=embedded://...`, else the azure-servicebus aio client."""
-    return _bus_client(conn_str, aio=True, **kwargs)
+    if is_embedded_connection(conn_str):
+        from orderflow.embedded.client_aio import ServiceBusClient as EmbeddedAio
+
+        return EmbeddedAio.from_connection_string(conn_str, **kwargs)
+    from orderflow.azure.servicebus import aio_client_from_connection_string
+
+    return aio_client_from_connection_string(conn_str, **kwargs)
 
 
 def bus_from_settings(env: Mapping[str, str] | None = None, connection: str = SERVICE_BUS_CONNECTION) -> Any:
     """A client for the binding connection `connection`: identity-based namespace first, then a string."""
-    return _bus_from_settings(env, connection, aio=False)
+    source = os.environ if env is None else env
+    if namespace := source.get(f"{connection}__fullyQualifiedNamespace"):
+        from orderflow.azure.servicebus import client_for_namespace
+
+        return client_for_namespace(namespace)
+    return bus_from_connection_string(connection_string_from_settings(source, connection))
 
 
-def aio_bus_from_settings(env: Mapping[str, str] | None = None, connection: str = SERVICE_BUS_CONNECTION) -> Any:
+def aio_bus_from_settings(env: Mapping[str, str] | None = None, connection: str = SERVICE_BUS_CONNECTION) -> BusClient:
     """As `bus_from_settings`, with the aio clients and `azure.identity.aio.DefaultAzureCredential`."""
-    return _bus_from_settings(env, connection, aio=True)
+    source = os.environ if env is None else env
+    if namespace := source.get(f"{connection}__fullyQualifiedNamespace"):
+        from orderflow.azure.servicebus import aio_client_for_namespace
+
+        return aio_client_for_namespace(namespace)
+    return aio_bus_from_connection_string(connection_string_from_settings(source, connection))
 
 
 def is_embedded_connection(conn_str: str) -> bool:
@@ -165,30 +187,6 @@ def is_embedded_connection(conn_str: str) -> bool:
     pairs = (part.split("=", 1) for part in conn_str.split(";") if "=" in part)
     endpoint = next((value.strip() for key, value in pairs if key.strip().lower() == "endpoint"), "")
     return endpoint.lower().startswith(EMBEDDED_SCHEME)
-
-
-def _bus_client(conn_str: str, *, aio: bool, **kwargs: Any) -> Any:
-    if is_embedded_connection(conn_str):
-        if aio:
-            from orderflow.embedded.client_aio import ServiceBusClient as EmbeddedAio
-
-            return EmbeddedAio.from_connection_string(conn_str, **kwargs)
-        from orderflow.embedded.client import ServiceBusClient as Embedded
-
-        return Embedded.from_connection_string(conn_str, **kwargs)
-    from orderflow.azure.servicebus import client_from_connection_string
-
-    return client_from_connection_string(conn_str, aio=aio, **kwargs)
-
-
-def _bus_from_settings(env: Mapping[str, str] | None, connection: str, *, aio: bool) -> Any:
-    source = os.environ if env is None else env
-    namespace = source.get(f"{connection}__fullyQualifiedNamespace")
-    if namespace:
-        from orderflow.azure.servicebus import client_for_namespace
-
-        return client_for_namespace(namespace, aio=aio)
-    return _bus_client(connection_string_from_settings(source, connection), aio=aio)
 
 
 def connection_string_from_settings(source: Mapping[str, str], connection: str = SERVICE_BUS_CONNECTION) -> str:

@@ -44,6 +44,7 @@ from orderflow.breaker import (
 )
 from orderflow.clock import Clock, SystemClock
 from orderflow.messages import AlertKind
+from orderflow.ports import BusClient
 from orderflow.records import format_utc
 
 PROG = "python -m orderflow.breaker_cli"
@@ -171,7 +172,7 @@ def _open_documents(env: Mapping[str, str]) -> Any:
         raise CliError(f"cannot open the breaker store {endpoint}: {one_line(exc)}") from exc
 
 
-def _open_bus(env: Mapping[str, str]) -> Any:
+def _open_bus(env: Mapping[str, str]) -> BusClient:
     from orderflow.adapters import aio_bus_from_settings  # noqa: PLC0415
 
     try:
@@ -195,7 +196,7 @@ async def show(services: Sequence[str], documents: Any, config: BreakerConfig, c
     return rows
 
 
-async def force(service: str, state: BreakerState, by: str, documents: Any, bus: Any, alerts_queue: str,
+async def force(service: str, state: BreakerState, by: str, documents: Any, bus: BusClient, alerts_queue: str,
                 config: BreakerConfig, clock: Clock) -> dict[str, Any]:
     """Force the breaker, then raise the operator alert; the breaker's row and the alert sent."""
     from orderflow.outbound import raise_alert  # noqa: PLC0415

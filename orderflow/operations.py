@@ -23,6 +23,7 @@ from azure.servicebus import ServiceBusMessage
 from orderflow import deadletters, telemetry
 from orderflow.breaker import BreakerConfig
 from orderflow.messages import ORDER_ID_PATTERN, CancelOrder
+from orderflow.ports import BusClient
 from orderflow.records import ProcessState, format_utc, instance_id, parse_utc
 from orderflow.runtime import Services, Tunables
 from orderflow.state_machine import IllegalTransition, resubmit
@@ -273,7 +274,7 @@ class Operations:
         return await breaker_cli.show(names, self.services.breakers, BreakerConfig.from_env(), self.services.clock)
 
 
-async def _depth_or_error(bus: Any, queue: str, cap: int) -> dict[str, Any]:
+async def _depth_or_error(bus: BusClient, queue: str, cap: int) -> dict[str, Any]:
     try:
         return (await deadletters.depth(bus, queue, cap)).to_json()
     except Exception as exc:  # noqa: BLE001 - one unreadable queue must not hide the others

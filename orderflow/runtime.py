@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from orderflow import settings
 from orderflow.clock import Clock, SystemClock
-from orderflow.ports import DocumentStore, OrdersDb, RecoveryIndex, StateStore
+from orderflow.ports import BusClient, DocumentStore, OrdersDb, RecoveryIndex, StateStore
 from orderflow.retry_budget import RetryBudget
 from orderflow.state_machine import Backoff, exponential_backoff
 
@@ -88,7 +88,7 @@ class Tunables:
 class Services:
     orders: OrdersDb
     state: StateStore
-    bus: Any  # azure.servicebus.aio.ServiceBusClient or the embedded broker's aio client
+    bus: BusClient  # azure.servicebus.aio.ServiceBusClient or the embedded broker's aio client
     tunables: Tunables
     clock: Clock = field(default_factory=SystemClock)
     # The circuit-breaker documents (read by the Starter); None: no breaker (tests that do not need one).

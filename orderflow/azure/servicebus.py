@@ -5,28 +5,34 @@ from __future__ import annotations
 
 from typing import Any
 
+from orderflow.ports import BusClient
 
-def client_for_namespace(namespace: str, *, aio: bool) -> Any:
-    """`ServiceBusClient(namespace, DefaultAzureCredential())`, the aio one with `azure.identity.aio`'s credential."""
-    if aio:
-        from azure.identity.aio import DefaultAzureCredential as AioCredential
 
-        return client_class(True)(namespace, credential=AioCredential())
+def aio_client_for_namespace(namespace: str) -> BusClient:
+    """`azure.servicebus.aio.ServiceBusClient(namespace, azure.identity.aio.DefaultAzureCredential())`."""
+    from azure.identity.aio import DefaultAzureCredential
+    from azure.servicebus.aio import ServiceBusClient
+
+    return ServiceBusClient(namespace, credential=DefaultAzureCredential())
+
+
+def aio_client_from_connection_string(conn_str: str, **kwargs: Any) -> BusClient:
+    """`azure.servicebus.aio.ServiceBusClient.from_connection_string` (`Endpoint=sb://<namespace>...`)."""
+    from azure.servicebus.aio import ServiceBusClient
+
+    return ServiceBusClient.from_connection_string(conn_str, **kwargs)
+
+
+def client_for_namespace(namespace: str) -> Any:
+    """`azure.servicebus.ServiceBusClient(namespace, DefaultAzureCredential())`."""
     from azure.identity import DefaultAzureCredential
-
-    return client_class(False)(namespace, credential=DefaultAzureCredential())
-
-
-def client_from_connection_string(conn_str: str, *, aio: bool, **kwargs: Any) -> Any:
-    """`ServiceBusClient.from_connection_string` (`Endpoint=sb://<namespace>.servicebus.windows.net/;...`)."""
-    return client_class(aio).from_connection_string(conn_str, **kwargs)
-
-
-def client_class(aio: bool) -> Any:
-    if aio:
-        from azure.servicebus.aio import ServiceBusClient as AioClient
-
-        return AioClient
     from azure.servicebus import ServiceBusClient
 
-    return ServiceBusClient
+    return ServiceBusClient(namespace, credential=DefaultAzureCredential())
+
+
+def client_from_connection_string(conn_str: str, **kwargs: Any) -> Any:
+    """`azure.servicebus.ServiceBusClient.from_connection_string` (`Endpoint=sb://<namespace>...`)."""
+    from azure.servicebus import ServiceBusClient
+
+    return ServiceBusClient.from_connection_string(conn_str, **kwargs)

@@ -22,6 +22,7 @@ from orderflow.breaker_cli import CliError, one_line, operator_name
 from orderflow.cli.common import dumps, operations
 from orderflow.clock import Clock, SystemClock
 from orderflow.operations import PAGE_SIZE_MAX, Operations, check_order_id
+from orderflow.ports import BusClient
 from orderflow.text import printable
 
 HISTORY_SHOWN = 12  # newest history events `order` prints per attempt (all of them with --json)
@@ -145,7 +146,7 @@ async def _summary(ops: Operations, args: argparse.Namespace, env: Mapping[str, 
     return dumps(data) if args.json else _render(summary_view(data))
 
 
-async def _dlq(bus: Any, args: argparse.Namespace, env: Mapping[str, str], now: datetime) -> str:
+async def _dlq(bus: BusClient, args: argparse.Namespace, env: Mapping[str, str], now: datetime) -> str:
     """dlq list|show|replay: the bus only (the Service Bus roles; no state-store setting is needed)."""
     try:
         if args.dlq_command == "list":
