@@ -29,8 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orderflow.adapters import bus_from_connection_string
-from orderflow.breaker_cli import CliError
-from orderflow.cli.common import load_settings, safe, started_by_up
+from orderflow.cli.common import CliError, load_settings, safe, started_by_up
 from orderflow.messages import (
     TERMINAL_STATUSES,
     InvalidMessage,

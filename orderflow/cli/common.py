@@ -6,12 +6,12 @@ Settings are the Functions app's own (orderflow/settings.py), read from the envi
 system (embedded broker and store) and Azure (`ServiceBusConnection__fullyQualifiedNamespace`, a Cosmos account
 endpoint, DefaultAzureCredential).
 
-One-line errors (`CliError`, `one_line`) and `operator_name` are the breaker command's (orderflow/breaker_cli.py),
-which the function app deploys; this package is not deployed.
+One-line errors (`CliError`, `one_line`) and `operator_name` serve every command, the breaker command's too.
 """
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 from collections.abc import AsyncIterator, Mapping
@@ -23,11 +23,35 @@ from urllib.parse import quote
 import aiohttp
 from rich.markup import escape
 
-from orderflow.breaker_cli import CliError, one_line
+from orderflow import text
+from orderflow.breaker import BreakerUnreadable
 from orderflow.clock import Clock, SystemClock
 from orderflow.operations import Operations
 from orderflow.runtime import Services, Tunables
 from orderflow.text import shown
+
+
+class CliError(Exception):
+    """A failure to report as one line (no traceback)."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: its message (with its type unless it is a CliError, a BreakerUnreadable or a
+    ValueError)."""
+    return text.one_line(exc, (CliError, BreakerUnreadable))
+
+
+def operator_name(explicit: str | None, env: Mapping[str, str]) -> str:
+    if explicit:
+        return explicit
+    name = env.get("USER") or env.get("USERNAME")
+    if name:
+        return name
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return "operator"
+
 
 DURABLE_PREFIX = "/runtime/webhooks/durabletask"
 DEFAULT_HOST = "http://127.0.0.1:7071"

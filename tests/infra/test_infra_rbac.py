@@ -250,7 +250,7 @@ def test_the_agents_only_cosmos_grant_is_the_breaker_role_on_the_breaker_contain
 
 def test_the_function_app_reaches_the_breaker_container_through_its_state_database_grant() -> None:
     # The container is a child of the state database, on which the app holds Data Contributor (reads for the
-    # Starter, writes for the operator command `python -m orderflow.breaker_cli open|close`).
+    # Starter, writes for the operator command `python -m orderflow.cli.breaker open|close`).
     cosmos = module_scope(Scope(main()), main().module("cosmos"))
     container = cosmos.file.resource("circuitBreakerContainer")
     assert text(container.get("parent")) == "stateDatabase"

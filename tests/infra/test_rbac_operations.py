@@ -60,9 +60,9 @@ SCOPES = {"namespace::ordersQueue": ORDERS, "namespace::agentRequestsQueue": REQ
 QUEUE_SETTINGS = {"OrdersQueueName": ORDERS, "AgentRequestsQueueName": REQUESTS, "AgentRepliesQueueName": REPLIES,
                   "OperatorAlertsQueueName": ALERTS}
 
-# The code of each identity. orderflow/cli/ and breaker_cli.py are operator tools run with the operator's own rights;
+# The code of each identity. orderflow/cli/ holds the operator tools run with the operator's own rights;
 # orderflow/embedded/ is the local stand-ins.
-NOT_DEPLOYED = ("orderflow/cli/", "orderflow/embedded/", "orderflow/embedded/", "orderflow/breaker_cli.py")
+NOT_DEPLOYED = ("orderflow/cli/", "orderflow/embedded/")
 SOURCES = {APP: ("function_app.py", "triggers", "activities", "orchestrators", "orderflow"), AGENT: ("agent",),
            SUBMITTER: ("examples/client.py",)}
 # Queue arguments, as written at the call sites, and the queue each one names.

@@ -19,7 +19,7 @@ from integration_support import tunables
 from ops_support import app_dir, direct_counts, seed
 
 from orderflow.adapters import aio_bus_from_connection_string
-from orderflow.cli import main
+from orderflow.cli.main import main
 from orderflow.clock import FakeClock
 from orderflow.embedded.store import open_sqlite_stores
 from orderflow.messages import OrderStatus, StatusMessage
