@@ -590,7 +590,7 @@ def storage_model(by_type: Mapping[str, float]) -> float:
 
 
 def database_of(container: str) -> str:
-    """The Cosmos database of a container (cosmos_store.CosmosNames): orders in `orders`, everything else in
+    """The Cosmos database of a container (orderflow.azure.cosmos.CosmosNames): orders in `orders`, everything else in
     `state`."""
     return "orders" if container == "orders" else "state"
 
