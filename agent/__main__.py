@@ -18,14 +18,14 @@ AGENT_SERVICE_NAME = "orderflow-agent"
 
 
 def create_client(connection: str | None, env: Mapping[str, str]) -> Any:
-    """An azure-servicebus aio client: `--connection` if given, else the app settings (`orderflow.bus.aio`).
+    """An azure-servicebus aio client: `--connection` if given, else the app settings (`orderflow.adapters`).
 
     `Endpoint=embedded://...` selects the embedded broker; another connection string, or
     `ServiceBusConnection__fullyQualifiedNamespace` (identity-based), selects Azure Service Bus.
     """
-    from orderflow.bus import aio as bus
+    from orderflow.adapters import aio_bus_from_connection_string, aio_bus_from_settings
 
-    return bus.from_connection_string(connection) if connection else bus.client_from_settings(env)
+    return aio_bus_from_connection_string(connection) if connection else aio_bus_from_settings(env)
 
 
 async def _run(argv: Sequence[str] | None) -> int:

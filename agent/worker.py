@@ -22,7 +22,7 @@ Shutdown (SIGTERM/SIGINT set `stop`): no new session or message is taken; a requ
 `shutdown_grace_ms` to finish, the rest of a batch is abandoned; past the grace, in-flight work is cancelled
 unsettled and redelivered later — safe, because every step is idempotent by its key.
 
-Circuit breaker: `serve` opens the breaker documents (`orderflow.store.open_breaker_documents`: Cosmos container
+Circuit breaker: `serve` opens the breaker documents (`orderflow.adapters.open_breaker_documents`: Cosmos container
 `CircuitBreakerContainerName` at `CosmosDb__accountEndpoint`, the embedded store locally) and gives every request
 the one `SharedBreaker` of `RemoteServiceName`, shared through its document with every other Agent instance. Its
 transitions raise operator alerts on `operator-alerts` (`agent.handler.circuit_alerter`). With
@@ -50,11 +50,12 @@ from agent.config import AgentConfig
 from agent.handler import HeldReplies, Outbox, RequestHandler, circuit_alerter
 from agent.remote import HttpRemoteCaller, RemoteCaller
 from agent.retry import CallGate
+from orderflow.adapters import open_breaker_documents
 from orderflow.breaker import BreakerConfig, OnTransition, shared_breaker
 from orderflow.clock import SystemClock
 from orderflow.clock import WaitingClock as Clock
+from orderflow.ports import DocumentStore
 from orderflow.session_locks import keep_lock_renewed
-from orderflow.store import DocumentStore, open_breaker_documents
 
 SESSION_ACCEPT_WAIT_SECONDS = 10.0
 log = logging.getLogger("agent")

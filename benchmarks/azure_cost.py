@@ -5,7 +5,7 @@ process: benchmarks/compare_ours.py `OurClient`) and counts, per order, what the
 
 - Cosmos DB operations by container and kind (point read, create, replace (If-Match), upsert, delete, query within one
   partition or across partitions, count query), from the calls of the embedded store's adapters, each mapped to what
-  the Cosmos adapter (orderflow/store/cosmos_store.py) sends for it; RU estimated from Microsoft's published figures
+  the Cosmos adapter (orderflow/azure/cosmos.py) sends for it; RU estimated from Microsoft's published figures
   (`RU_RULES`, with their sources);
 - Service Bus operations by kind and queue (every call of the embedded broker that is an API call on Service Bus:
   `SERVICE_BUS_OPERATIONS`), the messages they carry, and the receives and session accepts that found nothing;
@@ -270,7 +270,7 @@ class Meter:
             cls, name, original = self._undo.pop()
             setattr(cls, name, original)
 
-    # The embedded store (orderflow.store.sqlite_store) --------------------------------------------------------------
+    # The embedded store (orderflow.embedded.store) --------------------------------------------------------------
     def patch_store(self, module: Any) -> None:
         for class_name, methods in STORE_OPERATIONS.items():
             cls = getattr(module, class_name, None)
@@ -300,12 +300,13 @@ class Meter:
 
         return wrapper
 
-    # The embedded broker (orderflow.bus.broker) ---------------------------------------------------------------------
+    # The embedded broker (orderflow.embedded.broker) ----------------------------------------------------------------
     def patch_broker(self, module: Any) -> None:
         cls = module.EmbeddedBroker
         for name in sorted(SERVICE_BUS_OPERATIONS):
-            if name in vars(cls):
-                self._set(cls, name, self._broker_wrapper(vars(cls)[name], name))
+            owner = next((klass for klass in cls.__mro__ if name in vars(klass)), None)  # the seam defining it
+            if owner is not None:
+                self._set(owner, name, self._broker_wrapper(vars(owner)[name], name))
 
     def _broker_wrapper(self, method: Any, name: str) -> Any:
         meter, depth = self, self._depth
@@ -355,7 +356,7 @@ class Meter:
 
     def install(self) -> None:
         """Patch each module now if it is loaded, else when it is first imported."""
-        patches = {"orderflow.store.sqlite_store": self.patch_store, "orderflow.bus.broker": self.patch_broker,
+        patches = {"orderflow.embedded.store": self.patch_store, "orderflow.embedded.broker": self.patch_broker,
                    "devhost.invoke": self.patch_invoker}
         for name, patch in list(patches.items()):
             if name in sys.modules:
@@ -589,7 +590,7 @@ def storage_model(by_type: Mapping[str, float]) -> float:
 
 
 def database_of(container: str) -> str:
-    """The Cosmos database of a container (cosmos_store.CosmosNames): orders in `orders`, everything else in
+    """The Cosmos database of a container (orderflow.azure.cosmos.CosmosNames): orders in `orders`, everything else in
     `state`."""
     return "orders" if container == "orders" else "state"
 

@@ -1,4 +1,4 @@
-"""Benchmarks of the embedded Service Bus broker (orderflow/bus): send throughput (single and batched,
+"""Benchmarks of the embedded Service Bus broker (orderflow/embedded/broker): send throughput (single and batched,
 sync and
 aio), receive+complete throughput, session queue throughput, cross-process wake-up latency of a blocked
 receiver,
@@ -20,7 +20,8 @@ from typing import IO, Any
 
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusMessage
 
-from orderflow.bus import EmbeddedBroker, from_connection_string
+from orderflow.adapters import bus_from_connection_string
+from orderflow.embedded.broker import EmbeddedBroker
 
 from .common import ROOT, latency_summary, python, rate, stopwatch
 
@@ -63,7 +64,7 @@ def _messages(count: int, session_id: str | None = None) -> list[ServiceBusMessa
 
 def send_single(conn: str, count: int) -> dict[str, Any]:
     with (
-        from_connection_string(conn) as client,
+        bus_from_connection_string(conn) as client,
         client.get_queue_sender("q") as sender,
         stopwatch() as elapsed,
     ):
@@ -74,7 +75,7 @@ def send_single(conn: str, count: int) -> dict[str, Any]:
 
 def send_batched(conn: str, count: int, batch: int) -> dict[str, Any]:
     with (
-        from_connection_string(conn) as client,
+        bus_from_connection_string(conn) as client,
         client.get_queue_sender("q") as sender,
         stopwatch() as elapsed,
     ):
@@ -89,7 +90,7 @@ def send_batched(conn: str, count: int, batch: int) -> dict[str, Any]:
 
 
 def send_single_aio(conn: str, count: int) -> dict[str, Any]:
-    from orderflow.bus.aio import from_connection_string as aio_client  # noqa: PLC0415
+    from orderflow.adapters import aio_bus_from_connection_string as aio_client  # noqa: PLC0415
 
     async def run() -> float:
         async with aio_client(conn) as client, client.get_queue_sender("q") as sender:
@@ -104,7 +105,7 @@ def send_single_aio(conn: str, count: int) -> dict[str, Any]:
 
 def receive_complete(conn: str, count: int, batch: int) -> dict[str, Any]:
     """Drain `count` pre-sent messages with peek-lock, completing each; `batch` messages per receive call."""
-    with from_connection_string(conn) as client:
+    with bus_from_connection_string(conn) as client:
         with client.get_queue_sender("r") as sender:
             for start in range(0, count, 100):
                 sender.send_messages(_messages(min(100, count - start)))
@@ -126,7 +127,7 @@ def session_queue(conn: str, sessions: int, per_session: int) -> dict[str, Any]:
     """Send `per_session` messages to each of `sessions` sessions, then drain them session by session with
     NEXT_AVAILABLE_SESSION receivers (accept session, receive, complete, release)."""
     total = sessions * per_session
-    with from_connection_string(conn) as client:
+    with bus_from_connection_string(conn) as client:
         with client.get_queue_sender("s") as sender, stopwatch() as send_time:
             for n in range(sessions):
                 sender.send_messages(_messages(per_session, session_id=f"order-{n:05d}"))
@@ -179,7 +180,7 @@ def wake_latency(conn: str, mode: str, samples: int, pause: float = 0.05) -> dic
     try:
         _line(child.stdout)  # "ready"
         from_start, from_commit, send_cost = [], [], []
-        with from_connection_string(conn) as client, client.get_queue_sender("w") as sender:
+        with bus_from_connection_string(conn) as client, client.get_queue_sender("w") as sender:
             for n in range(samples):
                 time.sleep(pause)  # pacing, so the receiver is blocked again before the next send
                 t0 = time.monotonic()
@@ -206,12 +207,12 @@ def wake_latency(conn: str, mode: str, samples: int, pause: float = 0.05) -> dic
 def hold_receivers(conn: str, count: int, sends: int = 20) -> dict[str, Any]:
     """RSS of a process holding `count` blocked aio receivers, and what one send costs with that many waiting:
     the send's call time, the holder's CPU per send, and how many receivers each send woke (pokes received; the
-    sender claims one idle waiter per message, see orderflow/bus/notify.py)."""
+    sender claims one idle waiter per message, see orderflow/embedded/notify.py)."""
     child = _child("hold", conn, "h", str(count))
     try:
         report = json.loads(_line(child.stdout))
         send_cost = []
-        with from_connection_string(conn) as client, client.get_queue_sender("h") as sender:
+        with bus_from_connection_string(conn) as client, client.get_queue_sender("h") as sender:
             for _ in range(sends):
                 time.sleep(0.1)
                 with stopwatch() as elapsed:

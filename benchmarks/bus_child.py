@@ -23,9 +23,9 @@ from benchmarks.common import rss_mib
 
 def wake_sync(conn: str, queue: str) -> None:
     """Block in `receive_messages`; print '<body> <monotonic receive time>' for each message until 'stop'."""
-    from orderflow.bus import from_connection_string  # noqa: PLC0415
+    from orderflow.adapters import bus_from_connection_string  # noqa: PLC0415
 
-    with from_connection_string(conn) as client, client.get_queue_receiver(queue) as receiver:
+    with bus_from_connection_string(conn) as client, client.get_queue_receiver(queue) as receiver:
         print("ready", flush=True)
         while True:
             for msg in receiver.receive_messages(1, max_wait_time=60):
@@ -39,9 +39,9 @@ def wake_sync(conn: str, queue: str) -> None:
 
 async def wake_async(conn: str, queue: str) -> None:
     """As `wake_sync`, with the aio client that devhost's triggers use."""
-    from orderflow.bus.aio import from_connection_string  # noqa: PLC0415
+    from orderflow.adapters import aio_bus_from_connection_string  # noqa: PLC0415
 
-    async with from_connection_string(conn) as client, client.get_queue_receiver(queue) as receiver:
+    async with aio_bus_from_connection_string(conn) as client, client.get_queue_receiver(queue) as receiver:
         print("ready", flush=True)
         while True:
             for msg in await receiver.receive_messages(1, max_wait_time=60):
@@ -55,9 +55,9 @@ async def wake_async(conn: str, queue: str) -> None:
 
 async def hold(conn: str, queue: str, count: int) -> None:
     """Open `count` aio receivers blocked on `queue`; print RSS before/after as JSON; exit on a stdin line."""
-    from orderflow.bus.aio import from_connection_string  # noqa: PLC0415
+    from orderflow.adapters import aio_bus_from_connection_string  # noqa: PLC0415
 
-    client = from_connection_string(conn)
+    client = aio_bus_from_connection_string(conn)
     client.broker.queue_properties(queue)  # warm the connection and the properties cache
     baseline = rss_mib()
     received = [0]

@@ -21,13 +21,13 @@ COUNT_DIR_VARIABLE = "ORDERFLOW_BENCH_COUNT_DIR"
 # systems call: counted, reported, and left out of each system's own totals.
 FILE_CLASSES = {
     "durable.db": "durable",  # devhost's Durable task hub (devhost/durable/store.py)
-    "servicebus.db": "broker",  # the embedded Service Bus broker (orderflow/bus/broker.py)
+    "servicebus.db": "broker",  # the embedded Service Bus broker (orderflow/embedded/broker/)
     "store.db": "store",  # the embedded Cosmos store: orders DB, state store, recovery index, breakers, checkpoints
     "simulator.db": "simulator",  # agent/simulator.py's ledger
     "dbos-system.sqlite": "dbos_system",  # the DBOS system database
     "orders.sqlite": "dbos_app",  # the peer's application database (its state records and transaction outputs)
 }
-# Tables of store.db by the Cosmos database and container they stand for (orderflow/store/sqlite_store.py).
+# Tables of store.db by the Cosmos database and container they stand for (orderflow/embedded/store/).
 STORE_TABLES = {"orders": "orders_db", "order_state": "state_store", "recovery_index": "recovery_index",
                 "documents": "breaker_documents", "checkpoints": "supervisor_checkpoints"}
 # EmbeddedBroker methods the shim counts that are not Service Bus operations: set-up, local bookkeeping, and the

@@ -34,9 +34,9 @@ class OurClient:
 
     async def _open(self) -> Any:
         from devhost.demo import ClientApp  # noqa: PLC0415
-        from orderflow.bus.aio import from_connection_string  # noqa: PLC0415
+        from orderflow.adapters import aio_bus_from_connection_string  # noqa: PLC0415
 
-        self.bus = from_connection_string(self.connection)
+        self.bus = aio_bus_from_connection_string(self.connection)
         client = ClientApp(self.bus, self.orders_queue, self.reply_queue)
         self._stop = asyncio.Event()
         self._listener = asyncio.create_task(client.listen(self._stop))

@@ -45,10 +45,10 @@ from typing import Any
 
 from orderflow.clock import FakeClock
 from orderflow.messages import STEPS, SubmitOrder
+from orderflow.ports import IndexEntry, RecoveryIndex, StateStore
 from orderflow.records import OrderStateRecord, StepStatus, format_utc, instance_id
 from orderflow.runtime import Services, Tunables
 from orderflow.state_machine import claim, complete, record_step, set_step_deadline
-from orderflow.store.ports import IndexEntry, RecoveryIndex, StateStore
 from orderflow.supervisor import CHECKPOINT, run_supervisor
 
 ANY_KEY = "dGVzdC1rZXktbm90LWEtc2VjcmV0"  # the protocol server accepts any key
@@ -192,7 +192,7 @@ async def _two_passes(services: Services, count: Callable[[], dict[str, int]] | 
 
 
 async def _embedded(data: Dataset) -> dict[str, Any]:
-    from orderflow.store.sqlite_store import open_sqlite_recovery_index, open_sqlite_stores  # noqa: PLC0415
+    from orderflow.embedded.store import open_sqlite_recovery_index, open_sqlite_stores  # noqa: PLC0415
 
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-supervisor-") as tmp:
@@ -239,11 +239,7 @@ def _kind(method: str, path: str, query: bool) -> str:
 async def _cosmos(data: Dataset, endpoint: str, server: Any, modes: tuple[str, ...]) -> dict[str, Any]:
     from azure.cosmos.aio import CosmosClient  # noqa: PLC0415
 
-    from orderflow.store.cosmos_store import (  # noqa: PLC0415
-        CosmosNames,
-        cosmos_recovery_index,
-        open_cosmos_with_key,
-    )
+    from orderflow.azure.cosmos import CosmosNames, cosmos_recovery_index, open_cosmos_with_key  # noqa: PLC0415
 
     def count() -> dict[str, int]:
         kinds: dict[str, int] = {}

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         from . import up  # noqa: PLC0415
         return up.up(args) if args.command == "up" else up.down(args)
     if args.command in ("submit", "cancel", "queues"):
-        from orderflow.breaker_cli import CliError  # noqa: PLC0415
+        from orderflow.cli.common import CliError  # noqa: PLC0415
         try:
             code: int = args.handler(args)
         except CliError as exc:

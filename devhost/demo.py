@@ -134,10 +134,10 @@ class ClientApp:
 @asynccontextmanager
 async def client_app(system: LocalSystem) -> AsyncIterator[ClientApp]:
     """A `ClientApp` on a started system's broker, listening on its reply queue until the block ends."""
-    from orderflow.bus.aio import from_connection_string  # noqa: PLC0415
+    from orderflow.adapters import aio_bus_from_connection_string  # noqa: PLC0415
 
     env = system.env()
-    bus = from_connection_string(system.config.bus_connection)
+    bus = aio_bus_from_connection_string(system.config.bus_connection)
     client = ClientApp(bus, env.get("OrdersQueueName", "orders-inbound"), system.config.reply_queue)
     stop = asyncio.Event()
     listener = asyncio.create_task(client.listen(stop))
@@ -203,7 +203,7 @@ class StateSummary:
 
 async def read_states(env: dict[str, str], order_ids: list[str], orders_db: bool = False) -> StateSummary:
     """The state record of each order; with `orders_db`, also which of them have an orders-DB record."""
-    from orderflow.store import open_stores  # noqa: PLC0415
+    from orderflow.adapters import open_stores  # noqa: PLC0415
 
     stores = open_stores(env)
     summary = StateSummary(Counter(), 0, 0, Counter(), {}, {})

@@ -177,8 +177,8 @@ class Host:
 
     def _service_bus_client(self, connection: str) -> Any:
         if connection not in self._clients:
-            from orderflow.bus.aio import client_from_settings  # noqa: PLC0415
-            self._clients[connection] = client_from_settings(os.environ, connection=connection)
+            from orderflow.adapters import aio_bus_from_settings  # noqa: PLC0415
+            self._clients[connection] = aio_bus_from_settings(os.environ, connection=connection)
         return self._clients[connection]
 
     def _start_service_bus(self, spec: FunctionSpec, config: HostConfig) -> None:

@@ -6,7 +6,7 @@ devhost's durable history, never from logs, and ends with the `Verdict` of the o
 devhost/invariants.py.
 
 - `duplicate-delivery`: every message on every queue is delivered twice. The system runs with the embedded broker's
-  fault-injection switch on (`;DuplicateDelivery=true` in every process's connection string; orderflow/bus/broker.py):
+  fault switch on (`;DuplicateDelivery=true` in each process's connection string; orderflow/embedded/broker/_faults.py):
   the first complete of each message is lost, as a settlement Service Bus never recorded, and the same message (same
   MessageId and sequence number, delivery count + 1, past duplicate detection) is delivered again. So orders-inbound,
   agent-requests, agent-replies, the app's reply queue and operator-alerts (which the drill reads in peek-lock mode, as
@@ -150,9 +150,9 @@ def input_config(work_dir: Path, options: InputOptions, servicebus_config: Path 
 
 def _queue_figures(connection: str) -> tuple[dict[str, int], dict[str, int]]:
     """(messages not settled for good, per queue; messages the DuplicateDelivery switch delivered twice, per queue)."""
-    from orderflow.bus import from_connection_string  # noqa: PLC0415
+    from orderflow.adapters import bus_from_connection_string  # noqa: PLC0415
 
-    with from_connection_string(connection) as bus:
+    with bus_from_connection_string(connection) as bus:
         broker = bus.broker
         left = {}
         for queue in broker.queue_names():
@@ -164,10 +164,10 @@ def _queue_figures(connection: str) -> tuple[dict[str, int], dict[str, int]]:
 def _read_alerts_peek_lock(connection: str, queue: str) -> list[tuple[str, int, OperatorAlert]]:
     """Every alert queued so far, read as an operator reads them (peek-lock, then complete): (MessageId, delivery count,
     alert) of each delivery. Under DuplicateDelivery a completed alert comes back once more."""
-    from orderflow.bus import from_connection_string  # noqa: PLC0415
+    from orderflow.adapters import bus_from_connection_string  # noqa: PLC0415
 
     read: list[tuple[str, int, OperatorAlert]] = []
-    with from_connection_string(connection) as bus, bus.get_queue_receiver(queue) as receiver:
+    with bus_from_connection_string(connection) as bus, bus.get_queue_receiver(queue) as receiver:
         while batch := receiver.receive_messages(max_message_count=100, max_wait_time=0.2):
             for m in batch:
                 read.append((str(m.message_id), int(m.delivery_count or 0),

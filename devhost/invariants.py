@@ -28,7 +28,7 @@ from typing import Any
 
 from azure.servicebus import ServiceBusSubQueue
 
-from orderflow.bus import from_connection_string
+from orderflow.adapters import bus_from_connection_string
 from orderflow.records import ProcessState
 from orderflow.retry_budget import RetryBudget
 from orderflow.state_machine import TRANSITIONS
@@ -63,7 +63,7 @@ def store_path(env: dict[str, str]) -> Path:
 def install_transition_audit(path: Path) -> None:
     """Create the embedded store's tables (as the adapter would) and the audit's triggers; idempotent. Install it
     before the drill's first order: a change made earlier is not audited."""
-    from orderflow.store.sqlite_store import _SCHEMA  # noqa: PLC0415 - the adapter's own schema, not a copy
+    from orderflow.embedded.store._file import _SCHEMA  # noqa: PLC0415 - the adapter's own schema, not a copy
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with sqlite3.connect(path, timeout=30) as conn:
@@ -143,7 +143,7 @@ class DeadLettered:
 def dead_letters(connection: str, queue: str) -> list[DeadLettered]:
     """Every message in `queue`'s dead-letter sub-queue (peeked: nothing is removed)."""
     found: list[DeadLettered] = []
-    with from_connection_string(connection) as bus, \
+    with bus_from_connection_string(connection) as bus, \
             bus.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
         next_seq = 0
         while True:
@@ -158,7 +158,7 @@ def dead_letters(connection: str, queue: str) -> list[DeadLettered]:
 
 def _dead_letters(connection: str) -> list[tuple[str, str | None]]:
     """(queue, reason) of every dead-lettered message on every queue of the embedded broker."""
-    with from_connection_string(connection) as client:
+    with bus_from_connection_string(connection) as client:
         queues = client.broker.queue_names()
     return [(queue, d.reason) for queue in queues for d in dead_letters(connection, queue)]
 
@@ -166,7 +166,7 @@ def _dead_letters(connection: str) -> list[tuple[str, str | None]]:
 async def collect(env: dict[str, str], connection: str, effects: dict[str, Any], order_ids: Iterable[str],
                   expect_record: Callable[[str], bool] = lambda _: True) -> Evidence:
     """The evidence of a drill whose orders are `order_ids`, on the system with these settings."""
-    from orderflow.store import open_stores  # noqa: PLC0415
+    from orderflow.adapters import open_stores  # noqa: PLC0415
 
     ids = list(order_ids)
     states: dict[str, str] = {}

@@ -205,10 +205,10 @@ async def read_ledger(system: LocalSystem) -> Ledger:
 
 def _drain_alerts(connection: str, queue: str) -> list[OperatorAlert]:
     """Every operator alert queued so far (received and deleted: the drill is their operator)."""
-    from orderflow.bus import from_connection_string  # noqa: PLC0415
+    from orderflow.adapters import bus_from_connection_string  # noqa: PLC0415
 
     alerts: list[OperatorAlert] = []
-    with from_connection_string(connection) as bus, \
+    with bus_from_connection_string(connection) as bus, \
             bus.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver:
         while batch := receiver.receive_messages(max_message_count=100, max_wait_time=0.2):
             alerts.extend(OperatorAlert.model_validate_json(b"".join(m.body)) for m in batch)
@@ -217,9 +217,9 @@ def _drain_alerts(connection: str, queue: str) -> list[OperatorAlert]:
 
 def _active_messages(connection: str, queue: str) -> int:
     """Messages of `queue` not yet settled (locked ones included), on the embedded broker."""
-    from orderflow.bus import from_connection_string  # noqa: PLC0415
+    from orderflow.adapters import bus_from_connection_string  # noqa: PLC0415
 
-    with from_connection_string(connection) as bus:
+    with bus_from_connection_string(connection) as bus:
         return int(bus.broker.counts(queue).active)
 
 
@@ -259,7 +259,7 @@ class Lab:
     the orders queue, the dead-letter sub-queue and the operator alerts. Each wait that times out is noted."""
 
     def __init__(self, system: LocalSystem, client: ClientApp) -> None:
-        from orderflow.store import open_stores  # noqa: PLC0415
+        from orderflow.adapters import open_stores  # noqa: PLC0415
 
         self.system = system
         self.client = client

@@ -1,6 +1,6 @@
 """Store drills (issue 15), `python -m devhost drill NAME` with NAME `state-store-conflicts` or `store-outage`: the
-state store misbehaving as a Cosmos DB account does, through the embedded store's fault switch (orderflow/store/
-sqlite_store.py `StoreFaults`): options on the endpoint that devhost and the Agent are given,
+state store misbehaving as a Cosmos DB account does, through the embedded store's fault switch (orderflow/embedded/
+store/ `StoreFaults`): options on the endpoint that devhost and the Agent are given,
 `embedded://PATH?conflictRate=..&throttleRate=..&seed=..&outageFile=..`. The drill's own reads (the verdict, the
 invariants) use the plain endpoint: only the system under test sees the faults. Each injected answer is a line of the
 fault ledger (`<store>.faults.jsonl`), the source of the fault figures; the verdict is judged from the state store, the
@@ -224,11 +224,11 @@ async def settled(system: LocalSystem, client: ClientApp, order_ids: list[str]) 
 def _dead_letter_sessions(system: LocalSystem) -> set[str]:
     from azure.servicebus import ServiceBusSubQueue  # noqa: PLC0415
 
-    from orderflow.bus import from_connection_string  # noqa: PLC0415
+    from orderflow.adapters import bus_from_connection_string  # noqa: PLC0415
 
     queue = system.env().get("OrdersQueueName", "orders-inbound")
     found: set[str] = set()
-    with from_connection_string(system.config.bus_connection) as bus, \
+    with bus_from_connection_string(system.config.bus_connection) as bus, \
             bus.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
         start = 0
         while page := dlq.peek_messages(max_message_count=100, sequence_number=start):

@@ -49,7 +49,7 @@ from rich.console import Console
 from agent.config import config_from_env as agent_config_from_env
 from agent.handler import ReplyDelay
 from orderflow import settings as app_settings
-from orderflow.bus.config import load_config_file
+from orderflow.embedded.config import load_config_file
 from orderflow.messages import STEPS, AgentOutcome, AgentReply, AlertKind, OrderStatus, idempotency_key
 from orderflow.records import OrderStateRecord, ProcessState, StepStatus
 
@@ -211,7 +211,7 @@ def bus_path(connection: str) -> Path:
 def install_message_audit(path: Path, queues: tuple[str, ...]) -> None:
     """Create the broker's tables (as the broker would) and the audit's triggers on `queues`; idempotent. Install it
     before the first message of the drill: an earlier one is not audited."""
-    from orderflow.bus.broker import _SCHEMA  # noqa: PLC0415 - the broker's own schema, not a copy
+    from orderflow.embedded.broker._schema import _SCHEMA  # noqa: PLC0415 - the broker's own schema, not a copy
 
     assert all(_QUEUE_NAME.match(q) for q in queues), queues
     listed = ", ".join(f"'{q}'" for q in queues)
@@ -660,9 +660,9 @@ def judge_clock_skew(seen: Seen, skew: float, plan: dict[str, list[str]]) -> Ver
 
 def _queue_state(connection: str, queue: str) -> tuple[int, int]:
     """(messages not yet settled, dead-lettered) of a queue on the embedded broker."""
-    from orderflow.bus import from_connection_string  # noqa: PLC0415
+    from orderflow.adapters import bus_from_connection_string  # noqa: PLC0415
 
-    with from_connection_string(connection) as bus:
+    with bus_from_connection_string(connection) as bus:
         counts = bus.broker.counts(queue)
         return int(counts.active), int(counts.dead_lettered)
 

@@ -14,8 +14,8 @@ The connection is chosen by settings (environment variables), first match wins:
     ServiceBusConnection__fullyQualifiedNamespace=<ns>...     # the same, under the app-setting name
 
 With a namespace, `DefaultAzureCredential` signs in (your `az login`, or the managed identity in Azure); there is no
-secret in this file. Everything else is the azure-servicebus API: `orderflow.bus.from_connection_string` returns a
-client with the same methods for an `embedded://` connection string.
+secret in this file. Everything else is the azure-servicebus API: `orderflow.adapters.bus_from_connection_string`
+returns a client with the same methods for an `embedded://` connection string.
 
 The order goes to `orders-inbound` (ORDERS_QUEUE_NAME) with SessionId = orderId and MessageId
 `<orderId>:<sha256 of the body, 12 hex digits>` (as `devhost submit` sends it): an identical resend is absorbed by
@@ -69,9 +69,9 @@ def connect() -> Any:
     conn = os.environ.get("ServiceBusConnection")
     if conn and conn.startswith("Endpoint=embedded://"):
         sys.path.insert(0, str(REPO_ROOT))  # orderflow is not installed; it lives in the repo
-        import orderflow.bus
+        from orderflow.adapters import bus_from_connection_string
 
-        return orderflow.bus.from_connection_string(conn)
+        return bus_from_connection_string(conn)
     if conn:
         return ServiceBusClient.from_connection_string(conn)
     namespace = os.environ.get("SERVICEBUS_FULLY_QUALIFIED_NAMESPACE") or os.environ.get(

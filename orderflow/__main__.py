@@ -1,7 +1,4 @@
-"""`python -m orderflow`: the operator CLI (orderflow/cli)."""
+"""`python -m orderflow`: the operator CLI, orderflow/cli/main.py (not deployed: the ignore files list this file)."""
+from orderflow.cli.main import main
 
-import sys
-
-from orderflow.cli import main
-
-sys.exit(main())
+raise SystemExit(main())

@@ -45,9 +45,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from orderflow import telemetry
+from orderflow.errors import Conflict, PreconditionFailed
 from orderflow.records import ProcessState, format_utc, parse_utc
 from orderflow.runtime import Services
-from orderflow.store.errors import Conflict, PreconditionFailed
 
 log = logging.getLogger("orderflow.admission")
 

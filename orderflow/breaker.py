@@ -2,7 +2,7 @@
 and read by the Starter.
 
 State lives in one JSON document per remote service (id = `RemoteServiceName`) in a store that every Agent instance
-and the function app reach (`orderflow.store.open_breaker_documents`: Cosmos container `CircuitBreakerContainerName`,
+and the function app reach (`orderflow.adapters.open_breaker_documents`: Cosmos container `CircuitBreakerContainerName`,
 the embedded store's `documents` table locally). Every write is create-if-absent or If-Match on the etag; a writer
 that loses re-reads and re-applies its change, so two Agents counting failures at once lose no count.
 
@@ -18,7 +18,7 @@ that loses re-reads and re-applies its change, so two Agents counting failures a
 - half-open: the first `CircuitBreakerProbes` calls go through (each takes a probe by an If-Match write; a probe not
   reported within the window is given back); the Starter claims at most the probes left.
 - operator: `force_open` holds the breaker open until `force_close`, which closes it and resets its counts
-  (`python -m orderflow.breaker_cli show|open|close`).
+  (`orderflow breaker show|open|close`).
 
 The pure transition functions (`decide`, `on_failure`, `on_success`, `forced`) hold the rules; `SharedBreaker` reads
 and writes the document around them. Reads are cached for `cache_ttl` (1 s): an Agent may make calls for up to that
@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -41,9 +41,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orderflow import settings, telemetry
 from orderflow.clock import Clock, ensure_utc
-from orderflow.records import UtcDatetime
-from orderflow.store.errors import Conflict, PreconditionFailed
-from orderflow.store.ports import DocumentStore
+from orderflow.errors import Conflict, PreconditionFailed
+from orderflow.ports import DocumentStore
+from orderflow.records import UtcDatetime, format_utc
+from orderflow.text import one_line
 
 log = logging.getLogger("orderflow.breaker")
 
@@ -426,3 +427,48 @@ def shared_breaker(documents: DocumentStore, clock: Clock, env: Mapping[str, str
     """The breaker of the configured remote service (`RemoteServiceName`), with the configured rules."""
     service = settings.get("RemoteServiceName", env) or "fulfilment"
     return SharedBreaker(documents, service, BreakerConfig.from_env(env), clock, on_transition)
+
+
+# -- what operators see: the CLI's `breaker show` and the ops summary ----------------------------------------------
+
+
+class BreakerUnreadable(Exception):
+    """A breaker document could not be read; the message names the breaker and the cause, on one line."""
+
+
+def breaker_row(service: str, doc: BreakerDoc, config: BreakerConfig, now: datetime) -> dict[str, Any]:
+    """What `show` prints of one breaker (JSON field names)."""
+    in_window = sum(1 for failure in doc.failures if failure > now - config.window)
+    return {
+        "service": service,
+        "state": doc.state.value,
+        "effectiveState": effective_state(doc, now).value,
+        "failuresInWindow": in_window,
+        "failureThreshold": config.failure_threshold,
+        "windowSeconds": config.window.total_seconds(),
+        "openUntil": None if doc.open_until is None else format_utc(doc.open_until),
+        "probesLeft": probes_left(doc, config, now),
+        "forced": doc.forced,
+        "cooldownSeconds": doc.cooldown_seconds,
+        "changedAt": None if doc.changed_at is None else format_utc(doc.changed_at),
+        "reason": doc.reason,
+        "enabled": config.enabled,
+    }
+
+
+async def _read(breaker: SharedBreaker) -> BreakerDoc:
+    try:
+        return (await breaker.view()).doc
+    except Exception as exc:
+        raise BreakerUnreadable(f"cannot read breaker {breaker.service!r}: {one_line(exc)}") from exc
+
+
+async def show_breakers(
+    services: Sequence[str], documents: Any, config: BreakerConfig, clock: Clock
+) -> list[dict[str, Any]]:
+    """One `breaker_row` per service: what `orderflow breaker show` prints and the ops summary lists."""
+    rows = []
+    for service in services:
+        doc = await _read(SharedBreaker(documents, service, config, clock))
+        rows.append(breaker_row(service, doc, config, clock.now()))
+    return rows

@@ -25,6 +25,7 @@ from typing import Any
 
 from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
 
+from orderflow.ports import BusClient
 from orderflow.records import format_utc
 
 PEEK_PAGE = 100
@@ -91,7 +92,7 @@ def detail(message: Any) -> dict[str, Any]:
             "applicationProperties": _properties(message), "body": body}
 
 
-async def peek(bus: Any, queue: str, limit: int, start: int = 0) -> list[Any]:
+async def peek(bus: BusClient, queue: str, limit: int, start: int = 0) -> list[Any]:
     """Up to `limit` dead-lettered messages of `queue` from sequence number `start`, oldest first (nothing is
     locked or removed)."""
     found: list[Any] = []
@@ -106,17 +107,17 @@ async def peek(bus: Any, queue: str, limit: int, start: int = 0) -> list[Any]:
     return found[:limit]
 
 
-async def show(bus: Any, queue: str, sequence_number: int) -> dict[str, Any]:
+async def show(bus: BusClient, queue: str, sequence_number: int) -> dict[str, Any]:
     page = await peek(bus, queue, 1, sequence_number)
     if not page or int(page[0].sequence_number) != sequence_number:
         raise DeadLetterNotFound(f"no dead-lettered message with sequence number {sequence_number} on {queue}")
     return detail(page[0])
 
 
-async def depth(bus: Any, queue: str, cap: int = 1000) -> Depth:
+async def depth(bus: BusClient, queue: str, cap: int = 1000) -> Depth:
     """How many messages `queue`'s dead-letter queue holds: the broker's own count where the client has one (the
     embedded broker), else counted by peeking, at most `cap` (peeking needs the Data Receiver role; the exact runtime
-    count is the control plane's, orderflow/queue_counts.py)."""
+    count is the control plane's, orderflow/azure/queue_counts.py)."""
     broker = getattr(bus, "broker", None)
     if broker is not None and queue in broker.queue_names():
         return Depth(int(broker.counts(queue).dead_lettered))
@@ -147,7 +148,7 @@ def replay_copy(message: Any, queue: str, by: str, now: datetime) -> ServiceBusM
                              application_properties=props)
 
 
-async def replay(bus: Any, queue: str, sequence_numbers: Iterable[int] | None, by: str, now: datetime,
+async def replay(bus: BusClient, queue: str, sequence_numbers: Iterable[int] | None, by: str, now: datetime,
                  limit: int = 500, max_wait: float = 2.0) -> list[dict[str, Any]]:
     """Replay the dead-lettered messages of `queue` with these sequence numbers (None: every one, at most `limit`).
     Each is sent, then completed; the others are abandoned untouched. Returns one row per replayed message, with its

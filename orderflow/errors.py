@@ -3,6 +3,9 @@
 Transient: a `Failure` that says so (the store's taxonomy), HTTP 408, 429 and 5xx (azure-core, Cosmos), network
 failures and timeouts, a busy SQLite file, and azure-servicebus's retryable errors (`BUS_TRANSIENT`). Everything
 else, a lost lock included, is permanent for the operation that raised it.
+
+The store's taxonomy (NotFound, PreconditionFailed, Conflict, TransientStoreError): both store adapters raise these,
+never SDK errors, for the outcomes callers branch on. All are picklable.
 """
 
 from __future__ import annotations
@@ -65,3 +68,39 @@ def is_transient(exc: BaseException) -> bool:
         text = str(exc).lower()
         return "locked" in text or "busy" in text
     return False
+
+
+class StoreError(Failure):
+    """Base of every store error; `status_code` is the HTTP status it stands for (Cosmos semantics)."""
+
+    status_code: int | None = None
+    transient: bool = False
+
+
+class NotFound(StoreError):
+    status_code = 404
+
+
+class Conflict(StoreError):
+    """A create hit an existing id (HTTP 409)."""
+
+    status_code = 409
+
+
+class PreconditionFailed(StoreError):
+    """An If-Match write lost the race: the record changed since it was read (HTTP 412)."""
+
+    status_code = 412
+
+
+class TransientStoreError(StoreError):
+    """A failure worth retrying later: throttled, timed out, unavailable, locked."""
+
+    transient = True
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message, status_code)
+        self.status_code = status_code
+
+    def __str__(self) -> str:
+        return f"{self.args[0]} (status {self.status_code})"

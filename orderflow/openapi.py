@@ -39,7 +39,7 @@ ORDER_ID_REGEX = ORDER_ID_PATTERN.pattern.replace("\\A", "^").replace("\\Z", "$"
 # models/OrchestrationRuntimeStatus.py).
 # A ProcessState in any case, in a pattern both regex dialects read alike (ECMA-262 has no inline (?i)).
 STATE_REGEX = "^(?:" + "|".join("".join(f"[{c.upper()}{c.lower()}]" for c in s.value) for s in ProcessState) + ")$"
-# The continuation a page answers with; opaque to clients (a keyset position, orderflow/store/ports.py KeysetCursor).
+# The continuation a page answers with; opaque to clients (a keyset position, orderflow/ports.py KeysetCursor).
 CONTINUATION_FORMAT = "orderflow-continuation"
 RuntimeStatus = Literal["Running", "Completed", "ContinuedAsNew", "Failed", "Canceled", "Terminated", "Pending",
                         "Suspended"]

@@ -1,4 +1,4 @@
-"""Operator operations: what the CLI (`orderflow`, orderflow/cli.py) and the HTTP API (triggers/ops_api.py) do, in
+"""Operator operations: what the CLI (`orderflow`, orderflow/cli/) and the HTTP API (triggers/ops_api.py) do, in
 one place, over the app's own ports (state store, orders DB, bus, breaker documents) and the Durable status API.
 
 Every answer is plain JSON (camelCase), the same for both front ends. A refusal is an `OpsError` with an HTTP status
@@ -21,8 +21,9 @@ from typing import Any, Protocol
 from azure.servicebus import ServiceBusMessage
 
 from orderflow import deadletters, telemetry
-from orderflow.breaker import BreakerConfig
+from orderflow.breaker import BreakerConfig, show_breakers
 from orderflow.messages import ORDER_ID_PATTERN, CancelOrder
+from orderflow.ports import BusClient
 from orderflow.records import ProcessState, format_utc, instance_id, parse_utc
 from orderflow.runtime import Services, Tunables
 from orderflow.state_machine import IllegalTransition, resubmit
@@ -267,13 +268,11 @@ class Operations:
     async def _breakers(self) -> list[dict[str, Any]]:
         if self.services.breakers is None:
             return []
-        from orderflow import breaker_cli  # noqa: PLC0415 - the CLI's `breaker show` row is the summary's row
-
         names = list(self.breaker_services or (self.services.tunables.remote_service,))
-        return await breaker_cli.show(names, self.services.breakers, BreakerConfig.from_env(), self.services.clock)
+        return await show_breakers(names, self.services.breakers, BreakerConfig.from_env(), self.services.clock)
 
 
-async def _depth_or_error(bus: Any, queue: str, cap: int) -> dict[str, Any]:
+async def _depth_or_error(bus: BusClient, queue: str, cap: int) -> dict[str, Any]:
     try:
         return (await deadletters.depth(bus, queue, cap)).to_json()
     except Exception as exc:  # noqa: BLE001 - one unreadable queue must not hide the others

@@ -18,12 +18,13 @@ from azure.servicebus import ServiceBusMessage
 
 from orderflow import telemetry, tracing
 from orderflow.messages import AgentRequest, AlertKind, Effects, OperatorAlert, OrderStatus, StatusMessage
+from orderflow.ports import BusClient
 from orderflow.text import bounded, shown
 
 log = logging.getLogger("orderflow.outbound")
 
 
-async def _send(bus: Any, queue: str, body: str, *, message_id: str, session_id: str | None,
+async def _send(bus: BusClient, queue: str, body: str, *, message_id: str, session_id: str | None,
                 subject: str, traceparent: str | None = None) -> None:
     """Send one message; its `traceparent` property is the one given, else the current span's (none outside a
     trace: the message is then exactly what it was before tracing)."""
@@ -34,7 +35,7 @@ async def _send(bus: Any, queue: str, body: str, *, message_id: str, session_id:
                                                      application_properties=properties or None))
 
 
-async def send_status(bus: Any, queue: str, *, order_id: str, state: OrderStatus, attempt: int, reason: str,
+async def send_status(bus: BusClient, queue: str, *, order_id: str, state: OrderStatus, attempt: int, reason: str,
                       now: datetime, message_id: str | None = None, effects: Effects | None = None) -> StatusMessage:
     """Send a status; its MessageId is `<orderId>:<state>:<attempt>` unless the caller names one. The reason (an
     error text may come from a remote service) is cut to `DEAD_LETTER_TEXT_MAX` characters."""
@@ -60,7 +61,7 @@ def about_message(queue: str, message_id: object, session_id: object, sequence_n
     }
 
 
-async def raise_alert(bus: Any, queue: str, *, kind: AlertKind, order_id: str | None, reason: str, now: datetime,
+async def raise_alert(bus: BusClient, queue: str, *, kind: AlertKind, order_id: str | None, reason: str, now: datetime,
                       details: dict[str, Any] | None = None) -> OperatorAlert:
     """Raise an operator alert: a log record at ERROR, a metric, and a message on the operator-alerts queue.
 
@@ -80,7 +81,7 @@ async def raise_alert(bus: Any, queue: str, *, kind: AlertKind, order_id: str | 
     return alert
 
 
-async def send_agent_request(bus: Any, queue: str, request: AgentRequest) -> None:
+async def send_agent_request(bus: BusClient, queue: str, request: AgentRequest) -> None:
     """The request's trace context rides twice: in its `traceparent` field and in the application properties."""
     await _send(bus, queue, request.to_json(), message_id=request.message_id(), session_id=request.order_id,
                 subject="AgentRequest", traceparent=request.traceparent)

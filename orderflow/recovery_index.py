@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
+from orderflow.ports import ExpiredCursor, IndexEntry, Page, RecoveryIndex, StateStore, Versioned, bucket_of
 from orderflow.records import format_utc, parse_utc
-from orderflow.store.ports import ExpiredCursor, IndexEntry, Page, RecoveryIndex, StateStore, Versioned, bucket_of
 
 log = logging.getLogger("orderflow.supervisor")
 

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from orderflow import settings
 from orderflow.clock import Clock, SystemClock
+from orderflow.ports import BusClient, DocumentStore, OrdersDb, RecoveryIndex, StateStore
 from orderflow.retry_budget import RetryBudget
 from orderflow.state_machine import Backoff, exponential_backoff
-from orderflow.store.ports import DocumentStore, OrdersDb, RecoveryIndex, StateStore
 
 if TYPE_CHECKING:
-    from orderflow.queue_counts import ArmQueueCounts
+    from orderflow.azure.queue_counts import ArmQueueCounts
 
 SCAN_MODES = ("query", "index")
 
@@ -88,7 +88,7 @@ class Tunables:
 class Services:
     orders: OrdersDb
     state: StateStore
-    bus: Any  # azure.servicebus.aio.ServiceBusClient or the embedded broker's aio client
+    bus: BusClient  # azure.servicebus.aio.ServiceBusClient or the embedded broker's aio client
     tunables: Tunables
     clock: Clock = field(default_factory=SystemClock)
     # The circuit-breaker documents (read by the Starter); None: no breaker (tests that do not need one).
@@ -101,7 +101,7 @@ class Services:
     # The recovery index: written with every CompleteBy change in both scan modes (so a switch to `index` finds the
     # orders already in flight), read by the Supervisor in SupervisorScanMode `index`. None: not written (tests).
     index: RecoveryIndex | None = None
-    # Queue runtime counts from Azure Resource Manager (orderflow/queue_counts.py, ServiceBusNamespaceResourceId):
+    # Queue runtime counts from Azure Resource Manager (orderflow/azure/queue_counts.py, ServiceBusNamespaceResourceId):
     # the ops summary's dead-letter depths. None: the summary peeks them on the bus.
     queue_counts: ArmQueueCounts | None = None
 
@@ -114,14 +114,18 @@ async def get_services() -> Services:
     """The services of the running event loop, built from app settings on first use."""
     loop_id = id(asyncio.get_running_loop())
     if loop_id not in _services:
-        from orderflow import queue_counts  # noqa: PLC0415
-        from orderflow.bus.aio import client_from_settings  # noqa: PLC0415
-        from orderflow.store import open_breaker_documents, open_recovery_index, open_stores  # noqa: PLC0415
+        from orderflow.adapters import (  # noqa: PLC0415
+            aio_bus_from_settings,  # noqa: PLC0415
+            open_breaker_documents,
+            open_recovery_index,
+            open_stores,
+        )
+        from orderflow.azure import queue_counts  # noqa: PLC0415
 
         orders, state = open_stores(os.environ)
         tunables = Tunables.from_env()
         _services[loop_id] = Services(
-            orders=orders, state=state, bus=client_from_settings(os.environ), tunables=tunables,
+            orders=orders, state=state, bus=aio_bus_from_settings(os.environ), tunables=tunables,
             breakers=open_breaker_documents(os.environ),
             index=open_recovery_index(os.environ), queue_counts=queue_counts.from_settings(os.environ))
     return _services[loop_id]

@@ -20,11 +20,11 @@ from typing import Any
 from orderflow import admission, tracing
 from orderflow import function_names as fn
 from orderflow.breaker import BreakerConfig, SharedBreaker
+from orderflow.errors import PreconditionFailed
 from orderflow.records import OrderStateRecord, ProcessState, instance_id
 from orderflow.recovery_index import index_deadline
 from orderflow.runtime import Services
 from orderflow.state_machine import IllegalTransition, claim
-from orderflow.store.errors import PreconditionFailed
 from orderflow.workflow import WORKFLOW_VERSION, WorkflowInput
 
 log = logging.getLogger("orderflow.starter")

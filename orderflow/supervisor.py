@@ -31,13 +31,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from orderflow import admission, telemetry
+from orderflow.errors import Conflict, NotFound, PreconditionFailed, is_transient
 from orderflow.notifications import entered_end, sweep_unnotified
 from orderflow.records import TERMINAL_STATES, OrderStateRecord, ProcessState, format_utc, parse_utc
 from orderflow.recovery_index import ExpiredSource, ScanCost, expired_source, index_deadline
 from orderflow.runtime import Services
 from orderflow.starter import DurableStarts, StarterRun, never_started, start_attempt, workflow_input
 from orderflow.state_machine import Fenced, IllegalTransition, recover, restart
-from orderflow.store.errors import Conflict, NotFound, PreconditionFailed, is_transient
 
 log = logging.getLogger("orderflow.supervisor")
 

@@ -62,3 +62,16 @@ def printable(text: str) -> str:
 def shown(value: object, limit: int = DEAD_LETTER_TEXT_MAX) -> str:
     """A sender-chosen value as a log line or a terminal shows it: `str`, bounded, printable; None as '-'."""
     return "-" if value is None else printable(bounded(str(value), limit))
+
+
+def one_line(exc: BaseException, plain: tuple[type[BaseException], ...] = ()) -> str:
+    """An exception as one line: its message, with its type unless it is a ValueError or one of `plain` (a KeyError:
+    its key's message)."""
+    if isinstance(exc, KeyError) and exc.args:
+        text = str(exc.args[0])
+    else:
+        text = str(exc).strip() or type(exc).__name__
+        if not isinstance(exc, (ValueError, *plain)):
+            text = f"{type(exc).__name__}: {text}"
+    return " ".join(text.split())  # one line, whatever the message holds
+

@@ -10,7 +10,7 @@ What it counts, per process:
   REPLACE) and ended in COMMIT counts as one commit, and so does a write outside any transaction (SQLite commits it
   on its own); COMMITs of transactions that wrote nothing are counted apart (`empty_commits`: no WAL frame, no sync).
   Write statements are counted per table.
-- Service Bus: calls of the embedded broker's public methods (`orderflow.bus.broker.EmbeddedBroker`), outermost
+- Service Bus: calls of the embedded broker's public methods (`orderflow.embedded.broker.EmbeddedBroker`), outermost
   calls only (a method calling another counts once), with the messages sent and received and the receives and
   session accepts that found nothing; patched when the module is first imported, so processes that never use the
   broker are untouched.
@@ -164,15 +164,18 @@ def _patch_broker(module: Any) -> None:
     cls = getattr(module, "EmbeddedBroker", None)
     if cls is None:
         return
-    for name, member in list(vars(cls).items()):
-        if not name.startswith("_") and inspect.isfunction(member):
-            setattr(cls, name, _wrap(name, member))
+    seen: set[str] = set()
+    for owner in cls.__mro__[:-1]:  # the broker's seams are base classes: patch each method where it is defined
+        for name, member in list(vars(owner).items()):
+            if not name.startswith("_") and name not in seen and inspect.isfunction(member):
+                seen.add(name)
+                setattr(owner, name, _wrap(name, member))
 
 
 class _BrokerFinder(importlib.abc.MetaPathFinder):
-    """Patches `orderflow.bus.broker` right after it is first imported (only in processes that import it)."""
+    """Patches `orderflow.embedded.broker` right after it is first imported (only in processes that import it)."""
 
-    TARGET = "orderflow.bus.broker"
+    TARGET = "orderflow.embedded.broker"
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if fullname != self.TARGET:

@@ -45,7 +45,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from orderflow.bus.notify import notify_dir_for
+from orderflow.embedded.notify import notify_dir_for
 
 from ..processes import process_running, process_start
 from .records import Member, Rebalance, WorkItem

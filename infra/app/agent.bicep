@@ -154,7 +154,7 @@ resource agent 'Microsoft.App/containerApps@2025-01-01' = {
             { name: 'ServiceBusConnection__fullyQualifiedNamespace', value: serviceBusFullyQualifiedNamespace }
             { name: 'AZURE_CLIENT_ID', value: identityClientId }
             { name: 'AGENT_REMOTE_URL', value: remoteUrl }
-            // The circuit-breaker documents: identity-based (CosmosDb__clientId, as orderflow.store reads it).
+            // The circuit-breaker documents: identity-based (CosmosDb__clientId, as orderflow.adapters reads it).
             { name: 'CosmosDb__accountEndpoint', value: cosmosEndpoint }
             { name: 'CosmosDb__clientId', value: identityClientId }
             { name: 'StateDatabaseName', value: stateDatabaseName }

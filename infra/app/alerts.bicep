@@ -255,7 +255,7 @@ resource circuitOpen 'Microsoft.Insights/scheduledQueryRules@2023-03-15-preview'
   location: location
   tags: tags
   properties: {
-    description: 'A circuit breaker is open: the Agent is not calling that remote service and orders wait in Pending. Check the remote service; `python -m orderflow.breaker_cli show` shows the breaker.'
+    description: 'A circuit breaker is open: the Agent is not calling that remote service and orders wait in Pending. Check the remote service; `python -m orderflow.cli.breaker show` shows the breaker.'
     severity: 1
     enabled: true
     scopes: [

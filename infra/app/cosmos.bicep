@@ -84,7 +84,7 @@ resource ordersContainer 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/con
         kind: 'Hash'
         version: 2
       }
-      // The code reads this container by id only (orderflow/store/cosmos_store.py CosmosOrdersDb: create, point
+      // The code reads this container by id only (orderflow/azure/cosmos.py CosmosOrdersDb: create, point
       // read); the partition key is the one path worth an index entry.
       indexingPolicy: {
         indexingMode: 'consistent'
@@ -116,7 +116,7 @@ resource stateDatabase 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases@2024-
 // keyset: `processState = 'Processing' AND completeBy in [from, to) AND (completeBy, id) > cursor ORDER BY
 // completeBy, id` (composite (completeBy, id)). The (processState, ...) composite
 // indexes serve the equality filter plus range/order of each query, so both stay bounded index seeks.
-// orderflow/store/cosmos_store.py STATE_INDEXING_POLICY is the code's side of this contract (checked by tests).
+// orderflow/azure/cosmos.py STATE_INDEXING_POLICY is the code's side of this contract (checked by tests).
 resource stateContainer 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers@2024-05-15' = {
   parent: stateDatabase
   name: stateContainerName
@@ -230,7 +230,7 @@ resource circuitBreakerContainer 'Microsoft.DocumentDB/databaseAccounts/sqlDatab
 //
 // The Supervisor pages a bucket with `ORDER BY c.completeBy, c.orderId` (keyset on (completeBy, orderId)). A query
 // whose ORDER BY has two or more properties needs a composite index in exactly that order (or its exact reverse), in
-// a single partition too; without it the query fails rather than scanning. orderflow/store/cosmos_store.py
+// a single partition too; without it the query fails rather than scanning. orderflow/azure/cosmos.py
 // INDEX_INDEXING_POLICY is the code's side of this contract (checked by tests). ("Queries that have an ORDER BY clause with two or
 // more properties require a composite index", Azure Cosmos DB indexing policies, composite indexes,
 // https://learn.microsoft.com/azure/cosmos-db/index-policy#composite-indexes)

@@ -97,8 +97,8 @@ var roles = {
 }
 // Cosmos DB data-plane built-in role (sqlRoleDefinitions): Cosmos DB Built-in Data Contributor.
 var cosmosDataContributor = '00000000-0000-0000-0000-000000000002'
-// The Agent's custom Cosmos DB data-plane role: exactly the data actions the circuit breaker uses (orderflow/store/
-// cosmos_store.py: read_item, create_item, If-Match replace_item). Names as in "Azure Cosmos DB for NoSQL data plane
+// The Agent's custom Cosmos DB data-plane role: exactly the data actions the circuit breaker uses (orderflow/azure/
+// cosmos.py: read_item, create_item, If-Match replace_item). Names as in "Azure Cosmos DB for NoSQL data plane
 // actions reference" (https://learn.microsoft.com/azure/cosmos-db/nosql/security/reference-data-plane-actions):
 // readMetadata (account metadata every SDK client reads), items/read (point read), items/create, items/replace.
 // Left out on purpose: items/delete, items/upsert, containers/executeQuery, containers/readChangeFeed, and any `*`.

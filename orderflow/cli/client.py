@@ -28,9 +28,8 @@ from azure.servicebus.exceptions import MessagingEntityNotFoundError, OperationT
 from rich.console import Console
 from rich.table import Table
 
-from orderflow.breaker_cli import CliError
-from orderflow.bus import from_connection_string
-from orderflow.cli.common import load_settings, safe, started_by_up
+from orderflow.adapters import bus_from_connection_string
+from orderflow.cli.common import CliError, load_settings, safe, started_by_up
 from orderflow.messages import (
     TERMINAL_STATUSES,
     InvalidMessage,
@@ -129,11 +128,11 @@ def _client(args: argparse.Namespace) -> Any:
     conn = args.connection or values.get("ServiceBusConnection")
     os.chdir(app_dir)  # relative embedded paths resolve against the app dir, as under devhost
     if conn:
-        return from_connection_string(conn)
+        return bus_from_connection_string(conn)
     if values.get("ServiceBusConnection__fullyQualifiedNamespace"):  # Azure: identity-based
-        from orderflow.bus import client_from_settings  # noqa: PLC0415
+        from orderflow.adapters import bus_from_settings  # noqa: PLC0415
 
-        return client_from_settings(values)
+        return bus_from_settings(values)
     raise CliError("no connection: pass --connection or set ServiceBusConnection (or "
                    "ServiceBusConnection__fullyQualifiedNamespace on Azure); locally: cp local.settings.sample.json "
                    "local.settings.json")
@@ -302,7 +301,7 @@ def _stored_record(order_id: str) -> Any:
     order; CliError when the store cannot be read."""
     import asyncio  # noqa: PLC0415
 
-    from orderflow.store import open_stores  # noqa: PLC0415
+    from orderflow.adapters import open_stores  # noqa: PLC0415
 
     env = load_settings(Path("."))
     if not env.get("CosmosDb__accountEndpoint"):

@@ -6,12 +6,12 @@ Settings are the Functions app's own (orderflow/settings.py), read from the envi
 system (embedded broker and store) and Azure (`ServiceBusConnection__fullyQualifiedNamespace`, a Cosmos account
 endpoint, DefaultAzureCredential).
 
-One-line errors (`CliError`, `one_line`) and `operator_name` are the breaker command's (orderflow/breaker_cli.py),
-which the function app deploys; this package is not deployed.
+One-line errors (`CliError`, `one_line`) and `operator_name` serve every command, the breaker command's too.
 """
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 from collections.abc import AsyncIterator, Mapping
@@ -23,11 +23,35 @@ from urllib.parse import quote
 import aiohttp
 from rich.markup import escape
 
-from orderflow.breaker_cli import CliError, one_line
+from orderflow import text
+from orderflow.breaker import BreakerUnreadable
 from orderflow.clock import Clock, SystemClock
 from orderflow.operations import Operations
 from orderflow.runtime import Services, Tunables
 from orderflow.text import shown
+
+
+class CliError(Exception):
+    """A failure to report as one line (no traceback)."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: its message (with its type unless it is a CliError, a BreakerUnreadable or a
+    ValueError)."""
+    return text.one_line(exc, (CliError, BreakerUnreadable))
+
+
+def operator_name(explicit: str | None, env: Mapping[str, str]) -> str:
+    if explicit:
+        return explicit
+    name = env.get("USER") or env.get("USERNAME")
+    if name:
+        return name
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return "operator"
+
 
 DURABLE_PREFIX = "/runtime/webhooks/durabletask"
 DEFAULT_HOST = "http://127.0.0.1:7071"
@@ -103,8 +127,11 @@ class DurableHttpStatuses:
 async def operations(app_dir: Path, env: Mapping[str, str], clock: Clock | None = None,
                      need_durable: bool = False) -> AsyncIterator[Operations]:
     """The app's ports, opened from `env` (identity-based on Azure), as one `Operations`; closed on exit."""
-    from orderflow.bus.aio import client_from_settings  # noqa: PLC0415 - the SDKs are heavy; only when needed
-    from orderflow.store import open_breaker_documents, open_stores  # noqa: PLC0415
+    from orderflow.adapters import (  # noqa: PLC0415
+        aio_bus_from_settings,  # noqa: PLC0415 - the SDKs are heavy; only when needed
+        open_breaker_documents,
+        open_stores,
+    )
 
     try:
         tunables = Tunables.from_env(env)
@@ -116,7 +143,7 @@ async def operations(app_dir: Path, env: Mapping[str, str], clock: Clock | None 
     try:
         stores = open_stores(env)
         breakers = open_breaker_documents(env)
-        bus = client_from_settings(env)
+        bus = aio_bus_from_settings(env)
     except Exception as exc:
         raise CliError(f"cannot open the app's stores or bus: {one_line(exc)}") from exc
     durable = DurableHttpStatuses(durable_api_url(app_dir, env), env.get("DurableTaskApiKey")) if need_durable \

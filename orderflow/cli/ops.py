@@ -17,11 +17,12 @@ from rich.style import StyleType
 from rich.table import Table
 from rich.text import Text
 
-from orderflow import breaker_cli, deadletters
-from orderflow.breaker_cli import CliError, one_line, operator_name
-from orderflow.cli.common import dumps, operations
+from orderflow import deadletters
+from orderflow.cli import breaker as breaker_command
+from orderflow.cli.common import CliError, dumps, one_line, operations, operator_name
 from orderflow.clock import Clock, SystemClock
 from orderflow.operations import PAGE_SIZE_MAX, Operations, check_order_id
+from orderflow.ports import BusClient
 from orderflow.text import printable
 
 HISTORY_SHOWN = 12  # newest history events `order` prints per attempt (all of them with --json)
@@ -103,7 +104,7 @@ def add_commands(sub: Any) -> None:
                        description="show prints each breaker; open holds it open until an operator closes it; close "
                                    "closes it and resets its counts. Both raise the operator alert.")
     bsub = b.add_subparsers(dest="breaker_command", required=True, metavar="{show,open,close}")
-    for p in breaker_cli.add_commands(bsub):
+    for p in breaker_command.add_commands(bsub):
         p.add_argument("--app-dir", type=Path, default=Path("."),
                        help="app folder whose local.settings.json holds the settings (default: .)")
     b.set_defaults(prog="orderflow breaker", run=None, breaker=True)
@@ -145,7 +146,7 @@ async def _summary(ops: Operations, args: argparse.Namespace, env: Mapping[str, 
     return dumps(data) if args.json else _render(summary_view(data))
 
 
-async def _dlq(bus: Any, args: argparse.Namespace, env: Mapping[str, str], now: datetime) -> str:
+async def _dlq(bus: BusClient, args: argparse.Namespace, env: Mapping[str, str], now: datetime) -> str:
     """dlq list|show|replay: the bus only (the Service Bus roles; no state-store setting is needed)."""
     try:
         if args.dlq_command == "list":
@@ -175,13 +176,13 @@ async def _dlq(bus: Any, args: argparse.Namespace, env: Mapping[str, str], now: 
 async def run(args: argparse.Namespace, env: Mapping[str, str], clock: Clock | None) -> str:
     """The command's output (raises OpsError, CliError or another exception on failure)."""
     if getattr(args, "breaker", False):
-        return await breaker_cli.run(argparse.Namespace(**{**vars(args), "command": args.breaker_command}), env,
+        return await breaker_command.run(argparse.Namespace(**{**vars(args), "command": args.breaker_command}), env,
                                      clock or SystemClock())
     if args.run is _dlq:
-        from orderflow.bus.aio import client_from_settings  # noqa: PLC0415
+        from orderflow.adapters import aio_bus_from_settings  # noqa: PLC0415
 
         try:
-            bus = client_from_settings(env)
+            bus = aio_bus_from_settings(env)
         except Exception as exc:
             raise CliError(f"cannot open the Service Bus client: {one_line(exc)}") from exc
         try:

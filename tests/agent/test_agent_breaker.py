@@ -32,6 +32,7 @@ from agent.errors import Classification, ErrorCode
 from agent.handler import Outbox, RequestHandler, circuit_alert, circuit_alerter
 from agent.remote import CallResult
 from agent.worker import AgentWorker, breaker_factory, open_breaker_store, serve
+from orderflow.adapters import open_breaker_documents
 from orderflow.breaker import (
     CIRCUIT_OPEN,
     BreakerDoc,
@@ -42,9 +43,8 @@ from orderflow.breaker import (
     shared_breaker,
 )
 from orderflow.clock import SystemClock
+from orderflow.embedded.store import SqliteDocuments, open_sqlite_documents
 from orderflow.messages import AgentReply, AlertKind, OperatorAlert
-from orderflow.store import open_breaker_documents
-from orderflow.store.sqlite_store import SqliteDocuments, open_sqlite_documents
 
 # threshold 3 in 30 s, cool-down 15 s (doubled per failed probe), 2 probes
 ENV = {

@@ -1,4 +1,4 @@
-"""End to end through the embedded Service Bus broker (`orderflow.bus.aio`): the Agent in-process and as its
+"""End to end through the embedded Service Bus broker (`orderflow.adapters`): the Agent in-process and as its
 own process (`python -m agent`), against the simulator with faults: replies, dead-letters and effects."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from agent.simulator import FaultConfig, Simulator
 from agent.worker import serve
 from orderflow.messages import STEPS, AgentReply, OperatorAlert
 
-bus_aio = pytest.importorskip("orderflow.bus.aio", reason="embedded broker not importable")
+adapters = pytest.importorskip("orderflow.adapters", reason="embedded broker not importable")
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,7 +60,7 @@ def conn_str(tmp_path: Path) -> str:
 
 @pytest.fixture
 async def client(conn_str: str) -> AsyncIterator[Any]:
-    async with bus_aio.from_connection_string(conn_str) as c:
+    async with adapters.aio_bus_from_connection_string(conn_str) as c:
         yield c
 
 

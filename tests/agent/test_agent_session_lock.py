@@ -21,7 +21,7 @@ from support.stepped_clock import SteppedClock
 from agent.errors import Classification
 from agent.remote import CallResult
 from agent.worker import AgentWorker
-from orderflow.bus.aio import from_connection_string
+from orderflow.adapters import aio_bus_from_connection_string
 from orderflow.session_locks import MIN_LOCK_DURATION
 
 REPO = Path(__file__).resolve().parents[2]
@@ -133,7 +133,7 @@ class Gated:
 async def test_the_agent_holds_an_orders_session_while_it_works_four_lock_durations(tmp_path: Path) -> None:
     clock = SteppedClock()
     conn = f"Endpoint=embedded://{tmp_path / 'bus.db'};ConfigFile={REPO / 'servicebus.config.json'}"
-    async with from_connection_string(conn, clock=clock) as client:
+    async with aio_bus_from_connection_string(conn, clock=clock) as client:
         broker = client.broker
         assert broker.queue_properties(REQUESTS).lock_duration == LOCK  # the product's queue, as configured
         request = make_request("o-1", deadline=clock.now() + timedelta(minutes=5))

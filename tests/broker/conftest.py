@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from orderflow.bus import EmbeddedBroker
-from orderflow.bus.embedded import ServiceBusClient
+from orderflow.embedded.broker import EmbeddedBroker
+from orderflow.embedded.client import ServiceBusClient
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""The aio client (`orderflow.bus.embedded_aio`) mirrors `azure.servicebus.aio` for the same subset:
+"""The aio client (`orderflow.embedded.client_aio`) mirrors `azure.servicebus.aio` for the same subset:
 send/receive/settle, sessions and state, dead-lettering, NEXT_AVAILABLE_SESSION timeout, event-driven waits.
 Sources as in the sync tests; SDK: azure/servicebus/aio/_servicebus_receiver_async.py."""
 
@@ -11,8 +11,8 @@ import pytest
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusSubQueue
 from azure.servicebus.exceptions import MessageLockLostError, OperationTimeoutError
 
-from orderflow.bus.embedded import ServiceBusMessage
-from orderflow.bus.embedded_aio import ServiceBusAdministrationClient, ServiceBusClient
+from orderflow.embedded.client import ServiceBusMessage
+from orderflow.embedded.client_aio import ServiceBusAdministrationClient, ServiceBusClient
 
 SHORT = 0.05
 
@@ -69,7 +69,7 @@ async def test_sessions_state_and_next_available(aclient, queue):
 
 
 async def test_waiting_receive_does_not_block_the_loop_and_wakes_on_send(tmp_path):
-    from orderflow.bus import EmbeddedBroker
+    from orderflow.embedded.broker import EmbeddedBroker
 
     broker = EmbeddedBroker(tmp_path / "bus.db")  # real clock
     broker.declare_queue("q")

@@ -17,7 +17,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 RACE = textwrap.dedent("""
     import os, sys, tempfile, threading, time
-    from orderflow.bus import EmbeddedBroker
+    from orderflow.embedded.broker import EmbeddedBroker
 
     for _ in range(int(sys.argv[1])):
         broker = EmbeddedBroker(os.path.join(tempfile.mkdtemp(), "bus.db"))

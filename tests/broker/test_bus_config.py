@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from azure.servicebus.exceptions import MessagingEntityNotFoundError
 
-from orderflow.bus import EmbeddedBroker, QueueProperties
-from orderflow.bus.config import load_config_file, queues_from_config
-from orderflow.bus.embedded import ServiceBusAdministrationClient, ServiceBusMessage
+from orderflow.embedded.broker import EmbeddedBroker
+from orderflow.embedded.client import ServiceBusAdministrationClient, ServiceBusMessage
+from orderflow.embedded.config import QueueProperties, load_config_file, queues_from_config
 
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "servicebus.config.json"
 

@@ -15,9 +15,9 @@ import azure.servicebus
 import azure.servicebus.aio
 import pytest
 
-from orderflow import bus
-from orderflow.bus import aio as bus_aio
-from orderflow.bus import embedded, embedded_aio
+from orderflow import adapters
+from orderflow.embedded import client as embedded
+from orderflow.embedded import client_aio as embedded_aio
 
 SAS = "Endpoint=sb://demo.servicebus.windows.net/;SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey=abc="
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "servicebus.config.json"
@@ -25,7 +25,7 @@ REPO_CONFIG = Path(__file__).resolve().parents[2] / "servicebus.config.json"
 
 def test_embedded_scheme_gives_the_embedded_client_and_loads_config(tmp_path):
     conn = f"Endpoint=embedded://{tmp_path}/bus.db;ConfigFile={REPO_CONFIG}"
-    with bus.from_connection_string(conn) as client:
+    with adapters.bus_from_connection_string(conn) as client:
         assert isinstance(client, embedded.ServiceBusClient)
         assert client.broker.path == str(tmp_path / "bus.db")
         assert set(client.broker.queue_names()) >= {"orders-inbound", "agent-requests", "app-status"}
@@ -36,23 +36,23 @@ def test_relative_paths_resolve_against_the_cwd(tmp_path, monkeypatch):
     (tmp_path / "sb.json").write_text(
         json.dumps({"UserConfig": {"Namespaces": [{"Queues": [{"Name": "x"}]}]}})
     )
-    with bus.from_connection_string("endpoint=EMBEDDED://data/bus.db; ConfigFile=sb.json") as client:
+    with adapters.bus_from_connection_string("endpoint=EMBEDDED://data/bus.db; ConfigFile=sb.json") as client:
         assert client.broker.path == str(tmp_path / "data" / "bus.db")
         assert client.broker.queue_names() == ["x"]
 
 
 def test_sas_connection_string_gives_the_real_sdk_client():
-    client = bus.from_connection_string(SAS)
+    client = adapters.bus_from_connection_string(SAS)
     assert isinstance(client, azure.servicebus.ServiceBusClient)
     assert client.fully_qualified_namespace == "demo.servicebus.windows.net"
     client.close()
 
 
 async def test_aio_variants_pick_the_same_way(tmp_path):
-    real = bus_aio.from_connection_string(SAS)
+    real = adapters.aio_bus_from_connection_string(SAS)
     assert isinstance(real, azure.servicebus.aio.ServiceBusClient)
     await real.close()
-    async with bus_aio.from_connection_string(f"Endpoint=embedded://{tmp_path}/bus.db") as local:
+    async with adapters.aio_bus_from_connection_string(f"Endpoint=embedded://{tmp_path}/bus.db") as local:
         assert isinstance(local, embedded_aio.ServiceBusClient)
 
 
@@ -61,7 +61,7 @@ def test_settings_prefer_the_identity_based_namespace(tmp_path):
         "ServiceBusConnection__fullyQualifiedNamespace": "prod.servicebus.windows.net",
         "ServiceBusConnection": f"Endpoint=embedded://{tmp_path}/bus.db",
     }
-    client = bus.client_from_settings(env)
+    client = adapters.bus_from_settings(env)
     assert isinstance(client, azure.servicebus.ServiceBusClient)
     assert client.fully_qualified_namespace == "prod.servicebus.windows.net"
     assert type(client._credential).__name__ == "DefaultAzureCredential"  # identity only, no keys
@@ -70,23 +70,23 @@ def test_settings_prefer_the_identity_based_namespace(tmp_path):
 
 async def test_aio_settings_use_the_aio_credential():
     env = {"ServiceBusConnection__fullyQualifiedNamespace": "prod.servicebus.windows.net"}
-    client = bus_aio.client_from_settings(env)
+    client = adapters.aio_bus_from_settings(env)
     assert isinstance(client, azure.servicebus.aio.ServiceBusClient)
     assert type(client._credential).__module__.startswith("azure.identity.aio")
     await client.close()
 
 
 def test_settings_fall_back_to_the_connection_string(tmp_path):
-    client = bus.client_from_settings({"Bus": f"Endpoint=embedded://{tmp_path}/bus.db"}, connection="Bus")
+    client = adapters.bus_from_settings({"Bus": f"Endpoint=embedded://{tmp_path}/bus.db"}, connection="Bus")
     assert isinstance(client, embedded.ServiceBusClient)
     client.close()
 
 
 def test_missing_settings_name_what_to_set():
     with pytest.raises(KeyError, match="ServiceBusConnection__fullyQualifiedNamespace"):
-        bus.client_from_settings({})
+        adapters.bus_from_settings({})
 
 
 def test_embedded_endpoint_needs_a_path():
     with pytest.raises(ValueError):
-        bus.from_connection_string("Endpoint=embedded://")
+        adapters.bus_from_connection_string("Endpoint=embedded://")

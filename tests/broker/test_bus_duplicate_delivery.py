@@ -1,4 +1,4 @@
-"""The embedded broker's fault-injection switch `DuplicateDelivery=true` (orderflow/bus/broker.py): every message
+"""The embedded broker's fault-injection switch `DuplicateDelivery=true` (orderflow/embedded/broker/): every message
 completed in peek-lock mode is delivered once more, as Service Bus does after a settlement it never recorded — the same
 MessageId and sequence number, delivery count + 1, past duplicate detection (which acts on sends only).
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusReceiveMode, ServiceBusSubQueue
 
-from orderflow.bus import from_connection_string
-from orderflow.bus.embedded import ServiceBusMessage
+from orderflow.adapters import bus_from_connection_string
+from orderflow.embedded.client import ServiceBusMessage
 
 SHORT = 0.05
 
@@ -37,7 +37,7 @@ def _drain(client, queue: str, batch_size: int = 10, **receiver_args) -> list[tu
 
 
 def test_on_every_completed_message_is_delivered_exactly_once_more(tmp_path):
-    with from_connection_string(_conn(tmp_path, "true")) as client:
+    with bus_from_connection_string(_conn(tmp_path, "true")) as client:
         client.broker.declare_queue("q")
         with client.get_queue_sender("q") as sender:
             sender.send_messages([ServiceBusMessage(f"m{i}", message_id=f"id-{i}") for i in range(3)])
@@ -54,7 +54,7 @@ def test_on_every_completed_message_is_delivered_exactly_once_more(tmp_path):
 
 @pytest.mark.parametrize("switch", [None, "false", "False"])
 def test_off_a_complete_removes_the_message(tmp_path, switch):
-    with from_connection_string(_conn(tmp_path, switch)) as client:
+    with bus_from_connection_string(_conn(tmp_path, switch)) as client:
         client.broker.declare_queue("q")
         with client.get_queue_sender("q") as sender:
             sender.send_messages([ServiceBusMessage(f"m{i}", message_id=f"id-{i}") for i in range(3)])
@@ -65,7 +65,7 @@ def test_off_a_complete_removes_the_message(tmp_path, switch):
 def test_sessions_get_it_back_first_past_duplicate_detection(tmp_path):
     """On a session queue with duplicate detection (as orders-inbound): the redelivery is not a send, so detection does
     not drop it, and FIFO puts it before the session's later message."""
-    with from_connection_string(_conn(tmp_path, "true")) as client:
+    with bus_from_connection_string(_conn(tmp_path, "true")) as client:
         client.broker.declare_queue("s", requires_session=True, requires_duplicate_detection=True)
         with client.get_queue_sender("s") as sender:
             sender.send_messages([ServiceBusMessage(b, message_id=b, session_id="order-1") for b in ("a", "b")])
@@ -77,7 +77,7 @@ def test_sessions_get_it_back_first_past_duplicate_detection(tmp_path):
 def test_a_lost_complete_counts_against_max_delivery_count(tmp_path):
     """As on Service Bus: the lost settlement is a failed delivery, so at MaxDeliveryCount the message is dead-lettered
     instead of delivered again."""
-    with from_connection_string(_conn(tmp_path, "true")) as client:
+    with bus_from_connection_string(_conn(tmp_path, "true")) as client:
         client.broker.declare_queue("q", max_delivery_count=1)
         with client.get_queue_sender("q") as sender:
             sender.send_messages(ServiceBusMessage("m", message_id="id"))
@@ -87,7 +87,7 @@ def test_a_lost_complete_counts_against_max_delivery_count(tmp_path):
 
 
 def test_left_alone_dead_letters_and_receive_and_delete(tmp_path):
-    with from_connection_string(_conn(tmp_path, "true")) as client:
+    with bus_from_connection_string(_conn(tmp_path, "true")) as client:
         client.broker.declare_queue("q")
         with client.get_queue_sender("q") as sender:
             sender.send_messages([ServiceBusMessage("poison", message_id="p"), ServiceBusMessage("m", message_id="m")])
@@ -105,4 +105,4 @@ def test_left_alone_dead_letters_and_receive_and_delete(tmp_path):
 
 def test_a_bad_switch_value_is_refused(tmp_path):
     with pytest.raises(ValueError, match="DuplicateDelivery must be true or false"):
-        from_connection_string(_conn(tmp_path, "yes"))
+        bus_from_connection_string(_conn(tmp_path, "yes"))

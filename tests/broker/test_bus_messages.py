@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import azure.servicebus as sdk
 import pytest
 
-from orderflow.bus.embedded import ServiceBusMessage
+from orderflow.embedded.client import ServiceBusMessage
 
 SHORT = 0.05
 

@@ -10,8 +10,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from orderflow.bus import notify
-from orderflow.bus.embedded import ServiceBusMessage
+from orderflow.embedded import notify
+from orderflow.embedded.client import ServiceBusMessage
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,8 +68,8 @@ def test_two_processes_keep_fifo_per_session(broker, queue):
 
 
 def test_receive_blocked_in_another_process_is_woken_by_a_send(tmp_path):
-    from orderflow.bus import EmbeddedBroker
-    from orderflow.bus.embedded import ServiceBusClient
+    from orderflow.embedded.broker import EmbeddedBroker
+    from orderflow.embedded.client import ServiceBusClient
 
     broker = EmbeddedBroker(tmp_path / "bus.db")  # real clock: the worker shares it
     broker.declare_queue("wake")

@@ -1,4 +1,4 @@
-"""The cross-process wake-up registry (orderflow.bus.notify): a claim moves one registered waiter out of the idle
+"""The cross-process wake-up registry (orderflow.embedded.notify): a claim moves one registered waiter out of the idle
 set and wakes it, two claims never take the same waiter, dead waiters' sockets are cleaned up, a waiter learns of a
 claim from its own registration, observers are woken without being claimed, published wake times decide whether a
 due moment is covered (a crashed process's waiter does not count), long database paths still give a valid socket
@@ -12,8 +12,9 @@ import subprocess
 import sys
 import time
 
-from orderflow.bus import EmbeddedBroker, notify
-from orderflow.bus.embedded import ServiceBusClient, ServiceBusMessage
+from orderflow.embedded import notify
+from orderflow.embedded.broker import EmbeddedBroker
+from orderflow.embedded.client import ServiceBusClient, ServiceBusMessage
 
 
 def _registered(directory, key) -> list[str]:

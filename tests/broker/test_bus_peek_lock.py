@@ -18,7 +18,7 @@ from azure.servicebus.exceptions import (
     ServiceBusError,
 )
 
-from orderflow.bus.embedded import ServiceBusMessage
+from orderflow.embedded.client import ServiceBusMessage
 
 SHORT = 0.05  # max_wait_time for "nothing is there" checks
 

@@ -21,7 +21,7 @@ from azure.servicebus.exceptions import (
     SessionLockLostError,
 )
 
-from orderflow.bus.embedded import ServiceBusMessage
+from orderflow.embedded.client import ServiceBusMessage
 
 SHORT = 0.05
 
@@ -196,7 +196,7 @@ def test_a_stale_session_receiver_cannot_release_the_new_holders_messages(client
     # longer settle or release anything in it (message-sessions docs: the lock is exclusive to its holder).
     from azure.servicebus import NEXT_AVAILABLE_SESSION
 
-    from orderflow.bus.embedded import ServiceBusMessage
+    from orderflow.embedded.client import ServiceBusMessage
 
     q = queue(requires_session=True, max_delivery_count=5)
     with client.get_queue_sender(q) as sender:

@@ -13,7 +13,7 @@ from datetime import timedelta
 
 from azure.servicebus import ServiceBusSubQueue
 
-from orderflow.bus.embedded import ServiceBusMessage
+from orderflow.embedded.client import ServiceBusMessage
 
 SHORT = 0.05
 

@@ -8,7 +8,7 @@ import threading
 import time
 from datetime import timedelta
 
-from orderflow.bus.embedded import ServiceBusMessage
+from orderflow.embedded.client import ServiceBusMessage
 
 
 def _elapsed(action) -> tuple[object, float]:

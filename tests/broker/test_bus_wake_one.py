@@ -1,4 +1,4 @@
-"""A send wakes the one receiver that can take its message, not every waiter (orderflow.bus.notify): counted in
+"""A send wakes the one receiver that can take its message, not every waiter (orderflow.embedded.notify): counted in
 wake-ups (pokes received) and looks, never in time. No message stays behind while a waiter is idle: K messages
 with K idle waiters in threads and another process are all taken; a batch larger than what one transaction wakes
 is passed on; a due moment (scheduled message) wakes one waiter and is handed over when that waiter leaves; a
@@ -24,10 +24,10 @@ import pytest
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusSubQueue
 from azure.servicebus.exceptions import OperationTimeoutError
 
-from orderflow.bus import EmbeddedBroker, notify
-from orderflow.bus.broker import DEAD_LETTER, WAKE_BOUND
-from orderflow.bus.embedded import ServiceBusClient, ServiceBusMessage
-from orderflow.bus.embedded_aio import ServiceBusClient as AioServiceBusClient
+from orderflow.embedded import notify
+from orderflow.embedded.broker import DEAD_LETTER, WAKE_BOUND, EmbeddedBroker
+from orderflow.embedded.client import ServiceBusClient, ServiceBusMessage
+from orderflow.embedded.client_aio import ServiceBusClient as AioServiceBusClient
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("worker.py")

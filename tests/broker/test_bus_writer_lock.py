@@ -1,4 +1,5 @@
-"""The broker's writer lock orders the write transactions of every process (orderflow/bus/broker.py `_WriterLock`):
+"""The broker's writer lock orders the write transactions of every process
+(orderflow/embedded/broker/_base.py `_WriterLock`):
 a writer in another process waits for the holder and proceeds when it lets go, instead of polling through SQLite's
 busy handler; the kernel releases the lock of a process that dies.
 """
@@ -14,8 +15,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from orderflow.bus import EmbeddedBroker
-from orderflow.bus.broker import _writer_lock
+from orderflow.embedded.broker import EmbeddedBroker
+from orderflow.embedded.broker._base import _writer_lock
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROMPT = 20.0  # generous bound for a child process to start and write; the checks are about order, not speed
@@ -25,8 +26,8 @@ def _child_send(db: Path, marker: Path) -> subprocess.Popen[str]:
     """A process that sends one message to queue q and then writes `marker`."""
     code = textwrap.dedent(f"""
         from pathlib import Path
-        from orderflow.bus import EmbeddedBroker
-        from orderflow.bus.message import Envelope
+        from orderflow.embedded.broker import EmbeddedBroker
+        from orderflow.embedded.message import Envelope
         broker = EmbeddedBroker({str(db)!r})
         broker.send("q", [Envelope(body=b"from-child", message_id="m-1")])
         Path({str(marker)!r}).write_text("sent")

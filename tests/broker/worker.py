@@ -25,8 +25,8 @@ import time
 from azure.servicebus import NEXT_AVAILABLE_SESSION
 from azure.servicebus.exceptions import OperationTimeoutError
 
-from orderflow.bus import from_connection_string
-from orderflow.bus.embedded import ServiceBusMessage
+from orderflow.adapters import bus_from_connection_string
+from orderflow.embedded.client import ServiceBusMessage
 
 SESSIONS_PER_SENDER = 4
 
@@ -44,7 +44,7 @@ def _start_sending(client, queue: str, name: str, count: int, sessions: bool) ->
 
 
 def exchange(conn: str, queue: str, name: str, count: int) -> None:
-    client = from_connection_string(conn)
+    client = bus_from_connection_string(conn)
     received: list[str] = []
     sending = _start_sending(client, queue, name, count, sessions=False)
     with client.get_queue_receiver(queue) as receiver:
@@ -60,7 +60,7 @@ def exchange(conn: str, queue: str, name: str, count: int) -> None:
 
 
 def sessions(conn: str, queue: str, name: str, count: int) -> None:
-    client = from_connection_string(conn)
+    client = bus_from_connection_string(conn)
     lines: list[str] = []
     sending = _start_sending(client, queue, name, count, sessions=True)
     while True:
@@ -90,7 +90,7 @@ def _check_order(receiver, msg) -> list[str]:
 
 
 def wait(conn: str, queue: str, idle: float) -> None:
-    client = from_connection_string(conn)
+    client = bus_from_connection_string(conn)
     with client.get_queue_receiver(queue) as receiver:
         cpu = time.process_time()
         assert receiver.receive_messages(max_wait_time=idle) == []
@@ -102,7 +102,7 @@ def wait(conn: str, queue: str, idle: float) -> None:
 
 
 async def await_one(conn: str, queue: str, count: int) -> None:
-    from orderflow.bus.aio import from_connection_string as aio_client
+    from orderflow.adapters import aio_bus_from_connection_string as aio_client
 
     async with aio_client(conn) as client:
 
@@ -119,10 +119,10 @@ async def await_one(conn: str, queue: str, count: int) -> None:
 
 
 async def mixed(conn: str, queue: str, name: str, count: int, consumers: int) -> None:
-    from orderflow.bus.aio import from_connection_string as aio_client
+    from orderflow.adapters import aio_bus_from_connection_string as aio_client
 
     def send() -> None:
-        with from_connection_string(conn) as client, client.get_queue_sender(queue) as sender:
+        with bus_from_connection_string(conn) as client, client.get_queue_sender(queue) as sender:
             for i in range(count):
                 sender.send_messages(ServiceBusMessage(f"{name}-{i}"))
         print("SENT", flush=True)

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from support.cosmos_server import CosmosServer, missing_prerequisite, run_cosmos_server
 
-from orderflow.store import Stores
-from orderflow.store.cosmos_store import CosmosNames, CosmosStateStore, open_cosmos_with_key
-from orderflow.store.sqlite_store import open_sqlite_stores
+from orderflow.adapters import Stores
+from orderflow.azure.cosmos import CosmosNames, CosmosStateStore, open_cosmos_with_key
+from orderflow.embedded.store import open_sqlite_stores
 
 ANY_KEY = "dGVzdC1rZXktbm90LWEtc2VjcmV0"  # the protocol server accepts any key
 

@@ -19,13 +19,15 @@ from pathlib import Path
 import pytest
 from azure.cosmos.aio import CosmosClient
 
+from orderflow.adapters import Stores
+from orderflow.azure.cosmos import CosmosNames, cosmos_breaker_documents, open_cosmos_with_key
 from orderflow.breaker import BreakerConfig, BreakerDoc, BreakerState, Permit, SharedBreaker, Transition
 from orderflow.clock import FakeClock
+from orderflow.embedded.store import open_sqlite_documents, open_sqlite_stores
+from orderflow.errors import Conflict, NotFound, PreconditionFailed
 from orderflow.messages import SubmitOrder
+from orderflow.ports import DocumentStore
 from orderflow.records import OrderStateRecord, ProcessState
-from orderflow.store import Conflict, DocumentStore, NotFound, PreconditionFailed, Stores
-from orderflow.store.cosmos_store import CosmosNames, cosmos_breaker_documents, open_cosmos_with_key
-from orderflow.store.sqlite_store import open_sqlite_documents, open_sqlite_stores
 
 ANY_KEY = "dGVzdC1rZXktbm90LWEtc2VjcmV0"  # the protocol server accepts any key (as in conftest.py)
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)

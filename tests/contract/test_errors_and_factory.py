@@ -23,19 +23,20 @@ from azure.servicebus.exceptions import (
 )
 
 from orderflow import errors as orderflow_errors
-from orderflow.errors import BUS_LOCK_ERRORS, BUS_TRANSIENT
-from orderflow.store import (
+from orderflow.adapters import open_stores
+from orderflow.azure.cosmos import CosmosOrdersDb, CosmosStateStore, translate
+from orderflow.embedded.store import SqliteOrdersDb, SqliteStateStore
+from orderflow.errors import (
+    BUS_LOCK_ERRORS,
+    BUS_TRANSIENT,
     Conflict,
     NotFound,
     PreconditionFailed,
     StoreError,
     TransientStoreError,
     is_transient,
-    open_stores,
 )
-from orderflow.store.cosmos_store import CosmosOrdersDb, CosmosStateStore, translate
-from orderflow.store.ports import OrdersDb, StateStore
-from orderflow.store.sqlite_store import SqliteOrdersDb, SqliteStateStore
+from orderflow.ports import OrdersDb, StateStore
 
 
 def cosmos_error(status: int) -> CosmosHttpResponseError:

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from orderflow.adapters import Stores
+from orderflow.embedded.store import open_sqlite_stores
 from orderflow.messages import SubmitOrder
+from orderflow.ports import ExpiredCursor, Page
 from orderflow.records import OrderStateRecord, ProcessState, instance_id
 from orderflow.state_machine import claim
-from orderflow.store import Page, Stores
-from orderflow.store.ports import ExpiredCursor
-from orderflow.store.sqlite_store import open_sqlite_stores
 
 if TYPE_CHECKING:
     from tests.contract.conftest import Backend

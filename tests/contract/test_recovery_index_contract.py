@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from azure.cosmos.aio import CosmosClient
 
+from orderflow.adapters import open_recovery_index
+from orderflow.azure.cosmos import CosmosNames, cosmos_recovery_index, ensure_containers
+from orderflow.embedded.store import SqliteRecoveryIndex, open_sqlite_recovery_index
+from orderflow.ports import ExpiredCursor, IndexEntry, RecoveryIndex, bucket_of
 from orderflow.records import format_utc
-from orderflow.store import open_recovery_index
-from orderflow.store.cosmos_store import CosmosNames, cosmos_recovery_index, ensure_containers
-from orderflow.store.ports import ExpiredCursor, IndexEntry, RecoveryIndex, bucket_of
-from orderflow.store.sqlite_store import SqliteRecoveryIndex, open_sqlite_recovery_index
 
 ANY_KEY = "dGVzdC1rZXktbm90LWEtc2VjcmV0"  # the protocol server accepts any key (as in conftest.py)
 BUCKET = 300  # seconds: the RecoveryIndexBucketSeconds default

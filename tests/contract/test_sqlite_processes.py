@@ -10,9 +10,9 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from orderflow.embedded.store import open_sqlite_stores
 from orderflow.messages import SubmitOrder
 from orderflow.records import OrderStateRecord
-from orderflow.store.sqlite_store import open_sqlite_stores
 
 REPO = Path(__file__).resolve().parents[2]
 ORDERS = [f"o-{i:03d}" for i in range(200)]
@@ -23,7 +23,7 @@ import asyncio, json, sys
 from datetime import datetime, timedelta, UTC
 from orderflow.records import instance_id
 from orderflow.state_machine import IllegalTransition, claim
-from orderflow.store.sqlite_store import open_sqlite_stores
+from orderflow.embedded.store import open_sqlite_stores
 
 async def main(path, ids):
     now = datetime(2024, 5, 1, tzinfo=UTC)

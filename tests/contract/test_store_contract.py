@@ -17,6 +17,9 @@ import pytest
 from azure.cosmos.exceptions import CosmosResourceNotFoundError
 from support.cosmos_server import SeenRequest
 
+from orderflow.adapters import Stores
+from orderflow.azure.cosmos import CosmosStateStore
+from orderflow.errors import Conflict, NotFound, PreconditionFailed, TransientStoreError
 from orderflow.messages import StepName, SubmitOrder
 from orderflow.records import OrderRecord, OrderStateRecord, ProcessState, StepStatus, instance_id
 from orderflow.state_machine import (
@@ -27,8 +30,6 @@ from orderflow.state_machine import (
     record_step,
     recover,
 )
-from orderflow.store import Conflict, NotFound, PreconditionFailed, Stores, TransientStoreError
-from orderflow.store.cosmos_store import CosmosStateStore
 
 if TYPE_CHECKING:
     from tests.contract.conftest import Backend, CosmosUnderTest

@@ -1,4 +1,4 @@
-"""The embedded store's fault switch (orderflow/store/sqlite_store.py `StoreFaults`, `FaultInjector`), which the store
+"""The embedded store's fault switch (orderflow/embedded/store/ `StoreFaults`, `FaultInjector`), which the store
 drills (devhost/store_drills.py) turn on through the endpoint: `embedded://PATH?conflictRate=..&throttleRate=..`.
 
 What it must do, each checked here without waiting (a fake sleep and clock):
@@ -21,10 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from orderflow.messages import SubmitOrder
-from orderflow.records import OrderStateRecord, ProcessState
-from orderflow.store import PreconditionFailed, TransientStoreError, is_transient, open_stores
-from orderflow.store.sqlite_store import (
+from orderflow.adapters import open_stores
+from orderflow.embedded.store import (
     FaultInjector,
     SqliteFile,
     SqliteOrdersDb,
@@ -32,6 +30,9 @@ from orderflow.store.sqlite_store import (
     StoreFaults,
     split_endpoint_path,
 )
+from orderflow.errors import PreconditionFailed, TransientStoreError, is_transient
+from orderflow.messages import SubmitOrder
+from orderflow.records import OrderStateRecord, ProcessState
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
 # azure-cosmos 4.17 defaults, which the embedded adapter copies: `_retry_options.RetryOptions` (9 throttle retries,

@@ -17,7 +17,7 @@ import pytest
 from azure.servicebus import ServiceBusMessage
 
 from devhost.system import ROOT
-from orderflow.bus import from_connection_string
+from orderflow.adapters import bus_from_connection_string
 
 
 def _run(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -34,7 +34,7 @@ def _closed_port() -> int:
 def _system(conn: str, order_id: str, act: Callable[[Any, Any, Any], None]) -> threading.Thread:
     """Plays the system's part for one order: waits for it on orders-inbound, then `act(client, receiver, msg)`."""
     def run() -> None:
-        with from_connection_string(conn) as client, client.get_queue_receiver(
+        with bus_from_connection_string(conn) as client, client.get_queue_receiver(
                 "orders-inbound", session_id=order_id, max_wait_time=30) as receiver:
             [message] = receiver.receive_messages(max_message_count=1, max_wait_time=30)
             act(client, receiver, message)
@@ -48,7 +48,7 @@ def test_submit_sends_with_session_and_content_message_id_then_queues_shows_it(t
     conn = f"Endpoint=embedded://{tmp_path / 'bus.db'};ConfigFile={ROOT / 'servicebus.config.json'}"
     sent = _run("submit", "--connection", conn, "--order-id", "cli-1", "--wait", "0.2", cwd=tmp_path)
     assert sent.returncode == 1 and "sent order cli-1" in sent.stdout  # nobody processed it: no terminal status
-    with from_connection_string(conn) as client, client.get_queue_receiver(
+    with bus_from_connection_string(conn) as client, client.get_queue_receiver(
             "orders-inbound", session_id="cli-1", max_wait_time=1) as receiver:
         [message] = receiver.peek_messages(max_message_count=5)
     body = b"".join(message.body)

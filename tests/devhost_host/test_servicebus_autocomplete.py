@@ -23,8 +23,8 @@ from azure.servicebus import ServiceBusMessage
 
 from devhost.config import HostConfig
 from devhost.servicebus_trigger import Delivery, ServiceBusTriggerRunner, function_message
-from orderflow.bus.aio import from_connection_string
-from orderflow.bus.broker import EmbeddedBroker
+from orderflow.adapters import aio_bus_from_connection_string
+from orderflow.embedded.broker import EmbeddedBroker
 
 QUEUE = "plain"
 LOCK = timedelta(seconds=30)
@@ -43,7 +43,7 @@ async def _run_once(tmp_path: Path, clock: ManualClock, function: Callable[[func
                     body: str) -> tuple[EmbeddedBroker, list[func.ServiceBusMessage]]:
     """Send one message, let a plain auto-completing trigger runner handle exactly one delivery of it, stop the
     runner once that delivery is settled (on_done runs after the settlement); return a view of the broker."""
-    client = from_connection_string(f"Endpoint=embedded://{tmp_path / 'bus.db'}", clock=clock)
+    client = aio_bus_from_connection_string(f"Endpoint=embedded://{tmp_path / 'bus.db'}", clock=clock)
     client.broker.declare_queue(QUEUE, lock_duration=LOCK, max_delivery_count=5)
     async with client.get_queue_sender(QUEUE) as sender:
         await sender.send_messages(ServiceBusMessage(body, message_id="m-1"))
@@ -89,7 +89,7 @@ async def test_a_message_is_abandoned_when_the_function_raises(tmp_path: Path) -
     counts = broker.counts(QUEUE)
     # Abandoned: available again at once (no lock held until LockDuration), its delivery counted.
     assert (counts.active, counts.locked, counts.dead_lettered) == (1, 0, 0)
-    client = from_connection_string(f"Endpoint=embedded://{tmp_path / 'bus.db'}", clock=clock)
+    client = aio_bus_from_connection_string(f"Endpoint=embedded://{tmp_path / 'bus.db'}", clock=clock)
     async with client, client.get_queue_receiver(QUEUE) as receiver:
         [again] = await receiver.receive_messages(max_message_count=1, max_wait_time=WAIT)
         assert again.message_id == "m-1" and again.delivery_count == 1  # the SDK counts prior deliveries

@@ -30,7 +30,7 @@ from support.stepped_clock import SteppedClock
 
 from devhost.config import ServiceBusOptions
 from devhost.servicebus_trigger import Delivery, ServiceBusTriggerRunner
-from orderflow.bus.aio import from_connection_string
+from orderflow.adapters import aio_bus_from_connection_string
 
 REPO = Path(__file__).resolve().parents[2]
 REPLIES = "agent-replies"  # the product's queue from servicebus.config.json: sessions, LockDuration PT5S
@@ -75,7 +75,7 @@ async def _running(tmp_path: Path, *, queue: str, sessions: bool, function: Func
                    max_renewal_s: float = 300.0) -> AsyncIterator[Running]:
     clock = SteppedClock()
     conn = f"Endpoint=embedded://{tmp_path / 'bus.db'};ConfigFile={REPO / 'servicebus.config.json'}"
-    client = from_connection_string(conn, clock=clock)
+    client = aio_bus_from_connection_string(conn, clock=clock)
     client.broker.declare_queue(PLAIN, lock_duration=LOCK, max_delivery_count=5)
     # sessionIdleTimeout long enough that the session stays held while the test moves the clock between messages.
     options = ServiceBusOptions(max_concurrent_calls=1, max_concurrent_sessions=1, session_idle_timeout_s=WAIT,

@@ -91,12 +91,12 @@ def test_uamqp_decode_writes_no_info_through_devhost_logging(caplog: pytest.LogC
     from azure.servicebus import ServiceBusMessage
 
     from devhost.sdk_servicebus import to_sdk_message
-    from orderflow.bus import from_connection_string
+    from orderflow.adapters import bus_from_connection_string
 
     logging.getLogger().setLevel(logging.INFO)
     _quiet_third_party_loggers()
     conn = f"Endpoint=embedded://{tmp_path / 'bus.db'};ConfigFile={SAMPLE / 'servicebus.config.json'}"
-    with from_connection_string(conn) as client:
+    with bus_from_connection_string(conn) as client:
         with client.get_queue_sender("work") as sender:
             sender.send_messages(ServiceBusMessage(b"{}", message_id="m-1"))
         with client.get_queue_receiver("work") as receiver:

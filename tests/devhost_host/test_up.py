@@ -16,8 +16,8 @@ import pytest
 
 from agent.simulator import EffectStore
 from devhost.__main__ import main
-from orderflow.bus.broker import EmbeddedBroker
-from orderflow.store.sqlite_store import SqliteFile
+from orderflow.embedded.broker import EmbeddedBroker
+from orderflow.embedded.store import SqliteFile
 
 
 @pytest.fixture()

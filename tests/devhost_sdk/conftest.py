@@ -25,7 +25,7 @@ NOW = datetime(2024, 5, 1, 12, 0, 0, 123000, tzinfo=UTC)
 
 @dataclass
 class BrokerMessage:
-    """The received-message surface of our broker client that devhost reads (orderflow/bus/message.py)."""
+    """The received-message surface of our broker client that devhost reads (orderflow/embedded/message.py)."""
 
     body: Any = b"hello"
     message_id: str = "m-1"

@@ -16,8 +16,8 @@ from azurefunctions.extensions.bindings.servicebus import ServiceBusMessageActio
 from devhost.config import ServiceBusOptions
 from devhost.sdk_servicebus import DeliveryRegistry, SettlementServer, to_sdk_message
 from devhost.servicebus_trigger import Delivery, ServiceBusTriggerRunner
-from orderflow.bus import EmbeddedBroker
-from orderflow.bus.embedded_aio import ServiceBusClient, ServiceBusMessage
+from orderflow.embedded.broker import EmbeddedBroker
+from orderflow.embedded.client_aio import ServiceBusClient, ServiceBusMessage
 
 from .conftest import HostLoop
 

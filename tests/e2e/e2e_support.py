@@ -23,10 +23,9 @@ from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode, ServiceBu
 from support.hosted import wait_until
 
 from devhost.system import LocalSystem, SystemConfig
-from orderflow.bus import from_connection_string
+from orderflow.adapters import bus_from_connection_string, open_stores
 from orderflow.messages import AgentReply, OperatorAlert, OrderStatus, StatusMessage, SubmitOrder
 from orderflow.records import OrderRecord, OrderStateRecord
-from orderflow.store import open_stores
 
 ORDERS_QUEUE = "orders-inbound"
 REPLY_QUEUE = "app-status"
@@ -83,7 +82,7 @@ class Client:
     _dead: dict[str, DeadLetter] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.bus = from_connection_string(self.system.config.bus_connection)
+        self.bus = bus_from_connection_string(self.system.config.bus_connection)
 
     # --- sending --------------------------------------------------------------------------------------------
     def send(self, body: str | bytes, *, message_id: str, session_id: str) -> None:

@@ -27,10 +27,10 @@ from openapi_spec_validator import validate as validate_openapi
 from support.hosted import wait_until
 
 from devhost.system import LocalSystem, SystemConfig
+from orderflow.adapters import open_stores
 from orderflow.messages import OrderStatus
 from orderflow.openapi import document
 from orderflow.records import OrderRecord, OrderStateRecord, ProcessState, format_utc
-from orderflow.store import open_stores
 from orderflow.supervisor import CHECKPOINT, SupervisorRun, last_run
 
 NEVER = "0 0 0 1 1 *"  # once a year: the Starter and the Supervisor leave the seeded records alone

@@ -32,8 +32,8 @@ from test_ops_api_e2e import SETTINGS, _seed
 
 from devhost.system import LocalSystem, SystemConfig
 from orderflow.openapi import CONTINUATION_FORMAT, document
+from orderflow.ports import KeysetCursor
 from orderflow.records import format_utc
-from orderflow.store.ports import KeysetCursor
 
 load_all_checks()
 CHECKED = [c for c in CHECKS.get_all() if c is not unsupported_method]

@@ -29,7 +29,7 @@ import pytest
 from devhost.config import HostConfig
 from devhost.system import LOCAL_DEFAULTS
 from orderflow import settings
-from orderflow.bus.config import load_config_file
+from orderflow.embedded.config import load_config_file
 from orderflow.session_locks import MIN_LOCK_DURATION, CrashBudget
 
 from .bicep_tree import REPO, Scope, evaluate, main, module_scope

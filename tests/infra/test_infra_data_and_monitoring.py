@@ -13,9 +13,9 @@ from datetime import UTC, datetime
 import pytest
 
 from orderflow import outbound, settings
+from orderflow.azure import cosmos
 from orderflow.function_names import SUPERVISOR
 from orderflow.messages import AlertKind
-from orderflow.store import cosmos_store
 
 from .bicep_tree import Opaque, Scope, all_files, app, evaluate, main, module_scope, text
 
@@ -32,11 +32,11 @@ def _container(symbol: str) -> dict:
 @pytest.mark.parametrize(
     ("symbol", "setting", "path"),
     [
-        ("ordersContainer", "OrdersContainerName", cosmos_store.ORDER_PARTITION_PATH),
-        ("stateContainer", "StateContainerName", cosmos_store.ORDER_PARTITION_PATH),
-        ("checkpointContainer", "CheckpointContainerName", cosmos_store.CHECKPOINT_PARTITION_PATH),
+        ("ordersContainer", "OrdersContainerName", cosmos.ORDER_PARTITION_PATH),
+        ("stateContainer", "StateContainerName", cosmos.ORDER_PARTITION_PATH),
+        ("checkpointContainer", "CheckpointContainerName", cosmos.CHECKPOINT_PARTITION_PATH),
         # Issue 11: one document per remote service (id = RemoteServiceName), partition key /id like the checkpoints
-        # (cosmos_store.ensure_containers creates it with CHECKPOINT_PARTITION_PATH for the emulator).
+        # (cosmos.ensure_containers creates it with CHECKPOINT_PARTITION_PATH for the emulator).
         ("circuitBreakerContainer", "CircuitBreakerContainerName", "/id"),
         # Issue 12: the recovery index, one partition per CompleteBy time bucket (test_infra_recovery_index.py).
         ("recoveryIndexContainer", "RecoveryIndexContainerName", "/bucket"),
@@ -69,9 +69,9 @@ def test_orders_container_indexes_only_fields_its_documents_have_and_its_queries
         for part in path.removesuffix("/?").strip("/").split("/"):
             assert isinstance(node, dict) and part in node, f"{path}: the orders documents have no such field"
             node = node[part]
-    assert paths == [cosmos_store.ORDER_PARTITION_PATH + "/?"]
+    assert paths == [cosmos.ORDER_PARTITION_PATH + "/?"]
     assert policy["excludedPaths"] == [{"path": "/*"}]
-    assert "query_items" not in inspect.getsource(cosmos_store.CosmosOrdersDb)
+    assert "query_items" not in inspect.getsource(cosmos.CosmosOrdersDb)
 
 
 def test_databases() -> None:
@@ -88,7 +88,7 @@ def test_state_indexes_serve_the_starter_and_the_supervisor() -> None:
         [(p["path"], p["order"]) for p in index]
         for index in _container("stateContainer")["indexingPolicy"]["compositeIndexes"]
     ]
-    for required in cosmos_store.STATE_INDEXING_POLICY[
+    for required in cosmos.STATE_INDEXING_POLICY[
         "compositeIndexes"
     ]:  # the adapter's ORDER BY needs these
         assert [(p["path"], p["order"]) for p in required] in composites

@@ -219,9 +219,9 @@ def _container_calls(module: ast.Module, class_name: str) -> set[str]:
 
 
 def test_the_breaker_data_actions_are_what_the_breaker_store_calls() -> None:
-    # The Agent touches Cosmos DB only through orderflow.store.cosmos_store.CosmosDocuments (open_breaker_documents):
+    # The Agent touches Cosmos DB only through orderflow.azure.cosmos.CosmosDocuments (open_breaker_documents):
     # every SDK call it can make must be allowed, and nothing more is allowed than it calls (plus readMetadata).
-    path = REPO / "orderflow" / "store" / "cosmos_store.py"
+    path = REPO / "orderflow" / "azure" / "cosmos.py"
     calls = _container_calls(ast.parse(path.read_text()), "CosmosDocuments")
     assert calls, "the scan found no SDK call: has the breaker store moved?"
     allowed = {a.rsplit("/containers/", 1)[1] for a in BREAKER_DATA_ACTIONS if "/containers/" in a}
@@ -250,7 +250,7 @@ def test_the_agents_only_cosmos_grant_is_the_breaker_role_on_the_breaker_contain
 
 def test_the_function_app_reaches_the_breaker_container_through_its_state_database_grant() -> None:
     # The container is a child of the state database, on which the app holds Data Contributor (reads for the
-    # Starter, writes for the operator command `python -m orderflow.breaker_cli open|close`).
+    # Starter, writes for the operator command `python -m orderflow.cli.breaker open|close`).
     cosmos = module_scope(Scope(main()), main().module("cosmos"))
     container = cosmos.file.resource("circuitBreakerContainer")
     assert text(container.get("parent")) == "stateDatabase"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from orderflow import settings
-from orderflow.store import cosmos_store
+from orderflow.azure import cosmos
 
 from .bicep_tree import Scope, app, evaluate, literal, main, module_scope, text, with_params
 
@@ -61,7 +61,7 @@ def test_the_container_is_in_the_state_database_and_named_by_the_setting() -> No
 def test_the_partition_key_is_the_completeby_bucket() -> None:
     assert _container()["partitionKey"] == {"paths": ["/bucket"], "kind": "Hash", "version": 2}
     # The adapter's side of the contract: the partition path it writes (and creates the container with locally).
-    assert cosmos_store.INDEX_PARTITION_PATH == "/bucket"
+    assert cosmos.INDEX_PARTITION_PATH == "/bucket"
 
 
 def test_entries_expire_seven_days_after_their_last_write() -> None:
@@ -86,8 +86,8 @@ def test_the_bucket_scan_has_its_composite_index() -> None:
     assert {p["path"] for p in policy["includedPaths"]} == {"/*"}
     # The adapter's side of the contract: the query it runs, and the policy it creates the container with where it
     # creates containers itself (the emulator; ensure_containers). Bicep must be the same policy.
-    assert "ORDER BY c.completeBy ASC, c.orderId ASC" in cosmos_store._INDEX_PAGE_SQL
-    assert policy == cosmos_store.INDEX_INDEXING_POLICY
+    assert "ORDER BY c.completeBy ASC, c.orderId ASC" in cosmos._INDEX_PAGE_SQL
+    assert policy == cosmos.INDEX_INDEXING_POLICY
 
 
 # ---- app settings ----

@@ -301,7 +301,7 @@ def test_func_start_sample_uses_azurite_and_identity_based_azure_connections() -
     assert not [k for k in values if k.endswith(("__credential", "__clientId"))]
     assert not re.search(r"AccountKey|SharedAccessKey|embedded://", json.dumps(values))
     assert all(value != "" for value in values.values()), "an empty value would shadow a default"
-    # The ops summary reads the real namespace's queue counts from ARM (orderflow/queue_counts.py).
+    # The ops summary reads the real namespace's queue counts from ARM (orderflow/azure/queue_counts.py).
     assert re.fullmatch(r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.ServiceBus/namespaces/[^/]+",
                         values["ServiceBusNamespaceResourceId"])
     # The two samples differ exactly in the connections; every tunable is the same.
@@ -339,7 +339,7 @@ def test_agent_reaches_the_breaker_container_with_its_own_identity() -> None:
     env = _agent_env(scope)
     assert isinstance(env["CosmosDb__accountEndpoint"], Opaque)
     assert env["CosmosDb__accountEndpoint"].text == "cosmos.outputs.endpoint"
-    # orderflow.store opens Cosmos DB with DefaultAzureCredential(managed_identity_client_id=CosmosDb__clientId).
+    # orderflow.adapters opens Cosmos DB with DefaultAzureCredential(managed_identity_client_id=CosmosDb__clientId).
     for name in ("CosmosDb__clientId", "AZURE_CLIENT_ID"):
         assert isinstance(env[name], Opaque) and env[name].text == "identity.outputs.agentClientId", name
     # The same database and container names as the function app and the Cosmos module (main.bicep's parameters).

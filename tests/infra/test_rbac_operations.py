@@ -32,14 +32,14 @@ import pytest
 from support.arm_server import NAMESPACE_ID, FakeCredential, run_fake_arm
 
 from orderflow import runtime, settings
-from orderflow.bus.aio import from_connection_string
+from orderflow.adapters import aio_bus_from_connection_string
+from orderflow.azure.queue_counts import ArmQueueCounts
 from orderflow.clock import FakeClock
+from orderflow.embedded.store import open_sqlite_stores
 from orderflow.messages import SubmitOrder
-from orderflow.queue_counts import ArmQueueCounts
 from orderflow.records import ProcessState
 from orderflow.runtime import Services, Tunables
 from orderflow.starter import run_starter
-from orderflow.store.sqlite_store import open_sqlite_stores
 from orderflow.submission import Accepted, submit
 
 from .bicep_tree import REPO, text
@@ -60,9 +60,9 @@ SCOPES = {"namespace::ordersQueue": ORDERS, "namespace::agentRequestsQueue": REQ
 QUEUE_SETTINGS = {"OrdersQueueName": ORDERS, "AgentRequestsQueueName": REQUESTS, "AgentRepliesQueueName": REPLIES,
                   "OperatorAlertsQueueName": ALERTS}
 
-# The code of each identity. orderflow/cli/ and breaker_cli.py are operator tools run with the operator's own rights;
-# orderflow/embedded/ and orderflow/bus/ are the local stand-ins.
-NOT_DEPLOYED = ("orderflow/cli/", "orderflow/embedded/", "orderflow/bus/", "orderflow/breaker_cli.py")
+# The code of each identity. orderflow/cli/ holds the operator tools run with the operator's own rights;
+# orderflow/embedded/ is the local stand-ins.
+NOT_DEPLOYED = ("orderflow/cli/", "orderflow/embedded/")
 SOURCES = {APP: ("function_app.py", "triggers", "activities", "orchestrators", "orderflow"), AGENT: ("agent",),
            SUBMITTER: ("examples/client.py",)}
 # Queue arguments, as written at the call sites, and the queue each one names.
@@ -82,7 +82,7 @@ MAY_BE_REFUSED = {(SUBMITTER, ORDERS, LISTEN): "examples/client.py dead_letter_r
                                                "own rejected order, and says so when it may not (ServiceBusError)"}
 # Bus and ARM calls: name → (keyword of the queue argument, at position 0; the rights it needs).
 PRIMITIVES = {"get_queue_sender": ("queue_name", {SEND}), "get_queue_receiver": ("queue_name", {LISTEN}),
-              "dead_letter_depths": ("queues", {READ})}  # orderflow/queue_counts.py: GET .../queues/{queue}
+              "dead_letter_depths": ("queues", {READ})}  # orderflow/azure/queue_counts.py: GET .../queues/{queue}
 
 
 @dataclass(frozen=True)
@@ -292,7 +292,7 @@ class RecordingBus:
 async def app_services(tmp_path: Path) -> AsyncIterator[Services]:
     conn = f"Endpoint=embedded://{tmp_path / 'bus.db'};ConfigFile={REPO / 'servicebus.config.json'}"
     orders, state = open_sqlite_stores(tmp_path / "store.db")
-    services = Services(orders=orders, state=state, bus=RecordingBus(from_connection_string(conn)),
+    services = Services(orders=orders, state=state, bus=RecordingBus(aio_bus_from_connection_string(conn)),
                         tunables=Tunables.from_env({}), clock=FakeClock())
     runtime.use_services(services)
     yield services

@@ -17,12 +17,12 @@ from typing import Any
 
 from azure.durable_functions.models.DurableOrchestrationStatus import DurableOrchestrationStatus
 
-from orderflow.bus.aio import from_connection_string
+from orderflow.adapters import aio_bus_from_connection_string
 from orderflow.clock import FakeClock
+from orderflow.embedded.store import open_sqlite_stores
 from orderflow.messages import OperatorAlert, StatusMessage, SubmitOrder
 from orderflow.runtime import Services, Tunables
 from orderflow.starter import DurableStarts, run_starter
-from orderflow.store.sqlite_store import open_sqlite_stores
 from orderflow.submission import Accepted, submit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +93,7 @@ class Pipeline:
         peer = Services(
             orders=orders,
             state=state,
-            bus=from_connection_string(self.bus_connection),
+            bus=aio_bus_from_connection_string(self.bus_connection),
             tunables=replace(self.services.tunables, **overrides),
             clock=self.clock,
         )
@@ -112,7 +112,7 @@ async def open_pipeline(tmp_path: Path) -> Pipeline:
     orders, state = open_sqlite_stores(tmp_path / "store.db")
     clock = FakeClock()
     services = Services(
-        orders=orders, state=state, bus=from_connection_string(conn), tunables=tunables(), clock=clock
+        orders=orders, state=state, bus=aio_bus_from_connection_string(conn), tunables=tunables(), clock=clock
     )
     return Pipeline(services, clock, tmp_path / "store.db", conn)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from orderflow import state_machine as sm
 from orderflow.messages import SubmitOrder
+from orderflow.ports import OrdersDb, StateStore
 from orderflow.records import OrderRecord, OrderStateRecord, ProcessState, StepName, instance_id
-from orderflow.store.ports import OrdersDb, StateStore
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE = timedelta(seconds=60)

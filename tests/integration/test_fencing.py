@@ -22,7 +22,7 @@ from integration_support import Pipeline, claim_orders
 from support.orchestration_driver import Driver
 
 from orderflow import function_names as fn
-from orderflow.bus.aio import from_connection_string
+from orderflow.adapters import aio_bus_from_connection_string
 from orderflow.messages import STEPS, OrderStatus, reply_event_name
 from orderflow.starter import run_starter
 from orderflow.supervisor import run_supervisor
@@ -69,7 +69,7 @@ async def _no_start(name: str, instance_id: str, inp: Any) -> str:
 
 
 async def agent_requests(p: Pipeline) -> list[dict[str, Any]]:
-    async with from_connection_string(p.bus_connection) as bus:
+    async with aio_bus_from_connection_string(p.bus_connection) as bus:
         async with bus.get_queue_receiver(p.services.tunables.agent_requests_queue, session_id=ORDER) as receiver:
             msgs = await receiver.peek_messages(max_message_count=100)
     return [json.loads(b"".join(m.body)) for m in msgs]

@@ -18,13 +18,13 @@ from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
 from integration_support import tunables
 from ops_support import app_dir, direct_counts, seed
 
-from orderflow.bus.aio import from_connection_string
-from orderflow.cli import main
+from orderflow.adapters import aio_bus_from_connection_string
+from orderflow.cli.main import main
 from orderflow.clock import FakeClock
+from orderflow.embedded.store import open_sqlite_stores
 from orderflow.messages import OrderStatus, StatusMessage
 from orderflow.records import ProcessState
 from orderflow.runtime import Services
-from orderflow.store.sqlite_store import open_sqlite_stores
 from orderflow.supervisor import run_supervisor
 
 NOW = datetime.now(UTC).replace(microsecond=0)
@@ -55,7 +55,7 @@ async def system(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
         monkeypatch.delenv(name, raising=False)
     app_dir(tmp_path)
     orders, state = open_sqlite_stores(tmp_path / "store.db")
-    bus = from_connection_string(app_settings(tmp_path)["ServiceBusConnection"])
+    bus = aio_bus_from_connection_string(app_settings(tmp_path)["ServiceBusConnection"])
     services = Services(orders=orders, state=state, bus=bus, tunables=tunables(), clock=FakeClock(NOW))
     yield services
     await bus.close()

@@ -1,5 +1,5 @@
-"""The ops summary's dead-letter depths from Azure Resource Manager (orderflow/queue_counts.py), against a local fake
-of `Queues - Get` that answers the documented shape (tests/support/arm_server.py cites the REST reference and the
+"""The ops summary's dead-letter depths from Azure Resource Manager (orderflow/azure/queue_counts.py), against a local
+fake of `Queues - Get` that answers the documented shape (tests/support/arm_server.py cites the REST reference and the
 2024-01-01 schema): the request (path, api-version, bearer token for the ARM scope), exact depths for every queue,
 and a refused, missing or failing queue that gets its own error entry while the others still count."""
 
@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from support.arm_server import NAMESPACE_ID, TOKEN, FakeArm, FakeCredential, run_fake_arm
 
-from orderflow import queue_counts
-from orderflow.bus.aio import from_connection_string
+from orderflow.adapters import aio_bus_from_connection_string
+from orderflow.azure import queue_counts
+from orderflow.azure.queue_counts import ArmQueueCounts
 from orderflow.clock import FakeClock
+from orderflow.embedded.store import open_sqlite_stores
 from orderflow.openapi import Summary
 from orderflow.operations import Operations
-from orderflow.queue_counts import ArmQueueCounts
 from orderflow.runtime import Services, Tunables
-from orderflow.store.sqlite_store import open_sqlite_stores
 
 ROOT = Path(__file__).resolve().parents[2]
 TUNABLES = Tunables.from_env({})
@@ -31,7 +31,7 @@ DEPTHS = {q: n for n, q in enumerate(QUEUES)} | {"agent-requests": 1500}
 async def services(tmp_path: Path) -> AsyncIterator[Services]:
     conn = f"Endpoint=embedded://{tmp_path / 'bus.db'};ConfigFile={ROOT / 'servicebus.config.json'}"
     orders, state = open_sqlite_stores(tmp_path / "store.db")
-    services = Services(orders=orders, state=state, bus=from_connection_string(conn), tunables=TUNABLES,
+    services = Services(orders=orders, state=state, bus=aio_bus_from_connection_string(conn), tunables=TUNABLES,
                         clock=FakeClock())
     yield services
     await services.bus.close()

@@ -34,7 +34,7 @@ from integration_support import (
     run_submission_trigger,
 )
 
-from orderflow.bus._core import MAX_MESSAGE_SIZE_BYTES
+from orderflow.embedded._core import MAX_MESSAGE_SIZE_BYTES
 from orderflow.messages import AlertKind, OrderStatus
 from orderflow.runtime import Services
 from orderflow.submission import Accepted, Rejected, receive_patiently

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from integration_support import REPLY_QUEUE, ROOT, Pipeline, encode, order_body, tunables
 
 from devhost.durable.ids import validate_instance_id
+from orderflow.errors import TransientStoreError
 from orderflow.messages import MAX_ATTEMPT, ORDER_ID_PATTERN, AlertKind, OrderStatus
 from orderflow.records import ProcessState, instance_id
 from orderflow.runtime import Services
-from orderflow.store.errors import TransientStoreError
 from orderflow.submission import LONGEST_WAIT, PATIENCE, Accepted, Rejected, receive_patiently, submit, validate
 
 _TUNABLES = tunables()

@@ -31,11 +31,11 @@ from integration_support import (
     submit_orders,
 )
 
+from orderflow.errors import NotFound, PreconditionFailed, TransientStoreError
 from orderflow.messages import AlertKind, OrderStatus
 from orderflow.records import ProcessState, parse_utc
 from orderflow.starter import run_starter, try_claim
 from orderflow.state_machine import Fenced, IllegalTransition
-from orderflow.store.errors import NotFound, PreconditionFailed, TransientStoreError
 from orderflow.supervisor import CHECKPOINT, CLOCK_SKEW, run_supervisor
 
 
@@ -312,7 +312,7 @@ async def test_a_skipped_record_behind_a_later_one_is_not_passed_when_the_probe_
 
 
 async def test_a_transient_store_error_during_recovery_holds_the_checkpoint(pipeline: Pipeline) -> None:
-    """A 503 from the state store (TransientStoreError, orderflow/store/errors.py) on one record's recovery: the
+    """A 503 from the state store (TransientStoreError, orderflow/errors.py) on one record's recovery: the
     other records are recovered in the same pass; the failed one is recovered by the next, after the clock moved
     on by far more than the window and CLOCK_SKEW."""
     await claim_orders(pipeline, "o-x")

@@ -26,11 +26,11 @@ from integration_support import FakeDurable, Pipeline, encode, open_pipeline, or
 
 from orderflow import runtime
 from orderflow.clock import FakeClock
+from orderflow.embedded.store import SqliteRecoveryIndex, open_sqlite_recovery_index
 from orderflow.messages import STEPS, StepName
+from orderflow.ports import IndexEntry
 from orderflow.records import OrderStateRecord, ProcessState, format_utc, parse_utc
 from orderflow.starter import DurableStarts, try_claim
-from orderflow.store.ports import IndexEntry
-from orderflow.store.sqlite_store import SqliteRecoveryIndex, open_sqlite_recovery_index
 from orderflow.submission import Accepted, submit
 from orderflow.supervisor import CHECKPOINT, SupervisorRun, run_supervisor
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from devhost.system import ROOT, Process
-from orderflow.bus import from_connection_string
+from orderflow.adapters import bus_from_connection_string
 
 SAMPLE = ROOT / "tests" / "sample_host_app"
 
@@ -29,7 +29,7 @@ class HostedSample:
         self.process = Process("devhost", [sys.executable, "-m", "devhost", "start", "--app-dir", str(SAMPLE),
                                            "--port", "0", "--state-dir", str(tmp / "state")], env,
                                tmp / "devhost.log")
-        self.bus = from_connection_string(self.connection)
+        self.bus = bus_from_connection_string(self.connection)
 
     @property
     def url(self) -> str:

@@ -29,11 +29,11 @@ from orderflow.admission import (
     reserve,
 )
 from orderflow.clock import FakeClock
+from orderflow.embedded.store import open_sqlite_stores
 from orderflow.messages import SubmitOrder
 from orderflow.records import OrderStateRecord, ProcessState, format_utc, instance_id
 from orderflow.runtime import Services
 from orderflow.state_machine import claim
-from orderflow.store.sqlite_store import open_sqlite_stores
 
 
 def open_services(path: Path, clock: FakeClock, **overrides: int) -> Services:

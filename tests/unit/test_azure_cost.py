@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from benchmarks import azure_cost as ac
-from orderflow.bus.broker import EmbeddedBroker
-from orderflow.bus.message import Envelope
+from orderflow.embedded.broker import EmbeddedBroker
+from orderflow.embedded.message import Envelope
+from orderflow.embedded.store import open_sqlite_documents, open_sqlite_recovery_index, open_sqlite_stores
 from orderflow.messages import SubmitOrder
+from orderflow.ports import ExpiredCursor, IndexEntry
 from orderflow.records import OrderRecord, OrderStateRecord, ProcessState
-from orderflow.store.ports import ExpiredCursor, IndexEntry
-from orderflow.store.sqlite_store import open_sqlite_documents, open_sqlite_recovery_index, open_sqlite_stores
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -110,7 +110,7 @@ def test_seconds_of_schedule() -> None:
 
 # --- the counting it adds ----------------------------------------------------------------------------------------
 async def test_store_calls_count_as_cosmos_operations(tmp_path: Path) -> None:
-    import orderflow.store.sqlite_store as sqlite_store
+    import orderflow.embedded.store as sqlite_store
 
     with ac.metered() as meter:
         meter.patch_store(sqlite_store)
@@ -158,7 +158,7 @@ async def test_store_calls_count_as_cosmos_operations(tmp_path: Path) -> None:
 
 
 def test_broker_calls_count_by_queue_outermost_only(tmp_path: Path) -> None:
-    import orderflow.bus.broker as broker_module
+    import orderflow.embedded.broker as broker_module
 
     with ac.metered() as meter:
         meter.patch_broker(broker_module)

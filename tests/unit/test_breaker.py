@@ -39,8 +39,8 @@ from orderflow.breaker import (
     shared_breaker,
 )
 from orderflow.clock import FakeClock
-from orderflow.store import PreconditionFailed, TransientStoreError
-from orderflow.store.sqlite_store import SqliteDocuments, open_sqlite_documents
+from orderflow.embedded.store import SqliteDocuments, open_sqlite_documents
+from orderflow.errors import PreconditionFailed, TransientStoreError
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 SERVICE = "fulfilment"

@@ -1,4 +1,4 @@
-"""`python -m orderflow.breaker_cli show|open|close` (also `orderflow breaker`), with app settings in its environment,
+"""`python -m orderflow.cli.breaker show|open|close` (also `orderflow breaker`), with app settings in its environment,
 against an embedded store and the embedded broker (the repo's servicebus.config.json queues). Its `main` runs
 in-process with the environment passed in (each run as a subprocess cost 2 s of imports); one test runs it as the
 operator does, `python -m`, in a subprocess."""
@@ -18,15 +18,15 @@ from typing import Any
 
 import pytest
 
-from orderflow import breaker_cli
+from orderflow.adapters import bus_from_connection_string
 from orderflow.breaker import BreakerDoc, BreakerState
-from orderflow.bus import from_connection_string
+from orderflow.cli import breaker as breaker_cli
+from orderflow.embedded.store import open_sqlite_documents
 from orderflow.messages import AlertKind, OperatorAlert
 from orderflow.records import format_utc
-from orderflow.store.sqlite_store import open_sqlite_documents
 
 REPO = Path(__file__).resolve().parents[2]
-PROG = "python -m orderflow.breaker_cli"
+PROG = "python -m orderflow.cli.breaker"
 ALERTS = "operator-alerts"
 COLLECTION = "circuitBreakers"
 
@@ -57,10 +57,10 @@ class Env:
                 code = breaker_cli.main(list(args), env=self.environment(**changes))
             except SystemExit as exited:  # argparse's usage errors
                 code = int(exited.code or 0)
-        return subprocess.CompletedProcess(["orderflow.breaker_cli", *args], code, out.getvalue(), err.getvalue())
+        return subprocess.CompletedProcess(["orderflow.cli.breaker", *args], code, out.getvalue(), err.getvalue())
 
     def run_as_a_command(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "orderflow.breaker_cli", *args], cwd=REPO,
+        return subprocess.run([sys.executable, "-m", "orderflow.cli.breaker", *args], cwd=REPO,
                               env=self.environment(), capture_output=True, text=True, timeout=120)
 
     def ok(self, *args: str, **changes: str | None) -> str:
@@ -94,7 +94,7 @@ class Env:
     def alerts(self) -> list[tuple[str, str, OperatorAlert]]:
         """(MessageId, Subject, alert) of every message on operator-alerts (received and completed)."""
         out = []
-        with from_connection_string(self.bus) as client, client.get_queue_receiver(ALERTS) as receiver:
+        with bus_from_connection_string(self.bus) as client, client.get_queue_receiver(ALERTS) as receiver:
             while messages := receiver.receive_messages(10, max_wait_time=0.5):
                 for message in messages:
                     alert = OperatorAlert.model_validate_json(b"".join(message.body))

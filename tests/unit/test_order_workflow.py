@@ -333,11 +333,11 @@ async def _claimed_services(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, succ
 
     from orderflow import runtime
     from orderflow.clock import FakeClock
+    from orderflow.embedded.store import open_sqlite_stores
     from orderflow.messages import SubmitOrder
     from orderflow.records import OrderRecord, OrderStateRecord, StepStatus
     from orderflow.runtime import Services, Tunables
     from orderflow.state_machine import claim
-    from orderflow.store.sqlite_store import open_sqlite_stores
 
     orders, state = open_sqlite_stores(tmp_path / "s.db")
     services = Services(orders=orders, state=state, bus=None, tunables=Tunables.from_env({}), clock=FakeClock())

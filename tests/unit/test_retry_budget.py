@@ -35,9 +35,9 @@ from agent.config import AGENT_SETTINGS
 from devhost.system import LOCAL_DEFAULTS
 from orchestrators.scheduling import ACTIVITY_RETRY
 from orderflow import settings
-from orderflow.bus import EmbeddedBroker
-from orderflow.bus.aio import from_connection_string
-from orderflow.bus.config import QueueProperties, load_config_file
+from orderflow.adapters import aio_bus_from_connection_string
+from orderflow.embedded.broker import EmbeddedBroker
+from orderflow.embedded.config import QueueProperties, load_config_file
 from orderflow.messages import AgentRequest
 from orderflow.outbound import send_agent_request
 from orderflow.retry_budget import RetryBudget
@@ -160,7 +160,7 @@ async def test_scheduler_resends_are_dropped_by_duplicate_detection(tmp_path: Pa
     """What the Scheduler's activity retry does: the same request sent again (a send whose ack was lost). On the
     embedded broker, with the repo's queue declarations, agent-requests keeps one copy: a factor of 1."""
     path = tmp_path / "bus.db"
-    bus = from_connection_string(f"Endpoint=embedded://{path};ConfigFile={REPO / 'servicebus.config.json'}")
+    bus = aio_bus_from_connection_string(f"Endpoint=embedded://{path};ConfigFile={REPO / 'servicebus.config.json'}")
     try:
         for _ in range(ACTIVITY_RETRY.max_number_of_attempts):
             await send_agent_request(bus, REQUESTS, _request())

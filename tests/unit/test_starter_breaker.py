@@ -23,12 +23,12 @@ from integration.integration_support import RecordingStartNew, order_body, tunab
 from orderflow import admission
 from orderflow.breaker import BreakerConfig, BreakerState, Permit, SharedBreaker
 from orderflow.clock import FakeClock
+from orderflow.embedded.store import SqliteDocuments, open_sqlite_documents, open_sqlite_stores
 from orderflow.messages import SubmitOrder
 from orderflow.records import OrderStateRecord, ProcessState, instance_id
 from orderflow.runtime import Services, Tunables
 from orderflow.starter import run_starter, start_one
 from orderflow.state_machine import claim
-from orderflow.store.sqlite_store import SqliteDocuments, open_sqlite_documents, open_sqlite_stores
 
 SERVICE = "fulfilment"
 COLLECTION = "circuitBreakers"

@@ -28,10 +28,10 @@ from integration.integration_support import (
 )
 
 from orderflow import admission, runtime
-from orderflow import bus as sync_bus
 from orderflow import function_names as fn
+from orderflow.adapters import bus_from_connection_string
 from orderflow.admission import BACKLOG_FULL, Figures
-from orderflow.bus import EmbeddedBroker
+from orderflow.embedded.broker import EmbeddedBroker
 from orderflow.messages import OrderStatus
 from orderflow.records import ProcessState, format_utc
 from orderflow.submission import Accepted, Refused, Rejected, submit
@@ -191,7 +191,7 @@ async def deliver(p: Pipeline, function: Any, order_id: str, message_id: str,
     """Send the order to orders-inbound, receive it (peek-lock, its session) and run the trigger on it."""
     monkeypatch.setattr(runtime, "_services", {})  # the original is restored after the test
     runtime.use_services(p.services)  # what the trigger's get_services() returns on this loop
-    client = sync_bus.from_connection_string(p.bus_connection)
+    client = bus_from_connection_string(p.bus_connection)
     try:
         with client.get_queue_sender(ORDERS_QUEUE) as sender:
             sender.send_messages(ServiceBusMessage(encode(order_body(order_id)), message_id=message_id,

@@ -14,13 +14,10 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from azure.servicebus import ServiceBusMessage as SdkServiceBusMessage
 from azure.servicebus.amqp import AmqpMessageBodyType
-
-if TYPE_CHECKING:
-    from .broker import StoredMessage
 
 PrimitiveTypes = int | float | bool | str | bytes | uuid.UUID | datetime | None
 
@@ -42,6 +39,23 @@ class Envelope:
     application_properties: dict[str, Any] = field(default_factory=dict)
     scheduled_enqueue_time_utc: datetime | None = None
     time_to_live: timedelta | None = None
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    """One message as the broker hands it out (a received, peeked or dead-lettered message)."""
+
+    envelope: Envelope
+    sequence_number: int
+    enqueued_time_utc: datetime
+    expires_at_utc: datetime | None
+    delivery_count: int
+    lock_token: str | None
+    locked_until_utc: datetime | None
+    dead_letter_reason: str | None
+    dead_letter_error_description: str | None
+    dead_letter_source: str | None
+    state: str
 
 
 class ServiceBusMessage:

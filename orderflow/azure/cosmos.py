@@ -26,6 +26,24 @@ from azure.cosmos.aio import ContainerProxy, CosmosClient
 from azure.cosmos.exceptions import CosmosHttpResponseError, CosmosResourceNotFoundError
 
 from orderflow import settings
+from orderflow.errors import (
+    Conflict,
+    NotFound,
+    PreconditionFailed,
+    StoreError,
+    TransientStoreError,
+    is_transient_status,
+)
+from orderflow.ports import (
+    ExpiredCursor,
+    IndexEntry,
+    KeysetCursor,
+    Page,
+    UpdateWithRetry,
+    Versioned,
+    bucket_of,
+    next_cursor,
+)
 from orderflow.records import (
     CLAIMABLE_STATES,
     SUPERVISED_STATES,
@@ -35,24 +53,6 @@ from orderflow.records import (
     ProcessState,
     format_utc,
     parse_utc,
-)
-from orderflow.store.errors import (
-    Conflict,
-    NotFound,
-    PreconditionFailed,
-    StoreError,
-    TransientStoreError,
-    is_transient_status,
-)
-from orderflow.store.ports import (
-    ExpiredCursor,
-    IndexEntry,
-    KeysetCursor,
-    Page,
-    UpdateWithRetry,
-    Versioned,
-    bucket_of,
-    next_cursor,
 )
 
 REQUEST_CHARGE_HEADER = "x-ms-request-charge"

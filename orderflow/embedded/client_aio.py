@@ -57,6 +57,20 @@ class ServiceBusClient(ClientBase):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    # Typed as the aio classes (ClientBase serves both sides), so the client meets `orderflow.ports.BusClient`.
+    @classmethod
+    def from_connection_string(cls, conn_str: str, **kwargs: Any) -> ServiceBusClient:
+        client: ServiceBusClient = super().from_connection_string(conn_str, **kwargs)
+        return client
+
+    def get_queue_sender(self, queue_name: str, **kwargs: Any) -> ServiceBusSender:
+        sender: ServiceBusSender = super().get_queue_sender(queue_name, **kwargs)
+        return sender
+
+    def get_queue_receiver(self, queue_name: str, **kwargs: Any) -> ServiceBusReceiver:
+        receiver: ServiceBusReceiver = super().get_queue_receiver(queue_name, **kwargs)
+        return receiver
+
 
 class ServiceBusSender:
     """Sends to one queue; a send is durable once `send_messages` returns."""

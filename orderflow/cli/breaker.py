@@ -1,8 +1,8 @@
 """Operator command of the shared circuit breakers (orderflow/breaker.py).
 
-    python -m orderflow.breaker_cli show  [--service NAME]... [--json]
-    python -m orderflow.breaker_cli open  [--service NAME] [--by WHO] [--json]
-    python -m orderflow.breaker_cli close [--service NAME] [--by WHO] [--json]
+    python -m orderflow.cli.breaker show  [--service NAME]... [--json]
+    python -m orderflow.cli.breaker open  [--service NAME] [--by WHO] [--json]
+    python -m orderflow.cli.breaker close [--service NAME] [--by WHO] [--json]
 
 `show` prints each breaker: its stored state, the state it is in now (an open breaker whose cool-down is over is
 half-open), the failed requests in the rolling window, openUntil, the probes left and the reason of its last change.
@@ -23,30 +23,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
 import json
 import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
 from orderflow import settings
 from orderflow.breaker import (
     BreakerConfig,
-    BreakerDoc,
     BreakerState,
     SharedBreaker,
     Transition,
-    effective_state,
-    probes_left,
+    breaker_row,
+    show_breakers,
 )
+from orderflow.cli.common import CliError, one_line, operator_name
 from orderflow.clock import Clock, SystemClock
 from orderflow.messages import AlertKind
+from orderflow.ports import BusClient
 from orderflow.records import format_utc
 
-PROG = "python -m orderflow.breaker_cli"
+PROG = "python -m orderflow.cli.breaker"
 DEFAULT_TIMEOUT_SECONDS = 60.0
 COLUMNS = (
     ("service", "SERVICE"),
@@ -57,10 +56,6 @@ COLUMNS = (
     ("probesLeft", "PROBES LEFT"),
     ("reason", "REASON"),
 )
-
-
-class CliError(Exception):
-    """A failure to report as one line (no traceback)."""
 
 
 def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
@@ -93,26 +88,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def breaker_row(service: str, doc: BreakerDoc, config: BreakerConfig, now: datetime) -> dict[str, Any]:
-    """What `show` prints of one breaker (JSON field names)."""
-    in_window = sum(1 for failure in doc.failures if failure > now - config.window)
-    return {
-        "service": service,
-        "state": doc.state.value,
-        "effectiveState": effective_state(doc, now).value,
-        "failuresInWindow": in_window,
-        "failureThreshold": config.failure_threshold,
-        "windowSeconds": config.window.total_seconds(),
-        "openUntil": None if doc.open_until is None else format_utc(doc.open_until),
-        "probesLeft": probes_left(doc, config, now),
-        "forced": doc.forced,
-        "cooldownSeconds": doc.cooldown_seconds,
-        "changedAt": None if doc.changed_at is None else format_utc(doc.changed_at),
-        "reason": doc.reason,
-        "enabled": config.enabled,
-    }
-
-
 def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
     def cell(row: Mapping[str, Any], key: str) -> str:
         if key == "failures":
@@ -131,18 +106,6 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def operator_name(explicit: str | None, env: Mapping[str, str]) -> str:
-    if explicit:
-        return explicit
-    name = env.get("USER") or env.get("USERNAME")
-    if name:
-        return name
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError):
-        return "operator"
-
-
 def _setting(name: str, env: Mapping[str, str]) -> str:
     value = settings.get(name, env)
     if not value:
@@ -150,19 +113,8 @@ def _setting(name: str, env: Mapping[str, str]) -> str:
     return value
 
 
-def one_line(exc: BaseException) -> str:
-    """An exception as one line: its message (with its type unless it is a CliError or a ValueError)."""
-    if isinstance(exc, KeyError) and exc.args:
-        text = str(exc.args[0])
-    else:
-        text = str(exc).strip() or type(exc).__name__
-        if not isinstance(exc, CliError | ValueError):
-            text = f"{type(exc).__name__}: {text}"
-    return " ".join(text.split())  # one line, whatever the message holds
-
-
 def _open_documents(env: Mapping[str, str]) -> Any:
-    from orderflow.store import open_breaker_documents  # noqa: PLC0415 - lazily: the store SDKs are heavy
+    from orderflow.adapters import open_breaker_documents  # noqa: PLC0415 - lazily: the store SDKs are heavy
 
     endpoint = _setting("CosmosDb__accountEndpoint", env)
     try:
@@ -171,31 +123,16 @@ def _open_documents(env: Mapping[str, str]) -> Any:
         raise CliError(f"cannot open the breaker store {endpoint}: {one_line(exc)}") from exc
 
 
-def _open_bus(env: Mapping[str, str]) -> Any:
-    from orderflow.bus.aio import client_from_settings  # noqa: PLC0415
+def _open_bus(env: Mapping[str, str]) -> BusClient:
+    from orderflow.adapters import aio_bus_from_settings  # noqa: PLC0415
 
     try:
-        return client_from_settings(env)
+        return aio_bus_from_settings(env)
     except Exception as exc:
         raise CliError(f"cannot open the Service Bus client: {one_line(exc)}") from exc
 
 
-async def _read(breaker: SharedBreaker) -> BreakerDoc:
-    try:
-        return (await breaker.view()).doc
-    except Exception as exc:
-        raise CliError(f"cannot read breaker {breaker.service!r}: {one_line(exc)}") from exc
-
-
-async def show(services: Sequence[str], documents: Any, config: BreakerConfig, clock: Clock) -> list[dict[str, Any]]:
-    rows = []
-    for service in services:
-        doc = await _read(SharedBreaker(documents, service, config, clock))
-        rows.append(breaker_row(service, doc, config, clock.now()))
-    return rows
-
-
-async def force(service: str, state: BreakerState, by: str, documents: Any, bus: Any, alerts_queue: str,
+async def force(service: str, state: BreakerState, by: str, documents: Any, bus: BusClient, alerts_queue: str,
                 config: BreakerConfig, clock: Clock) -> dict[str, Any]:
     """Force the breaker, then raise the operator alert; the breaker's row and the alert sent."""
     from orderflow.outbound import raise_alert  # noqa: PLC0415
@@ -248,7 +185,7 @@ async def run(args: argparse.Namespace, env: Mapping[str, str], clock: Clock) ->
         try:
             wanted = args.service or [default_service]
             await _known(wanted, default_service, documents, new=False)
-            rows = await show(wanted, documents, config, clock)
+            rows = await show_breakers(wanted, documents, config, clock)
         finally:
             await documents.aclose()
         return json.dumps(rows, indent=2) if args.json else render_table(rows)

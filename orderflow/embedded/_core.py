@@ -29,7 +29,8 @@ from azure.servicebus.exceptions import (
 )
 
 from . import notify
-from .broker import _MIN_WAIT, ACTIVE, DEAD_LETTER, EmbeddedBroker, QueueCounts, SessionLock
+from .broker import ACTIVE, DEAD_LETTER, EmbeddedBroker, QueueCounts, SessionLock
+from .broker._schema import _MIN_WAIT
 from .message import Envelope, ServiceBusMessage, ServiceBusReceivedMessage, to_envelope
 
 EMBEDDED_SCHEME = "embedded://"
@@ -45,7 +46,7 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class EmbeddedConnection:
     """A parsed `Endpoint=embedded://<db path>[;ConfigFile=<config path>][;DuplicateDelivery=true]` connection
-    string. `DuplicateDelivery` is a fault-injection switch (orderflow/bus/broker.py): every message completed in
+    string. `DuplicateDelivery` is a fault-injection switch (orderflow/embedded/broker/): every message completed in
     peek-lock mode is delivered a second time."""
 
     db_path: str

@@ -1,7 +1,10 @@
-"""Ports of the domain core: the orders DB and the state store (async `typing.Protocol`s), shared helpers.
+"""Ports of the domain core (async `typing.Protocol`s): the orders DB, the state store, the documents, the recovery
+index and the Service Bus client; shared helpers.
 
-Adapters: `orderflow.store.sqlite_store` (embedded) and `orderflow.store.cosmos_store` (azure-cosmos).
-Both pass `tests/contract/test_store_contract.py`. An etag is an opaque string that changes on every write.
+Store adapters: `orderflow.embedded.store` (embedded) and `orderflow.azure.cosmos` (azure-cosmos); both pass
+`tests/contract/test_store_contract.py`. An etag is an opaque string that changes on every write. Bus adapters:
+`orderflow.embedded.client_aio` and `azure.servicebus.aio`; `BusClient` covers exactly the calls the core makes, and
+`orderflow.adapters` checks that both satisfy it. Received messages stay `Any`: the two sides' message classes differ.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, Self, runtime_checkable
 
+from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
+
+from orderflow.errors import NotFound, PreconditionFailed
 from orderflow.records import (
     CLAIMABLE_STATES,
     SUPERVISED_STATES,
@@ -22,7 +28,6 @@ from orderflow.records import (
     format_utc,
     parse_utc,
 )
-from orderflow.store.errors import NotFound, PreconditionFailed
 
 Versioned = tuple[OrderStateRecord, str]
 Mutate = Callable[[OrderStateRecord], OrderStateRecord]
@@ -275,3 +280,46 @@ class UpdateWithRetry:
                 last = exc
         assert last is not None
         raise last
+
+
+# -- the Service Bus client ------------------------------------------------------------------------------------------
+
+
+class BusSender(Protocol):
+    """A queue sender (`async with client.get_queue_sender(queue) as sender`)."""
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(self, *exc: Any) -> None: ...
+
+    async def send_messages(self, message: ServiceBusMessage, /) -> None: ...
+
+
+class BusReceiver(Protocol):
+    """A queue receiver: peek, receive, complete, abandon."""
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(self, *exc: Any) -> None: ...
+
+    async def peek_messages(self, max_message_count: int = ..., *, sequence_number: int = ...) -> list[Any]: ...
+
+    async def receive_messages(
+        self, max_message_count: int | None = ..., max_wait_time: float | None = ...
+    ) -> list[Any]: ...
+
+    async def complete_message(self, message: Any, /) -> None: ...
+
+    async def abandon_message(self, message: Any, /) -> None: ...
+
+
+class BusClient(Protocol):
+    """The aio Service Bus client, as far as the core uses it."""
+
+    def get_queue_sender(self, queue_name: str, /) -> BusSender: ...
+
+    def get_queue_receiver(
+        self, queue_name: str, /, *, sub_queue: ServiceBusSubQueue | None = ..., max_wait_time: float | None = ...
+    ) -> BusReceiver: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,327 @@
+"""Embedded store adapter: the orders DB and the state store in one SQLite file, with Cosmos-like etags.
+
+WAL journal and `BEGIN IMMEDIATE` write transactions make it safe across processes (the Starter, the
+Supervisor, the Agent and the CLI may each open the same file). Every write stores a new random etag;
+`replace` is an If-Match write (PreconditionFailed on mismatch); a create on an existing id is a conflict.
+The columns the queries filter on are copied out of the JSON document and indexed; updatedAt is indexed as an
+expression on the document (`_UPDATED_AT`), which needs no column migration of an existing file. `query_expired` and
+`query_in_state` page by keyset (`ports.KeysetCursor`). There are no request units: charges are 0.
+
+Fault injection (the store drills, devhost/store_drills.py): options on the endpoint, `embedded://PATH?conflictRate=
+0.1&throttleRate=0.1&seed=1&outageFile=PATH.down` (`StoreFaults`), make the file answer as a Cosmos DB account under
+contention, throttling or an outage would, and the adapter retry as azure-cosmos does (`FaultInjector`). Without
+options nothing changes and nothing is checked (one `is None` per operation).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from orderflow.errors import Conflict, NotFound, PreconditionFailed
+from orderflow.ports import (
+    ExpiredCursor,
+    IndexEntry,
+    KeysetCursor,
+    Page,
+    UpdateWithRetry,
+    Versioned,
+    bucket_of,
+    next_cursor,
+)
+from orderflow.records import (
+    CLAIMABLE_STATES,
+    SUPERVISED_STATES,
+    TERMINAL_STATES,
+    OrderRecord,
+    OrderStateRecord,
+    ProcessState,
+    format_utc,
+    parse_utc,
+)
+
+from ._faults import FaultInjector, StoreFaults, split_endpoint_path
+from ._file import (
+    _UPDATED_AT,
+    BUSY_TIMEOUT_SECONDS,
+    SqliteFile,
+    _conditional_update,
+    _dumps,
+    _insert_if_absent,
+    _marks,
+    _select_doc,
+    _state_row,
+    _values,
+    _versioned,
+    new_etag,
+)
+
+__all__ = [
+    "BUSY_TIMEOUT_SECONDS",
+    "FaultInjector",
+    "SqliteDocuments",
+    "SqliteFile",
+    "SqliteOrdersDb",
+    "SqliteRecoveryIndex",
+    "SqliteStateStore",
+    "StoreFaults",
+    "new_etag",
+    "open_sqlite_documents",
+    "open_sqlite_file",
+    "open_sqlite_recovery_index",
+    "open_sqlite_stores",
+    "split_endpoint_path",
+]
+
+class SqliteOrdersDb:
+    """The orders DB (immutable orders) in the embedded store."""
+
+    def __init__(self, db: SqliteFile) -> None:
+        self._db = db
+
+    async def create_if_absent(self, record: OrderRecord) -> tuple[OrderRecord, bool]:
+        row = {"id": record.id, "etag": new_etag(), "doc": _dumps(record.to_doc())}
+
+        def run(conn: sqlite3.Connection) -> tuple[OrderRecord, bool]:
+            if _insert_if_absent(conn, "orders", row):
+                return record, True
+            stored = _select_doc(conn, "orders", record.id)
+            assert stored is not None  # inserted-or-present inside one write transaction
+            return OrderRecord.from_doc(stored[0]), False
+
+        return await self._db.write(run, "orders.create")
+
+    async def get(self, order_id: str) -> OrderRecord | None:
+        found = await self._db.read(lambda conn: _select_doc(conn, "orders", order_id), "orders.get")
+        return None if found is None else OrderRecord.from_doc(found[0])
+
+    async def aclose(self) -> None:
+        await self._db.aclose()
+
+
+class SqliteStateStore(UpdateWithRetry):
+    """The state store (order state records and Supervisor checkpoints) in the embedded store."""
+
+    def __init__(self, db: SqliteFile) -> None:
+        self._db = db
+
+    async def create_if_absent(self, rec: OrderStateRecord) -> tuple[OrderStateRecord, bool]:
+        row = _state_row(rec, new_etag())
+
+        def run(conn: sqlite3.Connection) -> tuple[OrderStateRecord, bool]:
+            if _insert_if_absent(conn, "order_state", row):
+                return rec, True
+            stored = _select_doc(conn, "order_state", rec.id)
+            assert stored is not None
+            return OrderStateRecord.from_doc(stored[0]), False
+
+        return await self._db.write(run, "state.create")
+
+    async def get(self, order_id: str) -> Versioned | None:
+        found = await self._db.read(lambda conn: _select_doc(conn, "order_state", order_id), "state.get")
+        return None if found is None else (OrderStateRecord.from_doc(found[0]), found[1])
+
+    async def replace(self, rec: OrderStateRecord, etag: str) -> str:
+        row = _state_row(rec, new_etag())
+        row.pop("id")
+        await self._db.write(lambda conn: _conditional_update(conn, "order_state", rec.id, etag, row),
+                             "state.replace", ("order_state", {"id": rec.id}, etag))
+        return str(row["etag"])
+
+    async def query_claimable(self, now: datetime, limit: int,
+                              states: tuple[ProcessState, ...] = CLAIMABLE_STATES) -> list[Versioned]:
+        sql = (
+            f"SELECT doc, etag FROM order_state WHERE process_state IN {_marks(states)} AND locked_by IS NULL"
+            " AND (retry_at IS NULL OR retry_at <= ?) ORDER BY retry_at, created_at, id LIMIT ?"
+        )
+        args = (*_values(states), format_utc(now), limit)
+        rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall(), "state.query_claimable")
+        return [_versioned(r) for r in rows]
+
+    async def query_unnotified(self, updated_before: datetime, limit: int) -> list[Versioned]:
+        sql = (
+            f"SELECT doc, etag FROM order_state WHERE process_state IN {_marks(TERMINAL_STATES)}"
+            f" AND json_extract(doc, '$.notifiedAt') IS NULL AND {_UPDATED_AT} < ?"
+            f" ORDER BY {_UPDATED_AT}, id LIMIT ?"
+        )
+        args = (*_values(TERMINAL_STATES), format_utc(updated_before), limit)
+        rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall(), "state.query_unnotified")
+        return [_versioned(r) for r in rows]
+
+    async def query_expired(
+        self, window_start: datetime, window_end: datetime, page_size: int, continuation: str | None = None
+    ) -> Page:
+        if page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        after = ExpiredCursor.start(window_start, continuation)
+        sql = (
+            f"SELECT doc, etag FROM order_state WHERE process_state IN {_marks(SUPERVISED_STATES)}"
+            " AND (complete_by, id) > (?, ?) AND complete_by >= ? AND complete_by < ?"
+            " ORDER BY complete_by, id LIMIT ?"
+        )
+        args = (
+            *_values(SUPERVISED_STATES),
+            after.complete_by,
+            after.id,
+            format_utc(window_start),
+            format_utc(window_end),
+            page_size + 1,
+        )
+        rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall(), "state.query_expired")
+        items = [_versioned(r) for r in rows[:page_size]]
+        return Page(items=items, continuation=next_cursor(items, len(rows) > page_size), request_charge=0.0)
+
+    async def count_in_state(self, state: ProcessState) -> int:
+        sql = "SELECT COUNT(*) FROM order_state WHERE process_state = ?"
+        row = await self._db.read(lambda conn: conn.execute(sql, (state.value,)).fetchone(), "state.count_in_state")
+        return int(row[0])
+
+    async def query_in_state(self, state: ProcessState, page_size: int, continuation: str | None = None,
+                             updated_before: datetime | None = None) -> Page:
+        if page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        where: list[str] = ["process_state = ?"]
+        args: list[object] = [state.value]
+        if continuation is not None:
+            after = KeysetCursor.decode(continuation)
+            # The plain `>=` lets SQLite seek ix_state_updated; it does not seek on the row value alone.
+            where += [f"{_UPDATED_AT} >= ?", f"({_UPDATED_AT}, id) > (?, ?)"]
+            args += [after.at, after.at, after.id]
+        if updated_before is not None:
+            where.append(f"{_UPDATED_AT} < ?")
+            args.append(format_utc(updated_before))
+        sql = f"SELECT doc, etag FROM order_state WHERE {' AND '.join(where)} ORDER BY {_UPDATED_AT}, id LIMIT ?"
+        args.append(page_size + 1)
+        rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall(), "state.query_in_state")
+        items = [_versioned(r) for r in rows[:page_size]]
+        more = len(rows) > page_size
+        return Page(items=items, continuation=next_cursor(items, more, lambda r: r.updated_at), request_charge=0.0)
+
+    async def oldest_in_state(self, state: ProcessState) -> OrderStateRecord | None:
+        page = await self.query_in_state(state, 1)
+        return page.items[0][0] if page.items else None
+
+    async def count_expired(self, now: datetime) -> int:
+        sql = f"SELECT COUNT(*) FROM order_state WHERE process_state IN {_marks(SUPERVISED_STATES)} AND complete_by < ?"
+        args = (*_values(SUPERVISED_STATES), format_utc(now))
+        row = await self._db.read(lambda conn: conn.execute(sql, args).fetchone(), "state.count_expired")
+        return int(row[0])
+
+    async def get_checkpoint(self, name: str) -> tuple[dict[str, Any], str] | None:
+        return await _get_data(self._db, "checkpoints", name)
+
+    async def put_checkpoint(self, name: str, data: dict[str, Any], etag: str | None) -> str:
+        return await _put_data(self._db, "checkpoints", name, data, etag)
+
+    async def aclose(self) -> None:
+        await self._db.aclose()
+
+
+async def _get_data(db: SqliteFile, table: str, name: str, **key: str) -> tuple[dict[str, Any], str] | None:
+    where = " AND ".join(f"{k} = :{k}" for k in {"id": name, **key})
+    sql = f"SELECT doc, etag FROM {table} WHERE {where}"
+    row = await db.read(lambda conn: conn.execute(sql, {"id": name, **key}).fetchone(), f"{table}.get")
+    return None if row is None else (json.loads(row[0])["data"], row[1])
+
+
+async def _put_data(db: SqliteFile, table: str, name: str, data: dict[str, Any], etag: str | None,
+                    **key: str) -> str:
+    """Create-if-absent (etag None; Conflict) or If-Match replace (PreconditionFailed/NotFound) of {id, data}."""
+    new = new_etag()
+    doc = _dumps({"id": name, "data": data})
+    ids = {"id": name, **key}
+    where = " AND ".join(f"{k} = :{k}" for k in ids)
+
+    def run(conn: sqlite3.Connection) -> None:
+        if etag is None:
+            if not _insert_if_absent(conn, table, {**ids, "etag": new, "doc": doc}):
+                raise Conflict(f"{table} {name!r} already exists")
+            return
+        cur = conn.execute(f"UPDATE {table} SET etag = :_new, doc = :_doc WHERE {where} AND etag = :_etag",
+                           {**ids, "_new": new, "_doc": doc, "_etag": etag})
+        if cur.rowcount == 1:
+            return
+        if conn.execute(f"SELECT 1 FROM {table} WHERE {where}", ids).fetchone() is None:
+            raise NotFound(f"{table} {name!r} does not exist")
+        raise PreconditionFailed(f"{table} {name!r} changed since etag {etag}")
+
+    await db.write(run, f"{table}.put", None if etag is None else (table, ids, etag))
+    return new
+
+
+class SqliteDocuments:
+    """`DocumentStore` over the embedded file: one named collection of the `documents` table."""
+
+    def __init__(self, db: SqliteFile, collection: str) -> None:
+        self._db = db
+        self._collection = collection
+
+    async def get(self, name: str) -> tuple[dict[str, Any], str] | None:
+        return await _get_data(self._db, "documents", name, collection=self._collection)
+
+    async def put(self, name: str, data: dict[str, Any], etag: str | None) -> str:
+        return await _put_data(self._db, "documents", name, data, etag, collection=self._collection)
+
+    async def aclose(self) -> None:
+        await self._db.aclose()
+
+
+class SqliteRecoveryIndex:
+    """`RecoveryIndex` over the embedded file: table `recovery_index`, one (bucket, id) row per entry."""
+
+    def __init__(self, db: SqliteFile, bucket_seconds: int) -> None:
+        self._db = db
+        self.bucket_seconds = bucket_seconds
+
+    async def add(self, entry: IndexEntry) -> None:
+        bucket = format_utc(bucket_of(entry.complete_by, self.bucket_seconds))
+        row = (bucket, entry.id, format_utc(entry.complete_by), entry.order_id, entry.locked_by)
+        sql = ("INSERT OR REPLACE INTO recovery_index (bucket, id, complete_by, order_id, locked_by)"
+               " VALUES (?, ?, ?, ?, ?)")
+        await self._db.write(lambda conn: conn.execute(sql, row), "recovery_index.add")
+
+    async def page(self, bucket: datetime, window_start: datetime, window_end: datetime, after: ExpiredCursor,
+                   limit: int) -> tuple[list[IndexEntry], float]:
+        sql = ("SELECT order_id, complete_by, locked_by FROM recovery_index WHERE bucket = ?"
+               " AND complete_by >= ? AND complete_by < ? AND (complete_by, order_id) > (?, ?)"
+               " ORDER BY complete_by, order_id LIMIT ?")
+        args = (format_utc(bucket), format_utc(window_start), format_utc(window_end), after.complete_by, after.id,
+                limit)
+        rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall(), "recovery_index.page")
+        return [IndexEntry(r[0], parse_utc(r[1]), r[2]) for r in rows], 0.0
+
+    async def first_at_or_after(self, start: datetime, end: datetime) -> tuple[datetime | None, float]:
+        sql = "SELECT MIN(complete_by) FROM recovery_index WHERE complete_by >= ? AND complete_by < ?"
+        row = await self._db.read(lambda conn: conn.execute(sql, (format_utc(start), format_utc(end))).fetchone(),
+                                  "recovery_index.first")
+        return (None if row is None or row[0] is None else parse_utc(row[0])), 0.0
+
+    async def remove(self, entry: IndexEntry) -> None:
+        bucket = format_utc(bucket_of(entry.complete_by, self.bucket_seconds))
+        await self._db.write(lambda conn: conn.execute(
+            "DELETE FROM recovery_index WHERE bucket = ? AND id = ?", (bucket, entry.id)), "recovery_index.remove")
+
+    async def aclose(self) -> None:
+        await self._db.aclose()
+
+
+def open_sqlite_file(path: str | Path) -> SqliteFile:
+    """The file of `path` as it follows `embedded://` (a str may carry fault options: StoreFaults)."""
+    return SqliteFile(*split_endpoint_path(path))
+
+
+def open_sqlite_recovery_index(path: str | Path, bucket_seconds: int) -> SqliteRecoveryIndex:
+    return SqliteRecoveryIndex(open_sqlite_file(path), bucket_seconds)
+
+
+def open_sqlite_documents(path: str | Path, collection: str) -> SqliteDocuments:
+    return SqliteDocuments(open_sqlite_file(path), collection)
+
+
+def open_sqlite_stores(path: str | Path) -> tuple[SqliteOrdersDb, SqliteStateStore]:
+    """Both ports on one embedded file (one connection shared by the pair)."""
+    db = open_sqlite_file(path)
+    return SqliteOrdersDb(db), SqliteStateStore(db)

@@ -1,0 +1,186 @@
+"""The embedded store's file: its schema, one connection used one call at a time, write transactions, and the row
+helpers the adapters share."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from orderflow.errors import NotFound, PreconditionFailed
+from orderflow.ports import Versioned
+from orderflow.records import OrderStateRecord, ProcessState
+
+from ._faults import FaultInjector, StoreFaults
+
+T = TypeVar("T")
+BUSY_TIMEOUT_SECONDS = 30.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS orders (
+    id TEXT PRIMARY KEY, etag TEXT NOT NULL, doc TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS order_state (
+    id TEXT PRIMARY KEY, etag TEXT NOT NULL, doc TEXT NOT NULL,
+    process_state TEXT NOT NULL, locked_by TEXT, retry_at TEXT, complete_by TEXT, created_at TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS ix_state_claimable ON order_state (process_state, retry_at, created_at);
+CREATE INDEX IF NOT EXISTS ix_state_expired ON order_state (process_state, complete_by, id);
+CREATE INDEX IF NOT EXISTS ix_state_updated ON order_state (process_state, json_extract(doc, '$.updatedAt'), id);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    id TEXT PRIMARY KEY, etag TEXT NOT NULL, doc TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS recovery_index (
+    bucket TEXT NOT NULL, id TEXT NOT NULL, complete_by TEXT NOT NULL, order_id TEXT NOT NULL, locked_by TEXT,
+    PRIMARY KEY (bucket, id));
+CREATE INDEX IF NOT EXISTS ix_recovery_index ON recovery_index (bucket, complete_by, order_id);
+CREATE INDEX IF NOT EXISTS ix_recovery_index_time ON recovery_index (complete_by, order_id);
+CREATE TABLE IF NOT EXISTS documents (
+    collection TEXT NOT NULL, id TEXT NOT NULL, etag TEXT NOT NULL, doc TEXT NOT NULL, PRIMARY KEY (collection, id));
+"""
+
+# The indexed expression of ix_state_updated: a query uses that index only when it spells the expression the same way.
+_UPDATED_AT = "json_extract(doc, '$.updatedAt')"
+
+
+def _marks(states: tuple[ProcessState, ...]) -> str:
+    return "(" + ", ".join("?" * len(states)) + ")"
+
+
+def _values(states: tuple[ProcessState, ...]) -> tuple[str, ...]:
+    return tuple(s.value for s in states)
+
+
+_STATE_COLUMNS = "id, etag, doc, process_state, locked_by, retry_at, complete_by, created_at"
+
+
+def new_etag() -> str:
+    """A fresh opaque etag, quoted like Cosmos DB's."""
+    return f'"{uuid.uuid4()}"'
+
+
+# An If-Match write's target: (table, key columns, the etag the caller read). With a conflict injected, a rival
+# writer rewrites that row first (a new etag) if it still carries that etag.
+IfMatch = tuple[str, dict[str, str], str]
+
+
+def _rival_write(conn: sqlite3.Connection, target: IfMatch) -> None:
+    table, key, etag = target
+    where = " AND ".join(f"{k} = :{k}" for k in key)
+    conn.execute(f"UPDATE {table} SET etag = :_new WHERE {where} AND etag = :_etag",
+                 {**key, "_new": new_etag(), "_etag": etag})
+
+
+class SqliteFile:
+    """One connection to the store file, used from worker threads one call at a time. `faults`: see StoreFaults."""
+
+    def __init__(self, path: str | Path, faults: StoreFaults | None = None) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._conn = sqlite3.connect(
+            self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False
+        )
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.executescript(_SCHEMA)
+        self._closed = False
+        self.faults = None if faults is None else FaultInjector(faults, self.path)
+
+    async def read(self, fn: Callable[[sqlite3.Connection], T], op: str = "read") -> T:
+        """`op` names the operation for the fault ledger."""
+        if self.faults is None:
+            return await asyncio.to_thread(self._locked, fn, False)
+        return await self.faults.call(op, lambda _conflict: asyncio.to_thread(self._locked, fn, False))
+
+    async def write(self, fn: Callable[[sqlite3.Connection], T], op: str = "write",
+                    if_match: IfMatch | None = None) -> T:
+        """Run `fn` in `BEGIN IMMEDIATE` (write lock taken up front: no lock-upgrade deadlock). `if_match`: the
+        row an If-Match write expects unchanged (only read when a conflict is injected)."""
+        if self.faults is None:
+            return await asyncio.to_thread(self._locked, fn, True)
+        return await self.faults.call(
+            op, lambda conflict: asyncio.to_thread(self._locked, fn, True, if_match if conflict else None),
+            if_match is not None)
+
+    def _locked(self, fn: Callable[[sqlite3.Connection], T], write: bool, rival: IfMatch | None = None) -> T:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"store {self.path} is closed")
+            if not write:
+                return fn(self._conn)
+            if rival is not None:  # the concurrent writer's own transaction, committed before the caller's
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    _rival_write(self._conn, rival)
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+                self._conn.execute("COMMIT")
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(self._conn)
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+            return result
+
+    async def aclose(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._conn.close()
+                if self.faults is not None:
+                    self.faults.close()
+
+
+def _dumps(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
+def _insert_if_absent(conn: sqlite3.Connection, table: str, row: dict[str, Any]) -> bool:
+    names = ", ".join(row)
+    marks = ", ".join(f":{k}" for k in row)
+    cur = conn.execute(f"INSERT OR IGNORE INTO {table} ({names}) VALUES ({marks})", row)
+    return cur.rowcount == 1
+
+
+def _select_doc(conn: sqlite3.Connection, table: str, key: str) -> tuple[dict[str, Any], str] | None:
+    row = conn.execute(f"SELECT doc, etag FROM {table} WHERE id = ?", (key,)).fetchone()
+    return None if row is None else (json.loads(row[0]), row[1])
+
+
+def _conditional_update(
+    conn: sqlite3.Connection, table: str, key: str, etag: str, row: dict[str, Any]
+) -> None:
+    """UPDATE ... WHERE id AND etag; NotFound or PreconditionFailed when it changes nothing."""
+    sets = ", ".join(f"{k} = :{k}" for k in row)
+    cur = conn.execute(
+        f"UPDATE {table} SET {sets} WHERE id = :_id AND etag = :_etag", {**row, "_id": key, "_etag": etag}
+    )
+    if cur.rowcount == 1:
+        return
+    if conn.execute(f"SELECT 1 FROM {table} WHERE id = ?", (key,)).fetchone() is None:
+        raise NotFound(f"{table} {key!r} does not exist")
+    raise PreconditionFailed(f"{table} {key!r} changed since etag {etag}")
+
+
+def _state_row(rec: OrderStateRecord, etag: str) -> dict[str, Any]:
+    doc = rec.to_doc()
+    return {
+        "id": rec.id,
+        "etag": etag,
+        "doc": _dumps(doc),
+        "process_state": doc["processState"],
+        "locked_by": doc["lockedBy"],
+        "retry_at": doc["retryAt"],
+        "complete_by": doc["completeBy"],
+        "created_at": doc["createdAt"],
+    }
+
+
+def _versioned(row: tuple[str, str]) -> Versioned:
+    return OrderStateRecord.from_doc(json.loads(row[0])), row[1]
