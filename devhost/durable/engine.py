@@ -85,7 +85,7 @@ def event_token_to_serialized(token_text: str | None) -> str | None:
 
 def client_binding_json(base_url: str, task_hub: str) -> str:
     """What a durableClient parameter receives (DurableOrchestrationBindings JSON) from the host at `base_url`: the
-    engine's own bindings, and a process of its own racing the host's Starter or Supervisor (devhost/racers.py)."""
+    engine's own bindings, and a process of its own racing the host's Starter or Supervisor (lab/racers.py)."""
     base = f"{base_url}{WEBHOOK_PREFIX}"
     query = f"taskHub={task_hub}&connection=Storage"
     instance = f"{base}/instances/INSTANCEID"

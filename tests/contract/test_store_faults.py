@@ -1,5 +1,5 @@
 """The embedded store's fault switch (orderflow/store/sqlite_store.py `StoreFaults`, `FaultInjector`), which the store
-drills (devhost/store_drills.py) turn on through the endpoint: `embedded://PATH?conflictRate=..&throttleRate=..`.
+drills (lab/store_drills.py) turn on through the endpoint: `embedded://PATH?conflictRate=..&throttleRate=..`.
 
 What it must do, each checked here without waiting (a fake sleep and clock):
 - off by default: a plain endpoint has no injector at all;

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from devhost.system import ROOT
-from devhost.up import _stop, is_same_process, read_pid_file
+from lab.system import ROOT
+from lab.up import _stop, is_same_process, read_pid_file
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ computed from what each configuration really runs with, never exceeds `RemoteCal
                       x FailureThreshold
 
 read from the real files:
-- the settings registry defaults (orderflow/settings.py) = Azure, devhost/system.py LOCAL_DEFAULTS over them = the demo,
+- the settings registry defaults (orderflow/settings.py) = Azure, lab/system.py LOCAL_DEFAULTS over them = the demo,
   and both local.settings samples;
 - MaxDeliveryCount of agent-requests in servicebus.config.json (embedded broker / emulator) and in
   infra/app/servicebus.bicep (Azure);
@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from infra.bicep_tree import Scope, evaluate, main, module_scope
 
 from agent.config import AGENT_SETTINGS
-from devhost.system import LOCAL_DEFAULTS
+from lab.system import LOCAL_DEFAULTS
 from orchestrators.order_workflow import ACTIVITY_RETRY
 from orderflow import settings
 from orderflow.bus import EmbeddedBroker

@@ -3,7 +3,7 @@ arrives on the queues, rather than what fails behind them. Each runs on the whol
 (devhost, the Agent, the remote-service simulator, a client app on `app-status`), judges from the state store, the
 simulator's ledger, the queues (reply queue, dead-letter sub-queue, operator alerts, the broker's own counts) and
 devhost's durable history, never from logs, and ends with the `Verdict` of the other drills plus the invariants of
-devhost/invariants.py.
+lab/invariants.py.
 
 - `duplicate-delivery`: every message on every queue is delivered twice. The system runs with the embedded broker's
   fault-injection switch on (`;DuplicateDelivery=true` in every process's connection string; orderflow/bus/broker.py):
@@ -76,7 +76,7 @@ from orderflow.messages import (
 from orderflow.records import ProcessState
 
 from .demo import client_app, default_work_dir, make_orders
-from .drill import SETTINGS_CHOICES, Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
+from .drill_common import SETTINGS_CHOICES, Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
 from .invariants import check_system, install_for, read_transitions, store_path
 from .lifecycle_drills import Lab, durable_instances, lifecycle_verdict, status_matches_ledger
 from .system import LocalSystem, SystemConfig

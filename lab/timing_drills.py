@@ -2,7 +2,7 @@
 `reply-reordering`, `clock-skew`: what time does to the pattern — a remote that never answers, replies that come
 after the Scheduler stopped waiting, replies that overtake each other, an Agent whose clock is wrong. Each runs on
 the whole local system in real processes (devhost, the Agent, the remote-service simulator, a client app), as the
-other drills do, and ends with the same `Verdict` plus the invariants every drill checks (devhost/invariants.py).
+other drills do, and ends with the same `Verdict` plus the invariants every drill checks (lab/invariants.py).
 
 - `remote-hang`: the simulator hangs (applies the effect, holds its answer past the step's CompleteBy) on the first
   call, or the first two calls, of a seeded share of the order steps (scripts per idempotency key). Every order must
@@ -47,14 +47,14 @@ from azure.durable_functions.models.history import HistoryEventType
 from rich.console import Console
 
 from agent.config import config_from_env as agent_config_from_env
-from agent.handler import ReplyDelay
 from orderflow import settings as app_settings
 from orderflow.bus.config import load_config_file
 from orderflow.messages import STEPS, AgentOutcome, AgentReply, AlertKind, OrderStatus, idempotency_key
 from orderflow.records import OrderStateRecord, ProcessState, StepStatus
 
+from .agent_faults import ReplyDelay, faults_from_env
 from .demo import client_app, default_work_dir, make_orders, wait_terminal
-from .drill import SETTINGS_CHOICES, Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
+from .drill_common import SETTINGS_CHOICES, Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
 from .invariants import check_system, install_for
 from .lifecycle_drills import Lab, Ledger, lifecycle_verdict
 from .system import ROOT, LocalSystem, Process, SystemConfig, agent_args
@@ -110,7 +110,9 @@ class TimingOptions:
             raise ValueError(f"settings must be one of {SETTINGS_CHOICES}")
         if self.order_count < 1:
             raise ValueError("need at least one order")
-        agent_config_from_env(self.settings_values())  # the Agent's settings (the switches too) must be valid
+        values = self.settings_values()
+        agent_config_from_env(values)  # the Agent's settings and its fault switches must be valid
+        faults_from_env(values)
         step = self.step_timeout_s
         if self.drill == "remote-hang" and self.hang_s <= step:
             raise ValueError(f"--hang-seconds {self.hang_s:g} must exceed the step's deadline (StepTimeoutSeconds "

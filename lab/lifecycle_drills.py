@@ -2,7 +2,7 @@
 `cancel-in-flight`, `poison-in-session`, `upgrade-in-flight`: what an order's life can go through besides success —
 undoing what was done, a client's cancel at any moment, a poison message in the order's session, and a new version of
 the Scheduler deployed while orders run. Each runs on the whole local system in real processes (devhost, the Agent,
-the remote-service simulator, a client app on `app-status`, as `devhost/drill.py`'s drills do), judges from the state
+the remote-service simulator, a client app on `app-status`, as `lab/drill.py`'s drills do), judges from the state
 store, the simulator's ledger (`GET /effects`, `GET /calls`), the queues (reply queue, dead-letter sub-queue, operator
 alerts) and devhost's durable history — never from logs — and ends with the same `Verdict` as the resilience drills:
 `{drill, passed, orders, lost, duplicate_side_effects, stuck, checks, figures}`.
@@ -63,7 +63,7 @@ from orderflow.records import OrderStateRecord, ProcessState, StepStatus
 from orderflow.workflow import WORKFLOW_V1, WORKFLOW_V2, WORKFLOW_VERSION
 
 from .demo import ClientApp, client_app, default_work_dir, make_orders, simulator_json
-from .drill import (
+from .drill_common import (
     LIFECYCLE_DRILLS,
     SETTINGS_CHOICES,
     Verdict,
@@ -860,7 +860,7 @@ DRILL_FUNCTIONS: dict[str, Callable[[Lab, LifecycleOptions], Awaitable[Verdict]]
 
 async def run_lifecycle_drill(system: LocalSystem, options: LifecycleOptions) -> Verdict:
     """The drill on a started `system` (built from `lifecycle_config`), then the invariants every drill checks
-    (devhost/invariants.py) over the orders that got a final status; the caller stops the system."""
+    (lab/invariants.py) over the orders that got a final status; the caller stops the system."""
     install_for(system)
     async with client_app(system) as client:
         lab = Lab(system, client)

@@ -62,7 +62,7 @@ A compensation refused by a fault (422, 429/503, outage) records nothing: the st
 - `tombstones`: compensations of never-applied effects `[{orderId, step, compensation}]` (the step is refused);
 - `duplicates`: effects beyond the first per (orderId, step) and per (orderId, compensation) — must be 0;
 - `calls`, `callsByKey`, `callsWhileDown`, `callsWhileDownByKey`: as described above.
-Use it from the command line (`python -m agent.simulator --help`) or in-process
+Use it from the command line (`python -m lab.simulator --help`) or in-process
 (`async with Simulator(config, db) as sim: sim.url`).
 """
 
@@ -580,7 +580,7 @@ def _error(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m agent.simulator", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m lab.simulator", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8765, help="0 = any free port (printed on start)")
     p.add_argument("--seed", type=int, default=0)
