@@ -43,7 +43,7 @@ from orderflow.supervisor import CHECKPOINT
 from .demo import ClientApp, client_app, default_work_dir, make_orders, read_effects, read_states, simulator_json
 from .drill_common import Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
 from .invariants import check_system, install_for, store_path
-from .lifecycle_drills import until
+from .lifecycle_lab import until
 from .store_drills import UNFINISHED, DurableFigures, missing_effects, processed_entries, settled
 from .system import LocalSystem, SystemConfig
 

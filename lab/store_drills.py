@@ -51,7 +51,7 @@ from .demo import (
 )
 from .drill_common import SETTINGS_CHOICES, Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
 from .invariants import _dead_letters, check_system, install_for, read_transitions, store_path
-from .lifecycle_drills import until
+from .lifecycle_lab import until
 from .system import LocalSystem, Process, SystemConfig
 
 STORE_DRILLS = ("state-store-conflicts", "store-outage")

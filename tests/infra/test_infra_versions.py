@@ -422,7 +422,7 @@ MUST_EXCLUDE = [
 ]
 MUST_KEEP = ["requirements.txt", "orderflow/settings.py", "agent/__main__.py"]
 # Per image: what it COPYs beyond MUST_KEEP, and what it must leave out.
-IMAGE_KEEPS = {"agent": [], "simulator": ["lab/simulator.py"]}
+IMAGE_KEEPS = {"agent": [], "simulator": ["lab/simulator.py", "lab/simulator_ledger.py"]}
 IMAGE_EXCLUDES = {"agent": ["lab/simulator.py", "lab/drill.py"], "simulator": []}
 DOCKER_SERVICES = sorted(name for name, service in azure_yaml_services().items() if "docker/path" in service)
 

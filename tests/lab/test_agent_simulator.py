@@ -207,7 +207,7 @@ def test_effect_store_applies_once_across_connections(tmp_path: Path) -> None:
     """Two simulator processes on one database must not both apply a key (BEGIN IMMEDIATE transaction)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from lab.simulator import EffectStore
+    from lab.simulator_ledger import EffectStore
 
     EffectStore(tmp_path / "db").close()  # create the schema once
 

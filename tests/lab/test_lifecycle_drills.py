@@ -25,14 +25,13 @@ from lab.invariants import Findings, collect, judge
 from lab.lifecycle_drills import (
     DEFAULT_VERSION_SETTING,
     LIFECYCLE_SETTINGS,
-    Ledger,
     LifecycleOptions,
     compensation_roles,
-    durable_instances,
     lifecycle_config,
     run_lifecycle_drill,
 )
-from lab.simulator import EffectStore
+from lab.lifecycle_lab import Ledger, durable_instances
+from lab.simulator_ledger import EffectStore
 from lab.system import ROOT
 from orderflow.messages import STEPS, idempotency_key
 from orderflow.records import ProcessState

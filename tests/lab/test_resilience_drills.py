@@ -42,7 +42,8 @@ from lab.resilience_drills import (
     resilience_config,
     run_resilience_drill,
 )
-from lab.simulator import EffectStore, FaultConfig, Simulator
+from lab.simulator import FaultConfig, Simulator
+from lab.simulator_ledger import EffectStore
 from lab.system import LOCAL_DEFAULTS, ROOT, LocalSystem
 from orderflow.breaker import BreakerDoc, BreakerState
 from orderflow.messages import STEPS, AlertKind, OperatorAlert

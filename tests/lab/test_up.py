@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from devhost.__main__ import main
-from lab.simulator import EffectStore
+from lab.simulator_ledger import EffectStore
 from orderflow.bus.broker import EmbeddedBroker
 from orderflow.store.sqlite_store import SqliteFile
 

@@ -21,7 +21,7 @@ LOCAL = {"function_app", "triggers", "activities", "orchestrators", "orderflow",
 # operator's machine with requirements-dev.txt (rich). Nor is the lab (drills, demo, fault switches).
 NOT_DEPLOYED = ("orderflow/cli/", "orderflow/__main__.py", "lab/")
 # The simulator image (infra/agent/Dockerfile.simulator) adds the lab's simulator to the Agent's code.
-SIMULATOR_IMAGE = ["lab/__init__.py", "lab/simulator.py"]
+SIMULATOR_IMAGE = ["lab/__init__.py", "lab/simulator.py", "lab/simulator_ledger.py"]
 
 
 def _imports(path: Path) -> set[str]:
