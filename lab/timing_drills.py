@@ -9,7 +9,7 @@ other drills do, and ends with the same `Verdict` plus the invariants every dril
   end Processed, each hang costing exactly its attempt: recovered by the Supervisor and a new attempt that calls again
   with the same key (the effect is replayed, never applied twice), the calls per step within the retry budget.
 - `late-replies`: the Agent holds a seeded share of its replies back past the step's CompleteBy (fault switch
-  AGENT_REPLY_DELAY_*, `agent.handler.HeldReplies`). Each such reply reaches a finished attempt: the reply trigger
+  AGENT_REPLY_DELAY_*, `lab.agent_faults.HeldReplies`). Each such reply reaches a finished attempt: the reply trigger
   logs it as late and completes it; it changes no record, and the order completes once, in a later attempt.
 - `reply-reordering`: the same switch, held longer, so that a newer attempt's reply (and other orders') overtakes
   the held one. Each attempt must take only its own reply: every reply raised to an instance is that instance's, and
