@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 # What the block needs: the app (function_app.py and its packages), the Agent, devhost, and what `make up` needs to
 # see `setup` as done (the venv and node_modules are the repo's own, already set up).
 LINKED = ("function_app.py", "host.json", "servicebus.config.json", "local.settings.sample.json", "activities",
-          "orchestrators", "triggers", "orderflow", "agent", "devhost", "Makefile", "requirements.txt",
+          "orchestrators", "triggers", "orderflow", "agent", "devhost", "lab", "Makefile", "requirements.txt",
           "requirements-dev.txt", "constraints.txt", "pyproject.toml", "package.json", ".venv", "node_modules")
 
 
