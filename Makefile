@@ -60,7 +60,7 @@ test: lint worker-env
 test-fast: setup worker-env
 	$(PY) -m pytest -m "not slow"
 
-# Every failure drill on a fresh local system each, then reports/reliability.md and .json (devhost/drills_report.py).
+# Every failure drill on a fresh local system each, then reports/reliability.md and .json (lab/drills_report.py).
 # Not part of `make test`; CI runs drills-quick (the subset, under 5 minutes) after the tests.
 drills: setup
 	$(PY) -m devhost drills

@@ -6,7 +6,8 @@ breaker shared by every Agent instance (`orderflow.breaker`), and sends an `Agen
 Modules: `config` (settings and flags), `worker` (session receive loop; opens the breaker), `handler`
 (one request, receipt to settlement; breaker alerts), `request_parsing` (edge validation), `retry`
 (deadline-bounded backoff, asking the breaker before each call), `remote` (the HTTP call), `errors` (the
-transient/permanent classifier), `simulator` (the remote service stand-in, `python -m agent.simulator`).
+transient/permanent classifier). The remote-service simulator and the drills' fault switches are the lab's
+(`lab/simulator.py`, `lab/agent_faults.py`: `python -m lab agent`); the deployed Agent has neither.
 
 Circuit breaker: a request the breaker refuses before any call is answered at once, without calling: failed,
 permanent false, errorCode `CircuitOpen`, result `{"retryAfterSeconds": ...}` (the Scheduler defers the order, its
@@ -47,10 +48,6 @@ App settings (environment variables; every one can be overridden by the flag in 
 | AGENT_JITTER_SEED | 0 | seed of the jitter (reproducible runs) |
 | AGENT_RECEIVE_WAIT_MS | 1000 | wait for a session / message before an idle session is released |
 | AGENT_SHUTDOWN_GRACE_MS | 10000 | on SIGTERM/SIGINT, time in-flight requests get to finish |
-| AGENT_REPLY_DELAY_MS | 0 | fault switch (drills), 0 = off: hold replies back up to this many ms (`HeldReplies`) |
-| AGENT_REPLY_DELAY_MIN_MS | 0 | fault switch: the least hold-back of a held reply |
-| AGENT_REPLY_DELAY_SHARE | 1 | fault switch: the share of replies held (seeded by AGENT_JITTER_SEED and MessageId) |
-| AGENT_CLOCK_SKEW_SECONDS | 0 | fault switch (drills): the Agent's clock this far ahead, or behind if negative |
 
 The `AGENT_*` settings are declared in `agent.config.AGENT_SETTINGS` (same `Setting` form as the registry); the
 others come from the registry in `orderflow.settings` (the breaker's have no command-line flags). With the breaker on

@@ -8,12 +8,10 @@ the `agent` package docstring.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.handler import ReplyDelay
 from agent.retry import RetryPolicy
 from orderflow import settings
 from orderflow.settings import Setting
@@ -34,21 +32,6 @@ AGENT_SETTINGS: tuple[Setting, ...] = (
         "AGENT_RECEIVE_WAIT_MS", "1000", "Wait for a session / a message before releasing the session (ms)."
     ),
     Setting("AGENT_SHUTDOWN_GRACE_MS", "10000", "On SIGTERM, time in-flight requests get to finish (ms)."),
-    # Fault switches for the timing drills (devhost/timing_drills.py). Off by default; off, nothing is wrapped.
-    Setting(
-        "AGENT_REPLY_DELAY_MS", "0",
-        "Fault switch: hold replies back by up to this many ms (0 = off); the request is completed at once and the "
-        "reply sent later in the background, so later replies can overtake it.",
-    ),
-    Setting("AGENT_REPLY_DELAY_MIN_MS", "0", "Fault switch: the least hold-back of a held reply (ms)."),
-    Setting(
-        "AGENT_REPLY_DELAY_SHARE", "1",
-        "Fault switch: the share (0-1) of replies held back, chosen by AGENT_JITTER_SEED and the reply's MessageId.",
-    ),
-    Setting(
-        "AGENT_CLOCK_SKEW_SECONDS", "0",
-        "Fault switch: seconds added to the Agent's clock (negative: behind); the broker's clock is not skewed.",
-    ),
 )
 _AGENT_DEFAULTS = {s.name: s.default for s in AGENT_SETTINGS}
 
@@ -67,11 +50,6 @@ class AgentConfig:
     jitter_seed: int
     receive_wait_ms: int
     shutdown_grace_ms: int
-    # Fault switches (drills); the defaults are off.
-    reply_delay_ms: int = 0
-    reply_delay_min_ms: int = 0
-    reply_delay_share: float = 1.0
-    clock_skew_seconds: float = 0.0
 
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(
@@ -82,10 +60,6 @@ class AgentConfig:
             jitter_seed=self.jitter_seed,
         )
 
-    def reply_delay(self) -> ReplyDelay:
-        """The reply hold-back switch (AGENT_REPLY_DELAY_*), seeded like the jitter."""
-        return ReplyDelay(self.reply_delay_ms, self.reply_delay_min_ms, self.reply_delay_share, self.jitter_seed)
-
     def __post_init__(self) -> None:
         if self.max_concurrent_sessions < 1:
             raise ValueError("max_concurrent_sessions must be at least 1")
@@ -94,14 +68,6 @@ class AgentConfig:
         for name in ("backoff_base_ms", "backoff_max_ms", "call_timeout_ms", "receive_wait_ms"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
-        if self.reply_delay_ms < 0 or self.reply_delay_min_ms < 0:
-            raise ValueError("reply delays must not be negative")
-        if self.reply_delay_ms and self.reply_delay_min_ms > self.reply_delay_ms:
-            raise ValueError("reply_delay_min_ms must not exceed reply_delay_ms")
-        if not 0.0 <= self.reply_delay_share <= 1.0:
-            raise ValueError("reply_delay_share must be within [0, 1]")
-        if not math.isfinite(self.clock_skew_seconds):
-            raise ValueError("clock_skew_seconds must be a finite number")
 
 
 def _agent_int(name: str, env: Mapping[str, str]) -> int:
@@ -110,14 +76,6 @@ def _agent_int(name: str, env: Mapping[str, str]) -> int:
         return int(str(value))
     except ValueError as exc:
         raise ValueError(f"app setting {name!r} must be an integer, got {value!r}") from exc
-
-
-def _agent_float(name: str, env: Mapping[str, str]) -> float:
-    value = env.get(name) or _AGENT_DEFAULTS[name]
-    try:
-        return float(str(value))
-    except ValueError as exc:
-        raise ValueError(f"app setting {name!r} must be a number, got {value!r}") from exc
 
 
 def _queue(name: str, env: Mapping[str, str]) -> str:
@@ -142,10 +100,6 @@ def config_from_env(env: Mapping[str, str] | None = None) -> AgentConfig:
         jitter_seed=_agent_int("AGENT_JITTER_SEED", source),
         receive_wait_ms=_agent_int("AGENT_RECEIVE_WAIT_MS", source),
         shutdown_grace_ms=_agent_int("AGENT_SHUTDOWN_GRACE_MS", source),
-        reply_delay_ms=_agent_int("AGENT_REPLY_DELAY_MS", source),
-        reply_delay_min_ms=_agent_int("AGENT_REPLY_DELAY_MIN_MS", source),
-        reply_delay_share=_agent_float("AGENT_REPLY_DELAY_SHARE", source),
-        clock_skew_seconds=_agent_float("AGENT_CLOCK_SKEW_SECONDS", source),
     )
 
 
@@ -163,10 +117,6 @@ _FLAGS: dict[str, tuple[str, type, str]] = {
     "--jitter-seed": ("jitter_seed", int, "AGENT_JITTER_SEED"),
     "--receive-wait-ms": ("receive_wait_ms", int, "AGENT_RECEIVE_WAIT_MS"),
     "--shutdown-grace-ms": ("shutdown_grace_ms", int, "AGENT_SHUTDOWN_GRACE_MS"),
-    "--reply-delay-ms": ("reply_delay_ms", int, "AGENT_REPLY_DELAY_MS"),
-    "--reply-delay-min-ms": ("reply_delay_min_ms", int, "AGENT_REPLY_DELAY_MIN_MS"),
-    "--reply-delay-share": ("reply_delay_share", float, "AGENT_REPLY_DELAY_SHARE"),
-    "--clock-skew-seconds": ("clock_skew_seconds", float, "AGENT_CLOCK_SKEW_SECONDS"),
 }
 
 
@@ -178,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with retries inside each request's deadline, replies on the replies queue. Each flag overrides the "
         "app setting (environment variable) it names; without either, the default shown applies.",
         epilog="The remote service's address must match AGENT_REMOTE_URL (or --remote-url): locally, the "
-        f"simulator started with `python -m agent.simulator --port 8765` serves the default "
+        f"simulator started with `python -m lab.simulator --port 8765` serves the default "
         f"{_AGENT_DEFAULTS['AGENT_REMOTE_URL']}; with another --port, set AGENT_REMOTE_URL=http://127.0.0.1:<port>. "
         "A mismatch shows in the Agent's log as `Cannot connect to host`, and orders end in Error.",
     )

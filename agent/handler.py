@@ -32,10 +32,6 @@ it (the request's `traceparent` application property, else its `traceparent` fie
 span of it (agent/remote.py). The reply carries the handling span's context in both places, so the reply trigger joins
 the same trace. A dead-lettered request is traced as `orderflow.agent.dead_letter`.
 
-Fault switch (drills only, off by default): with AGENT_REPLY_DELAY_MS set, `HeldReplies` holds a seeded share of the
-replies back and completes their requests first, so replies arrive late (after the Scheduler's timer) and out of
-order (a newer attempt's, or another order's, first). Off, the replies sender is used as it is.
-
 The breaker's transitions are alerted on here too (`circuit_alerter`): `CircuitOpened` when it opens from closed,
 `CircuitClosed` when it closes; none for half-open or a re-open after a failed probe (still the same outage). The
 alert's MessageId hashes the service and the transition's `changedAt`, so every transition is its own alert. Sending
@@ -45,7 +41,6 @@ it is best effort (a failure is logged): the breaker's state is durable in its d
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -58,7 +53,7 @@ from azure.servicebus import ServiceBusMessage
 from agent.errors import ErrorCode
 from agent.remote import RemoteCaller
 from agent.request_parsing import message_body, parse_agent_request
-from agent.retry import CallGate, RetryPolicy, StepOutcome, call_with_retries, unit_hash
+from agent.retry import CallGate, RetryPolicy, StepOutcome, call_with_retries
 from orderflow import telemetry, tracing
 from orderflow.breaker import OnTransition, Transition
 from orderflow.clock import WaitingClock as Clock
@@ -96,79 +91,6 @@ class Settler(Protocol):
     async def dead_letter_message(
         self, message: Any, reason: str | None = None, error_description: str | None = None
     ) -> None: ...
-
-
-@dataclass(frozen=True)
-class ReplyDelay:
-    """Fault switch AGENT_REPLY_DELAY_MS / _MIN_MS / _SHARE (the timing drills: late and reordered replies).
-
-    A `share` of replies is held back, each by a delay uniform in [min_ms, max_ms]; the rest go at once. Which reply
-    and how long is a pure function of (seed, the reply's MessageId), so a run is reproducible whatever the timing
-    and a drill can tell in advance which replies were held and for how long. `max_ms` 0 is off."""
-
-    max_ms: int = 0
-    min_ms: int = 0
-    share: float = 1.0
-    seed: int = 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.max_ms > 0 and self.share > 0
-
-    def seconds(self, message_id: str) -> float:
-        """How long the reply with this MessageId is held back (0: sent at once)."""
-        if not self.enabled or unit_hash(self.seed, message_id, "reply-delay") >= self.share:
-            return 0.0
-        low = min(self.min_ms, self.max_ms)
-        return (low + (self.max_ms - low) * unit_hash(self.seed, message_id, "reply-delay-ms")) / 1000
-
-
-class HeldReplies:
-    """A replies `Sender` that holds some replies back (`ReplyDelay`): a held reply is sent by a task of its own
-    after its delay and `send_messages` returns at once, so the handler completes the request right away and the
-    session goes on: the order's next request (a newer attempt) and other orders' replies can overtake the held one,
-    as they would behind a slow or paused Agent instance. Only installed when the switch is on.
-
-    What it gives up, on purpose: the handler's "complete only after the reply is sent". A held reply is lost if the
-    Agent dies first, or if its send fails (logged): the Scheduler's timer at CompleteBy and the Supervisor recover
-    that step, as they recover any reply that never comes."""
-
-    def __init__(self, sender: Sender, delay: ReplyDelay, clock: Clock) -> None:
-        self._sender = sender
-        self._delay = delay
-        self._clock = clock
-        self._held: set[asyncio.Task[None]] = set()
-        self.held = 0  # replies held back so far
-        self.lost = 0  # held replies whose send failed
-
-    async def send_messages(self, message: ServiceBusMessage) -> None:
-        seconds = self._delay.seconds(str(message.message_id))
-        if seconds <= 0:
-            await self._sender.send_messages(message)
-            return
-        self.held += 1
-        task = asyncio.create_task(self._send_later(message, seconds), name=f"held-reply:{message.message_id}")
-        self._held.add(task)
-        task.add_done_callback(self._held.discard)
-
-    async def _send_later(self, message: ServiceBusMessage, seconds: float) -> None:
-        await self._clock.sleep(seconds)
-        try:
-            await self._sender.send_messages(message)
-        except Exception:  # noqa: BLE001 - a lost reply is what the Scheduler's timer is for
-            self.lost += 1
-            log.exception("held reply %s could not be sent; its step's CompleteBy covers it", message.message_id)
-
-    async def flush(self, grace: float) -> None:
-        """On stop: give the held replies up to `grace` seconds to go out, then drop the rest (as a crash would)."""
-        if not self._held:
-            return
-        _, pending = await asyncio.wait(set(self._held), timeout=grace)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        if pending:
-            log.warning("%d held repl(ies) dropped at stop", len(pending))
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,6 @@ import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
-from datetime import datetime, timedelta
 from typing import Any
 
 import aiohttp
@@ -47,7 +46,7 @@ from azure.servicebus import NEXT_AVAILABLE_SESSION
 from azure.servicebus.exceptions import OperationTimeoutError, SessionLockLostError
 
 from agent.config import AgentConfig
-from agent.handler import HeldReplies, Outbox, RequestHandler, circuit_alerter
+from agent.handler import Outbox, RequestHandler, circuit_alerter
 from agent.remote import HttpRemoteCaller, RemoteCaller
 from agent.retry import CallGate
 from orderflow.adapters import open_breaker_documents
@@ -90,12 +89,7 @@ class AgentWorker:
         async with AsyncExitStack() as stack:
             replies = await stack.enter_async_context(self._client.get_queue_sender(cfg.replies_queue))
             alerts = await stack.enter_async_context(self._client.get_queue_sender(cfg.alerts_queue))
-            delay = cfg.reply_delay()
-            held_replies = HeldReplies(replies, delay, self._clock) if delay.enabled else None  # fault switch
-            if held_replies is not None:
-                log.warning("fault switch on: holding back %s of the replies by %d-%d ms", delay.share,
-                            delay.min_ms, delay.max_ms)
-            outbox = Outbox(held_replies or replies, alerts, cfg.replies_queue, cfg.requests_queue)
+            outbox = Outbox(replies, alerts, cfg.replies_queue, cfg.requests_queue)
             breaker = None
             if self._make_breaker is not None:
                 breaker = self._make_breaker(circuit_alerter(alerts, self._clock))
@@ -110,9 +104,6 @@ class AgentWorker:
                 if session not in self._busy:
                     session.cancel()
             await _finish([acceptor, *held], cfg.shutdown_grace_ms / 1000)
-            if held_replies is not None:
-                await held_replies.flush(cfg.shutdown_grace_ms / 1000)
-                self.stats["replies_held"] = held_replies.held
         log.info("agent stopped: %s", dict(self.stats))
 
     async def _accept_sessions(
@@ -249,32 +240,6 @@ async def _finish(tasks: list[asyncio.Task[None]], grace: float) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-class SkewedClock:
-    """Fault switch AGENT_CLOCK_SKEW_SECONDS (the clock-skew drill): the Agent's clock `skew` seconds ahead (or
-    behind, negative) of `inner`. Only `now()` moves; waiting is a duration and is not skewed. Every time the Agent
-    reads goes through it: the deadline checks of a request and of its retries, lock renewal (against the expiry the
-    broker stamps, as the azure-servicebus lock renewer compares it with the local clock), the breaker's times, the
-    reply's completedAt. The broker keeps its own clock, as Service Bus does."""
-
-    def __init__(self, inner: Clock, skew: float) -> None:
-        self._inner = inner
-        self._skew = timedelta(seconds=skew)
-
-    def now(self) -> datetime:
-        return self._inner.now() + self._skew
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
-
-
-def agent_clock(config: AgentConfig, clock: Clock) -> Clock:
-    """The Agent's clock: `clock` itself, or skewed by AGENT_CLOCK_SKEW_SECONDS when that switch is on."""
-    if not config.clock_skew_seconds:
-        return clock
-    log.warning("fault switch on: the Agent's clock runs %+g s off", config.clock_skew_seconds)
-    return SkewedClock(clock, config.clock_skew_seconds)
-
-
 def open_breaker_store(env: Mapping[str, str]) -> DocumentStore | None:
     """The breaker documents, or None when the breaker is off (`CircuitBreakerFailureThreshold` 0). Raises
     ValueError on invalid breaker settings, or when it is on and `CosmosDb__accountEndpoint` is not set."""
@@ -312,7 +277,7 @@ async def serve(
     """Run the Agent with an aiohttp connection to `config.remote_url` and the shared circuit breaker (app settings
     from `env`, default the environment) until `stop`; returns the stats."""
     source = os.environ if env is None else env
-    wall = agent_clock(config, clock or SystemClock())
+    wall = clock or SystemClock()
     documents = open_breaker_store(source)
     try:
         factory = None if documents is None else breaker_factory(documents, wall, source)

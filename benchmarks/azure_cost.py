@@ -746,7 +746,7 @@ class MeteredRun:
     """The local system with the meter in devhost and the Agent, our client in this process."""
 
     def __init__(self, work: Path, orders: int, log: Callable[[str], None]) -> None:
-        from devhost.system import LocalSystem, SystemConfig  # noqa: PLC0415
+        from lab.system import LocalSystem, SystemConfig  # noqa: PLC0415
 
         self.work, self.orders, self.log = work, orders, log
         shim = work / "shim"

@@ -167,7 +167,7 @@ def python() -> str:
 
 
 def role_of(proc: psutil.Process) -> str | None:
-    """Which part of the local system (devhost/system.py) a process is, from its command line."""
+    """Which part of the local system (lab/system.py) a process is, from its command line."""
     try:
         argv = proc.cmdline()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -175,9 +175,9 @@ def role_of(proc: psutil.Process) -> str | None:
     joined = " ".join(argv)
     if "-m devhost start" in joined:
         return "devhost"
-    if "-m agent.simulator" in joined:
+    if "-m lab.simulator" in joined:
         return "simulator"
-    if "-m agent" in joined:
+    if "-m agent" in joined or "-m lab agent" in joined:
         return "agent"
     return None
 

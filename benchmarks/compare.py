@@ -137,12 +137,12 @@ def cpu_seconds(pid: int) -> float:
 
 # --- the two systems ---------------------------------------------------------------------------------------------
 class OurSystem:
-    """devhost + the Agent + the simulator (devhost/system.py LocalSystem) and our client app."""
+    """devhost + the Agent + the simulator (lab/system.py LocalSystem) and our client app."""
 
     name = "ours"
 
     def __init__(self, round_dir: Path, instrument: Instrument, options: Options) -> None:
-        from devhost.system import LocalSystem, SystemConfig  # noqa: PLC0415
+        from lab.system import LocalSystem, SystemConfig  # noqa: PLC0415
 
         class InstrumentedSystem(LocalSystem):
             """LocalSystem whose processes start under strace and with the counting shim's environment. `_process`
@@ -209,7 +209,7 @@ class PeerSystem:
         return {**env, "PYTHONUNBUFFERED": "1", **self.instrument.env()}
 
     def start(self) -> None:
-        from devhost.system import Process, simulator_args  # noqa: PLC0415
+        from lab.system import Process, simulator_args  # noqa: PLC0415
 
         o = self.options
         sim = [python(), *simulator_args(0, self.dir / "simulator.db", "--seed", str(SEED),

@@ -23,7 +23,7 @@ FILE_CLASSES = {
     "durable.db": "durable",  # devhost's Durable task hub (devhost/durable/store.py)
     "servicebus.db": "broker",  # the embedded Service Bus broker (orderflow/embedded/broker/)
     "store.db": "store",  # the embedded Cosmos store: orders DB, state store, recovery index, breakers, checkpoints
-    "simulator.db": "simulator",  # agent/simulator.py's ledger
+    "simulator.db": "simulator",  # lab/simulator.py's ledger
     "dbos-system.sqlite": "dbos_system",  # the DBOS system database
     "orders.sqlite": "dbos_app",  # the peer's application database (its state records and transaction outputs)
 }

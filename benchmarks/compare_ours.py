@@ -1,4 +1,4 @@
-"""Our side's load driver for `python -m benchmarks compare`: the demo's client app (devhost/demo.py `ClientApp`: it
+"""Our side's load driver for `python -m benchmarks compare`: the demo's client app (lab/demo.py `ClientApp`: it
 sends SubmitOrder messages to orders-inbound and reads the statuses on its own reply queue with 32 session
 consumers) in its own process, so its CPU is measured apart. An order is terminal when its terminal status
 (completed, failed, rejected) reaches the client. Speaks benchmarks/compare_proto.py on stdin/stdout.
@@ -33,7 +33,7 @@ class OurClient:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     async def _open(self) -> Any:
-        from devhost.demo import ClientApp  # noqa: PLC0415
+        from lab.demo import ClientApp  # noqa: PLC0415
         from orderflow.adapters import aio_bus_from_connection_string  # noqa: PLC0415
 
         self.bus = aio_bus_from_connection_string(self.connection)
@@ -66,7 +66,7 @@ class OurClient:
         ids = [o.order_id for o in orders]
         sent = {o: self.client.sent_at[o] for o in ids if o in self.client.sent_at}
         terminal = {o: self.client.terminal_at[o] for o in ids if o in self.client.terminal_at}
-        from devhost.demo import FINAL_STATUSES  # noqa: PLC0415
+        from lab.demo import FINAL_STATUSES  # noqa: PLC0415
 
         outcomes: Counter[str] = Counter()
         for o in terminal:

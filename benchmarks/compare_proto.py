@@ -49,7 +49,7 @@ class Answer:
 def orders_for(prefix: str, count: int, reply_to: str) -> list[Any]:
     """The orders of one workload: devhost's demo orders (1–3 items), ids `<prefix>-7-00000`…; both drivers send the
     same ones."""
-    from devhost.demo import make_orders  # noqa: PLC0415
+    from lab.demo import make_orders  # noqa: PLC0415
 
     return make_orders(count, SEED, reply_to, prefix=prefix)
 

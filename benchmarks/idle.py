@@ -1,7 +1,7 @@
 """Benchmark of the idle cost of the local system: CPU used over a quiet window by devhost hosting the product
 app (timer triggers and Service Bus listeners running, no orders), and by the Agent and the simulator
 beside it.
-Two schedules: the local demo settings (devhost/system.py LOCAL_DEFAULTS: Starter every 5 s, Supervisor every
+Two schedules: the local demo settings (lab/system.py LOCAL_DEFAULTS: Starter every 5 s, Supervisor every
 2 s) and the settings registry's defaults (Starter every 15 s, Supervisor every 10 s).
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import psutil
 
-from devhost.system import LocalSystem, SystemConfig
+from lab.system import LocalSystem, SystemConfig
 
 from .common import rss_mib
 

@@ -9,6 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
+LAB_COMMANDS = ("demo", "drill", "drills", "up", "down")
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -28,34 +30,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="where durable history, timer status and function keys live (default DIR/.devhost)")
     s.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
-    d = sub.add_parser("demo", help="run the whole order system locally and print a summary",
-                       description="Start devhost with the product's function_app.py, the Agent worker, the remote "
-                                   "service simulator and a client app that submits orders and listens on its own "
-                                   "reply queue; print a progress bar and a summary table (or JSON).")
-    d.add_argument("--orders", type=int, default=50, help="number of orders to submit (default 50)")
-    d.add_argument("--seed", type=int, default=1, help="seed of the simulator's fault injection (default 1)")
-    d.add_argument("--transient-failure-rate", type=float, default=0.1,
-                   help="share of remote calls that fail transiently (default 0.1)")
-    d.add_argument("--permanent-failure-rate", type=float, default=0.01,
-                   help="share of remote steps that fail permanently (default 0.01)")
-    d.add_argument("--hang-rate", type=float, default=0.0,
-                   help="share of remote calls that hang past the step deadline (default 0)")
-    d.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds (default 600)")
-    d.add_argument("--work-dir", type=Path, default=None, help="state folder (default: a fresh .demo/<timestamp>)")
-    d.add_argument("--hosts", type=int, default=1,
-                   help="devhost hosts on one task hub, as a scaled-out app (default 1; docs/devhost.md)")
-    d.add_argument("--json", action="store_true", help="print one JSON object with the figures as the last line")
-
     # submit, cancel and queues: aliases of the operator CLI's client commands (orderflow/cli/client.py), one
     # implementation. `cancel` here is the client app's (no state-store check), as before the CLI existed.
     from orderflow.cli.client import add_commands  # noqa: PLC0415
     add_commands(sub, "devhost", ("submit", "cancel", "queues"))
-    from .drill import add_command as add_drill  # noqa: PLC0415
-    add_drill(sub)
-    from .drills_report import add_command as add_drills  # noqa: PLC0415
-    add_drills(sub)
-    from .up import add_commands as add_up  # noqa: PLC0415
-    add_up(sub)
+    # demo, drill, drills, up and down: aliases of `python -m lab`'s commands (the lab's, loaded only here).
+    from lab.__main__ import add_commands as add_lab_commands  # noqa: PLC0415
+    add_lab_commands(sub)
     return p
 
 
@@ -105,18 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         _quiet_third_party_loggers()
         return asyncio.run(_serve(args))
-    if args.command == "demo":
-        from .demo import run_demo  # noqa: PLC0415
-        return run_demo(args)
-    if args.command == "drills":
-        from .drills_report import run_drills_command  # noqa: PLC0415
-        return run_drills_command(args)
-    if args.command == "drill":
-        from .drill import run_drill_command  # noqa: PLC0415
-        return run_drill_command(args)
-    if args.command in ("up", "down"):
-        from . import up  # noqa: PLC0415
-        return up.up(args) if args.command == "up" else up.down(args)
+    if args.command in LAB_COMMANDS:
+        from lab.__main__ import run  # noqa: PLC0415
+        return run(args)
     if args.command in ("submit", "cancel", "queues"):
         from orderflow.cli.common import CliError  # noqa: PLC0415
         try:

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from .app_loader import FunctionSpec, describe, index, load_app
 from .config import HostConfig, resolve
+from .durable.http_api import add_routes as add_durable_routes
 from .http_trigger import HttpTriggers, KeyStore
 from .servicebus_trigger import Delivery, ServiceBusTriggerRunner, function_message
 from .singleton import ListenerLock
@@ -108,7 +109,7 @@ class Host:
                                     max_concurrent_activities=durable.max_concurrent_activities,
                                     task_hub=durable.hub_name, versioning=versioning_policy(durable),
                                     partition_count=durable.partition_count)
-        self.engine.add_routes(web_app)
+        add_durable_routes(web_app, self.engine)
         http = HttpTriggers(KeyStore(state_dir))
         http.attach(web_app)
         for spec in self.functions:

@@ -41,7 +41,7 @@ of up to about 10 s fits (the simulator answers in milliseconds). A slower resta
 what absorbs that.
 
 `tests/infra/test_crash_budget.py` checks the rule on the Azure defaults (`orderflow/settings.py`, the Bicep queues,
-host.json) and on the demo's `devhost/system.py` LOCAL_DEFAULTS with `servicebus.config.json`.
+host.json) and on the demo's `lab/system.py` LOCAL_DEFAULTS with `servicebus.config.json`.
 """
 
 from __future__ import annotations

@@ -21,7 +21,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
 from azure.durable_functions.models.history import HistoryEventType as T
 from azure.durable_functions.models.utils.df_serialization import df_dumps
 
@@ -85,7 +84,7 @@ def event_token_to_serialized(token_text: str | None) -> str | None:
 
 def client_binding_json(base_url: str, task_hub: str) -> str:
     """What a durableClient parameter receives (DurableOrchestrationBindings JSON) from the host at `base_url`: the
-    engine's own bindings, and a process of its own racing the host's Starter or Supervisor (devhost/racers.py)."""
+    engine's own bindings, and a process of its own racing the host's Starter or Supervisor (lab/racers.py)."""
     base = f"{base_url}{WEBHOOK_PREFIX}"
     query = f"taskHub={task_hub}&connection=Storage"
     instance = f"{base}/instances/INSTANCEID"
@@ -232,11 +231,6 @@ class DurableEngine:
         if self._store is not None:
             self._store.close()
             self._store = None
-
-    def add_routes(self, app: web.Application) -> None:
-        from .http_api import add_routes  # noqa: PLC0415  (the HTTP layer depends on the engine, not the reverse)
-
-        add_routes(app, self)
 
     def poke(self) -> None:
         """Re-evaluate due timers now (for an injected clock that was moved forward)."""

@@ -1,4 +1,4 @@
-// Concern: the remote-service simulator (`python -m agent.simulator`, agent/simulator.py) as the Agent's remote
+// Concern: the remote-service simulator (`python -m lab.simulator`, lab/simulator.py) as the Agent's remote
 // service when none is configured: main.bicep deploys this module exactly when agentRemoteUrl is empty, and the
 // Agent then calls https://<this app>.internal.<environment domain> (agent.bicep). It runs in the Agent's
 // environment with internal ingress only, fixed at one replica (its effects ledger is one SQLite file in the

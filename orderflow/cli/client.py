@@ -525,7 +525,7 @@ def _diagnose(args: argparse.Namespace, watch: _Watch, statuses: list[StatusMess
         port = url.port or (443 if url.scheme == "https" else 80)
         found.append(f"the remote service (simulator) at {remote}, the Agent's AGENT_REMOTE_URL: "
                      + ("reachable" if _reachable(url.hostname, port) else
-                        "not reachable: start it (python -m agent.simulator --port "
+                        "not reachable: start it (python -m lab.simulator --port "
                         f"{port}) or set AGENT_REMOTE_URL; the Agent retries, then the order fails"))
     backlog = watch._active(watch.agent_queue)
     if backlog:

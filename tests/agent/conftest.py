@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from support.agent_fakes import FakeBus, FakeClock
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from agent_fakes import FakeBus, FakeClock  # noqa: E402
-
-from agent.simulator import FaultConfig, Simulator  # noqa: E402
+from lab.simulator import FaultConfig, Simulator
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_fakes import (
+from support.agent_fakes import (
     ALERTS,
     REPLIES,
     REQUESTS,

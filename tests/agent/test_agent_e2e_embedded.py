@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_fakes import ALERTS, REPLIES, REQUESTS, agent_config, make_request, raw_message, request_message
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusSubQueue
+from support.agent_fakes import ALERTS, REPLIES, REQUESTS, agent_config, make_request, raw_message, request_message
 
-from agent.simulator import FaultConfig, Simulator
 from agent.worker import serve
+from lab.simulator import FaultConfig, Simulator
 from orderflow.messages import STEPS, AgentReply, OperatorAlert
 
 adapters = pytest.importorskip("orderflow.adapters", reason="embedded broker not importable")
@@ -150,7 +150,7 @@ async def _start_process(*args: str, env: dict[str, str] | None = None) -> async
 async def test_agent_process_serves_and_stops_on_sigterm(client: Any, conn_str: str, tmp_path: Path) -> None:
     sim = await _start_process(
         "-m",
-        "agent.simulator",
+        "lab.simulator",
         "--port",
         "0",
         "--seed",

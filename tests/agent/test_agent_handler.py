@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from agent_fakes import (
+from support.agent_fakes import (
     ALERTS,
     REPLIES,
     REQUESTS,

@@ -23,5 +23,5 @@ def test_help_shows_every_default() -> None:
 def test_help_says_the_simulator_port_must_match_the_remote_url() -> None:
     text = _help()
     assert "must match AGENT_REMOTE_URL" in text
-    assert "python -m agent.simulator --port 8765" in text
+    assert "python -m lab.simulator --port 8765" in text
     assert "AGENT_REMOTE_URL=http://127.0.0.1:<port>" in text

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from agent_fakes import START, FakeClock
+from support.agent_fakes import START, FakeClock
 
 from agent.errors import Classification, ErrorCode
 from agent.remote import CallResult

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_fakes import REPLIES, REQUESTS, FakeBus, FakeClock, agent_config, make_request, request_message
 from azure.servicebus.exceptions import ServiceBusConnectionError, SessionCannotBeLockedError, SessionLockLostError
+from support.agent_fakes import REPLIES, REQUESTS, FakeBus, FakeClock, agent_config, make_request, request_message
 from support.stepped_clock import SteppedClock
 
 from agent.errors import Classification

@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from agent_fakes import (
+from support.agent_fakes import (
     ALERTS,
     REPLIES,
     REQUESTS,
@@ -25,8 +25,8 @@ from agent_fakes import (
 
 from agent import worker as worker_module
 from agent.remote import CallResult, HttpRemoteCaller, RemoteCaller
-from agent.simulator import FaultConfig, Simulator
 from agent.worker import AgentWorker
+from lab.simulator import FaultConfig, Simulator
 from orderflow.messages import STEPS, AgentReply
 
 
@@ -227,7 +227,7 @@ async def test_stop_past_the_grace_cancels_without_settling(bus: FakeBus) -> Non
 async def test_session_lock_is_renewed_at_half_its_remaining_time() -> None:
     from datetime import timedelta
 
-    from agent_fakes import FakeClock
+    from support.agent_fakes import FakeClock
 
     clock = FakeClock()
 

@@ -1,5 +1,5 @@
 """The embedded store's fault switch (orderflow/embedded/store/ `StoreFaults`, `FaultInjector`), which the store
-drills (devhost/store_drills.py) turn on through the endpoint: `embedded://PATH?conflictRate=..&throttleRate=..`.
+drills (lab/store_drills.py) turn on through the endpoint: `embedded://PATH?conflictRate=..&throttleRate=..`.
 
 What it must do, each checked here without waiting (a fake sleep and clock):
 - off by default: a plain endpoint has no injector at all;
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from orderflow.adapters import open_stores
+from orderflow.adapters import PreconditionFailed, TransientStoreError, is_transient, open_stores
 from orderflow.embedded.store import (
     FaultInjector,
     SqliteFile,
@@ -30,7 +30,6 @@ from orderflow.embedded.store import (
     StoreFaults,
     split_endpoint_path,
 )
-from orderflow.errors import PreconditionFailed, TransientStoreError, is_transient
 from orderflow.messages import SubmitOrder
 from orderflow.records import OrderStateRecord, ProcessState
 

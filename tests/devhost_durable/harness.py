@@ -14,6 +14,7 @@ from azure.durable_functions import DurableOrchestrationClient
 from azure.durable_functions.models.utils import http_utils
 
 from devhost.durable import DurableEngine
+from devhost.durable.http_api import add_routes
 from devhost.invoke import Invoker
 from tests.sample_app.function_app import app
 
@@ -54,7 +55,7 @@ class HubFactory:
         engine = DurableEngine(db_path=self.db_path, functions=FUNCTIONS if functions is None else functions,
                                invoke=invoker, **engine_options)
         web_app = web.Application()
-        engine.add_routes(web_app)
+        add_routes(web_app, engine)
         runner = web.AppRunner(web_app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

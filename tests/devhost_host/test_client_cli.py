@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from azure.servicebus import ServiceBusMessage
 
-from devhost.system import ROOT
+from lab.system import ROOT
 from orderflow.adapters import bus_from_connection_string
 
 

@@ -18,7 +18,7 @@ import psutil
 from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
 from support.hosted import HostedSample, wait_until
 
-from devhost.system import ROOT
+from lab.system import ROOT
 
 # Every command of `python -m devhost` and the options each one documents (docs/devhost.md shows the same synopsis).
 COMMANDS = {

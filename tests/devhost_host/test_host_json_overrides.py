@@ -23,7 +23,7 @@ from support.hosted import HostedSample, wait_until
 
 from devhost.config import HostConfig, apply_host_json_overrides
 from devhost.durable import versioning_policy
-from devhost.system import ROOT
+from lab.system import ROOT
 from orderflow.workflow import WORKFLOW_VERSION
 
 DEFAULT_VERSION = "AzureFunctionsJobHost__extensions__durableTask__defaultVersion"

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from devhost.system import ROOT
-from devhost.up import _stop, is_same_process, read_pid_file
+from lab.system import ROOT
+from lab.up import _stop, is_same_process, read_pid_file
 
 pytestmark = pytest.mark.slow
 
 # What the block needs: the app (function_app.py and its packages), the Agent, devhost, and what `make up` needs to
 # see `setup` as done (the venv and node_modules are the repo's own, already set up).
 LINKED = ("function_app.py", "host.json", "servicebus.config.json", "local.settings.sample.json", "activities",
-          "orchestrators", "triggers", "orderflow", "agent", "devhost", "Makefile", "requirements.txt",
+          "orchestrators", "triggers", "orderflow", "agent", "devhost", "lab", "Makefile", "requirements.txt",
           "requirements-dev.txt", "constraints.txt", "pyproject.toml", "package.json", ".venv", "node_modules")
 
 

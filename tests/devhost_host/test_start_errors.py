@@ -20,7 +20,7 @@ from azure.servicebus import ServiceBusMessage
 from support.hosted import SAMPLE, HostedSample, wait_until
 
 from devhost.__main__ import _quiet_third_party_loggers
-from devhost.system import ROOT
+from lab.system import ROOT
 
 
 def start(app_dir: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from e2e_support import FAST_SETTINGS, Client, running_client
+from support.e2e_support import FAST_SETTINGS, Client, running_client
 
-from devhost.system import SystemConfig
+from lab.system import SystemConfig
 
 
 @pytest.fixture(scope="module")

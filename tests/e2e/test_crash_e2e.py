@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_support import FAST_SETTINGS, Client, make_order, new_order_id, running_client
+from support.e2e_support import FAST_SETTINGS, Client, make_order, new_order_id, running_client
 from support.hosted import wait_until
 
-from devhost.system import ROOT, SystemConfig
+from lab.system import ROOT, SystemConfig
 from orderflow.messages import STEPS, TERMINAL_STATUSES, OrderStatus
 from orderflow.records import ProcessState
 

@@ -12,7 +12,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from e2e_support import Client
+from support.e2e_support import Client
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "client.py"

@@ -12,10 +12,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from e2e_support import FAST_SETTINGS, Client, make_order, new_order_id, running_client
+from support.e2e_support import FAST_SETTINGS, Client, make_order, new_order_id, running_client
 from support.hosted import wait_until
 
-from devhost.system import SystemConfig
+from lab.system import SystemConfig
 from orderflow.messages import OrderStatus
 from orderflow.records import ProcessState
 

@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
-from e2e_support import ORDERS_QUEUE, REPLY_QUEUE, Client, make_order, new_order_id
 from jsonschema import Draft202012Validator, FormatChecker
 from openapi_spec_validator import validate as validate_openapi
+from support.e2e_support import ORDERS_QUEUE, REPLY_QUEUE, Client, make_order, new_order_id
 from support.hosted import wait_until
 
-from devhost.system import LocalSystem, SystemConfig
+from lab.system import LocalSystem, SystemConfig
 from orderflow.adapters import open_stores
 from orderflow.messages import OrderStatus
 from orderflow.openapi import document

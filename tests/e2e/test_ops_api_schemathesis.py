@@ -23,14 +23,14 @@ from typing import Any
 
 import pytest
 import schemathesis
-from e2e_support import new_order_id
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from schemathesis.checks import CHECKS, load_all_checks
 from schemathesis.specs.openapi.checks import unsupported_method
+from support.e2e_support import new_order_id
 from test_ops_api_e2e import SETTINGS, _seed
 
-from devhost.system import LocalSystem, SystemConfig
+from lab.system import LocalSystem, SystemConfig
 from orderflow.openapi import CONTINUATION_FORMAT, document
 from orderflow.ports import KeysetCursor
 from orderflow.records import format_utc

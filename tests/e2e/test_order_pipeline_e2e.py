@@ -15,10 +15,10 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 
-from e2e_support import Client, make_order, new_order_id
+from support.e2e_support import Client, make_order, new_order_id
 from support.hosted import wait_until
 
-from devhost.system import ROOT
+from lab.system import ROOT
 from orderflow.messages import (
     STEPS,
     AgentOutcome,

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import FAST_SETTINGS, Client, make_order, new_order_id, running_client
+from support.e2e_support import FAST_SETTINGS, Client, make_order, new_order_id, running_client
 from support.hosted import wait_until
 
-from devhost.system import SystemConfig
+from lab.system import SystemConfig
 from orderflow.messages import STEPS, OrderStatus
 from orderflow.tracing import ORDER_ID, STEP
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from agent.simulator import build_parser
+from lab.simulator import build_parser
 
 from .bicep_tree import (
     INFRA,
@@ -146,7 +146,7 @@ def test_no_default_points_the_agent_at_a_service_that_does_not_exist() -> None:
 
 def test_the_simulator_listens_where_its_internal_ingress_sends() -> None:
     command = _cmd("Dockerfile.simulator")
-    assert command[:3] == ["python", "-m", "agent.simulator"]
+    assert command[:3] == ["python", "-m", "lab.simulator"]
     args = build_parser().parse_args(command[3:])
     ingress = evaluate(app("simulator.bicep").resource("simulator").get("properties", "configuration", "ingress"),
                        _simulator(NEW))

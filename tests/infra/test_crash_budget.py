@@ -6,7 +6,7 @@ Issue 8 measured it: killing devhost 10 times during 100 orders sent 35 healthy 
 the Agent queues, and 0 with 5 s locks. The rule is read from what each configuration really runs with:
 - Azure: the app settings' registry defaults (orderflow/settings.py, which the Bicep app settings equal), the queues'
   lockDuration in infra/app/servicebus.bicep, host.json;
-- the demo (`devhost demo`, the e2e drills): devhost/system.py LOCAL_DEFAULTS over the registry defaults, the
+- the demo (`devhost demo`, the e2e drills): lab/system.py LOCAL_DEFAULTS over the registry defaults, the
   embedded broker's servicebus.config.json, host.json;
 - the two local samples (devhost's with the embedded broker, `func start`'s with the Bicep-deployed queues).
 
@@ -27,7 +27,7 @@ import isodate
 import pytest
 
 from devhost.config import HostConfig
-from devhost.system import LOCAL_DEFAULTS
+from lab.system import LOCAL_DEFAULTS
 from orderflow import settings
 from orderflow.embedded.config import load_config_file
 from orderflow.session_locks import MIN_LOCK_DURATION, CrashBudget

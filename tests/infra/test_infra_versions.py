@@ -420,7 +420,10 @@ MUST_EXCLUDE = [
     "local.settings.json",
     "orderflow/__pycache__/settings.cpython-311.pyc",
 ]
-MUST_KEEP = ["requirements.txt", "orderflow/settings.py", "agent/__main__.py", "agent/simulator.py"]
+MUST_KEEP = ["requirements.txt", "orderflow/settings.py", "agent/__main__.py"]
+# Per image: what it COPYs beyond MUST_KEEP, and what it must leave out.
+IMAGE_KEEPS = {"agent": [], "simulator": ["lab/simulator.py", "lab/simulator_ledger.py"]}
+IMAGE_EXCLUDES = {"agent": ["lab/simulator.py", "lab/drill.py"], "simulator": []}
 DOCKER_SERVICES = sorted(name for name, service in azure_yaml_services().items() if "docker/path" in service)
 
 
@@ -493,7 +496,8 @@ def test_each_image_ignores_local_environments_and_caches(service: str) -> None:
     assert ignore is not None, f"add {_docker(service)[0].relative_to(REPO)}.dockerignore (or a root .dockerignore)"
     lines = ignore.read_text().splitlines()
     assert [p for p in MUST_EXCLUDE if not _ignored(p, lines)] == []
-    assert [p for p in MUST_KEEP if _ignored(p, lines)] == [], "the Dockerfile COPYs these"
+    assert [p for p in MUST_KEEP + IMAGE_KEEPS[service] if _ignored(p, lines)] == [], "the Dockerfile COPYs these"
+    assert [p for p in IMAGE_EXCLUDES[service] if not _ignored(p, lines)] == [], "the image must not hold these"
     copied = re.findall(r"^COPY\s+(.+?)\s+\S+$", _docker(service)[0].read_text(), re.M)
     for source in " ".join(copied).split():
         assert not _ignored(source.rstrip("/"), lines), source

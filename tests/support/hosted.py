@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from devhost.system import ROOT, Process
+from lab.system import ROOT, Process
 from orderflow.adapters import bus_from_connection_string
 
 SAMPLE = ROOT / "tests" / "sample_host_app"

@@ -16,10 +16,12 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOYED = ["function_app.py", "triggers", "activities", "orchestrators", "orderflow", "agent"]
-LOCAL = {"function_app", "triggers", "activities", "orchestrators", "orderflow", "agent"}
+LOCAL = {"function_app", "triggers", "activities", "orchestrators", "orderflow", "agent", "lab"}
 # The operator CLI is in the package but in neither artifact (.funcignore, the Agent's .dockerignore): it runs on the
-# operator's machine with requirements-dev.txt (rich).
-NOT_DEPLOYED = ("orderflow/cli/", "orderflow/__main__.py")
+# operator's machine with requirements-dev.txt (rich). Nor is the lab (drills, demo, fault switches).
+NOT_DEPLOYED = ("orderflow/cli/", "orderflow/__main__.py", "lab/")
+# The simulator image (infra/agent/Dockerfile.simulator) adds the lab's simulator to the Agent's code.
+SIMULATOR_IMAGE = ["lab/__init__.py", "lab/simulator.py", "lab/simulator_ledger.py"]
 
 
 def _imports(path: Path) -> set[str]:
@@ -59,7 +61,7 @@ def test_every_third_party_import_of_deployed_code_is_in_requirements_txt() -> N
     providers = packages_distributions()
     files = [p for entry in DEPLOYED for p in ((ROOT / entry).rglob("*.py") if (ROOT / entry).is_dir()
                                                 else [ROOT / entry])
-             if not str(p.relative_to(ROOT)).startswith(NOT_DEPLOYED)]
+             if not str(p.relative_to(ROOT)).startswith(NOT_DEPLOYED)] + [ROOT / f for f in SIMULATOR_IMAGE]
     missing: dict[str, str] = {}
     for path in files:
         for module in _imports(path) - LOCAL - set(sys.stdlib_module_names) - {"__future__"}:
@@ -78,6 +80,8 @@ def test_what_is_not_deployed_is_left_out_of_both_artifacts_and_never_imported_b
                 if not str(p.relative_to(ROOT)).startswith(NOT_DEPLOYED)]
     importers = [str(p.relative_to(ROOT)) for p in deployed if "orderflow.cli" in p.read_text()]
     assert not importers, f"deployed code imports the CLI, which is not deployed: {importers}"
+    lab_importers = [str(p.relative_to(ROOT)) for p in deployed if _imports(p) & {"lab", "devhost"}]
+    assert not lab_importers, f"deployed code imports the lab or devhost, which are not deployed: {lab_importers}"
 
 
 def _requirements(name: str) -> list[Requirement]:

@@ -6,12 +6,12 @@ computed from what each configuration really runs with, never exceeds `RemoteCal
                       x FailureThreshold
 
 read from the real files:
-- the settings registry defaults (orderflow/settings.py) = Azure, devhost/system.py LOCAL_DEFAULTS over them = the demo,
+- the settings registry defaults (orderflow/settings.py) = Azure, lab/system.py LOCAL_DEFAULTS over them = the demo,
   and both local.settings samples;
 - MaxDeliveryCount of agent-requests in servicebus.config.json (embedded broker / emulator) and in
   infra/app/servicebus.bicep (Azure);
 - the Agent's AGENT_MAX_RETRIES default (agent/config.py AGENT_SETTINGS);
-- factors of 1, each asserted here: the Scheduler's activity retries (orchestrators/scheduling.py ACTIVITY_RETRY)
+- factors of 1, each asserted here: the Scheduler's activity retries (orchestrators/order_workflow.py ACTIVITY_RETRY)
   resend the same MessageId `<instanceId>:<step>`, which duplicate detection on agent-requests drops (on in both files,
   with a window longer than those retries take); host.json's Service Bus clientRetryOptions retry bus operations of
   the Functions host only, and the Agent does not read host.json.
@@ -32,8 +32,8 @@ from hypothesis import strategies as st
 from infra.bicep_tree import Scope, evaluate, main, module_scope
 
 from agent.config import AGENT_SETTINGS
-from devhost.system import LOCAL_DEFAULTS
-from orchestrators.scheduling import ACTIVITY_RETRY
+from lab.system import LOCAL_DEFAULTS
+from orchestrators.order_workflow import ACTIVITY_RETRY
 from orderflow import settings
 from orderflow.adapters import aio_bus_from_connection_string
 from orderflow.embedded.broker import EmbeddedBroker
@@ -149,7 +149,7 @@ def test_scheduler_resends_need_duplicate_detection_on_agent_requests_in_both_fi
 
 
 def _request(instance: str = "o-1:1", step: str = "reserve-inventory") -> AgentRequest:
-    # As the send_agent_request activity builds it from the Scheduler's input (activities/frozen_versions.py).
+    # As the send_agent_request activity builds it from the Scheduler's input (activities/agents.py).
     return AgentRequest.model_validate({
         "instanceId": instance, "orderId": instance.split(":")[0], "attempt": int(instance.split(":")[1]),
         "step": step, "idempotencyKey": f"{instance.split(':')[0]}:{step}", "deadline": "2026-01-01T00:00:30Z",

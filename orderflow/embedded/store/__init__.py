@@ -7,7 +7,7 @@ The columns the queries filter on are copied out of the JSON document and indexe
 expression on the document (`_UPDATED_AT`), which needs no column migration of an existing file. `query_expired` and
 `query_in_state` page by keyset (`ports.KeysetCursor`). There are no request units: charges are 0.
 
-Fault injection (the store drills, devhost/store_drills.py): options on the endpoint, `embedded://PATH?conflictRate=
+Fault injection (the store drills, lab/store_drills.py): options on the endpoint, `embedded://PATH?conflictRate=
 0.1&throttleRate=0.1&seed=1&outageFile=PATH.down` (`StoreFaults`), make the file answer as a Cosmos DB account under
 contention, throttling or an outage would, and the adapter retry as azure-cosmos does (`FaultInjector`). Without
 options nothing changes and nothing is checked (one `is None` per operation).

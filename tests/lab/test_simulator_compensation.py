@@ -13,12 +13,13 @@ from typing import Any
 
 import aiohttp
 import pytest
-from agent_fakes import REPLIES, REQUESTS, FakeBus, agent_config, make_request, request_message
+from support.agent_fakes import REPLIES, REQUESTS, FakeBus, agent_config, make_request, request_message
 
 from agent.errors import Classification, classify
 from agent.remote import HttpRemoteCaller
-from agent.simulator import AlreadyCompensated, EffectStore, FaultConfig, Simulator
 from agent.worker import AgentWorker
+from lab.simulator import FaultConfig, Simulator
+from lab.simulator_ledger import AlreadyCompensated, EffectStore
 from orderflow.messages import STEPS, AgentReply, CompensationName, StepName, idempotency_key
 
 CHARGE, REFUND = StepName.CHARGE_PAYMENT.value, CompensationName.REFUND_PAYMENT.value

@@ -2,7 +2,7 @@
 `cancel-in-flight`, `poison-in-session`, `upgrade-in-flight`: what an order's life can go through besides success —
 undoing what was done, a client's cancel at any moment, a poison message in the order's session, and a new version of
 the Scheduler deployed while orders run. Each runs on the whole local system in real processes (devhost, the Agent,
-the remote-service simulator, a client app on `app-status`, as `devhost/drill.py`'s drills do), judges from the state
+the remote-service simulator, a client app on `app-status`, as `lab/drill.py`'s drills do), judges from the state
 store, the simulator's ledger (`GET /effects`, `GET /calls`), the queues (reply queue, dead-letter sub-queue, operator
 alerts) and devhost's durable history — never from logs — and ends with the same `Verdict` as the resilience drills:
 `{drill, passed, orders, lost, duplicate_side_effects, stuck, checks, figures}`.
@@ -32,10 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import inspect
-import json
 import math
-import sqlite3
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -43,27 +40,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from azure.durable_functions.models.history import HistoryEventType
-from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
-
 from orderflow.messages import (
     COMPENSATION_OF,
     STEPS,
     TERMINAL_STATUSES,
     AlertKind,
-    OperatorAlert,
     OrderStatus,
     StatusMessage,
     StepName,
-    SubmitOrder,
     idempotency_key,
 )
-from orderflow.operations import cancel_body, cancel_message
-from orderflow.records import OrderStateRecord, ProcessState, StepStatus
+from orderflow.records import ProcessState, StepStatus
 from orderflow.workflow import WORKFLOW_V1, WORKFLOW_V2, WORKFLOW_VERSION
 
-from .demo import ClientApp, client_app, default_work_dir, make_orders, simulator_json
-from .drill import (
+from .demo import client_app, default_work_dir, make_orders
+from .drill_common import (
     LIFECYCLE_DRILLS,
     SETTINGS_CHOICES,
     Verdict,
@@ -72,13 +63,15 @@ from .drill import (
     run_verdict_drill,
     usage_error,
 )
-from .invariants import DeadLettered, check_system, dead_letters, install_for
+from .invariants import check_system, install_for
+from .lifecycle_lab import Lab, durable_instances, elapsed_s, lifecycle_verdict, percentiles, status_matches_ledger
+from .poison_strategies import PoisonCase, poison_cases
 from .system import LocalSystem, SystemConfig
 
 T = TypeVar("T")
 
 DEFAULT_ORDERS = {"compensation": 8, "upgrade-in-flight": 8}  # upgrade: the orders before the restart
-FIXED_ORDERS = {"cancel-in-flight": len(STEPS) + 2, "poison-in-session": 4}  # per stage (one per step) / per case
+FIXED_ORDERS = {"cancel-in-flight": 5, "poison-in-session": 4}  # one order per stage / per case
 DEFAULT_VERSION_SETTING = "AzureFunctionsJobHost__extensions__durableTask__defaultVersion"
 _EVERY_SECOND = "*/1 * * * * *"
 # Over the chosen base (LOCAL_DEFAULTS or the sample's) and under `--set`. The Starter runs every second so that a
@@ -90,8 +83,6 @@ LIFECYCLE_SETTINGS: dict[str, dict[str, str]] = {
     "poison-in-session": {"StarterSchedule": _EVERY_SECOND},
     "upgrade-in-flight": {"StarterSchedule": _EVERY_SECOND},
 }
-PENDING_LIKE = (ProcessState.PENDING, ProcessState.PROCESSING, ProcessState.COMPENSATING)
-WAIT_STEP_S = 30.0  # the longest any one stage of a drill waits for what it expects
 
 
 @dataclass(frozen=True)
@@ -148,228 +139,6 @@ def lifecycle_config(work_dir: Path, options: LifecycleOptions, servicebus_confi
     if servicebus_config is not None:
         config.servicebus_config = servicebus_config.resolve()
     return config
-
-
-# --- what the drills read: the ledger, the queues, the store, the durable history -------------------------------
-
-
-@dataclass(frozen=True)
-class Ledger:
-    """The simulator's `GET /effects` and `GET /calls`, by order."""
-
-    report: dict[str, Any]
-    calls: list[dict[str, Any]]
-
-    @property
-    def duplicates(self) -> int:
-        return int(self.report.get("duplicates", -1))  # -1: the ledger could not be read
-
-    def applied(self, order_id: str) -> list[str]:
-        """Forward steps whose effect was applied (once or more), in step order."""
-        done = {e["step"] for e in self.report.get("effects", []) if e["orderId"] == order_id and e["applied"] >= 1}
-        return [s.value for s in STEPS if s.value in done]
-
-    def effect_counts(self, order_id: str) -> dict[str, int]:
-        return {e["step"]: e["applied"] for e in self.report.get("effects", []) if e["orderId"] == order_id}
-
-    def compensation_counts(self, order_id: str) -> dict[str, int]:
-        return {c["compensation"]: c["applied"] for c in self.report.get("compensations", [])
-                if c["orderId"] == order_id}
-
-    def undone(self, order_id: str) -> list[str]:
-        gone = {u["step"] for u in self.report.get("undone", []) if u["orderId"] == order_id}
-        return [s.value for s in STEPS if s.value in gone]
-
-    def keys_called(self, order_id: str) -> dict[str, int]:
-        """Calls per step or compensation of one order (`callsByKey`, keyed `<orderId>:<name>`)."""
-        prefix = f"{order_id}:"
-        return {k[len(prefix):]: n for k, n in self.report.get("callsByKey", {}).items() if k.startswith(prefix)}
-
-    def first_call(self, order_id: str, name: str, status: int | None = None) -> float | None:
-        """Arrival (Unix s) of the first call of one step or compensation (with that HTTP status, if given)."""
-        key = idempotency_key(order_id, name)
-        return next((c["at"] for c in self.calls if c["key"] == key and (status is None or c["status"] == status)),
-                    None)
-
-    def call_order(self, order_id: str, names: list[str]) -> list[str]:
-        """`names` that were answered 200 at least once, in the order of their first such call."""
-        firsts = {n: self.first_call(order_id, n, 200) for n in names}
-        return [n for n, _ in sorted(((n, at) for n, at in firsts.items() if at is not None), key=lambda x: x[1])]
-
-
-async def read_ledger(system: LocalSystem) -> Ledger:
-    report = await simulator_json(system, "/effects")
-    calls = (await simulator_json(system, "/calls")).get("calls", [])
-    return Ledger(report, calls)
-
-
-def _drain_alerts(connection: str, queue: str) -> list[OperatorAlert]:
-    """Every operator alert queued so far (received and deleted: the drill is their operator)."""
-    from orderflow.adapters import bus_from_connection_string  # noqa: PLC0415
-
-    alerts: list[OperatorAlert] = []
-    with bus_from_connection_string(connection) as bus, \
-            bus.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver:
-        while batch := receiver.receive_messages(max_message_count=100, max_wait_time=0.2):
-            alerts.extend(OperatorAlert.model_validate_json(b"".join(m.body)) for m in batch)
-    return alerts
-
-
-def _active_messages(connection: str, queue: str) -> int:
-    """Messages of `queue` not yet settled (locked ones included), on the embedded broker."""
-    from orderflow.adapters import bus_from_connection_string  # noqa: PLC0415
-
-    with bus_from_connection_string(connection) as bus:
-        return int(bus.broker.counts(queue).active)
-
-
-def durable_instances(db: Path) -> dict[str, dict[str, Any]]:
-    """devhost's durable.db: each instance's runtime status, output and ExecutionStarted.Version."""
-    out: dict[str, dict[str, Any]] = {}
-    if not db.exists():
-        return out
-    with sqlite3.connect(db, timeout=30) as conn:
-        for instance_id, status, output in conn.execute("SELECT instance_id, status, output FROM instances"):
-            out[instance_id] = {"status": status, "output": json.loads(output) if output else None}
-        for instance_id, text in conn.execute("SELECT instance_id, event FROM history ORDER BY instance_id, seq"):
-            event = json.loads(text)
-            entry = out.setdefault(instance_id, {"status": None, "output": None})
-            if event.get("EventType") == HistoryEventType.EXECUTION_STARTED and "version" not in entry:
-                entry["version"] = event.get("Version")
-    return out
-
-
-async def until(probe: Callable[[], Any], timeout: float, every: float = 0.1) -> Any:
-    """Poll `probe` (a function, sync or async) until it returns something truthy (returned) or `timeout` s pass
-    (None)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            return None
-        await asyncio.sleep(every)
-
-
-class Lab:
-    """A started system as the drill sees and drives it: the client app (its statuses), the stores, the simulator,
-    the orders queue, the dead-letter sub-queue and the operator alerts. Each wait that times out is noted."""
-
-    def __init__(self, system: LocalSystem, client: ClientApp) -> None:
-        from orderflow.adapters import open_stores  # noqa: PLC0415
-
-        self.system = system
-        self.client = client
-        self.env = system.env()
-        self.stores = open_stores(self.env)
-        self.orders_queue = self.env.get("OrdersQueueName", "orders-inbound")
-        self.alerts_queue = self.env.get("OperatorAlertsQueueName", "operator-alerts")
-        self.timeouts: list[str] = []
-        self.alerts: list[OperatorAlert] = []
-
-    async def aclose(self) -> None:
-        await self.stores.aclose()
-
-    async def wait(self, probe: Callable[[], Any], what: str, timeout: float = WAIT_STEP_S) -> Any:
-        found = await until(probe, timeout)
-        if not found:
-            self.timeouts.append(what)
-        return found
-
-    # sending
-    async def send(self, messages: list[ServiceBusMessage]) -> None:
-        """One batch on the orders queue: the messages of one session keep their order (sequence numbers)."""
-        async with self.client.bus.get_queue_sender(self.orders_queue) as sender:
-            await sender.send_messages(messages)
-
-    async def submit(self, orders: list[SubmitOrder]) -> None:
-        await self.client.submit(orders)
-
-    async def cancel(self, order_id: str, reason: str | None = None) -> float:
-        """A client's CancelOrder (devhost/client.py `cancel_message`); returns when it was sent (Unix s)."""
-        sent = time.time()
-        await self.send([cancel_message(order_id, self.client.reply_queue, reason)])
-        return sent
-
-    async def script(self, script: dict[str, list[str]]) -> None:
-        await simulator_json(self.system, "/script", script)
-
-    # reading
-    def statuses(self, order_id: str, state: OrderStatus | None = None) -> list[StatusMessage]:
-        return [s for s in self.client.statuses.get(order_id, []) if state is None or s.state is state]
-
-    def status(self, order_id: str, state: OrderStatus) -> StatusMessage | None:
-        found = self.statuses(order_id, state)
-        return found[0] if found else None
-
-    async def record(self, order_id: str) -> tuple[OrderStateRecord, str] | None:
-        found = await self.stores.state.get(order_id)
-        return None if found is None else (found[0], found[1])
-
-    async def records(self, order_ids: list[str]) -> dict[str, OrderStateRecord]:
-        out: dict[str, OrderStateRecord] = {}
-        for order_id in order_ids:
-            found = await self.record(order_id)
-            if found is not None:
-                out[order_id] = found[0]
-        return out
-
-    async def ledger(self) -> Ledger:
-        return await read_ledger(self.system)
-
-    async def applied(self, order_id: str, step: StepName) -> bool:
-        return step.value in (await self.ledger()).applied(order_id)
-
-    async def dead_letters(self) -> list[DeadLettered]:
-        return await asyncio.to_thread(dead_letters, self.system.config.bus_connection, self.orders_queue)
-
-    async def read_alerts(self) -> list[OperatorAlert]:
-        self.alerts.extend(await asyncio.to_thread(_drain_alerts, self.system.config.bus_connection,
-                                                   self.alerts_queue))
-        return self.alerts
-
-    def alerts_of(self, order_id: str, kind: AlertKind) -> list[OperatorAlert]:
-        return [a for a in self.alerts if a.order_id == order_id and a.kind is kind]
-
-    async def inbound_settled(self) -> bool:
-        return await asyncio.to_thread(_active_messages, self.system.config.bus_connection, self.orders_queue) == 0
-
-
-def status_matches_ledger(status: StatusMessage | None, ledger: Ledger, order_id: str) -> bool:
-    """The terminal status tells what the remote did: its `effects` (applied, undone) equal the ledger's."""
-    if status is None:
-        return False
-    applied, undone = ledger.applied(order_id), ledger.undone(order_id)
-    if status.effects is None:
-        return not applied and not undone
-    return ([s.value for s in status.effects.applied], [s.value for s in status.effects.undone]) == (applied, undone)
-
-
-def lifecycle_verdict(drill: str, lab: Lab, order_ids: list[str], records: dict[str, OrderStateRecord],
-                      ledger: Ledger, checks: dict[str, bool], figures: dict[str, Any], elapsed: float) -> Verdict:
-    """The verdict with the checks every drill has: none lost (every order has its final status and its record),
-    no duplicate side effect (the ledger), none stuck (Pending, Processing or CompensationInProgress at the end)."""
-    lost = sum(1 for o in order_ids if o not in lab.client.terminal_at or o not in records)
-    stuck = sum(1 for o in order_ids if o in records and records[o].process_state in PENDING_LIKE)
-    duplicates = ledger.duplicates
-    common = {"none lost": lost == 0, "no duplicate side effect": duplicates == 0, "none stuck": stuck == 0}
-    figures = {**figures, "waits_timed_out": lab.timeouts, "elapsed_s": round(elapsed, 1),
-               "work_dir": str(lab.system.config.work_dir)}
-    return Verdict(drill, len(order_ids), lost, duplicates, stuck, {**common, **checks}, figures)
-
-
-def _s(at: float | None, since: float | None) -> float | None:
-    return None if at is None or since is None else round(at - since, 3)
-
-
-def _percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    ordered = sorted(values)
-    return {"p50": round(ordered[len(ordered) // 2], 3), "max": round(ordered[-1], 3)}
 
 
 # --- compensation -----------------------------------------------------------------------------------------------
@@ -452,7 +221,7 @@ async def drill_compensation(lab: Lab, options: LifecycleOptions) -> Verdict:
             status_matches_ledger(_final(lab, o), ledger, o) for o in ids),
     }
     to_compensated = [at for o in compensated
-                      if (at := _s(_status_at(lab, o, OrderStatus.COMPENSATED),
+                      if (at := elapsed_s(_status_at(lab, o, OrderStatus.COMPENSATED),
                                    ledger.first_call(o, SHIP.value))) is not None]
     figures = {
         "compensated": len(compensated), "compensation_failed": len(failed), "control": len(control),
@@ -461,7 +230,7 @@ async def drill_compensation(lab: Lab, options: LifecycleOptions) -> Verdict:
         "compensations_applied": int(ledger.report.get("totalCompensations", -1)),
         "undone": sum(len(ledger.undone(o)) for o in ids),
         "calls": int(ledger.report.get("calls", -1)),
-        "refused_step_to_compensated_s": _percentiles(to_compensated),
+        "refused_step_to_compensated_s": percentiles(to_compensated),
         "alerts": dict(Counter(a.kind.value for a in lab.alerts if a.order_id in ids)),
         "compensation_order": ledger.call_order(compensated[0], [REFUND, RELEASE]) if compensated else [],
     }
@@ -614,61 +383,6 @@ def _last_state(lab: Lab, order_id: str) -> str | None:
 
 
 # --- poison-in-session ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class PoisonCase:
-    """One order's session: `messages` in the order sent (one batch); `poison` the index of the poison among them;
-    the dead-letter reason it must get and the field its description must name."""
-
-    name: str
-    order: SubmitOrder
-    messages: list[ServiceBusMessage]
-    poison: int
-    reason: str
-    field_name: str
-    outcome: tuple[OrderStatus, ...]  # the order's acceptable final statuses
-    cancels: bool = False  # the good message after the poison is a CancelOrder
-
-    @property
-    def poison_id(self) -> str:
-        return str(self.messages[self.poison].message_id)
-
-
-def _message(body: str | bytes, order_id: str, message_id: str) -> ServiceBusMessage:
-    return ServiceBusMessage(body, session_id=order_id, message_id=message_id, content_type="application/json")
-
-
-def poison_cases(orders: list[SubmitOrder], reply_to: str) -> list[PoisonCase]:
-    a, b, c, d = orders
-
-    def submit(o: SubmitOrder) -> ServiceBusMessage:
-        return _message(o.to_json(), o.order_id, f"submit:{o.order_id}")
-
-    bad_quantity = json.loads(b.to_json())
-    bad_quantity["items"][0]["quantity"] = 0
-    naive_cancel = json.loads(cancel_body(c.order_id, reply_to))
-    naive_cancel["requestedAt"] = "2024-01-01T00:00:00"  # no time zone
-    internal_reply = json.loads(cancel_body(d.order_id, reply_to))
-    internal_reply["replyTo"] = "agent-requests"
-    good_cancel = cancel_message(c.order_id, reply_to, "drill: after a poison cancel")
-    good_cancel.message_id = f"cancel:{c.order_id}"
-    done = (OrderStatus.COMPLETED,)
-    return [
-        PoisonCase("not JSON, then the SubmitOrder", a,
-                   [_message(b'{"type": "SubmitOrder", "orderId": ', a.order_id, f"poison:{a.order_id}"), submit(a)],
-                   0, "InvalidJson", "body", done),
-        PoisonCase("a SubmitOrder with a bad field, then the good one", b,
-                   [_message(json.dumps(bad_quantity), b.order_id, f"poison:{b.order_id}"), submit(b)],
-                   0, "InvalidField:items.0.quantity", "items.0.quantity", done),
-        PoisonCase("the SubmitOrder, a CancelOrder with a bad field, then a good CancelOrder", c,
-                   [submit(c), _message(json.dumps(naive_cancel), c.order_id, f"poison:{c.order_id}"), good_cancel],
-                   1, "InvalidField:requestedAt", "requestedAt", (OrderStatus.CANCELLED, OrderStatus.COMPENSATED),
-                   cancels=True),
-        PoisonCase("a CancelOrder with an internal replyTo, then the SubmitOrder", d,
-                   [_message(json.dumps(internal_reply), d.order_id, f"poison:{d.order_id}"), submit(d)],
-                   0, "InvalidField:replyTo", "replyTo", done),
-    ]
 
 
 async def drill_poison_in_session(lab: Lab, options: LifecycleOptions) -> Verdict:
@@ -860,7 +574,7 @@ DRILL_FUNCTIONS: dict[str, Callable[[Lab, LifecycleOptions], Awaitable[Verdict]]
 
 async def run_lifecycle_drill(system: LocalSystem, options: LifecycleOptions) -> Verdict:
     """The drill on a started `system` (built from `lifecycle_config`), then the invariants every drill checks
-    (devhost/invariants.py) over the orders that got a final status; the caller stops the system."""
+    (lab/invariants.py) over the orders that got a final status; the caller stops the system."""
     install_for(system)
     async with client_app(system) as client:
         lab = Lab(system, client)

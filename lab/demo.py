@@ -297,6 +297,27 @@ def summary_table(summary: dict[str, Any], title: str) -> Table:
     return table
 
 
+def add_command(sub: Any) -> None:
+    """The `demo` command on the subparsers `sub`."""
+    d = sub.add_parser("demo", help="run the whole order system locally and print a summary",
+                       description="Start devhost with the product's function_app.py, the Agent worker, the remote "
+                                   "service simulator and a client app that submits orders and listens on its own "
+                                   "reply queue; print a progress bar and a summary table (or JSON).")
+    d.add_argument("--orders", type=int, default=50, help="number of orders to submit (default 50)")
+    d.add_argument("--seed", type=int, default=1, help="seed of the simulator's fault injection (default 1)")
+    d.add_argument("--transient-failure-rate", type=float, default=0.1,
+                   help="share of remote calls that fail transiently (default 0.1)")
+    d.add_argument("--permanent-failure-rate", type=float, default=0.01,
+                   help="share of remote steps that fail permanently (default 0.01)")
+    d.add_argument("--hang-rate", type=float, default=0.0,
+                   help="share of remote calls that hang past the step deadline (default 0)")
+    d.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds (default 600)")
+    d.add_argument("--work-dir", type=Path, default=None, help="state folder (default: a fresh .demo/<timestamp>)")
+    d.add_argument("--hosts", type=int, default=1,
+                   help="devhost hosts on one task hub, as a scaled-out app (default 1; docs/devhost.md)")
+    d.add_argument("--json", action="store_true", help="print one JSON object with the figures as the last line")
+
+
 def run_demo(args: argparse.Namespace) -> int:
     console = Console(stderr=args.json)
     if getattr(args, "hosts", 1) < 1:

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from agent.simulator import Fault, FaultConfig, Simulator, decide
+from lab.simulator import Fault, FaultConfig, Simulator, decide
 
 KEYS = [f"order-{i}:charge-payment" for i in range(2000)]
 
@@ -207,7 +207,7 @@ def test_effect_store_applies_once_across_connections(tmp_path: Path) -> None:
     """Two simulator processes on one database must not both apply a key (BEGIN IMMEDIATE transaction)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from agent.simulator import EffectStore
+    from lab.simulator_ledger import EffectStore
 
     EffectStore(tmp_path / "db").close()  # create the schema once
 
@@ -230,7 +230,7 @@ def test_effect_store_applies_once_across_connections(tmp_path: Path) -> None:
 
 
 def test_script_overrides_the_seeded_decision_per_call_then_falls_back() -> None:
-    from agent.simulator import decide_call, parse_script
+    from lab.simulator import decide_call, parse_script
 
     config = FaultConfig(seed=7, permanent_failure_rate=1.0)  # seeded: every key is rejected
     script = parse_script({"o-1": ["transient", "hang", "ok"]})
@@ -245,7 +245,7 @@ def test_script_overrides_the_seeded_decision_per_call_then_falls_back() -> None
 
 
 def test_an_idempotency_key_script_wins_over_its_order_script() -> None:
-    from agent.simulator import decide_call, parse_script
+    from lab.simulator import decide_call, parse_script
 
     script = parse_script({"o-1": ["transient"], "o-1:charge-payment": ["permanent"]})
     config = FaultConfig()
@@ -256,7 +256,7 @@ def test_an_idempotency_key_script_wins_over_its_order_script() -> None:
 
 @pytest.mark.parametrize("raw", [[], {"o-1": "ok"}, {"o-1": ["ok", "explode"]}])
 def test_malformed_scripts_are_refused(raw: Any) -> None:
-    from agent.simulator import parse_script
+    from lab.simulator import parse_script
 
     with pytest.raises(ValueError, match="script"):
         parse_script(raw)
@@ -277,7 +277,7 @@ async def test_script_endpoint_drives_calls_and_counts_them(tmp_path: Path) -> N
 
 
 def test_script_file_is_loaded_from_the_command_line(tmp_path: Path) -> None:
-    from agent.simulator import build_parser, script_from_args
+    from lab.simulator import build_parser, script_from_args
 
     path = tmp_path / "script.json"
     path.write_text('{"o-9:arrange-shipping": ["hang", "ok"]}')

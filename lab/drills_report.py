@@ -136,7 +136,7 @@ def markdown(verdicts: Sequence[Mapping[str, Any]], runs: Sequence[Run], header:
              "Do not edit: run the command again.", "",
              "Each drill runs on a fresh local system in real processes (devhost, the Agent, the remote-service "
              "simulator, a client app) and checks its own promises plus the invariants every drill checks "
-             "(devhost/invariants.py): no order lost, none stuck, at most one side effect per order step, remote calls "
+             "(lab/invariants.py): no order lost, none stuck, at most one side effect per order step, remote calls "
              "per step within the retry budget, no transition outside the state machine (an audit of every "
              "ProcessState change), every dead letter with a reason.", "",
              "| drill | orders | lost | duplicates | stuck | key figures | result |",

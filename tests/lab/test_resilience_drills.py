@@ -1,6 +1,6 @@
 """Resilience drills (issue 11, item 4) in real processes: `python -m devhost drill retry-budget|remote-outage|
-backlog-flood`'s own code (devhost/drill.py) on the whole local system (devhost, the Agent, the simulator), small
-enough for the suite (about three minutes together), and the pieces the drills stand on: the simulator's outage
+backlog-flood`'s own code (lab/resilience_drills.py) on the whole local system (devhost, the Agent, the simulator),
+small enough for the suite (about three minutes together), and the pieces the drills stand on: the simulator's outage
 switch and call log, and the reading of the breaker's history against the remote's calls.
 
 Each drill's verdict is checked, then its main claims are read again independently: the simulator's ledger (its
@@ -31,20 +31,20 @@ from typing import Any
 import aiohttp
 import pytest
 from azure.servicebus import ServiceBusReceiveMode
-from e2e_support import Client, running_client
+from support.e2e_support import Client, running_client
 
-from agent.simulator import EffectStore, FaultConfig, Simulator
-from devhost.drill import (
+from lab.drill_common import Verdict, parse_overrides
+from lab.resilience_drills import (
     DRILL_SETTINGS,
     BreakerHistory,
     CallsWhileOpen,
     ResilienceOptions,
-    Verdict,
-    parse_overrides,
     resilience_config,
     run_resilience_drill,
 )
-from devhost.system import LOCAL_DEFAULTS, ROOT, LocalSystem
+from lab.simulator import FaultConfig, Simulator
+from lab.simulator_ledger import EffectStore
+from lab.system import LOCAL_DEFAULTS, ROOT, LocalSystem
 from orderflow.breaker import BreakerDoc, BreakerState
 from orderflow.messages import STEPS, AlertKind, OperatorAlert
 from orderflow.records import ProcessState
@@ -108,7 +108,7 @@ def test_the_outage_switch_answers_503_with_no_effect_and_counts_the_calls(tmp_p
 
 
 def test_the_outage_can_be_scheduled_from_the_command_line(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "agent.simulator", "--port", "0", "--db", str(tmp_path / "s.db"),
+    proc = subprocess.Popen([sys.executable, "-m", "lab.simulator", "--port", "0", "--db", str(tmp_path / "s.db"),
                              "--down-after", "0", "--down-for", "30"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None

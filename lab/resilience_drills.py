@@ -1,26 +1,4 @@
-"""`python -m devhost drill NAME`: drills on the whole local system in real processes (devhost, the Agent, the
-remote-service simulator and a client app, as the demo runs them).
-
-Crash drills, `host-crash` and `agent-crash` (issue 8):
-
-The drill starts devhost, the Agent and the remote-service simulator (`LocalSystem`, as the demo does), with a
-simulator that injects no fault (the remote never fails), submits the orders through the demo's client app, and
-while they are in flight kills one process with SIGKILL (`host-crash`: devhost; `agent-crash`: the Agent) at seeded
-random gaps and restarts it each time. Then it waits until every order has its terminal status and prints:
-
-- submitted, processed, error, pending, processing (the state store), lost (no state record or no terminal status);
-- duplicate side effects (the simulator's ledger: effects beyond one per order and step) and missing side effects
-  (a step of a Processed order without its effect);
-- attempts per order (the state record's `attempt`: histogram and max);
-- settle time: from the last kill to the last terminal status; total time; kills done.
-
-A gap runs from the moment the previous process is up again (devhost printed its URL; the Agent was started), so
-every kill hits a running process; kills stop early when every order is terminal (`kills_done` says how many ran).
-`--settings local` runs with `devhost.system.LOCAL_DEFAULTS` (the demo's), `--settings sample` with the values of
-`local.settings.sample.json` (the Azure defaults of `orderflow/settings.py`; the Agent with its own defaults). The
-exit code is non-zero unless every order is Processed, with none lost and no duplicate or missing side effect.
-
-Resilience drills, `retry-budget`, `remote-outage` and `backlog-flood` (issue 11: when a dependency fails). Each runs
+"""Resilience drills, `retry-budget`, `remote-outage` and `backlog-flood` (issue 11: when a dependency fails). Each runs
 with its own settings (`DRILL_SETTINGS`, over `--settings`, under `--set NAME=VALUE`), samples the system every
 200 ms while the orders run (`Monitor`: Processing and Pending counts from the state store, the circuit breaker's
 document, the RSS of devhost and the Agent), and ends with a `Verdict`: `{drill, passed, orders, lost,
@@ -38,26 +16,18 @@ duplicate_side_effects, stuck, checks, figures}`, the last line of `--json`; `pa
   gets one answer: `rejected` (`backlog full`, no state record and no orders-DB record) or admitted and Processed in
   attempt 1; the sampled Processing count stays within MaxOrdersInProcessing and the Pending count within
   MaxPendingOrders; peak RSS of devhost and of the Agent is reported.
-
-Lifecycle drills, `compensation`, `cancel-in-flight`, `poison-in-session` and `upgrade-in-flight` (issue 12): in
-devhost/lifecycle_drills.py (dispatched from `run_drill_command`), with the same `Verdict`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import importlib
-import json
-import random
-import signal
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psutil
 from rich.console import Console
@@ -68,51 +38,22 @@ from orderflow.breaker import CACHE_TTL, BreakerDoc, BreakerState
 from orderflow.messages import COMPENSATION_OF, STEPS, OrderStatus, idempotency_key
 from orderflow.records import ProcessState
 from orderflow.retry_budget import RetryBudget
-from orderflow.settings import SETTING_NAMES, SETTINGS
 
 from .demo import (
     FAILED_STATES,
     ClientApp,
     StateSummary,
     client_app,
-    default_work_dir,
     make_orders,
     read_effects,
     read_states,
     simulator_json,
-    summary_table,
     wait_terminal,
 )
-from .invariants import Findings, check_system, install_for
-from .system import LOCAL_DEFAULTS, ROOT, LocalSystem, Process, SystemConfig
+from .drill_common import DEFAULT_ORDERS, RESILIENCE_DRILLS, SETTINGS_CHOICES, Verdict, base_settings
+from .invariants import check_system, install_for
+from .system import LocalSystem, Process, SystemConfig
 
-R = TypeVar("R")
-
-TARGETS = {"host-crash": "devhost", "agent-crash": "agent"}
-DEFAULT_KILLS = {"host-crash": 10, "agent-crash": 5}
-RESILIENCE_DRILLS = ("retry-budget", "remote-outage", "backlog-flood")
-# The lifecycle drills (issue 12: compensation, cancel, poison, upgrade) live in devhost/lifecycle_drills.py.
-LIFECYCLE_DRILLS = ("compensation", "cancel-in-flight", "poison-in-session", "upgrade-in-flight")
-# Drills in modules of their own (issue 15): name -> "module:function". The function takes the parsed `drill`
-# arguments and returns the exit code; with --json the verdict (Verdict.to_json, invariants included) is the last line
-# of stdout.
-MODULE_DRILLS: dict[str, str] = {
-    "remote-hang": "devhost.timing_drills:run_command",
-    "late-replies": "devhost.timing_drills:run_command",
-    "reply-reordering": "devhost.timing_drills:run_command",
-    "clock-skew": "devhost.timing_drills:run_command",
-    "duplicate-delivery": "devhost.input_drills:run_command",
-    "poison-input": "devhost.input_drills:run_command",
-    "state-store-conflicts": "devhost.store_drills:run_command",
-    "store-outage": "devhost.store_drills:run_command",
-    "starter-race": "devhost.race_drills:run_command",
-    "supervisor-race": "devhost.race_drills:run_command",
-    "scale-out": "devhost.scale_drills:run_command",
-    "durable-api-outage": "devhost.durable_api_drills:run_command",
-}
-DRILLS = (*sorted(TARGETS), *RESILIENCE_DRILLS, *LIFECYCLE_DRILLS, *MODULE_DRILLS)
-DEFAULT_ORDERS = {"host-crash": 100, "agent-crash": 100, "retry-budget": 20, "remote-outage": 100,
-                  "backlog-flood": 300}
 # Each resilience drill's settings, over the chosen base (LOCAL_DEFAULTS or the sample's) and under `--set`. The
 # Starter runs every second so that a retried or deferred order is claimed again at once, and admission figures are
 # refreshed each second. Step timeout, lease, backoffs and FailureThreshold stay those of the base: the crash budget
@@ -136,348 +77,6 @@ DRILL_SETTINGS: dict[str, dict[str, str]] = {
 }
 SAMPLE_EVERY_S = 0.2  # store counts and memory
 BREAKER_EVERY_S = 0.05  # the breaker's document: one point read
-SETTINGS_CHOICES = ("local", "sample")
-SAMPLE_FILE = ROOT / "local.settings.sample.json"
-# Values of the sample that name this machine's resources, not tunables: the drill's system sets its own.
-_CONNECTIONS = frozenset({"ServiceBusConnection", "CosmosDb__accountEndpoint", "AllowedReplyQueues"})
-
-
-def add_command(sub: Any) -> None:
-    d = sub.add_parser("drill", help="drills on the local system: crashes (kill -9 devhost or the Agent), the retry "
-                                     "budget, a remote outage, a backlog flood, compensation, cancels in flight, "
-                                     "poison in a session, an upgrade in flight",
-                       description="Start devhost, the Agent, the remote-service simulator and a client app, submit "
-                                   "orders and run the drill: host-crash / agent-crash kill devhost / the Agent with "
-                                   "SIGKILL at seeded random gaps and restart it (the remote never fails); "
-                                   "retry-budget makes every remote call fail (breaker off) and counts the calls per "
-                                   "order step against RemoteCallBudgetPerStep; remote-outage takes the remote down "
-                                   "for a while (the circuit breaker must keep every order out of Error); "
-                                   "backlog-flood submits far more orders than MaxPendingOrders at once (admission "
-                                   "control); compensation, cancel-in-flight, poison-in-session and "
-                                   "upgrade-in-flight (devhost/lifecycle_drills.py) drive an order's other endings: "
-                                   "undoing a refused order, a client's cancel at each stage, a poison message in "
-                                   "the order's session, devhost restarted with a new workflow version while orders "
-                                   "run; remote-hang, late-replies, reply-reordering, clock-skew, "
-                                   "duplicate-delivery, poison-input, state-store-conflicts, store-outage, "
-                                   "starter-race and supervisor-race (issue 15; docs/devhost.md, docs/reliability.md) "
-                                   "each inject their fault; durable-api-outage makes the Durable HTTP API answer 503 "
-                                   "while attempts expire; scale-out runs three devhost hosts on one task hub and "
-                                   "kills them in turn. Every drill also checks the invariants of "
-                                   "devhost/invariants.py. When every order has its final status, print the figures "
-                                   "(a table, or "
-                                   "one JSON object as the last line with --json). Exit code 1 unless the drill "
-                                   "passed.")
-    d.add_argument("scenario", choices=DRILLS, metavar="NAME", help=f"the drill: {', '.join(DRILLS)}")
-    d.add_argument("--orders", type=int, default=None,
-                   help="number of orders to submit (default 100; retry-budget 20, backlog-flood 300, compensation "
-                        "8; upgrade-in-flight: 8 before the restart and half as many after; cancel-in-flight and "
-                        "poison-in-session run a fixed set; remote-hang, late-replies, reply-reordering 12, "
-                        "clock-skew 10; starter-race 60, supervisor-race 12; scale-out 200; durable-api-outage 8)")
-    d.add_argument("--kills", type=int, default=None,
-                   help="crash drills: kills to do (default 10 for host-crash and scale-out, 5 for agent-crash)")
-    d.add_argument("--min-gap", type=float, default=1.0,
-                   help="crash drills: shortest gap in seconds before a kill, from when the process is up "
-                        "(default 1)")
-    d.add_argument("--max-gap", type=float, default=4.0, help="crash drills: longest such gap in seconds (default 4)")
-    d.add_argument("--outage-after", type=float, default=2.0,
-                   help="remote-outage: seconds from the submission to the outage (default 2)")
-    d.add_argument("--outage-for", type=float, default=15.0,
-                   help="remote-outage: seconds the remote stays down; store-outage: the state store; "
-                        "durable-api-outage: the Durable HTTP API's start and status routes (default 15)")
-    d.add_argument("--seed", type=int, default=1, help="seed of the gaps, the orders and the Agent's jitter "
-                                                       "(default 1)")
-    d.add_argument("--settings", choices=SETTINGS_CHOICES, default="local", metavar="SETTINGS",
-                   help="local: devhost/system.py LOCAL_DEFAULTS (the demo's), or sample: the values of "
-                        "local.settings.sample.json (the Azure defaults) (default local); a resilience drill's "
-                        "own settings go over these")
-    d.add_argument("--set", action="append", default=[], metavar="SETTING", dest="overrides",
-                   help="NAME=VALUE: an app or Agent setting over the drill's (repeatable), e.g. --set "
-                        "CircuitBreakerFailureThreshold=0")
-    d.add_argument("--servicebus-config", type=Path, default=None,
-                   help="queue definitions for the embedded broker (default: the repo's servicebus.config.json)")
-    d.add_argument("--timeout", type=float, default=900.0,
-                   help="give up waiting for final statuses after this many seconds (default 900)")
-    d.add_argument("--work-dir", type=Path, default=None,
-                   help="state folder (default: a fresh .demo/drill-<timestamp>)")
-    d.add_argument("--hang-seconds", type=float, default=8.0,
-                   help="cancel-in-flight, poison-in-session, remote-hang: how long a scripted hang holds the "
-                        "remote's answer (default 8)")
-    d.add_argument("--latency-ms", type=float, default=800.0,
-                   help="upgrade-in-flight: the simulator's mean latency per call, so orders are in flight at the "
-                        "restart (default 800)")
-    d.add_argument("--restart", choices=("kill", "stop"), default="kill",
-                   help="upgrade-in-flight: how devhost goes before it restarts with the new version: kill (-9, "
-                        "default) or stop (SIGTERM)")
-    d.add_argument("--from-version", choices=("1.0", "2.0"), default="1.0",
-                   help="upgrade-in-flight: the workflow version devhost runs before the restart (default 1.0)")
-    d.add_argument("--json", action="store_true", help="print one JSON object with the figures as the last line")
-
-
-@dataclass(frozen=True)
-class DrillOptions:
-    scenario: str  # host-crash | agent-crash
-    orders: int = 100
-    kills: int | None = None  # None: DEFAULT_KILLS[scenario]
-    min_gap: float = 1.0
-    max_gap: float = 4.0
-    seed: int = 1
-    settings: str = "local"
-    timeout: float = 900.0
-    overrides: tuple[tuple[str, str], ...] = ()  # --set NAME=VALUE, over the chosen settings
-    # The simulator's mean latency per remote call: keeps a burst in flight across the kills on a fast system.
-    latency_ms: float | None = None  # None: the system's default
-
-    def __post_init__(self) -> None:
-        if self.scenario not in TARGETS:
-            raise ValueError(f"scenario must be one of {sorted(TARGETS)}")
-        if self.settings not in SETTINGS_CHOICES:
-            raise ValueError(f"settings must be one of {SETTINGS_CHOICES}")
-        if not 0 <= self.min_gap <= self.max_gap:
-            raise ValueError("need 0 <= min_gap <= max_gap")
-        if self.orders < 1 or (self.kills is not None and self.kills < 0):
-            raise ValueError("need at least one order and no negative kill count")
-
-    @property
-    def kill_count(self) -> int:
-        return DEFAULT_KILLS[self.scenario] if self.kills is None else self.kills
-
-    def gaps(self) -> list[float]:
-        """The seeded gaps before each kill (the same for the same seed, whatever the timing)."""
-        rng = random.Random(f"drill:{self.scenario}:{self.seed}")
-        return [round(rng.uniform(self.min_gap, self.max_gap), 3) for _ in range(self.kill_count)]
-
-    def order_ids(self, reply_queue: str = "app-status") -> list[str]:
-        return [o.order_id for o in make_orders(self.orders, self.seed, reply_queue, prefix="drill")]
-
-
-def sample_settings() -> dict[str, str]:
-    """What `--settings sample` runs with: every LOCAL_DEFAULTS key back at its registered default (app settings
-    from orderflow/settings.py, the Agent's from agent/config.py), then the tunables of local.settings.sample.json."""
-    defaults = {s.name: s.default for s in (*SETTINGS, *AGENT_SETTINGS) if s.default is not None}
-    values: dict[str, str] = json.loads(SAMPLE_FILE.read_text())["Values"]
-    out = {k: defaults[k] for k in LOCAL_DEFAULTS if k in defaults}
-    out.update({k: str(v) for k, v in values.items() if k in SETTING_NAMES and k not in _CONNECTIONS})
-    return out
-
-
-def base_settings(choice: str) -> dict[str, str]:
-    """`--settings`: local ({}: LOCAL_DEFAULTS, which every LocalSystem runs with) or sample."""
-    return sample_settings() if choice == "sample" else {}
-
-
-def parse_overrides(values: list[str]) -> tuple[tuple[str, str], ...]:
-    """`--set NAME=VALUE` arguments; ValueError on one without `=` or with an empty name."""
-    pairs = []
-    for value in values:
-        name, sep, setting = value.partition("=")
-        if not sep or not name.strip():
-            raise ValueError(f"--set takes NAME=VALUE, got {value!r}")
-        pairs.append((name.strip(), setting))
-    return tuple(pairs)
-
-
-def drill_config(work_dir: Path, options: DrillOptions, servicebus_config: Path | None = None) -> SystemConfig:
-    """The drill's system: no injected fault (the remote never fails), the chosen settings."""
-    config = SystemConfig(work_dir=work_dir.resolve(), seed=options.seed, transient_failure_rate=0.0,
-                          permanent_failure_rate=0.0, hang_rate=0.0,
-                          settings={**base_settings(options.settings), **dict(options.overrides)})
-    if options.latency_ms is not None:
-        config.latency_ms_mean = options.latency_ms
-    if servicebus_config is not None:
-        config.servicebus_config = servicebus_config.resolve()
-    return config
-
-
-@dataclass
-class DrillResult:
-    summary: dict[str, Any]
-    order_ids: list[str]
-
-    @property
-    def ok(self) -> bool:
-        s = self.summary
-        return (s["processed"] == s["submitted"] and s["error"] == 0 and s["lost"] == 0
-                and s["duplicate_side_effects"] == 0 and s["missing_side_effects"] == 0
-                and all(s.get("checks", {}).values()))
-
-
-def _target(system: LocalSystem, scenario: str) -> Process:
-    process = system.devhost if scenario == "host-crash" else system.agent
-    assert process is not None, "the system is not started"
-    return process
-
-
-@dataclass(frozen=True)
-class Kill:
-    at: float  # monotonic time of the SIGKILL
-    in_flight: int  # orders without a terminal status at that moment
-
-
-async def _kill_loop(system: LocalSystem, options: DrillOptions, client: ClientApp, total: int) -> list[Kill]:
-    """Kill the target with SIGKILL after each gap and restart it; stop early once every order is terminal."""
-    restart = system.start_devhost if options.scenario == "host-crash" else system.start_agent
-    kills: list[Kill] = []
-    for gap in options.gaps():
-        try:  # the gap is the scenario; the event ends it early when there is nothing left to crash
-            await asyncio.wait_for(client.all_terminal.wait(), gap)
-            break
-        except TimeoutError:
-            pass
-        _target(system, options.scenario).kill()
-        kills.append(Kill(time.monotonic(), total - len(client.terminal_at)))
-        await asyncio.to_thread(restart)  # blocks until devhost prints its URL again
-    return kills
-
-
-async def run_drill(system: LocalSystem, options: DrillOptions, console: Console | None = None,
-                    transient: bool = True) -> DrillResult:
-    """The drill on a started `system` (its simulator must inject no fault); the caller stops the system."""
-    console = console or Console(quiet=True)
-    install_for(system)
-    orders = make_orders(options.orders, options.seed, system.config.reply_queue, prefix="drill")
-    order_ids = [o.order_id for o in orders]
-    async with client_app(system) as client:
-        started = time.monotonic()
-        await client.submit(orders)
-        killer = asyncio.create_task(_kill_loop(system, options, client, len(orders)))
-        waiter = asyncio.create_task(wait_terminal(client, len(orders), started, options.timeout, console,
-                                                   transient))
-        try:
-            # A restart that fails (the killed process does not come back) ends the drill at once.
-            await asyncio.wait({killer, waiter}, return_when=asyncio.FIRST_EXCEPTION)
-            if killer.done() and killer.exception() is not None:
-                raise killer.exception()  # type: ignore[misc]
-            await waiter
-            kills = await killer  # after a timeout the kill loop still finishes its gaps
-        finally:
-            for task in (killer, waiter):
-                task.cancel()
-        ended = time.monotonic()
-        effects = await read_effects(system)
-    states = await read_states(system.env(), order_ids)
-    findings = await check_system(system, order_ids)
-    attempts = Counter(states.attempts.values())
-    last_terminal = max(client.terminal_at.values(), default=None)
-    settle = None if not kills or last_terminal is None else max(0.0, last_terminal - kills[-1].at)
-    applied = {(e["orderId"], e["step"]) for e in effects.get("effects", []) if e["applied"] >= 1}
-    processed = [o for o in order_ids if states.state_of.get(o) == "Processed"]
-    missing_effects = sum(1 for o in processed for step in STEPS if (o, step.value) not in applied)
-    counts = states.counts
-    summary: dict[str, Any] = {
-        "scenario": options.scenario, "settings": options.settings,
-        "submitted": len(orders), "processed": counts.get("Processed", 0), "error": counts.get("Error", 0),
-        "pending": counts.get("Pending", 0), "processing": counts.get("Processing", 0),
-        "lost": client.lost(order_ids, states.missing),
-        "error_reasons": dict(states.error_reasons.most_common()),
-        "duplicate_side_effects": int(effects.get("duplicates", -1)),
-        "missing_side_effects": missing_effects,
-        "attempts": {str(a): n for a, n in sorted(attempts.items())},
-        "max_attempt": max(attempts, default=0),
-        "kills_requested": options.kill_count, "kills_done": len(kills),
-        "kills_at_s": [round(k.at - started, 1) for k in kills],
-        "in_flight_at_kills": [k.in_flight for k in kills],
-        "settle_s": None if settle is None else round(settle, 1),
-        "total_s": round((last_terminal or ended) - started, 1),
-        "work_dir": str(system.config.work_dir),
-        "checks": findings.checks, **findings.figures,
-    }
-    return DrillResult(summary, order_ids)
-
-
-def _display(summary: dict[str, Any]) -> dict[str, Any]:
-    """The summary with its lists and the attempts histogram spelled out for the table."""
-    shown = dict(summary)
-    shown["attempts"] = ", ".join(f"{n} order{'s' * (n != 1)} in {a}" for a, n in summary["attempts"].items())
-    for key in ("kills_at_s", "in_flight_at_kills"):
-        shown[key] = " ".join(str(v) for v in summary[key]) or "-"
-    return shown
-
-
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
-def _run_on_system(system: LocalSystem, console: Console, drill: Callable[[], Awaitable[R]]) -> R:
-    """Start `system`, run `drill` on it and stop it, on SIGTERM too (its processes never outlive the command)."""
-
-    async def drive() -> R:
-        with console.status("starting devhost, the Agent and the simulator…"):
-            await asyncio.to_thread(system.start)
-        try:
-            return await drill()
-        finally:
-            system.stop()
-
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
-        return asyncio.run(drive())
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        system.stop()
-
-
-def run_drill_command(args: argparse.Namespace) -> int:
-    if args.scenario in MODULE_DRILLS:
-        module, function = MODULE_DRILLS[args.scenario].split(":")
-        run: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), function)
-        return run(args)
-    if args.scenario in LIFECYCLE_DRILLS:
-        from .lifecycle_drills import run_lifecycle_command  # noqa: PLC0415
-
-        return run_lifecycle_command(args)
-    orders = DEFAULT_ORDERS[args.scenario] if args.orders is None else args.orders
-    try:
-        overrides = parse_overrides(args.overrides)
-        if args.scenario in TARGETS:
-            crash = DrillOptions(scenario=args.scenario, orders=orders, kills=args.kills, min_gap=args.min_gap,
-                                 max_gap=args.max_gap, seed=args.seed, settings=args.settings, timeout=args.timeout,
-                                 overrides=overrides)
-        else:
-            resilience = ResilienceOptions(drill=args.scenario, orders=orders, seed=args.seed, settings=args.settings,
-                                           overrides=overrides, outage_after=args.outage_after,
-                                           outage_for=args.outage_for, timeout=args.timeout)
-    except ValueError as exc:
-        return usage_error(exc)
-    work = Path(args.work_dir or default_work_dir("drill-"))
-    if args.scenario in TARGETS:
-        console = Console(stderr=args.json)
-        title = f"drill {args.scenario} ({args.settings} settings)"
-        system = LocalSystem(drill_config(work, crash, args.servicebus_config))
-        result = _run_on_system(system, console, lambda: run_drill(system, crash, console, transient=args.json))
-        return _report(console, summary_table(_display(result.summary), title), result.summary if args.json else None,
-                       [] if result.ok else ["every order must end Processed, with none lost and no duplicate or "
-                                             "missing side effect"])
-    system = LocalSystem(resilience_config(work, resilience, args.servicebus_config))
-    return run_verdict_drill(args, system,
-                             lambda console: run_resilience_drill(system, resilience, console, transient=args.json))
-
-
-def usage_error(exc: Exception) -> int:
-    """A mistake on the drill's command line: one line on stderr, no traceback; exit code 2."""
-    Console(stderr=True).print(f"devhost drill: {exc}")
-    return 2
-
-
-def run_verdict_drill(args: argparse.Namespace, system: LocalSystem,
-                      drill: Callable[[Console], Awaitable[Verdict]]) -> int:
-    """Start `system`, run a drill that ends in a Verdict on it, stop it; print the table (and with --json the
-    verdict as the last line of stdout); the exit code."""
-    console = Console(stderr=args.json)
-    verdict = _run_on_system(system, console, lambda: drill(console))
-    title = f"drill {args.scenario} ({args.settings} settings)"
-    return _report(console, summary_table(verdict.display(), title), verdict.to_json() if args.json else None,
-                   verdict.failed_checks())
-
-
-def _report(console: Console, table: Any, line: dict[str, Any] | None, failures: list[str]) -> int:
-    """Print the table, then the JSON line (with --json: the last line of stdout) and why it failed; the exit code."""
-    console.print(table)
-    if line is not None:
-        print(json.dumps(line), flush=True)
-    if failures:
-        console.print(f"[red]drill failed: {'; '.join(failures)}[/]")
-    return 1 if failures else 0
-
 
 # --- the resilience drills (issue 11) ---------------------------------------------------------------------------
 
@@ -780,47 +379,6 @@ class DrillRun:
         ids = self.order_ids if order_ids is None else order_ids
         counted = Counter(self.states.attempts[o] for o in ids if o in self.states.attempts)
         return {str(a): n for a, n in sorted(counted.items())}
-
-
-@dataclass
-class Verdict:
-    """A resilience drill's result: `passed` iff every check holds. `to_json()` is the `--json` line."""
-
-    drill: str
-    orders: int
-    lost: int
-    duplicate_side_effects: int
-    stuck: int
-    checks: dict[str, bool]
-    figures: dict[str, Any]
-
-    @property
-    def passed(self) -> bool:
-        return all(self.checks.values())
-
-    def failed_checks(self) -> list[str]:
-        return [name for name, ok in self.checks.items() if not ok]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"drill": self.drill, "passed": self.passed, "orders": self.orders, "lost": self.lost,
-                "duplicate_side_effects": self.duplicate_side_effects, "stuck": self.stuck, "checks": self.checks,
-                "figures": self.figures}
-
-    def with_invariants(self, findings: Findings) -> Verdict:
-        """This verdict with the invariants every drill checks (devhost/invariants.py): their checks and figures
-        added, and lost, duplicates and stuck as the larger of the drill's count and theirs."""
-        return Verdict(self.drill, self.orders, max(self.lost, findings.lost),
-                       max(self.duplicate_side_effects, findings.duplicates), max(self.stuck, findings.stuck),
-                       {**self.checks, **findings.checks}, {**self.figures, **findings.figures})
-
-    def display(self) -> dict[str, Any]:
-        """The rows of the table: the verdict, each check, each figure."""
-        rows: dict[str, Any] = {"passed": "yes" if self.passed else "NO", "orders": self.orders, "lost": self.lost,
-                                "duplicate side effects": self.duplicate_side_effects, "stuck": self.stuck}
-        rows.update({f"check: {name}": "ok" if ok else "FAILED" for name, ok in self.checks.items()})
-        for name, value in self.figures.items():
-            rows[name] = " ".join(str(v) for v in value) if isinstance(value, list) else value
-        return rows
 
 
 def _verdict(run: DrillRun, checks: dict[str, bool], figures: dict[str, Any]) -> Verdict:

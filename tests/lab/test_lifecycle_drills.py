@@ -1,5 +1,5 @@
 """Lifecycle drills (issue 12, part 5) in real processes: `python -m devhost drill compensation|cancel-in-flight|
-poison-in-session|upgrade-in-flight`'s own code (devhost/lifecycle_drills.py) on the whole local system (devhost, the
+poison-in-session|upgrade-in-flight`'s own code (lab/lifecycle_drills.py) on the whole local system (devhost, the
 Agent, the simulator), about a minute together, and `python -m devhost cancel` (devhost/client.py) on a running one.
 
 Each drill's verdict is checked, then its main claims are read again independently where that is cheap: the
@@ -17,23 +17,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import Client, make_order, new_order_id, running_client
+from support.e2e_support import Client, make_order, new_order_id, running_client
 from support.hosted import wait_until
 
-from agent.simulator import EffectStore
-from devhost.drill import DRILLS
-from devhost.invariants import Findings, collect, judge
-from devhost.lifecycle_drills import (
+from lab.drill_common import DRILLS
+from lab.invariants import Findings, collect, judge
+from lab.lifecycle_drills import (
     DEFAULT_VERSION_SETTING,
     LIFECYCLE_SETTINGS,
-    Ledger,
     LifecycleOptions,
     compensation_roles,
-    durable_instances,
     lifecycle_config,
     run_lifecycle_drill,
 )
-from devhost.system import ROOT
+from lab.lifecycle_lab import Ledger, durable_instances
+from lab.simulator_ledger import EffectStore
+from lab.system import ROOT
 from orderflow.messages import STEPS, idempotency_key
 from orderflow.records import ProcessState
 from orderflow.workflow import WORKFLOW_V1, WORKFLOW_V2, WORKFLOW_VERSION

@@ -49,9 +49,9 @@ from .demo import (
     read_effects,
     read_states,
 )
-from .drill import SETTINGS_CHOICES, Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
+from .drill_common import SETTINGS_CHOICES, Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
 from .invariants import _dead_letters, check_system, install_for, read_transitions, store_path
-from .lifecycle_drills import until
+from .lifecycle_lab import until
 from .system import LocalSystem, Process, SystemConfig
 
 STORE_DRILLS = ("state-store-conflicts", "store-outage")
@@ -412,7 +412,7 @@ DRILL_FUNCTIONS: dict[str, Callable[[FaultySystem, StoreDrillOptions], Awaitable
 
 
 async def run_store_drill(system: FaultySystem, options: StoreDrillOptions) -> Verdict:
-    """The drill on a started `system`, then the invariants every drill checks (devhost/invariants.py) over its
+    """The drill on a started `system`, then the invariants every drill checks (lab/invariants.py) over its
     orders; the caller stops the system. The transition audit goes in before the first order."""
     install_for(system)
     verdict, order_ids = await DRILL_FUNCTIONS[options.drill](system, options)

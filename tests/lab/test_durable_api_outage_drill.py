@@ -1,4 +1,4 @@
-"""`python -m devhost drill durable-api-outage` (devhost/durable_api_drills.py) in real processes: devhost's Durable
+"""`python -m devhost drill durable-api-outage` (lab/durable_api_drills.py) in real processes: devhost's Durable
 HTTP API answers 503 on its start and status routes (devhost/durable/http_api.py `OutageSwitch`) while attempts
 expire; afterwards every order ends, none stuck.
 
@@ -19,15 +19,15 @@ from typing import Any
 
 import pytest
 
-from devhost.drill import DRILLS, MODULE_DRILLS
-from devhost.drills_report import FULL, QUICK
 from devhost.durable.http_api import ledger_of
-from devhost.durable_api_drills import DRILL, outage_file
-from devhost.system import ROOT
+from lab.drill_common import DRILLS, MODULE_DRILLS
+from lab.drills_report import FULL, QUICK
+from lab.durable_api_drills import DRILL, outage_file
+from lab.system import ROOT
 
 
 def test_the_drill_is_registered_and_in_both_report_runs() -> None:
-    assert DRILL in DRILLS and MODULE_DRILLS[DRILL] == "devhost.durable_api_drills:run_command"
+    assert DRILL in DRILLS and MODULE_DRILLS[DRILL] == "lab.durable_api_drills:run_command"
     assert DRILL in {run.drill for run in FULL} and DRILL in {run.drill for run in QUICK}
 
 

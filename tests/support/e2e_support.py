@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode, ServiceBusSubQueue
-from support.hosted import wait_until
 
-from devhost.system import LocalSystem, SystemConfig
+from lab.system import LocalSystem, SystemConfig
 from orderflow.adapters import bus_from_connection_string, open_stores
 from orderflow.messages import AgentReply, OperatorAlert, OrderStatus, StatusMessage, SubmitOrder
 from orderflow.records import OrderRecord, OrderStateRecord
+from support.hosted import wait_until
 
 ORDERS_QUEUE = "orders-inbound"
 REPLY_QUEUE = "app-status"
@@ -169,7 +169,7 @@ class Client:
             return await query(stores)
 
     def script(self, script: dict[str, list[str]]) -> None:
-        """Scripted faults on the simulator (agent.simulator `POST /script`)."""
+        """Scripted faults on the simulator (lab.simulator `POST /script`)."""
         self._http("POST", f"{self._simulator_url}/script", script)
 
     def effects(self, order_id: str) -> dict[str, int]:

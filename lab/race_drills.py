@@ -4,7 +4,7 @@ task hub, as when Azure runs the app on several instances (issue 15).
 The drill runs two devhost hosts on one task hub, state store and broker (devhost/durable/hub.py: the hub's
 partitions split between them, and each runs the episodes of its own). Their timer-triggered Starter and Supervisor
 run on one host at a time, the holder of the function's listener lock (devhost/singleton.py), as on Azure. Beyond
-them the drill starts racer processes (devhost/racers.py: the product's own passes, every 200 ms, in processes of
+them the drill starts racer processes (lab/racers.py: the product's own passes, every 200 ms, in processes of
 their own, each with the Durable client of one of the hosts in turn): a pass whose lock lapsed, or an app deployed
 twice. Four Starters in all race to claim the same Pending records; three Supervisors race to recover the same expired
 attempts. Every claim and every recovery is an If-Match write, so exactly one of them wins each race:
@@ -15,7 +15,7 @@ attempts. Every claim and every recovery is an If-Match write, so exactly one of
   expires and the Supervisors race to recover it. Every order must end Processed in attempt 2 with FailureCount 1
   (recovered once: a second recovery of the same attempt would count twice or start a third attempt).
 
-Both check the invariants of every drill (devhost/invariants.py) and report each racer's claims, lost races and
+Both check the invariants of every drill (lab/invariants.py) and report each racer's claims, lost races and
 recoveries; a drill in which the racers won nothing proves nothing and fails.
 """
 
@@ -41,7 +41,7 @@ from .demo import (
     simulator_json,
     wait_terminal,
 )
-from .drill import Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
+from .drill_common import Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
 from .invariants import check_system, install_for
 from .system import LocalSystem, Process, SystemConfig
 
@@ -68,7 +68,7 @@ def _racers(system: LocalSystem, drill: str) -> list[tuple[Process, Path]]:
     for n in range(count):
         stats = system.config.work_dir / f"racer-{role}-{n}.json"
         # Each racer uses the Durable API of a host in turn: its starts land on one host and run on another.
-        process = system._process(f"racer-{role}-{n}", ["-m", "devhost.racers", role, "--host", urls[n % len(urls)],
+        process = system._process(f"racer-{role}-{n}", ["-m", "lab.racers", role, "--host", urls[n % len(urls)],
                                                         "--stats", str(stats)])
         process.start(wait_for_url=False)
         started.append((process, stats))

@@ -1,4 +1,4 @@
-"""devhost/invariants.py's judge on hand-made evidence: each invariant fails on exactly what it names."""
+"""lab/invariants.py's judge on hand-made evidence: each invariant fails on exactly what it names."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from devhost.invariants import ALLOWED, Evidence, judge
+from lab.invariants import ALLOWED, Evidence, judge
 
 IDS = ["o-1", "o-2"]
 

@@ -1,4 +1,4 @@
-"""`python -m devhost up` / `down` bookkeeping (devhost/up.py): refusing to start twice, a stale PID file, a pid
+"""`python -m devhost up` / `down` bookkeeping (lab/up.py): refusing to start twice, a stale PID file, a pid
 reused by another process, and the folders each process creates for itself. The full `up` … `down` run is in
 test_readme_local.py."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.simulator import EffectStore
 from devhost.__main__ import main
+from lab.simulator_ledger import EffectStore
 from orderflow.embedded.broker import EmbeddedBroker
 from orderflow.embedded.store import SqliteFile
 

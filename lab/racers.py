@@ -1,4 +1,4 @@
-"""`python -m devhost.racers starter|supervisor --host URL`: one more Starter or Supervisor, in a process of its
+"""`python -m lab.racers starter|supervisor --host URL`: one more Starter or Supervisor, in a process of its
 own, racing the host's own on the same state store and the same task hub, as another Functions instance would when
 Azure scales out (issue 15: the starter-race and supervisor-race drills).
 
@@ -26,12 +26,12 @@ from typing import Any
 
 import azure.durable_functions as df
 
+from devhost.config import HostConfig
+from devhost.durable.engine import client_binding_json
 from orderflow.runtime import get_services
 from orderflow.starter import DurableStarts, run_starter
 from orderflow.supervisor import run_supervisor
 
-from .config import HostConfig
-from .durable.engine import client_binding_json
 from .system import ROOT
 
 
@@ -60,7 +60,7 @@ async def race(role: str, host: str, every: float, stats: dict[str, Any], stop: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devhost.racers", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m lab.racers", description=__doc__.split("\n\n")[0])
     parser.add_argument("role", choices=("starter", "supervisor"))
     parser.add_argument("--host", required=True, help="the devhost's base URL (its Durable HTTP API)")
     parser.add_argument("--every", type=float, default=0.2, help="seconds between passes (default 0.2)")

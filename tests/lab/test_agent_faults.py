@@ -1,6 +1,7 @@
-"""The Agent's fault switches for the timing drills (devhost/timing_drills.py): replies held back
-(AGENT_REPLY_DELAY_MS / _MIN_MS / _SHARE, `agent.handler.HeldReplies`) and a skewed clock (AGENT_CLOCK_SKEW_SECONDS,
-`agent.worker.SkewedClock`). Each is off by default, and off it changes nothing."""
+"""The Agent's fault switches for the timing drills (lab/timing_drills.py), injected by `python -m lab agent`
+(lab/agent_faults.py): replies held back (AGENT_REPLY_DELAY_MS / _MIN_MS / _SHARE, `HeldReplies`) and a skewed clock
+(AGENT_CLOCK_SKEW_SECONDS, `SkewedClock`). Each is off by default, and off it changes nothing; the deployed Agent has
+none of them."""
 
 from __future__ import annotations
 
@@ -9,14 +10,25 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from agent_fakes import REPLIES, REQUESTS, FakeBus, FakeClock, agent_config, make_request, request_message
 from azure.servicebus import ServiceBusMessage
+from support.agent_fakes import REPLIES, REQUESTS, FakeBus, FakeClock, agent_config, make_request, request_message
 
-from agent.config import config_from_env
+from agent.config import AGENT_SETTINGS, build_parser
 from agent.errors import Classification, ErrorCode
-from agent.handler import HeldReplies, ReplyDelay
 from agent.remote import CallResult
-from agent.worker import AgentWorker, SkewedClock, agent_clock, serve
+from agent.worker import AgentWorker, serve
+from lab.agent_faults import (
+    FAULT_SETTINGS,
+    AgentFaults,
+    HeldReplies,
+    ReplyDelay,
+    SkewedClock,
+    agent_clock,
+    faults_from_env,
+    split_args,
+    with_faults,
+)
+from orderflow.clock import SystemClock
 from orderflow.messages import AgentReply
 
 NO_BREAKER = {"CircuitBreakerFailureThreshold": "0"}
@@ -75,13 +87,28 @@ def ids(n: int) -> list[str]:
 
 
 def test_the_switches_are_off_by_default_and_off_change_nothing() -> None:
-    config = config_from_env({})
-    assert (config.reply_delay_ms, config.reply_delay_min_ms, config.reply_delay_share, config.clock_skew_seconds) == (
-        0, 0, 1.0, 0.0)
-    assert not config.reply_delay().enabled
-    assert all(config.reply_delay().seconds(i) == 0.0 for i in ids(50))
-    clock = FakeClock()
-    assert agent_clock(config, clock) is clock  # no wrapper at all
+    faults = faults_from_env({})
+    assert faults == AgentFaults() and (faults.reply_delay, faults.clock_skew_seconds) == (ReplyDelay(0, 0, 1.0), 0.0)
+    assert not faults.reply_delay.enabled
+    assert all(faults.reply_delay.seconds(i) == 0.0 for i in ids(50))
+    clock, client = FakeClock(), FakeBus()
+    assert agent_clock(faults, clock) is clock  # no wrapper at all
+    assert with_faults(client, REPLIES, faults, clock, 1.0) is client
+
+
+def test_the_deployed_agent_has_no_fault_switch() -> None:
+    names = {s.name for s in FAULT_SETTINGS}
+    assert not names & {s.name for s in AGENT_SETTINGS}
+    flags = {a for action in build_parser()._actions for a in action.option_strings}
+    assert not {"--reply-delay-ms", "--reply-delay-min-ms", "--reply-delay-share", "--clock-skew-seconds"} & flags
+
+
+def test_the_lab_entry_takes_the_switches_as_flags_and_passes_the_rest_to_the_agent() -> None:
+    given, rest = split_args(["--clock-skew-seconds", "-2", "--jitter-seed", "3", "--reply-delay-ms", "50"])
+    assert given == {"AGENT_CLOCK_SKEW_SECONDS": -2.0, "AGENT_REPLY_DELAY_MS": 50}
+    assert rest == ["--jitter-seed", "3"]
+    faults = faults_from_env({"AGENT_REPLY_DELAY_MS": "9", **given}, seed=3)
+    assert faults.clock_skew_seconds == -2.0 and faults.reply_delay == ReplyDelay(50, 0, 1.0, 3)
 
 
 async def test_without_the_switch_the_reply_is_sent_before_the_request_is_completed(bus: FakeBus) -> None:
@@ -100,7 +127,7 @@ async def test_without_the_switch_the_reply_is_sent_before_the_request_is_comple
 ])
 def test_invalid_switch_settings_are_refused(env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        config_from_env(env)
+        faults_from_env(env)
 
 
 # --- replies held back ------------------------------------------------------------------------------------------
@@ -154,14 +181,16 @@ async def test_at_stop_held_replies_get_the_grace_then_are_dropped() -> None:
 async def test_with_the_switch_the_request_is_completed_first_and_the_reply_follows(bus: FakeBus) -> None:
     """The worker wires the switch: the request is settled at once, the held reply goes out after it, and a stop
     waits (within the grace) for the replies still held."""
-    config = agent_config(reply_delay_ms=300, reply_delay_min_ms=200, reply_delay_share=1.0)
+    config = agent_config()
+    faults = AgentFaults(ReplyDelay(max_ms=300, min_ms=200, share=1.0, seed=config.jitter_seed))
     request = make_request("o-1", deadline=far())
     await bus.send(REQUESTS, request_message(request))
-    worker = AgentWorker(bus, Instant(), config)
+    client = with_faults(bus, config.replies_queue, faults, FakeClock(), config.shutdown_grace_ms / 1000)
+    worker = AgentWorker(client, Instant(), config)
     await _run_until(worker, bus, lambda: bool(bus.queue(REQUESTS).completed))
     assert _settled_order(bus, request.message_id()) == ["complete", "send"]  # sent during the stop's grace
     assert [AgentReply.model_validate_json(m.raw).instance_id for m in bus.queue(REPLIES).active] == ["o-1:1"]
-    assert worker.stats["replies_held"] == 1
+    assert client.replies is not None and client.replies.held == 1
 
 
 # --- the clock skewed -------------------------------------------------------------------------------------------
@@ -199,10 +228,12 @@ async def test_an_agent_clock_behind_calls_past_the_deadline(bus: FakeBus) -> No
 # --- helpers ----------------------------------------------------------------------------------------------------
 
 
-async def _serve_one(bus: FakeBus, **overrides: Any) -> AgentReply:
+async def _serve_one(bus: FakeBus, clock_skew_seconds: float) -> AgentReply:
+    """The real Agent's `serve` with the lab's skewed clock, as `python -m lab agent` starts it."""
     stop = asyncio.Event()
-    config = agent_config(remote_url="http://127.0.0.1:9", **overrides)
-    task = asyncio.create_task(serve(bus, config, stop, env=NO_BREAKER))
+    config = agent_config(remote_url="http://127.0.0.1:9")
+    clock = agent_clock(AgentFaults(clock_skew_seconds=clock_skew_seconds), SystemClock())
+    task = asyncio.create_task(serve(bus, config, stop, clock=clock, env=NO_BREAKER))
     try:
         await bus.wait_for(lambda: bool(bus.queue(REPLIES).active), 10)
     finally:

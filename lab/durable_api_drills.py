@@ -20,7 +20,7 @@ the default window):
 Every order must end Processed with `completed`: the hung ones in attempt 2 with FailureCount 1 (recovered once
 after the outage), the refused ones in attempt 1 with FailureCount 0 (started again by the Supervisor, `restarts`).
 Figures: the outage's length, the requests refused by route (the switch's ledger), the attempts expired at its end,
-how long the system took to drain after it. Then the invariants of every drill (devhost/invariants.py).
+how long the system took to drain after it. Then the invariants of every drill (lab/invariants.py).
 """
 
 from __future__ import annotations
@@ -35,15 +35,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from devhost.durable.http_api import OUTAGE_SETTING, ledger_of
 from orderflow.messages import STEPS, OrderStatus, idempotency_key
 from orderflow.records import OrderStateRecord, ProcessState, format_utc, parse_utc
 from orderflow.supervisor import CHECKPOINT
 
 from .demo import ClientApp, client_app, default_work_dir, make_orders, read_effects, read_states, simulator_json
-from .drill import Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
-from .durable.http_api import OUTAGE_SETTING, ledger_of
+from .drill_common import Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
 from .invariants import check_system, install_for, store_path
-from .lifecycle_drills import until
+from .lifecycle_lab import until
 from .store_drills import UNFINISHED, DurableFigures, missing_effects, processed_entries, settled
 from .system import LocalSystem, SystemConfig
 

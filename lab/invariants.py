@@ -196,7 +196,7 @@ def install_for(system: Any) -> None:
 
 async def check_system(system: Any, order_ids: Iterable[str],
                        expect_record: Callable[[str], bool] = lambda _: True) -> Findings:
-    """The invariants of a drill's orders on a running local system (devhost.system.LocalSystem)."""
+    """The invariants of a drill's orders on a running local system (lab.system.LocalSystem)."""
     from .demo import read_effects  # noqa: PLC0415
 
     effects = await read_effects(system)

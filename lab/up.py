@@ -22,7 +22,8 @@ from typing import Any
 
 import psutil
 
-from .config import ConfigError, HostConfig
+from devhost.config import ConfigError, HostConfig
+
 from .system import READY, ROOT, agent_args, devhost_args, simulator_args, terminate_group
 
 PID_FILE = "up.json"

@@ -8,7 +8,7 @@ killed host's partitions, work items and timers go to the others as soon as its 
 retries a lock every `listenerLockRecoveryPollingInterval` (set to 2 s here through the `AzureFunctionsJobHost__`
 override; Azure's default is one minute). The Service Bus triggers of every host take messages from the same queues.
 
-It checks, besides the invariants of every drill (devhost/invariants.py): every order Processed; the Durable work
+It checks, besides the invariants of every drill (lab/invariants.py): every order Processed; the Durable work
 spread, i.e. at least as many host processes ran episodes as the drill runs hosts; and hosts killed while orders
 ran (kills stop early when every order is terminal, as in host-crash). Figures: the episodes and
 activities each host process ran (recorded by the hosts at their looks, every second), how the partitions ended,
@@ -29,7 +29,7 @@ from typing import Any
 from rich.console import Console
 
 from .demo import client_app, default_work_dir, make_orders, read_effects, read_states, wait_terminal
-from .drill import Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
+from .drill_common import Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
 from .invariants import check_system, install_for
 from .system import LocalSystem, SystemConfig
 

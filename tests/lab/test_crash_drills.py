@@ -1,5 +1,5 @@
 """Crash drills (issue 8, item 4) in real processes, small enough for `make test`: `python -m devhost drill`'s own
-code (devhost/drill.py) kills devhost or the Agent with SIGKILL several times while orders are in flight, at the
+code (lab/drill.py) kills devhost or the Agent with SIGKILL several times while orders are in flight, at the
 product's local defaults and at the sample (Azure default) settings, and the remote never fails.
 
 Every order must end Processed: a crash must not cost an order its attempts. On the old 60 s session locks of
@@ -20,9 +20,9 @@ import json
 from pathlib import Path
 
 import pytest
-from e2e_support import Client, running_client
+from support.e2e_support import Client, running_client
 
-from devhost.drill import DrillOptions, DrillResult, drill_config, run_drill
+from lab.drill import DrillOptions, DrillResult, drill_config, run_drill
 from orderflow.messages import STEPS
 from orderflow.records import ProcessState
 

@@ -21,14 +21,14 @@ from orderflow.settings import SETTINGS
 
 ROOT = Path(__file__).resolve().parent.parent
 _LISTENING = re.compile(r"listening on (http://\S+)")
-# What each process prints when it is ready (shared with `python -m devhost up`, devhost/up.py): devhost and the
+# What each process prints when it is ready (shared with `python -m devhost up`, lab/up.py): devhost and the
 # simulator print "... listening on URL"; the Agent logs "agent serving QUEUE ..." once its senders are open.
 READY = {"devhost": _LISTENING, "simulator": _LISTENING, "agent": re.compile(r"agent serving \S+")}
 
 
 def simulator_args(port: int, db: Path, *extra: str) -> list[str]:
-    """`python -m agent.simulator` arguments (after the interpreter)."""
-    return ["-m", "agent.simulator", "--port", str(port), *extra, "--db", str(db)]
+    """`python -m lab.simulator` arguments (after the interpreter)."""
+    return ["-m", "lab.simulator", "--port", str(port), *extra, "--db", str(db)]
 
 
 def devhost_args(app_dir: Path, port: int, state_dir: Path) -> list[str]:
@@ -37,8 +37,8 @@ def devhost_args(app_dir: Path, port: int, state_dir: Path) -> list[str]:
 
 
 def agent_args(*extra: str) -> list[str]:
-    """`python -m agent` arguments (after the interpreter)."""
-    return ["-m", "agent", *extra]
+    """`python -m lab agent` arguments (after the interpreter): the real Agent, fault switches from the env."""
+    return ["-m", "lab", "agent", *extra]
 
 
 def terminate_group(pid: int, alive: Callable[[], bool], timeout: float) -> bool:
