@@ -75,8 +75,10 @@ QUICK: tuple[Run, ...] = (
     Run("state-store-conflicts", ("--orders", "10"), ("injected_412", "injected_429", "elapsed_s")),
     Run("store-outage", ("--orders", "10", "--outage-for", "6"), ("outage_s", "operations_refused",
                                                                   "time_to_drain_s", "elapsed_s")),
-    Run("scale-out", ("--orders", "80", "--kills", "3"), ("kills", "host_processes", "episodes_per_host_process",
-                                                          "attempts", "elapsed_s")),
+    # Kills 0.5-1.5 s apart, so the first falls while the orders run however fast the machine drains them (80 orders
+    # took 3.5 s: a first gap drawn from the default 1-4 s could miss them all).
+    Run("scale-out", ("--orders", "120", "--kills", "3", "--min-gap", "0.5", "--max-gap", "1.5"),
+        ("kills", "host_processes", "episodes_per_host_process", "attempts", "elapsed_s")),
     Run("durable-api-outage", ("--orders", "6", "--outage-for", "8"), ("outage_s", "status_refused",
                                                                      "expired_at_outage_end", "time_to_drain_s",
                                                                      "elapsed_s")),
