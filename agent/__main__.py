@@ -8,16 +8,16 @@ import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import cast
 
 from agent.config import config_from_args
-from agent.worker import serve
+from agent.worker import AgentBus, serve
 from orderflow import telemetry
 
 AGENT_SERVICE_NAME = "orderflow-agent"
 
 
-def create_client(connection: str | None, env: Mapping[str, str]) -> Any:
+def create_client(connection: str | None, env: Mapping[str, str]) -> AgentBus:
     """An azure-servicebus aio client: `--connection` if given, else the app settings (`orderflow.adapters`).
 
     `Endpoint=embedded://...` selects the embedded broker; another connection string, or
@@ -25,7 +25,9 @@ def create_client(connection: str | None, env: Mapping[str, str]) -> Any:
     """
     from orderflow.adapters import aio_bus_from_connection_string, aio_bus_from_settings
 
-    return aio_bus_from_connection_string(connection) if connection else aio_bus_from_settings(env)
+    client = aio_bus_from_connection_string(connection) if connection else aio_bus_from_settings(env)
+    # The adapters return the core's `BusClient` port; both clients they build also take session receivers.
+    return cast(AgentBus, client)
 
 
 async def _run(argv: Sequence[str] | None) -> int:

@@ -12,6 +12,7 @@ context in the W3C `traceparent` header, so a remote service that traces joins t
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -43,7 +44,7 @@ class RemoteCaller(Protocol):
         ...
 
 
-def parse_retry_after(headers: Any) -> float | None:
+def parse_retry_after(headers: Mapping[str, str]) -> float | None:  # aiohttp: a case-insensitive CIMultiDictProxy
     """Seconds to wait from `Retry-After` (delta-seconds) or `retry-after-ms` / `x-ms-retry-after-ms`.
 
     Conformance: same header precedence as azure-core `pipeline/policies/_utils.py:get_retry_after`

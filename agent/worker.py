@@ -39,14 +39,15 @@ import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal, Protocol, Self
 
 import aiohttp
-from azure.servicebus import NEXT_AVAILABLE_SESSION
+from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusSessionFilter
 from azure.servicebus.exceptions import OperationTimeoutError, SessionLockLostError
 
 from agent.config import AgentConfig
-from agent.handler import Outbox, RequestHandler, circuit_alerter
+from agent.handler import Outbox, RequestHandler, Sender, Settler, circuit_alerter
 from agent.remote import HttpRemoteCaller, RemoteCaller
 from agent.retry import CallGate
 from orderflow.adapters import open_breaker_documents
@@ -66,10 +67,66 @@ ERROR_PAUSE_SECONDS = 1.0
 BreakerFactory = Callable[[OnTransition], CallGate]
 
 
+class QueueSender(Sender, Protocol):
+    """A sender as `get_queue_sender` returns it, to be opened with `async with`."""
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(self, *exc: Any) -> None: ...
+
+
+class HeldSession(Protocol):
+    """The session a session receiver holds (azure-servicebus `ServiceBusSession`)."""
+
+    @property
+    def session_id(self) -> str | None: ...
+
+    @property
+    def locked_until_utc(self) -> datetime | None: ...
+
+    async def renew_lock(self) -> object: ...
+
+
+
+class SessionReceiver(Settler, Protocol):
+    """A receiver of one session of `agent-requests`: receive, settle, renew the session's lock."""
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(self, *exc: Any) -> None: ...
+
+    @property
+    def session(self) -> HeldSession: ...
+
+    async def receive_messages(
+        self, max_message_count: int | None = ..., max_wait_time: float | None = ...
+    ) -> list[Any]: ...
+
+    async def abandon_message(self, message: Any, /) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class AgentBus(Protocol):
+    """The aio Service Bus client as far as the Agent uses it: the core's `BusClient` calls plus session receivers
+    (azure-servicebus and the embedded broker's aio client both have them)."""
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(self, *exc: Any) -> None: ...
+
+    def get_queue_sender(self, queue_name: str, /) -> QueueSender: ...
+
+    def get_queue_receiver(
+        self, queue_name: str, /, *, session_id: str | Literal[ServiceBusSessionFilter.NEXT_AVAILABLE] | None = ...,
+        max_wait_time: float | None = ...
+    ) -> SessionReceiver: ...
+
+
 class AgentWorker:
     def __init__(
         self,
-        client: Any,
+        client: AgentBus,
         caller: RemoteCaller,
         config: AgentConfig,
         clock: Clock | None = None,
@@ -132,7 +189,7 @@ class AgentWorker:
             task.add_done_callback(sessions.discard)
             task.add_done_callback(lambda _: slots.release())
 
-    async def _accept_session(self) -> tuple[Any, AsyncExitStack]:
+    async def _accept_session(self) -> tuple[SessionReceiver, AsyncExitStack]:
         """The receiver of the next available session, opened, and the stack that closes it (releases the session);
         OperationTimeoutError when no session comes within the wait."""
         wait = self._config.receive_wait_ms / 1000
@@ -152,7 +209,7 @@ class AgentWorker:
             raise
 
     async def _serve_session(
-        self, session: tuple[Any, AsyncExitStack], handler: RequestHandler, stop: asyncio.Event
+        self, session: tuple[SessionReceiver, AsyncExitStack], handler: RequestHandler, stop: asyncio.Event
     ) -> None:
         """Handle an accepted session until it is idle, lost, or stop; then release it (close its receiver). The
         slot stays taken for `ERROR_PAUSE_SECONDS` after a failure, so a failing bus is not hammered."""
@@ -174,7 +231,7 @@ class AgentWorker:
             await _wait(stop, ERROR_PAUSE_SECONDS)
 
     async def _drain_session(
-        self, receiver: Any, handler: RequestHandler, stop: asyncio.Event, wait: float
+        self, receiver: SessionReceiver, handler: RequestHandler, stop: asyncio.Event, wait: float
     ) -> None:
         """Handle the session's requests in order until it is idle, a failure, or stop."""
         while not stop.is_set():
@@ -189,7 +246,7 @@ class AgentWorker:
                     await _abandon_all(receiver, batch[index + 1 :])
                     return
 
-    async def _process(self, receiver: Any, handler: RequestHandler, message: Any) -> bool:
+    async def _process(self, receiver: SessionReceiver, handler: RequestHandler, message: Any) -> bool:
         """Handle one request; False when it failed and was abandoned (the batch must stop to keep order)."""
         self.stats["received"] += 1
         task = asyncio.current_task()
@@ -209,7 +266,7 @@ class AgentWorker:
             if task is not None:
                 self._busy.discard(task)
 
-    async def _keep_session_locked(self, receiver: Any) -> None:
+    async def _keep_session_locked(self, receiver: SessionReceiver) -> None:
         """Renew the session lock while the slot holds the session: at half its remaining time, so a renewal is
         never later than the expiry (`orderflow.session_locks.renew_delay`). With the 5 s LockDuration of
         `agent-requests` that is every 2.5 s. A failed renewal is retried while the lock is still valid; once the
@@ -222,7 +279,7 @@ class AgentWorker:
                                 what=f"session {getattr(session, 'session_id', '?')}")
 
 
-async def _abandon_all(receiver: Any, messages: Sequence[Any]) -> None:
+async def _abandon_all(receiver: SessionReceiver, messages: Sequence[Any]) -> None:
     for message in messages:
         with contextlib.suppress(Exception):  # a lost lock releases the message anyway
             await receiver.abandon_message(message)
@@ -268,7 +325,7 @@ def breaker_factory(documents: DocumentStore, clock: Clock, env: Mapping[str, st
 
 
 async def serve(
-    client: Any,
+    client: AgentBus,
     config: AgentConfig,
     stop: asyncio.Event,
     clock: Clock | None = None,

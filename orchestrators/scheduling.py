@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Generator, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import azure.durable_functions as df
-from azure.durable_functions.models.Task import TaskBase
+from azure.durable_functions.models.Task import TaskBase, TimerTask
 
 from orderflow import function_names as fn
 from orderflow.activity_models import ActivityModel, DeferOrderInput, WorkflowResult
@@ -70,7 +70,7 @@ def race(context: df.DurableOrchestrationContext, action: Action, complete_by: d
     """The race between the timer at CompleteBy, the Agent's reply and (for a forward step) the client's cancel. A
     reply for another instance or action, or a malformed one, is ignored and the wait goes on."""
     instance_id = context.instance_id
-    timer = context.create_timer(complete_by)
+    timer = cast(TimerTask, context.create_timer(complete_by))  # the SDK annotates TaskBase; it returns a TimerTask
     event_name = reply_event_name(action.value)
     while True:
         reply_task = context.wait_for_external_event(event_name)
