@@ -4,7 +4,7 @@ Azure scales out (issue 15: the starter-race and supervisor-race drills).
 
 It runs the product's own pass (`orderflow.starter.run_starter`, `orderflow.supervisor.run_supervisor`) every
 `--every` seconds with the app settings of its environment, and a `DurableOrchestrationClient` bound to the host's
-Durable HTTP API (devhost/durable/engine.py `client_binding_json`), the same client the host gives its triggers. The
+Durable HTTP API (devhost/durable/binding.py `client_binding_json`), the same client the host gives its triggers. The
 orchestrations run on the devhost hosts of the task hub (devhost/durable/hub.py); what races here is every
 state-store and start_new decision of the Starters and Supervisors, which is where the pattern's races are. On Azure
 a timer function runs on one instance at a time, so the racers stand for passes beyond that: a lock that lapsed
@@ -27,7 +27,7 @@ from typing import Any
 import azure.durable_functions as df
 
 from devhost.config import HostConfig
-from devhost.durable.engine import client_binding_json
+from devhost.durable.binding import client_binding_json
 from orderflow.runtime import get_services
 from orderflow.starter import DurableStarts, run_starter
 from orderflow.supervisor import run_supervisor

@@ -2,7 +2,9 @@
 API.
 """
 
-from .engine import WEBHOOK_PREFIX, DurableEngine, utcnow
+from ._dispatch import utcnow
+from .binding import WEBHOOK_PREFIX
+from .engine import DurableEngine
 from .errors import (
     DurableError,
     InstanceAlreadyExists,
