@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from orderflow.adapters import PreconditionFailed, TransientStoreError, is_transient, open_stores
+from orderflow.adapters import open_stores
 from orderflow.embedded.store import (
     FaultInjector,
     SqliteFile,
@@ -30,6 +30,7 @@ from orderflow.embedded.store import (
     StoreFaults,
     split_endpoint_path,
 )
+from orderflow.errors import PreconditionFailed, TransientStoreError, is_transient
 from orderflow.messages import SubmitOrder
 from orderflow.records import OrderStateRecord, ProcessState
 
