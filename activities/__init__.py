@@ -11,7 +11,7 @@ from orderflow import tracing
 # there: `Registry.validate_function_params` refuses a PEP 585 alias such as `dict[str, Any]` ("binding request has
 # invalid non-type annotation"), and one refused function fails the whole indexing response, so the host starts
 # with no functions (azure-functions-python-worker #1034, azure-functions-durable-python #468, both open).
-# tests/worker_indexing/test_real_worker_indexing.py indexes the app with the real worker library to keep this true.
+# tests/host/worker/test_real_worker_indexing.py indexes the app with the real worker library to keep this true.
 ActivityInput = Dict[str, Any]  # noqa: UP006
 
 

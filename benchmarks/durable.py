@@ -5,7 +5,7 @@ episode
 replays the whole history, so an N-activity chain costs O(N^2) in total), what the store writes per episode
 (Store.stats: commits, write transactions, idle writes, bytes), and the process's peak RSS.
 
-The engine is built as tests/devhost_durable/harness.py builds it (DurableEngine + Invoker on one
+The engine is built as tests/host/durable/harness.py builds it (DurableEngine + Invoker on one
 asyncio loop),
 without the HTTP server, which none of these measurements go through.
 """

@@ -25,8 +25,9 @@ Backends: the embedded store (SQLite: no request charge), and azure-cosmos again
 tests (tests/support/cosmos_server.py: `@vercel/cosmosdb-server`, node_modules) when node and the package are present,
 for the 1,000-record set (without `index` under --quick). That server is one partition and charges a flat 1 RU per
 response, so its RU figure is a request count, not Azure's RU. It also ignores the partition key of a query (see
-tests/contract/test_recovery_index_contract.py): a bucket query there returns entries of later buckets too, so its
-index-mode figures read more documents than Cosmos DB would, and see some records twice (`skipped`: fenced repeats).
+tests/product/contract/test_recovery_index_contract.py): a bucket query there returns entries of later buckets
+too, so its index-mode figures read more documents than Cosmos DB would, and see some records twice (`skipped`:
+fenced repeats).
 """
 
 from __future__ import annotations

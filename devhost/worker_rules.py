@@ -8,7 +8,7 @@ same checks, in the same order, and refuses to start with the worker's own messa
 (`"<ExceptionType>: <message>"`, utils/tracing.py `serialize_exception`).
 
 These rules are a re-statement, not the worker's code (the worker library needs Python >= 3.13).
-tests/worker_indexing/test_real_worker_indexing.py keeps them equal: it indexes the product app, the sample apps
+tests/host/worker/test_real_worker_indexing.py keeps them equal: it indexes the product app, the sample apps
 and a corpus of broken apps with the real worker library (devhost/worker_probe.py under `.venv-worker`) and
 asserts the same verdict and the same message as here.
 """

@@ -88,7 +88,7 @@ class SystemConfig:
 # Settings the local system runs with: short timeouts and schedules so that recovery shows within seconds. The step
 # timeout keeps the crash budget (orderflow/session_locks.py): a step outlasts the 5 s session locks a dead Agent and
 # a dead devhost can leave on agent-requests and agent-replies plus 5 s of headroom (20 s > 5 s + 5 s + 5 s), so
-# killing either never costs an order an attempt; checked by tests/infra/test_crash_budget.py.
+# killing either never costs an order an attempt; checked by tests/product/infra/test_crash_budget.py.
 LOCAL_DEFAULTS = {
     "StepTimeoutSeconds": "20",
     "ClaimLeaseSeconds": "10",

@@ -1,7 +1,7 @@
 """The Scheduler's replay-only versions 1 and 2, frozen: they finish the instances started under them.
 
 `order_workflow` (orchestrators/order_workflow.py) runs an instance here when its version is "1.0" (or empty) or
-"2.0". This code schedules exactly what it scheduled when those versions were live (tests/unit/
+"2.0". This code schedules exactly what it scheduled when those versions were live (tests/product/unit/
 test_workflow_versions.py replays their recorded histories), so it never changes: it walks its own copy of the
 three steps of that time (`FROZEN_STEPS`), never the shared `STEPS`, and calls the activities of
 activities/frozen_versions.py. Delete it once no instance of these versions is in flight (README, "Versioning").

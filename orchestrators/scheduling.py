@@ -57,7 +57,7 @@ def forget_buffered_event(context: df.DurableOrchestrationContext, name: str) ->
     the orchestration), and the valid reply would never be read. A buffered entry, if any, is exactly the event the
     wait just received: a wait registered while an entry exists is completed from it, and an event arriving while a
     wait is open goes to that wait. Deterministic on replay. Only the SDK's one-callback-per-name form is removed:
-    should a fixed SDK queue several events per name, they are left alone. tests/devhost_durable/
+    should a fixed SDK queue several events per name, they are left alone. tests/host/durable/
     test_scheduler_events.py proves it on devhost through the real SDK.
     """
     deferred = getattr(context, "deferred_tasks", None)

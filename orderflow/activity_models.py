@@ -4,7 +4,7 @@ The orchestrator and the activities exchange plain JSON (`to_dict`/`from_dict`),
 SDK would wrap an object with `to_json` in a `{"__class__", "__module__", "__data__"}` envelope, and an in-flight
 instance's history holds the plain dicts. `schemaVersion` 1 is that shape, so a version-1 payload leaves it out;
 only the fields a caller set are written (`exclude_unset`), so a model serializes to exactly the dict it was parsed
-from (tests/unit/test_activity_models.py). Fields are added with defaults; a new shape raises `schemaVersion`.
+from (tests/product/unit/test_activity_models.py). Fields are added with defaults; a new shape raises `schemaVersion`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The response schemas come from pydantic models that mirror, field for field, what `orderflow.operations` returns;
 the state record, the resubmit audit entry and the stored order reuse the models they are written with
 (`OrderStateRecord`, `Resubmission`, `SubmitOrder`). Response models refuse unknown fields, so a field added to an
-answer without its schema fails tests/e2e/test_ops_api_e2e.py, which validates every real response of every
+answer without its schema fails tests/product/e2e/test_ops_api_e2e.py, which validates every real response of every
 endpoint against this document.
 
 Auth: every route, the document's own included, is auth level `function` (a function or host key in the

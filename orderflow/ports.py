@@ -2,7 +2,7 @@
 index and the Service Bus client; shared helpers.
 
 Store adapters: `orderflow.embedded.store` (embedded) and `orderflow.azure.cosmos` (azure-cosmos); both pass
-`tests/contract/test_store_contract.py`. An etag is an opaque string that changes on every write. Bus adapters:
+`tests/product/contract/test_store_contract.py`. An etag is an opaque string that changes on every write. Bus adapters:
 `orderflow.embedded.client_aio` and `azure.servicebus.aio`; `BusClient` covers exactly the calls the core makes, and
 `orderflow.adapters` checks that both satisfy it. Received messages stay `Any`: the two sides' message classes differ.
 """

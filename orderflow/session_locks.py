@@ -40,8 +40,8 @@ while the lock is still dead, so only its excess over LockDuration counts: with 
 of up to about 10 s fits (the simulator answers in milliseconds). A slower restart can cost an attempt; rule 2 is
 what absorbs that.
 
-`tests/infra/test_crash_budget.py` checks the rule on the Azure defaults (`orderflow/settings.py`, the Bicep queues,
-host.json) and on the demo's `lab/system.py` LOCAL_DEFAULTS with `servicebus.config.json`.
+`tests/product/infra/test_crash_budget.py` checks the rule on the Azure defaults (`orderflow/settings.py`, the Bicep
+queues, host.json) and on the demo's `lab/system.py` LOCAL_DEFAULTS with `servicebus.config.json`.
 """
 
 from __future__ import annotations

@@ -174,7 +174,8 @@ def _observe_deadletters(_options: metrics.CallbackOptions) -> list[metrics.Obse
     return [metrics.Observation(depth, {"queue": queue}) for queue, depth in sorted(_deadletter_depths.items())]
 
 
-# Each setter names its instrument literally (tests/infra reads the metric names the code creates from the calls).
+# Each setter names its instrument literally (tests/product/infra reads the metric names the code creates from the
+# calls).
 def set_orders_in_state(state: str, count: int) -> None:
     """The last count of orders in `state` (gauge `orderflow.orders.in_state`, attribute `state`)."""
     _orders_in_state[state] = count

@@ -12,7 +12,7 @@
 //  - a circuit breaker open (issue 11): the gauge `orderflow.circuit.state` (0 closed, 1 half-open, 2 open; attribute
 //    `service`) that the Agent reports (orderflow/telemetry.py) reads 2 for a remote service.
 // The metric and log names are the telemetry contract with orderflow's OpenTelemetry instrumentation: every name an
-// alert queries is one the code emits (tests/infra/test_infra_telemetry.py).
+// alert queries is one the code emits (tests/product/infra/test_infra_telemetry.py).
 param location string
 param tags object = {}
 param namePrefix string

@@ -1,7 +1,7 @@
 // Concern: the function app (Scheduler, Starter, Supervisor, Service Bus triggers) on Flex Consumption, Python
 // 3.11, running as one user-assigned identity. Every connection is identity-based: no key, SAS or secret-bearing
 // connection string appears in its settings. The app settings are exactly the ones the code reads
-// (orderflow/settings.py SETTINGS) plus the ones the Functions host owns; tests/infra checks both sets.
+// (orderflow/settings.py SETTINGS) plus the ones the Functions host owns; tests/product/infra checks both sets.
 import { alwaysReadyEntry } from 'types.bicep'
 
 param location string
@@ -127,8 +127,8 @@ var codeSettings = {
   RetryBackoffBaseSeconds: '2'
   RetryBackoffMaxSeconds: '300'
   // Issue 11: the retry budget (AgentRequestsMaxDeliveryCount must equal agent-requests' maxDeliveryCount in
-  // servicebus.bicep; tests/infra/test_infra_servicebus.py), the circuit breaker (the Agent gets the same values:
-  // agent.bicep) and admission control.
+  // servicebus.bicep; tests/product/infra/test_infra_servicebus.py), the circuit breaker (the Agent gets the same
+  // values: agent.bicep) and admission control.
   RemoteCallBudgetPerStep: '75'
   AgentRequestsMaxDeliveryCount: '5'
   CircuitBreakerFailureThreshold: '10'

@@ -36,8 +36,8 @@
 // stops at a cap); scoped per queue, not to the namespace. Not granted on purpose: Send on orders-inbound to the app
 // (the operator cancel route applies the cancel through the CancelOrder use case and sends nothing), Listen on
 // agent-requests, operator-alerts or a status queue to the app (the summary does not peek them), and any Manage
-// right. tests/infra/test_rbac_operations.py checks every Service Bus call and every queue ARM read of the deployed
-// code against these grants.
+// right. tests/product/infra/test_rbac_operations.py checks every Service Bus call and every queue ARM read of the
+// deployed code against these grants.
 // The Agent touches one Cosmos DB container, the circuit-breaker documents (issue 11): a custom data-plane role lets it
 // read, create and replace items there and nothing else (no delete, upsert, query or change feed; no other container;
 // not the orders or the order state). The function app reads and writes the breakers through its Data Contributor

@@ -35,7 +35,7 @@ var lockDuration = 'PT1M'
 // The Agent queues lock for 5 s, the Service Bus minimum: a consumer that dies holding an order's session (SessionId
 // = orderId) blocks that order's requests or replies only until its lock expires, and 5 s + 5 s stay well inside
 // one step (StepTimeoutSeconds), so a crash never costs the order an attempt (orderflow/session_locks.py; checked by
-// tests/infra/test_crash_budget.py). Live consumers renew every 2.5 s.
+// tests/product/infra/test_crash_budget.py). Live consumers renew every 2.5 s.
 var agentLockDuration = 'PT5S'
 var duplicateDetectionWindow = 'PT10M'
 

@@ -9,8 +9,8 @@ lock and time out, and the Supervisor gives up at FailureThreshold. Measured on 
 in both local drills below; the full drills, 64 of 100 after 10 host kills and 83 of 100 after 5 Agent kills. The
 sample-settings drills pass there too (3 attempts x 30 s outlast a 60 s lock), as the README's crash budget says.
 
-tests/e2e/test_crash_e2e.py keeps the other crash property: the orders in flight at a kill finish through Durable
-resumption in their first attempt (one kill of both processes, with activity work items in flight).
+tests/product/e2e/test_crash_e2e.py keeps the other crash property: the orders in flight at a kill finish through
+Durable resumption in their first attempt (one kill of both processes, with activity work items in flight).
 """
 
 from __future__ import annotations

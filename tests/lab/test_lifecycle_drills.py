@@ -47,7 +47,7 @@ def test_the_lifecycle_drills_are_drills_with_their_own_settings(tmp_path: Path)
     upgrade = lifecycle_config(tmp_path, LifecycleOptions("upgrade-in-flight", latency_ms=300))
     assert upgrade.settings[DEFAULT_VERSION_SETTING] == "1.0" and upgrade.latency_ms_mean == 300
     assert DEFAULT_VERSION_SETTING not in lifecycle_config(tmp_path, LifecycleOptions("compensation")).settings
-    # None changes a setting of the crash budget (tests/infra/test_crash_budget.py checks LOCAL_DEFAULTS).
+    # None changes a setting of the crash budget (tests/product/infra/test_crash_budget.py checks LOCAL_DEFAULTS).
     budget = {"StepTimeoutSeconds", "ClaimLeaseSeconds", "FailureThreshold", "RetryBackoffBaseSeconds",
               "RetryBackoffMaxSeconds"}
     assert not any(budget & set(values) for values in LIFECYCLE_SETTINGS.values())

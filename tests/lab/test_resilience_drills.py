@@ -198,7 +198,7 @@ def test_a_breaker_still_open_at_the_end_has_no_closing() -> None:
 
 def test_drill_settings_leave_the_crash_budget_to_the_local_defaults() -> None:
     # The drills that kill change no setting of the crash budget (orderflow/session_locks.py):
-    # tests/infra/test_crash_budget.py proves it for LOCAL_DEFAULTS, so it holds in every such drill.
+    # tests/product/infra/test_crash_budget.py proves it for LOCAL_DEFAULTS, so it holds in every such drill.
     budget_settings = {"StepTimeoutSeconds", "ClaimLeaseSeconds", "FailureThreshold", "RetryBackoffBaseSeconds",
                        "RetryBackoffMaxSeconds"}
     assert set(CrashBudget.__dataclass_fields__) >= {"step_timeout_s", "claim_lease_s", "failure_threshold"}

@@ -207,7 +207,7 @@ async def test_effects_report_of_compensated_and_happy_orders(
         await post(http, simulator, "rolled-back", compensation.value)
     report = await effects(http, simulator)
 
-    def per_order(order_id: str) -> dict[str, int]:  # what tests/e2e compare to {step: 1}
+    def per_order(order_id: str) -> dict[str, int]:  # what tests/product/e2e compare to {step: 1}
         return {e["step"]: e["applied"] for e in report["effects"] if e["orderId"] == order_id}
 
     assert per_order("happy") == {s.value: 1 for s in STEPS}

@@ -1,4 +1,5 @@
-"""A real `python -m devhost start` subprocess hosting tests/sample_host_app with fresh state, and a bounded wait."""
+"""A real `python -m devhost start` subprocess hosting tests/host/sample_host_app with fresh state, and a bounded
+wait."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 from lab.system import ROOT, Process
 from orderflow.adapters import bus_from_connection_string
 
-SAMPLE = ROOT / "tests" / "sample_host_app"
+SAMPLE = ROOT / "tests" / "host" / "sample_host_app"
 
 
 class HostedSample:

@@ -1,7 +1,7 @@
 """Span capture for the end-to-end trace test (a test harness, not product code).
 
-tests/e2e/test_trace_e2e.py puts this folder first on PYTHONPATH of every process of the local system (devhost, the
-Agent, the simulator) and sets ORDERFLOW_OTEL_CAPTURE_DIR; Python then imports this module at start-up (the `site`
+tests/product/e2e/test_trace_e2e.py puts this folder first on PYTHONPATH of every process of the local system (devhost,
+the Agent, the simulator) and sets ORDERFLOW_OTEL_CAPTURE_DIR; Python then imports this module at start-up (the `site`
 module's sitecustomize hook), before the product configures anything. Without that variable it does nothing.
 
 It installs the global TracerProvider of the OpenTelemetry SDK with a SimpleSpanProcessor, so each span is exported as

@@ -1,0 +1,53 @@
+"""The seeded store of the operator API's end-to-end tests (tests/product/e2e/test_ops_api_e2e.py and
+test_ops_api_schemathesis.py): settings that keep the Starter and the Supervisor off the seeded records, and records in
+every state written straight to the embedded store."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from orderflow.adapters import open_stores
+from orderflow.records import OrderRecord, OrderStateRecord, ProcessState, format_utc
+from orderflow.supervisor import CHECKPOINT, SupervisorRun, last_run
+from support.e2e_support import make_order
+
+NEVER = "0 0 0 1 1 *"  # once a year: the Starter and the Supervisor leave the seeded records alone
+SETTINGS = {"StarterSchedule": NEVER, "SupervisorSchedule": NEVER, "StepTimeoutSeconds": "600",
+            "ClaimLeaseSeconds": "600"}
+EPOCH = datetime.now(UTC).replace(microsecond=0)
+
+
+def _record(order_id: str, state: ProcessState, updated: datetime, **changes: Any) -> OrderStateRecord:
+    rec = OrderStateRecord.new(make_order(order_id), EPOCH - timedelta(days=10))
+    return rec.model_copy(update={"process_state": state, "updated_at": updated, **changes})
+
+
+async def seed(endpoint: str, ids: dict[str, Any]) -> None:
+    """Records in every state, by the names in `ids`, and the Supervisor's checkpoint, written to the store."""
+    now = EPOCH
+    terminal = {"notified_at": now}
+    records = [
+        *(_record(i, ProcessState.PROCESSED, now - timedelta(days=k, hours=1), attempt=1, **terminal)
+          for k, i in enumerate(ids["processed"])),
+        _record(ids["error"], ProcessState.ERROR, now - timedelta(hours=3), attempt=3, failure_count=3,
+                last_error="step reserve-inventory: no reply before CompleteBy", **terminal),
+        _record(ids["error_kept"], ProcessState.ERROR, now - timedelta(hours=2), attempt=3, failure_count=3,
+                last_error="remote refused", **terminal),
+        _record(ids["compensation_failed"], ProcessState.COMPENSATION_FAILED, now - timedelta(hours=1), attempt=2,
+                compensation_failures=3, **terminal),
+        _record(ids["pending_oldest"], ProcessState.PENDING, now - timedelta(hours=5)),
+        _record(ids["pending_cancel"], ProcessState.PENDING, now - timedelta(hours=4)),
+        # An expired attempt the Supervisor has not recovered yet, with a cancel already recorded: attempt 2 of 2, and
+        # no orchestration behind either attempt.
+        _record(ids["processing_expired"], ProcessState.PROCESSING, now - timedelta(hours=1), attempt=2,
+                failure_count=1, locked_by=f"{ids['processing_expired']}:2",
+                complete_by=now - timedelta(minutes=30), cancel_requested_at=now - timedelta(minutes=40)),
+    ]
+    async with open_stores({"CosmosDb__accountEndpoint": endpoint}) as stores:
+        for rec in records:
+            await stores.orders.create_if_absent(OrderRecord.from_order(make_order(rec.order_id), rec.created_at))
+            _, created = await stores.state.create_if_absent(rec)
+            assert created
+        await stores.state.put_checkpoint(CHECKPOINT, {"position": format_utc(now - timedelta(minutes=5)),
+                                                       "lastRun": last_run(SupervisorRun(), now)}, None)
