@@ -253,7 +253,7 @@ def circuit_alerter(alerts: Sender, clock: Clock) -> OnTransition:
         telemetry.alert_event(alert.kind.value, alert.order_id, alert.reason)
         try:
             await alerts.send_messages(alert_message(alert))
-        except Exception:  # noqa: BLE001 - an alert must not fail the request; the state is in the gauge too
+        except Exception:  # an alert must not fail the request; the state is in the gauge too
             log.exception("could not send the %s alert of %s", alert.kind.value, transition.service)
             return
         log.warning("alert %s: circuit of %s %s (%s)", alert.kind.value, transition.service,

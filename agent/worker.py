@@ -175,7 +175,7 @@ class AgentWorker:
             except OperationTimeoutError:  # no session became available within the wait: ask again
                 slots.release()
                 continue
-            except Exception:  # noqa: BLE001 - the acceptor must outlive any one failure
+            except Exception:  # the acceptor must outlive any one failure
                 slots.release()
                 self.stats["errors"] += 1
                 log.exception("agent could not accept a session; pausing")
@@ -225,7 +225,7 @@ class AgentWorker:
                         await renewer
         except OperationTimeoutError:
             pass
-        except Exception:  # noqa: BLE001 - one session's failure must not stop the Agent
+        except Exception:  # one session's failure must not stop the Agent
             self.stats["errors"] += 1
             log.exception("agent session error; pausing")
             await _wait(stop, ERROR_PAUSE_SECONDS)
@@ -257,7 +257,7 @@ class AgentWorker:
             return True
         except SessionLockLostError:
             raise
-        except Exception:  # noqa: BLE001 - abandon and let the broker redeliver (MaxDeliveryCount bounds it)
+        except Exception:  # abandon and let the broker redeliver (MaxDeliveryCount bounds it)
             self.stats["abandoned"] += 1
             log.exception("request %s failed; abandoning", getattr(message, "message_id", "?"))
             await _abandon_all(receiver, [message])

@@ -55,15 +55,15 @@ def run_one(name: str, quick: bool, profile: bool, out: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "compare" in argv and "--table" not in argv:  # its own options and result document (benchmarks/compare.py)
-        from . import compare  # noqa: PLC0415
+        from . import compare
 
         return compare.main([a for a in argv if a != "compare"])
     if "azure_cost" in argv and "--table" not in argv:  # its own options and result document (benchmarks/azure_cost.py)
-        from . import azure_cost  # noqa: PLC0415
+        from . import azure_cost
 
         return azure_cost.main([a for a in argv if a != "azure_cost"])
     args = _parser().parse_args(argv)
-    from . import report  # noqa: PLC0415
+    from . import report
 
     if args.table:
         print(report.labelled_table(args.names or None, quick=args.quick, results_dir=args.out))

@@ -59,13 +59,13 @@ class Scenario:
 
 
 def _steps() -> list[str]:
-    from orderflow.messages import STEPS  # noqa: PLC0415
+    from orderflow.messages import STEPS
 
     return [s.value for s in STEPS]
 
 
 def _key(order_id: str, step: str) -> str:
-    from orderflow.messages import idempotency_key  # noqa: PLC0415
+    from orderflow.messages import idempotency_key
 
     return idempotency_key(order_id, step)
 
@@ -89,7 +89,7 @@ class MeteredRun:
     """The local system with the meter in devhost and the Agent, our client in this process."""
 
     def __init__(self, work: Path, orders: int, log: Callable[[str], None]) -> None:
-        from lab.system import LocalSystem, SystemConfig  # noqa: PLC0415
+        from lab.system import LocalSystem, SystemConfig
 
         self.work, self.orders, self.log = work, orders, log
         shim = work / "shim"
@@ -116,7 +116,7 @@ class MeteredRun:
         METER.install()  # this process: the client's Service Bus calls
         self.system.start()
         env = self.system.env()
-        from .compare_ours import OurClient  # noqa: PLC0415
+        from .compare_ours import OurClient
 
         self.client = OurClient(self.config.bus_connection, env.get("OrdersQueueName", "orders-inbound"),
                                 self.config.reply_queue, timeout_s=300.0)
@@ -156,7 +156,7 @@ class MeteredRun:
     def settle(self, prefix: str, timeout: float = 120.0) -> None:
         """Until the prefix's records are terminal and its orchestrations finished, then a quiet second (late
         replies, notifications)."""
-        from orderflow.records import TERMINAL_STATES  # noqa: PLC0415
+        from orderflow.records import TERMINAL_STATES
 
         terminal = {s.value for s in TERMINAL_STATES}
         durable_db = self.config.work_dir / "devhost" / "durable.db"
@@ -199,7 +199,7 @@ def _ticks(delta: Mapping[str, Mapping[str, int]]) -> dict[str, float]:
 def background(idle: Mapping[str, Mapping[str, int]], idle_s: float, env: Mapping[str, str]) -> dict[str, Any]:
     """The fixed cost: the timer triggers' work per tick (from the idle window) at the registry's schedules, and what
     the receivers' polling did per second (embedded broker; shown, not priced)."""
-    from orderflow.settings import SETTINGS as REGISTRY  # noqa: PLC0415
+    from orderflow.settings import SETTINGS as REGISTRY
 
     defaults = {s.name: s.default for s in REGISTRY}
     ticks = _ticks(idle)
@@ -253,7 +253,7 @@ def run(orders: int, idle_s: float, keep: Path | None, log: Callable[[str], None
         idle, idle_span = _delta(after, before), after.at - before.at
         for scenario in SCENARIOS:
             prefix = f"ac-{scenario.name}"
-            from .compare_proto import orders_for  # noqa: PLC0415
+            from .compare_proto import orders_for
 
             ids = [o.order_id for o in orders_for(prefix, orders, measured.config.reply_queue)]
             faults = scenario.script(ids)

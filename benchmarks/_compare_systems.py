@@ -93,7 +93,7 @@ class OurSystem:
     name = "ours"
 
     def __init__(self, round_dir: Path, instrument: Instrument, options: Options) -> None:
-        from lab.system import LocalSystem, SystemConfig  # noqa: PLC0415
+        from lab.system import LocalSystem, SystemConfig
 
         class InstrumentedSystem(LocalSystem):
             """LocalSystem whose processes start under strace and with the counting shim's environment. `_process`
@@ -160,7 +160,7 @@ class PeerSystem:
         return {**env, "PYTHONUNBUFFERED": "1", **self.instrument.env()}
 
     def start(self) -> None:
-        from lab.system import Process, simulator_args  # noqa: PLC0415
+        from lab.system import Process, simulator_args
 
         o = self.options
         sim = [python(), *simulator_args(0, self.dir / "simulator.db", "--seed", str(SEED),

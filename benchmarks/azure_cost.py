@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.orders < 1:
         p.error("--orders must be at least 1")
-    from .common import environment  # noqa: PLC0415
+    from .common import environment
 
     doc = run(args.orders, args.idle_seconds, args.keep, lambda line: print(line, file=sys.stderr, flush=True))
     doc["environment"] = environment()

@@ -90,7 +90,7 @@ def send_batched(conn: str, count: int, batch: int) -> dict[str, Any]:
 
 
 def send_single_aio(conn: str, count: int) -> dict[str, Any]:
-    from orderflow.adapters import aio_bus_from_connection_string as aio_client  # noqa: PLC0415
+    from orderflow.adapters import aio_bus_from_connection_string as aio_client
 
     async def run() -> float:
         async with aio_client(conn) as client, client.get_queue_sender("q") as sender:

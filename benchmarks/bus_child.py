@@ -23,7 +23,7 @@ from benchmarks.common import rss_mib
 
 def wake_sync(conn: str, queue: str) -> None:
     """Block in `receive_messages`; print '<body> <monotonic receive time>' for each message until 'stop'."""
-    from orderflow.adapters import bus_from_connection_string  # noqa: PLC0415
+    from orderflow.adapters import bus_from_connection_string
 
     with bus_from_connection_string(conn) as client, client.get_queue_receiver(queue) as receiver:
         print("ready", flush=True)
@@ -39,7 +39,7 @@ def wake_sync(conn: str, queue: str) -> None:
 
 async def wake_async(conn: str, queue: str) -> None:
     """As `wake_sync`, with the aio client that devhost's triggers use."""
-    from orderflow.adapters import aio_bus_from_connection_string  # noqa: PLC0415
+    from orderflow.adapters import aio_bus_from_connection_string
 
     async with aio_bus_from_connection_string(conn) as client, client.get_queue_receiver(queue) as receiver:
         print("ready", flush=True)
@@ -55,7 +55,7 @@ async def wake_async(conn: str, queue: str) -> None:
 
 async def hold(conn: str, queue: str, count: int) -> None:
     """Open `count` aio receivers blocked on `queue`; print RSS before/after as JSON; exit on a stdin line."""
-    from orderflow.adapters import aio_bus_from_connection_string  # noqa: PLC0415
+    from orderflow.adapters import aio_bus_from_connection_string
 
     client = aio_bus_from_connection_string(conn)
     client.broker.queue_properties(queue)  # warm the connection and the properties cache

@@ -27,7 +27,7 @@ MIB = 1024 * 1024
 def environment() -> dict[str, Any]:
     """Facts that a figure depends on: CPU count, Python, OS, SQLite and the git commit of the code
     measured."""
-    import sqlite3  # noqa: PLC0415
+    import sqlite3
 
     return {
         "cpu_count": os.cpu_count(),
@@ -102,7 +102,7 @@ def rss_mib(pid: int | None = None) -> float:
 
 def peak_rss_self_mib() -> float:
     """This process's peak RSS (ru_maxrss) since it started."""
-    import resource  # noqa: PLC0415
+    import resource
 
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 

@@ -308,7 +308,7 @@ _MEASURED = ["--", ".", ":(exclude)tests", ":(exclude)docs", ":(exclude)*.md", "
 
 
 def _git(*args: str) -> bytes:
-    import subprocess  # noqa: PLC0415
+    import subprocess
 
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, timeout=60, check=False).stdout
 
@@ -317,7 +317,7 @@ def tree_fingerprint(base: str) -> str:
     """A hash of the measured code as it is in the work tree (its difference from commit `base`, and the new files):
     other people edit this work tree while a run goes on, and a run that straddles a change measures two versions.
     Commits that only move HEAD (the working files unchanged) and changes to tests or docs leave it alone."""
-    import hashlib  # noqa: PLC0415
+    import hashlib
 
     digest = hashlib.sha256(_git("diff", base, *_MEASURED))
     for name in sorted(_git("ls-files", "--others", "--exclude-standard", *_MEASURED).decode().splitlines()):
@@ -391,7 +391,7 @@ def run(plan: Plan, options: Options, quick: bool, log: Any) -> dict[str, Any]:
 
 
 def _version(name: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+    from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version(name)
@@ -452,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, OSError) as exc:
         print(f"compare failed: {exc}", file=sys.stderr)
         return 1
-    from . import compare_plots  # noqa: PLC0415
+    from . import compare_plots
 
     document["plots"] = [str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
                          for p in compare_plots.plot(document, args.out, args.quick)]
@@ -460,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out / f"compare{'.quick' if args.quick else ''}.json"
     path.write_text(json.dumps(document, indent=2) + "\n")
     log(f"   compare took {document['run_seconds']:.0f} s; wrote {path}")
-    from . import report  # noqa: PLC0415
+    from . import report
 
     log(report.compare_table(document))
     if args.json:

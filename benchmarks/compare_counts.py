@@ -111,8 +111,8 @@ _DURATION = re.compile(r"^(?:\d+\s+)?(\d+\.\d+)\s+.*(?:fsync|fdatasync).*<(\d+\.
 
 def strace_usable() -> bool:
     """Whether strace is installed and may trace here (a container without ptrace rights refuses it)."""
-    import shutil  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
+    import shutil
+    import subprocess
 
     if shutil.which("strace") is None:
         return False
@@ -171,7 +171,7 @@ def durable_unfinished(db: Path, prefix: str) -> int:
 def durable_counts(db: Path, prefix: str) -> dict[str, Any]:
     """Instances, activities (TaskScheduled), episodes (OrchestratorStarted: one per replay of the orchestrator) and
     history events by type, over the instances of the orders `<prefix>-…` (instance id `<orderId>:<attempt>`)."""
-    from azure.durable_functions.models.history import HistoryEventType  # noqa: PLC0415
+    from azure.durable_functions.models.history import HistoryEventType
 
     conn = _read(db)
     try:

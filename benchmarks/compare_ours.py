@@ -33,8 +33,8 @@ class OurClient:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     async def _open(self) -> Any:
-        from lab.demo import ClientApp  # noqa: PLC0415
-        from orderflow.adapters import aio_bus_from_connection_string  # noqa: PLC0415
+        from lab.demo import ClientApp
+        from orderflow.adapters import aio_bus_from_connection_string
 
         self.bus = aio_bus_from_connection_string(self.connection)
         client = ClientApp(self.bus, self.orders_queue, self.reply_queue)
@@ -66,7 +66,7 @@ class OurClient:
         ids = [o.order_id for o in orders]
         sent = {o: self.client.sent_at[o] for o in ids if o in self.client.sent_at}
         terminal = {o: self.client.terminal_at[o] for o in ids if o in self.client.terminal_at}
-        from lab.demo import FINAL_STATUSES  # noqa: PLC0415
+        from lab.demo import FINAL_STATUSES
 
         outcomes: Counter[str] = Counter()
         for o in terminal:

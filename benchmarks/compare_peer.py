@@ -62,11 +62,11 @@ def prepare(path: Path, schema: str | None = None) -> None:
 class Peer:
     def __init__(self, work_dir: Path, simulator_url: str, concurrency: int, mode: str, polling_interval: float,
                  synchronous: str, timeout_s: float) -> None:
-        import sqlalchemy as sa  # noqa: PLC0415
-        import urllib3  # noqa: PLC0415
-        from dbos import DBOS, DBOSConfig, SQLAlchemyDatasource  # noqa: PLC0415
+        import sqlalchemy as sa
+        import urllib3
+        from dbos import DBOS, DBOSConfig, SQLAlchemyDatasource
 
-        from orderflow.messages import STEPS, idempotency_key  # noqa: PLC0415
+        from orderflow.messages import STEPS, idempotency_key
 
         self.mode, self.timeout_s = mode, timeout_s
         self._cv = threading.Condition()
@@ -164,7 +164,7 @@ class Peer:
 
     # -- submitting ---------------------------------------------------------------------------------------------
     def _submit(self, order: dict[str, Any]) -> None:
-        from dbos import SetWorkflowID  # noqa: PLC0415
+        from dbos import SetWorkflowID
 
         order_id = order["orderId"]
         self.sent_at[order_id] = time.monotonic()
@@ -228,7 +228,7 @@ class Peer:
 
     def _submit_started(self, order: dict[str, Any]) -> None:
         """`start` mode: wait for a slot, then start (the submit time was noted when the order was handed over)."""
-        from dbos import SetWorkflowID  # noqa: PLC0415
+        from dbos import SetWorkflowID
 
         self._slots.acquire()
         with SetWorkflowID(order["orderId"]):

@@ -11,10 +11,10 @@ STYLE = {"ours": {"color": "tab:blue", "marker": "o", "label": "orderflow (devho
 
 
 def plot(document: dict[str, Any], out_dir: Path, quick: bool) -> list[Path]:
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
     suffix = ".quick.png" if quick else ".png"

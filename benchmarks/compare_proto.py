@@ -49,7 +49,7 @@ class Answer:
 def orders_for(prefix: str, count: int, reply_to: str) -> list[Any]:
     """The orders of one workload: devhost's demo orders (1–3 items), ids `<prefix>-7-00000`…; both drivers send the
     same ones."""
-    from lab.demo import make_orders  # noqa: PLC0415
+    from lab.demo import make_orders
 
     return make_orders(count, SEED, reply_to, prefix=prefix)
 
@@ -84,7 +84,7 @@ class Driver:
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path, cwd: Path) -> None:
         self.name = name
-        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._log = open(log_path, "ab")  # closed in stop()
         self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._log, start_new_session=True)
         self._answers: queue.Queue[dict[str, Any] | None] = queue.Queue()

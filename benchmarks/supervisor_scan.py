@@ -193,7 +193,7 @@ async def _two_passes(services: Services, count: Callable[[], dict[str, int]] | 
 
 
 async def _embedded(data: Dataset) -> dict[str, Any]:
-    from orderflow.embedded.store import open_sqlite_recovery_index, open_sqlite_stores  # noqa: PLC0415
+    from orderflow.embedded.store import open_sqlite_recovery_index, open_sqlite_stores
 
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-supervisor-") as tmp:
@@ -222,7 +222,7 @@ def _rows(path: Path) -> int:
 
 
 def _cosmos_available() -> str | None:
-    from tests.support.cosmos_server import missing_prerequisite  # noqa: PLC0415
+    from tests.support.cosmos_server import missing_prerequisite
 
     return missing_prerequisite()
 
@@ -238,9 +238,9 @@ def _kind(method: str, path: str, query: bool) -> str:
 
 
 async def _cosmos(data: Dataset, endpoint: str, server: Any, modes: tuple[str, ...]) -> dict[str, Any]:
-    from azure.cosmos.aio import CosmosClient  # noqa: PLC0415
+    from azure.cosmos.aio import CosmosClient
 
-    from orderflow.azure.cosmos import CosmosNames, cosmos_recovery_index, open_cosmos_with_key  # noqa: PLC0415
+    from orderflow.azure.cosmos import CosmosNames, cosmos_recovery_index, open_cosmos_with_key
 
     def count() -> dict[str, int]:
         kinds: dict[str, int] = {}
@@ -269,7 +269,7 @@ async def _cosmos(data: Dataset, endpoint: str, server: Any, modes: tuple[str, .
 
 
 def _run_cosmos(sizes: list[int], datasets: dict[int, Dataset], modes: tuple[str, ...]) -> dict[str, Any]:
-    from tests.support.cosmos_server import run_cosmos_server  # noqa: PLC0415
+    from tests.support.cosmos_server import run_cosmos_server
 
     with run_cosmos_server() as server:
         return {str(n): asyncio.run(_cosmos(datasets[n], server.endpoint, server, modes)) for n in sizes}

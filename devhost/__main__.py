@@ -32,19 +32,19 @@ def _parser() -> argparse.ArgumentParser:
 
     # submit, cancel and queues: aliases of the operator CLI's client commands (orderflow/cli/client.py), one
     # implementation. `cancel` here is the client app's (no state-store check), as before the CLI existed.
-    from orderflow.cli.client import add_commands  # noqa: PLC0415
+    from orderflow.cli.client import add_commands
     add_commands(sub, "devhost", ("submit", "cancel", "queues"))
     # demo, drill, drills, up and down: aliases of `python -m lab`'s commands (the lab's, loaded only here).
-    from lab.__main__ import add_commands as add_lab_commands  # noqa: PLC0415
+    from lab.__main__ import add_commands as add_lab_commands
     add_lab_commands(sub)
     return p
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from .app_loader import IndexError_  # noqa: PLC0415
-    from .config import ConfigError  # noqa: PLC0415
-    from .host import Host, HostOptions, PortInUse  # noqa: PLC0415
-    from .worker_rules import WorkerRefusal  # noqa: PLC0415
+    from .app_loader import IndexError_
+    from .config import ConfigError
+    from .host import Host, HostOptions, PortInUse
+    from .worker_rules import WorkerRefusal
 
     host = Host(HostOptions(app_dir=args.app_dir.resolve(), port=args.port, state_dir=args.state_dir))
     loop = asyncio.get_running_loop()
@@ -87,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_third_party_loggers()
         return asyncio.run(_serve(args))
     if args.command in LAB_COMMANDS:
-        from lab.__main__ import run  # noqa: PLC0415
+        from lab.__main__ import run
         return run(args)
     if args.command in ("submit", "cancel", "queues"):
-        from orderflow.cli.common import CliError  # noqa: PLC0415
+        from orderflow.cli.common import CliError
         try:
             code: int = args.handler(args)
         except CliError as exc:

@@ -37,14 +37,14 @@ def _type_hints(fn: Any) -> dict[str, Any]:
     target = inspect.unwrap(fn)
     try:
         return typing.get_type_hints(target)
-    except Exception:  # unresolvable names: fall back to the raw annotations
+    except Exception:  # noqa: BLE001 - unresolvable names: fall back to the raw annotations
         return dict(getattr(target, "__annotations__", {}))
 
 
 async def _close_durable_client_session() -> None:
     """The Durable client keeps one module-level aiohttp session for the worker's lifetime
     (azure/durable_functions/models/utils/http_utils.py); close it on the worker loop before that loop stops."""
-    from azure.durable_functions.models.utils import http_utils  # noqa: PLC0415
+    from azure.durable_functions.models.utils import http_utils
 
     session = getattr(http_utils, "_client_session", None)
     if session is not None and not session.closed:
@@ -85,8 +85,8 @@ class Host:
 
     # ---- start-up ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        from .durable import DurableEngine, versioning_policy  # noqa: PLC0415  (heavy import only when hosting)
-        from .invoke import Invoker  # noqa: PLC0415
+        from .durable import DurableEngine, versioning_policy  # (heavy import only when hosting)
+        from .invoke import Invoker
 
         opts = self.options
         state_dir = opts.resolved_state_dir
@@ -100,7 +100,7 @@ class Host:
 
         web_app = web.Application(client_max_size=64 * 1024 * 1024)
         durable_fns = [s.function for s in self.functions if s.trigger_type in DURABLE_TRIGGERS]
-        from .sdk_servicebus import WorkerLoop  # noqa: PLC0415
+        from .sdk_servicebus import WorkerLoop
 
         self._worker = WorkerLoop()
         self._worker.start()
@@ -151,11 +151,11 @@ class Host:
         return call
 
     def _start_timer(self, spec: FunctionSpec, config: HostConfig, state_dir: Path) -> None:
-        import json  # noqa: PLC0415
+        import json
 
-        import azure.functions as func  # noqa: PLC0415
-        from azure.functions.meta import Datum  # noqa: PLC0415
-        from azure.functions.timer import TimerRequestConverter  # noqa: PLC0415
+        import azure.functions as func
+        from azure.functions.meta import Datum
+        from azure.functions.timer import TimerRequestConverter
 
         call = self._caller(spec)
 
@@ -178,14 +178,14 @@ class Host:
 
     def _service_bus_client(self, connection: str) -> Any:
         if connection not in self._clients:
-            from orderflow.adapters import aio_bus_from_settings  # noqa: PLC0415
+            from orderflow.adapters import aio_bus_from_settings
             self._clients[connection] = aio_bus_from_settings(os.environ, connection=connection)
         return self._clients[connection]
 
     def _start_service_bus(self, spec: FunctionSpec, config: HostConfig) -> None:
-        from azurefunctions.extensions.bindings.servicebus import ServiceBusMessageActions  # noqa: PLC0415
+        from azurefunctions.extensions.bindings.servicebus import ServiceBusMessageActions
 
-        from . import sdk_servicebus  # noqa: PLC0415
+        from . import sdk_servicebus
 
         trigger = spec.trigger
         queue = resolve(str(trigger["queueName"]))
@@ -223,7 +223,7 @@ class Host:
 
     def _ensure_settlement(self) -> None:
         if self._settlement is None:
-            from . import sdk_servicebus  # noqa: PLC0415
+            from . import sdk_servicebus
             self._settlement = sdk_servicebus.SettlementServer(self._deliveries.get, asyncio.get_running_loop())
             sdk_servicebus.configure_message_actions(self._settlement.start())
 

@@ -53,9 +53,9 @@ PROTOS = SimpleNamespace(
 
 
 def probe(app_dir: str) -> dict[str, Any]:
-    from azure_functions_runtime import loader  # noqa: PLC0415  (only in the worker environment)
-    from azure_functions_runtime.bindings import meta  # noqa: PLC0415
-    from azure_functions_runtime.functions import Registry  # noqa: PLC0415
+    from azure_functions_runtime import loader  # (only in the worker environment)
+    from azure_functions_runtime.bindings import meta
+    from azure_functions_runtime.functions import Registry
 
     app_dir = os.path.abspath(app_dir)
     os.chdir(app_dir)  # the worker runs in the app root (AzureWebJobsScriptRoot) with it on sys.path
@@ -64,7 +64,7 @@ def probe(app_dir: str) -> dict[str, Any]:
         meta.load_binding_registry()
         indexed = loader.index_function_app(os.path.join(app_dir, "function_app.py"))
         metadata, _ = loader.process_indexed_function(PROTOS, Registry(), indexed, app_dir)
-    except Exception as exc:  # the worker's own message: utils/tracing.py serialize_exception
+    except Exception as exc:  # noqa: BLE001 - the worker's own message: utils/tracing.py serialize_exception
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     functions = []
     for item in metadata:

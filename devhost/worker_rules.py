@@ -51,11 +51,11 @@ def _is_generic_type(tp: Any) -> bool:
 
 def _deferred_registry() -> Any:
     # bindings/meta.py _get_deferred_binding_registry: only when the app imported the base extension.
-    import sys  # noqa: PLC0415
+    import sys
 
     if "azurefunctions.extensions.base" not in sys.modules:
         return None
-    import azurefunctions.extensions.base as clients  # noqa: PLC0415
+    import azurefunctions.extensions.base as clients
 
     return clients.get_binding_registry()
 

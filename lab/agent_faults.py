@@ -202,7 +202,7 @@ class HeldReplies:
         await self._clock.sleep(seconds)
         try:
             await self._sender.send_messages(message)
-        except Exception:  # noqa: BLE001 - a lost reply is what the Scheduler's timer is for
+        except Exception:  # a lost reply is what the Scheduler's timer is for
             self.lost += 1
             log.exception("held reply %s could not be sent; its step's CompleteBy covers it", message.message_id)
 

@@ -134,7 +134,7 @@ class ClientApp:
 @asynccontextmanager
 async def client_app(system: LocalSystem) -> AsyncIterator[ClientApp]:
     """A `ClientApp` on a started system's broker, listening on its reply queue until the block ends."""
-    from orderflow.adapters import aio_bus_from_connection_string  # noqa: PLC0415
+    from orderflow.adapters import aio_bus_from_connection_string
 
     env = system.env()
     bus = aio_bus_from_connection_string(system.config.bus_connection)
@@ -171,7 +171,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 async def simulator_json(system: LocalSystem, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
     """GET (or, with a body, POST) `path` on the system's simulator; {} if it is not running."""
-    import aiohttp  # noqa: PLC0415
+    import aiohttp
 
     if system.simulator is None or not system.simulator.url:
         return {}
@@ -203,7 +203,7 @@ class StateSummary:
 
 async def read_states(env: dict[str, str], order_ids: list[str], orders_db: bool = False) -> StateSummary:
     """The state record of each order; with `orders_db`, also which of them have an orders-DB record."""
-    from orderflow.adapters import open_stores  # noqa: PLC0415
+    from orderflow.adapters import open_stores
 
     stores = open_stores(env)
     summary = StateSummary(Counter(), 0, 0, Counter(), {}, {})

@@ -78,7 +78,7 @@ class Snapshot:
 
 
 async def _records(system: LocalSystem, order_ids: list[str]) -> tuple[dict[str, OrderStateRecord], Any]:
-    from orderflow.adapters import open_stores  # noqa: PLC0415
+    from orderflow.adapters import open_stores
 
     stores = open_stores(system.env())
     try:

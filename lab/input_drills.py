@@ -135,7 +135,7 @@ def input_config(work_dir: Path, options: InputOptions, servicebus_config: Path 
 
 def _queue_figures(connection: str) -> tuple[dict[str, int], dict[str, int]]:
     """(messages not settled for good, per queue; messages the DuplicateDelivery switch delivered twice, per queue)."""
-    from orderflow.adapters import bus_from_connection_string  # noqa: PLC0415
+    from orderflow.adapters import bus_from_connection_string
 
     with bus_from_connection_string(connection) as bus:
         broker = bus.broker
@@ -149,7 +149,7 @@ def _queue_figures(connection: str) -> tuple[dict[str, int], dict[str, int]]:
 def _read_alerts_peek_lock(connection: str, queue: str) -> list[tuple[str, int, OperatorAlert]]:
     """Every alert queued so far, read as an operator reads them (peek-lock, then complete): (MessageId, delivery count,
     alert) of each delivery. Under DuplicateDelivery a completed alert comes back once more."""
-    from orderflow.adapters import bus_from_connection_string  # noqa: PLC0415
+    from orderflow.adapters import bus_from_connection_string
 
     read: list[tuple[str, int, OperatorAlert]] = []
     with bus_from_connection_string(connection) as bus, bus.get_queue_receiver(queue) as receiver:

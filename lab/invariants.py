@@ -63,7 +63,7 @@ def store_path(env: dict[str, str]) -> Path:
 def install_transition_audit(path: Path) -> None:
     """Create the embedded store's tables (as the adapter would) and the audit's triggers; idempotent. Install it
     before the drill's first order: a change made earlier is not audited."""
-    from orderflow.embedded.store._file import _SCHEMA  # noqa: PLC0415 - the adapter's own schema, not a copy
+    from orderflow.embedded.store._file import _SCHEMA  # the adapter's own schema, not a copy
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with sqlite3.connect(path, timeout=30) as conn:
@@ -166,7 +166,7 @@ def _dead_letters(connection: str) -> list[tuple[str, str | None]]:
 async def collect(env: dict[str, str], connection: str, effects: dict[str, Any], order_ids: Iterable[str],
                   expect_record: Callable[[str], bool] = lambda _: True) -> Evidence:
     """The evidence of a drill whose orders are `order_ids`, on the system with these settings."""
-    from orderflow.adapters import open_stores  # noqa: PLC0415
+    from orderflow.adapters import open_stores
 
     ids = list(order_ids)
     states: dict[str, str] = {}
@@ -197,7 +197,7 @@ def install_for(system: Any) -> None:
 async def check_system(system: Any, order_ids: Iterable[str],
                        expect_record: Callable[[str], bool] = lambda _: True) -> Findings:
     """The invariants of a drill's orders on a running local system (lab.system.LocalSystem)."""
-    from .demo import read_effects  # noqa: PLC0415
+    from .demo import read_effects
 
     effects = await read_effects(system)
     evidence = await collect(system.env(), system.config.bus_connection, effects, order_ids, expect_record)

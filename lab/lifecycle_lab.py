@@ -96,7 +96,7 @@ async def read_ledger(system: LocalSystem) -> Ledger:
 
 def _drain_alerts(connection: str, queue: str) -> list[OperatorAlert]:
     """Every operator alert queued so far (received and deleted: the drill is their operator)."""
-    from orderflow.adapters import bus_from_connection_string  # noqa: PLC0415
+    from orderflow.adapters import bus_from_connection_string
 
     alerts: list[OperatorAlert] = []
     with bus_from_connection_string(connection) as bus, \
@@ -108,7 +108,7 @@ def _drain_alerts(connection: str, queue: str) -> list[OperatorAlert]:
 
 def _active_messages(connection: str, queue: str) -> int:
     """Messages of `queue` not yet settled (locked ones included), on the embedded broker."""
-    from orderflow.adapters import bus_from_connection_string  # noqa: PLC0415
+    from orderflow.adapters import bus_from_connection_string
 
     with bus_from_connection_string(connection) as bus:
         return int(bus.broker.counts(queue).active)
@@ -150,7 +150,7 @@ class Lab:
     the orders queue, the dead-letter sub-queue and the operator alerts. Each wait that times out is noted."""
 
     def __init__(self, system: LocalSystem, client: ClientApp) -> None:
-        from orderflow.adapters import open_stores  # noqa: PLC0415
+        from orderflow.adapters import open_stores
 
         self.system = system
         self.client = client

@@ -378,8 +378,8 @@ def _without_local_constants() -> Iterator[None]:
     them. Off while the drill draws (a private hook: without it, a seed still reproduces from the same command on the
     same code): a seed's messages then depend on the seed, these strategies and hypothesis's version only."""
     try:
-        from hypothesis.internal.conjecture import providers  # noqa: PLC0415
-        from hypothesis.internal.constants_ast import Constants  # noqa: PLC0415
+        from hypothesis.internal.conjecture import providers
+        from hypothesis.internal.constants_ast import Constants
 
         original = providers._get_local_constants
         cache = providers.CONSTANTS_CACHE.cache

@@ -168,7 +168,7 @@ class Monitor:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> Monitor:
-        from orderflow.adapters import open_breaker_documents, open_stores  # noqa: PLC0415
+        from orderflow.adapters import open_breaker_documents, open_stores
 
         self._stores = open_stores(self.env)
         self._documents = open_breaker_documents(self.env)

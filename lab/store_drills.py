@@ -222,9 +222,9 @@ async def settled(system: LocalSystem, client: ClientApp, order_ids: list[str]) 
 
 
 def _dead_letter_sessions(system: LocalSystem) -> set[str]:
-    from azure.servicebus import ServiceBusSubQueue  # noqa: PLC0415
+    from azure.servicebus import ServiceBusSubQueue
 
-    from orderflow.adapters import bus_from_connection_string  # noqa: PLC0415
+    from orderflow.adapters import bus_from_connection_string
 
     queue = system.env().get("OrdersQueueName", "orders-inbound")
     found: set[str] = set()

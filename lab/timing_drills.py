@@ -446,7 +446,7 @@ def judge_clock_skew(seen: Seen, skew: float, plan: dict[str, list[str]]) -> Ver
 
 def _queue_state(connection: str, queue: str) -> tuple[int, int]:
     """(messages not yet settled, dead-lettered) of a queue on the embedded broker."""
-    from orderflow.adapters import bus_from_connection_string  # noqa: PLC0415
+    from orderflow.adapters import bus_from_connection_string
 
     with bus_from_connection_string(connection) as bus:
         counts = bus.broker.counts(queue)

@@ -50,7 +50,7 @@ def bus_path(connection: str) -> Path:
 def install_message_audit(path: Path, queues: tuple[str, ...]) -> None:
     """Create the broker's tables (as the broker would) and the audit's triggers on `queues`; idempotent. Install it
     before the first message of the drill: an earlier one is not audited."""
-    from orderflow.embedded.broker._schema import _SCHEMA  # noqa: PLC0415 - the broker's own schema, not a copy
+    from orderflow.embedded.broker._schema import _SCHEMA  # the broker's own schema, not a copy
 
     assert all(_QUEUE_NAME.match(q) for q in queues), queues
     listed = ", ".join(f"'{q}'" for q in queues)

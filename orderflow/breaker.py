@@ -398,7 +398,7 @@ class SharedBreaker:
             doc, _ = await self._read()
             now = self._clock.now()
             return Refusal(effective_state(doc, now), retry_after(doc, self.config, now))
-        except Exception:  # noqa: BLE001 - the breaker must never be why a call is not made
+        except Exception:  # the breaker must never be why a call is not made
             log.exception("circuit breaker %s unreadable; letting the call through", self.service)
             return Permit()
 
@@ -412,7 +412,7 @@ class SharedBreaker:
                     await self.update(lambda doc, now: on_success(doc, now, probe=True))
                 return
             await self.update(lambda doc, now: on_failure(doc, self.config, now, permit.probe))
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("circuit breaker %s: could not record a call's outcome", self.service)
 
     async def force(self, state: BreakerState, by: str) -> BreakerDoc:

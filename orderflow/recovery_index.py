@@ -102,7 +102,7 @@ class IndexedScan:
         self.cost.stale += 1
         try:
             await self._index.remove(entry)
-        except Exception:  # noqa: BLE001 - a stale entry left behind is skipped again, then expires
+        except Exception:  # a stale entry left behind is skipped again, then expires
             log.warning("stale recovery-index entry %s not removed", entry.id, exc_info=True)
         return None
 

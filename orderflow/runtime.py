@@ -114,13 +114,13 @@ async def get_services() -> Services:
     """The services of the running event loop, built from app settings on first use."""
     loop_id = id(asyncio.get_running_loop())
     if loop_id not in _services:
-        from orderflow.adapters import (  # noqa: PLC0415
-            aio_bus_from_settings,  # noqa: PLC0415
+        from orderflow.adapters import (
+            aio_bus_from_settings,
             open_breaker_documents,
             open_recovery_index,
             open_stores,
         )
-        from orderflow.azure import queue_counts  # noqa: PLC0415
+        from orderflow.azure import queue_counts
 
         orders, state = open_stores(os.environ)
         tunables = Tunables.from_env()

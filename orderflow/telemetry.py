@@ -39,11 +39,11 @@ def configure_from_env(env: Mapping[str, str] | None = None, *, service_name: st
     source = os.environ if env is None else env
     if not source.get("APPLICATIONINSIGHTS_CONNECTION_STRING"):
         return _configure_console(source, service_name)
-    from azure.monitor.opentelemetry import configure_azure_monitor  # noqa: PLC0415
+    from azure.monitor.opentelemetry import configure_azure_monitor
 
     credential = None
     if "Authorization=AAD" in source.get("APPLICATIONINSIGHTS_AUTHENTICATION_STRING", ""):
-        from azure.identity import ManagedIdentityCredential  # noqa: PLC0415
+        from azure.identity import ManagedIdentityCredential
 
         credential = ManagedIdentityCredential(client_id=source.get("AZURE_CLIENT_ID"))
     options: dict[str, Any] = {}
@@ -54,7 +54,7 @@ def configure_from_env(env: Mapping[str, str] | None = None, *, service_name: st
 
 
 def _resource(service_name: str | None) -> Any:
-    from opentelemetry.sdk.resources import SERVICE_NAME, Resource  # noqa: PLC0415
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 
     return Resource.create({SERVICE_NAME: service_name} if service_name else {})
 
@@ -68,16 +68,16 @@ def _configure_console(source: Mapping[str, str], service_name: str | None) -> b
         return False
     resource = _resource(None if source.get("OTEL_SERVICE_NAME") else service_name)
     if "TRACES" in wanted:
-        from opentelemetry import trace  # noqa: PLC0415
-        from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter  # noqa: PLC0415
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
         tracer_provider = TracerProvider(resource=resource)
         tracer_provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
         trace.set_tracer_provider(tracer_provider)
     if "METRICS" in wanted:
-        from opentelemetry.sdk.metrics import MeterProvider  # noqa: PLC0415
-        from opentelemetry.sdk.metrics.export import (  # noqa: PLC0415
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import (
             ConsoleMetricExporter,
             PeriodicExportingMetricReader,
         )
@@ -85,10 +85,10 @@ def _configure_console(source: Mapping[str, str], service_name: str | None) -> b
         metrics.set_meter_provider(MeterProvider(resource=resource,
                                                  metric_readers=[PeriodicExportingMetricReader(ConsoleMetricExporter())]))
     if "LOGS" in wanted:
-        from opentelemetry._logs import set_logger_provider  # noqa: PLC0415
-        from opentelemetry.instrumentation.logging.handler import LoggingHandler  # noqa: PLC0415
-        from opentelemetry.sdk._logs import LoggerProvider  # noqa: PLC0415
-        from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, ConsoleLogRecordExporter  # noqa: PLC0415
+        from opentelemetry._logs import set_logger_provider
+        from opentelemetry.instrumentation.logging.handler import LoggingHandler
+        from opentelemetry.sdk._logs import LoggerProvider
+        from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, ConsoleLogRecordExporter
 
         logger_provider = LoggerProvider(resource=resource)
         logger_provider.add_log_record_processor(BatchLogRecordProcessor(ConsoleLogRecordExporter()))
@@ -140,7 +140,7 @@ def _observe_circuits(_options: metrics.CallbackOptions) -> list[metrics.Observa
 
 
 def set_circuit_state(service: str, value: int) -> None:
-    global _circuit_gauge_registered  # noqa: PLW0603 - one gauge per process, registered on first use
+    global _circuit_gauge_registered  # one gauge per process, registered on first use
     _circuit_states[service] = value
     if not _circuit_gauge_registered:
         _meter().create_observable_gauge("orderflow.circuit.state", callbacks=[_observe_circuits], unit="1",

@@ -36,9 +36,9 @@ def metric_points() -> Callable[[], dict[str, list[object]]]:
 async def p(tmp_path: Path) -> AsyncIterator[Any]:
     """A fresh in-process deployment (tests/support/integration_support.py) whose Services the activities' and
     triggers' get_services() return on this loop."""
-    from support.integration_support import open_pipeline  # noqa: PLC0415 - only the tests that use it pay
+    from support.integration_support import open_pipeline  # only the tests that use it pay
 
-    from orderflow import runtime  # noqa: PLC0415
+    from orderflow import runtime
 
     deployment = await open_pipeline(tmp_path)
     runtime.use_services(deployment.services)

@@ -137,7 +137,7 @@ def from_settings(env: Mapping[str, str]) -> ArmQueueCounts | None:
     namespace_id = settings.get(RESOURCE_ID_SETTING, env)
     if namespace_id is None:
         return None
-    from azure.identity.aio import DefaultAzureCredential  # noqa: PLC0415 - Azure only
+    from azure.identity.aio import DefaultAzureCredential  # Azure only
 
     credential = DefaultAzureCredential(managed_identity_client_id=settings.get("AZURE_CLIENT_ID", env))
     return ArmQueueCounts(namespace_id, credential)

@@ -114,7 +114,7 @@ def _setting(name: str, env: Mapping[str, str]) -> str:
 
 
 def _open_documents(env: Mapping[str, str]) -> Any:
-    from orderflow.adapters import open_breaker_documents  # noqa: PLC0415 - lazily: the store SDKs are heavy
+    from orderflow.adapters import open_breaker_documents  # lazily: the store SDKs are heavy
 
     endpoint = _setting("CosmosDb__accountEndpoint", env)
     try:
@@ -124,7 +124,7 @@ def _open_documents(env: Mapping[str, str]) -> Any:
 
 
 def _open_bus(env: Mapping[str, str]) -> BusClient:
-    from orderflow.adapters import aio_bus_from_settings  # noqa: PLC0415
+    from orderflow.adapters import aio_bus_from_settings
 
     try:
         return aio_bus_from_settings(env)
@@ -135,7 +135,7 @@ def _open_bus(env: Mapping[str, str]) -> BusClient:
 async def force(service: str, state: BreakerState, by: str, documents: Any, bus: BusClient, alerts_queue: str,
                 config: BreakerConfig, clock: Clock) -> dict[str, Any]:
     """Force the breaker, then raise the operator alert; the breaker's row and the alert sent."""
-    from orderflow.outbound import raise_alert  # noqa: PLC0415
+    from orderflow.outbound import raise_alert
 
     seen: list[Transition] = []
 

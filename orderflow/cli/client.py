@@ -130,7 +130,7 @@ def _client(args: argparse.Namespace) -> Any:
     if conn:
         return bus_from_connection_string(conn)
     if values.get("ServiceBusConnection__fullyQualifiedNamespace"):  # Azure: identity-based
-        from orderflow.adapters import bus_from_settings  # noqa: PLC0415
+        from orderflow.adapters import bus_from_settings
 
         return bus_from_settings(values)
     raise CliError("no connection: pass --connection or set ServiceBusConnection (or "
@@ -250,7 +250,7 @@ def _all_statuses(client: Any, queue: str, wait: float, done: Any = lambda: Fals
                   session: str | None = None) -> Iterator[StatusMessage]:
     """Statuses on `queue` (every session, or one), each completed as it is read, for at most `wait` seconds or
     until `done()`. A body that is not a status is reported on stderr and left in the queue."""
-    from azure.servicebus import NEXT_AVAILABLE_SESSION  # noqa: PLC0415
+    from azure.servicebus import NEXT_AVAILABLE_SESSION
 
     deadline = time.monotonic() + wait
     while not done() and (remaining := deadline - time.monotonic()) > 0:
@@ -299,9 +299,9 @@ def watch(args: argparse.Namespace) -> int:
 def _stored_record(order_id: str) -> Any:
     """The order's state record (the state store named by CosmosDb__accountEndpoint), None when there is no such
     order; CliError when the store cannot be read."""
-    import asyncio  # noqa: PLC0415
+    import asyncio
 
-    from orderflow.adapters import open_stores  # noqa: PLC0415
+    from orderflow.adapters import open_stores
 
     env = load_settings(Path("."))
     if not env.get("CosmosDb__accountEndpoint"):
@@ -541,7 +541,7 @@ def _diagnose(args: argparse.Namespace, watch: _Watch, statuses: list[StatusMess
 
 def queues(args: argparse.Namespace) -> int:
     """Each queue's counts, the dead-lettered messages with their reasons, and the operator alerts (peeked)."""
-    from orderflow.deadletters import row  # noqa: PLC0415
+    from orderflow.deadletters import row
 
     with _client(args) as client:
         broker = getattr(client, "broker", None)

@@ -127,8 +127,8 @@ class DurableHttpStatuses:
 async def operations(app_dir: Path, env: Mapping[str, str], clock: Clock | None = None,
                      need_durable: bool = False) -> AsyncIterator[Operations]:
     """The app's ports, opened from `env` (identity-based on Azure), as one `Operations`; closed on exit."""
-    from orderflow.adapters import (  # noqa: PLC0415
-        aio_bus_from_settings,  # noqa: PLC0415 - the SDKs are heavy; only when needed
+    from orderflow.adapters import (
+        aio_bus_from_settings,  # the SDKs are heavy; only when needed
         open_breaker_documents,
         open_stores,
     )
@@ -156,5 +156,5 @@ async def operations(app_dir: Path, env: Mapping[str, str], clock: Clock | None 
         for closing in (stores.aclose(), breakers.aclose(), bus.close()):
             try:
                 await closing
-            except Exception:  # noqa: BLE001, S110 - closing after a failure must not hide the failure
+            except Exception:  # noqa: BLE001 - S110 - closing after a failure must not hide the failure
                 pass

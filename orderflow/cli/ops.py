@@ -179,7 +179,7 @@ async def run(args: argparse.Namespace, env: Mapping[str, str], clock: Clock | N
         return await breaker_command.run(argparse.Namespace(**{**vars(args), "command": args.breaker_command}), env,
                                      clock or SystemClock())
     if args.run is _dlq:
-        from orderflow.adapters import aio_bus_from_settings  # noqa: PLC0415
+        from orderflow.adapters import aio_bus_from_settings
 
         try:
             bus = aio_bus_from_settings(env)

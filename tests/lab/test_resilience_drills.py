@@ -281,7 +281,7 @@ def test_retry_budget_drill_keeps_every_step_within_the_budget(tmp_path: Path) -
 
 
 def _state(work_dir: Path, order_id: str) -> dict[str, Any]:
-    import sqlite3  # noqa: PLC0415
+    import sqlite3
 
     with sqlite3.connect(work_dir / "store.db") as db:
         (doc,) = db.execute("SELECT doc FROM order_state WHERE id = ?", (order_id,)).fetchone()

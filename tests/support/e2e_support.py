@@ -101,7 +101,7 @@ class Client:
     def cancel(self, order_id: str, reason: str | None = None, *, reply_to: str = REPLY_QUEUE) -> str:
         """A client's CancelOrder on orders-inbound in the order's session (`devhost.client.cancel_message`: each
         cancel its own MessageId); returns the MessageId."""
-        from orderflow.operations import cancel_message  # noqa: PLC0415
+        from orderflow.operations import cancel_message
 
         message = cancel_message(order_id, reply_to, reason)
         with self.bus.get_queue_sender(ORDERS_QUEUE) as sender:

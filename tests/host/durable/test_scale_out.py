@@ -134,9 +134,9 @@ async def test_a_host_that_dies_is_taken_over_its_partitions_timers_and_work_ite
     dead.add(second_owner)
     first.engine._woken()  # what the next look (every second) does; here at once
     await until(lambda: len(first.engine.hub.mine) == 4)  # type: ignore[union-attr]
-    import threading  # noqa: PLC0415
+    import threading
 
-    from tests.host.sample_app.function_app import GATES  # noqa: PLC0415
+    from tests.host.sample_app.function_app import GATES
 
     GATES.setdefault(gate, threading.Event()).set()
     assert (await first.wait(worker))["output"] == f"ran {gate}"

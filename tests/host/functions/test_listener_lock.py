@@ -100,7 +100,7 @@ def test_a_partition_count_outside_1_to_16_stops_the_host(tmp_path: Path, count:
 def test_a_live_process_stays_alive_when_the_wall_clock_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     # psutil's create_time() adds /proc/stat's btime, read afresh each call in whole seconds, which moves when the
     # wall clock is stepped (giampaolo/psutil #1724, #2526): a live host must not be judged dead for that.
-    import psutil._pslinux as pslinux  # noqa: PLC0415
+    import psutil._pslinux as pslinux
 
     started = process_start()
     real = pslinux.boot_time

@@ -93,7 +93,7 @@ async def collect_replies(client: Any, expected: int, timeout: float = 20) -> li
                     for msg in await receiver.receive_messages(max_message_count=50, max_wait_time=0.5):
                         got.append((msg.message_id, AgentReply.model_validate_json(b"".join(msg.body))))
                         await receiver.complete_message(msg)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if type(exc).__name__ != "OperationTimeoutError":
                     raise
 

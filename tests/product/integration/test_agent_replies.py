@@ -147,7 +147,7 @@ async def test_a_failure_that_may_pass_is_raised_for_redelivery(
     durable_api.answer = answer
     message = await deliver(replies, json.dumps(reply_body("o-1:1", "o-1")).encode(), session_id="o-1",
                             message_id="m-transient")
-    with pytest.raises(Exception):  # noqa: B017, PT011 - whatever the client raised, re-raised as it is
+    with pytest.raises(Exception):  # noqa: B017 - whatever the client raised, re-raised as it is
         await HANDLER(message=message, client=durable_api.binding())
     assert await alert_messages(replies) == []
 

@@ -88,7 +88,7 @@ async def test_the_supervisor_sweep_resending_an_owed_alert_keeps_its_message_id
     record = found[0].model_copy(update={"process_state": ProcessState.ERROR, "attempt": 3,
                                          "last_error": "FailureThresholdReached: 3 attempts"})
     for _ in range(2):  # the first send "crashed" before notifiedAt was written; the sweep sends it again
-        with pytest.raises(Exception):  # noqa: B017, PT011 - mark_notified refuses: the stored record is Pending
+        with pytest.raises(Exception):  # noqa: B017 - mark_notified refuses: the stored record is Pending
             await notify_terminal(pipeline.services, record)
     alerts = await alert_messages(pipeline)
     threshold = [(i, a) for i, a in alerts if a.kind is AlertKind.FAILURE_THRESHOLD]

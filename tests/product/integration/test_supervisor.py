@@ -239,7 +239,7 @@ class FlakyDurable(FakeDurable):
 
     async def get_status(self, instance_id: str) -> Any:
         if instance_id in self.down:
-            raise Exception("The operation failed with an unexpected status code 503")  # noqa: TRY002
+            raise Exception("The operation failed with an unexpected status code 503")
         return await super().get_status(instance_id)
 
 

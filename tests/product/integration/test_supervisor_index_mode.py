@@ -452,7 +452,7 @@ class DownFor:
 
     async def get_status(self, instance_id: str) -> Any:
         if instance_id in self.down:
-            raise Exception("The operation failed with an unexpected status code 503")  # noqa: TRY002
+            raise Exception("The operation failed with an unexpected status code 503")
         return await self.durable.get_status(instance_id)
 
     def client(self) -> DurableStarts:

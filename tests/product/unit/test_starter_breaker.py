@@ -315,7 +315,7 @@ async def test_slots_of_records_another_starter_won_are_given_back(services: Ser
     assert other is not None
     batch = [(found[0], stale_etag), other]
 
-    from orderflow.starter import StarterRun, _claim_within_the_bound  # noqa: PLC0415
+    from orderflow.starter import StarterRun, _claim_within_the_bound
 
     run = StarterRun()
     await _claim_within_the_bound(s, start, batch, run)

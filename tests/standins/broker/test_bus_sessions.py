@@ -60,7 +60,7 @@ def test_fifo_per_session_under_four_concurrent_consumers(client, queue):
                         with guard:
                             received[msg.session_id].append(int(str(msg).split(":")[1]))
                         receiver.complete_message(msg)
-        except BaseException as exc:  # surfaced in the main thread
+        except BaseException as exc:  # noqa: BLE001 - surfaced in the main thread
             errors.append(exc)
 
     threads = [threading.Thread(target=consume) for _ in range(4)]
