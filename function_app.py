@@ -12,6 +12,14 @@ from triggers import agent_replies, ops_api, starter, submission, supervisor
 telemetry.configure_from_env()  # Application Insights via OpenTelemetry when its connection string is set
 app = df.DFApp(http_auth_level=func.AuthLevel.FUNCTION)
 
-for blueprint in (submission.bp, starter.bp, agent_replies.bp, supervisor.bp, order_workflow.bp,
-                  state_activities.bp, frozen_activities.bp, ops_api.bp):
+for blueprint in (
+    submission.bp,
+    starter.bp,
+    agent_replies.bp,
+    supervisor.bp,
+    order_workflow.bp,
+    state_activities.bp,
+    frozen_activities.bp,
+    ops_api.bp,
+):
     app.register_functions(blueprint)

@@ -19,6 +19,8 @@ def traced(name: str, request: ActivityInput) -> AbstractContextManager[Span]:
     """The span of one activity execution (`orderflow.activity.<name>`), in the order's trace: the Scheduler passes
     the traceparent it was started with in each activity's input (workflow version 3; earlier versions' inputs have
     none, so their activities start traces of their own)."""
-    return tracing.span(f"orderflow.activity.{name}", parent=request.get("traceparent"),
-                        attributes=tracing.order_attributes(request.get("orderId"), request.get("instanceId"),
-                                                            request.get("step")))
+    return tracing.span(
+        f"orderflow.activity.{name}",
+        parent=request.get("traceparent"),
+        attributes=tracing.order_attributes(request.get("orderId"), request.get("instanceId"), request.get("step")),
+    )

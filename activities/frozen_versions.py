@@ -56,10 +56,12 @@ async def load_order(request: ActivityInput) -> dict[str, Any] | None:
         loaded: dict[str, Any] = {
             **order_payload(stored),
             # Steps an earlier attempt completed: the Scheduler skips them (no remote call; the retry budget).
-            SUCCEEDED_STEPS: [s.name.value for s in rec.steps if s.status is StepStatus.SUCCEEDED]}
+            SUCCEEDED_STEPS: [s.name.value for s in rec.steps if s.status is StepStatus.SUCCEEDED],
+        }
         if rec.process_state is ProcessState.COMPENSATING:  # version 2 reads it; version 1 never claims a compensation
-            loaded[PLAN] = {"compensations": [c.name.value for c in rec.compensations
-                                              if c.status is not StepStatus.SUCCEEDED]}
+            loaded[PLAN] = {
+                "compensations": [c.name.value for c in rec.compensations if c.status is not StepStatus.SUCCEEDED]
+            }
         return loaded
 
 
@@ -81,8 +83,9 @@ async def set_step_deadline_activity(request: ActivityInput) -> bool | str:
         def mutate(r: OrderStateRecord) -> OrderStateRecord:
             if honours_cancel and cancel_pending(r, instance):
                 raise _CancelRequested
-            return set_step_deadline(r, instance, action, deadline, services.clock.now(),
-                                     request.get("workflowVersion"))
+            return set_step_deadline(
+                r, instance, action, deadline, services.clock.now(), request.get("workflowVersion")
+            )
 
         try:
             return await fenced_update(request["orderId"], mutate, fn.SET_STEP_DEADLINE)
@@ -96,9 +99,19 @@ async def record_step_result(request: ActivityInput) -> bool:
     with traced(fn.RECORD_STEP_RESULT, request):
         services = await get_services()
         action, status = parse_action(request["step"]), StepStatus(request["status"])
-        return await fenced_update(request["orderId"], lambda r: record_step(
-            r, request["instanceId"], action, status, services.clock.now(), error=request.get("error"),
-            undone=request.get("undone")), fn.RECORD_STEP_RESULT)
+        return await fenced_update(
+            request["orderId"],
+            lambda r: record_step(
+                r,
+                request["instanceId"],
+                action,
+                status,
+                services.clock.now(),
+                error=request.get("error"),
+                undone=request.get("undone"),
+            ),
+            fn.RECORD_STEP_RESULT,
+        )
 
 
 @bp.function_name(fn.BEGIN_COMPENSATION)
@@ -112,9 +125,13 @@ async def begin_compensation_activity(request: ActivityInput) -> list[str] | Non
         now = services.clock.now()
         deadline = parse_utc(request["completeBy"])
         await index_deadline(services.index, request["orderId"], deadline, request["instanceId"])
-        rec = await _write_and_notify(services, request["orderId"], Wrote(
-            lambda r: begin_compensation(r, request["instanceId"], request["cause"], deadline, now)), now,
-            fn.BEGIN_COMPENSATION)
+        rec = await _write_and_notify(
+            services,
+            request["orderId"],
+            Wrote(lambda r: begin_compensation(r, request["instanceId"], request["cause"], deadline, now)),
+            now,
+            fn.BEGIN_COMPENSATION,
+        )
         if rec is None:
             return None
         if rec.process_state in TERMINAL_STATES:
@@ -147,14 +164,16 @@ async def finish_order(request: ActivityInput) -> bool | str:
             return complete(r, instance, now)
 
         try:
-            return await _write_and_notify(services, request["orderId"], Wrote(finish), now, fn.FINISH_ORDER) \
-                is not None
+            return (
+                await _write_and_notify(services, request["orderId"], Wrote(finish), now, fn.FINISH_ORDER) is not None
+            )
         except _CancelRequested:
             return "cancel"
 
 
-async def _write_and_notify(services: Services, order_id: str, wrote: Wrote, now: datetime,
-                            what: str) -> OrderStateRecord | None:
+async def _write_and_notify(
+    services: Services, order_id: str, wrote: Wrote, now: datetime, what: str
+) -> OrderStateRecord | None:
     """One fenced write (None: fenced); the admission slot of an exit from Processing is freed, and a record that
     reached its end sends what it owes. A failed send raises: the Scheduler retries the activity, and the
     Supervisor's sweep sends whatever a terminal record still owes (orderflow/notifications.py)."""
@@ -174,7 +193,8 @@ async def _write_and_notify(services: Services, order_id: str, wrote: Wrote, now
 async def send_agent_request_activity(request: ActivityInput) -> str:
     with traced(fn.SEND_AGENT_REQUEST, request):
         services = await get_services()
-        message = AgentRequest.model_validate({**request, "replyTo": services.tunables.agent_replies_queue,
-                                               "traceparent": tracing.current_traceparent()})
+        message = AgentRequest.model_validate(
+            {**request, "replyTo": services.tunables.agent_replies_queue, "traceparent": tracing.current_traceparent()}
+        )
         await send_agent_request(services.bus, services.tunables.agent_requests_queue, message)
         return message.message_id()

@@ -39,12 +39,21 @@ log = logging.getLogger("orderflow.activities")
 def order_payload(stored: OrderRecord) -> dict[str, Any]:
     """The order as the Agent's requests carry it (`payload`)."""
     order = stored.submit_order()
-    return {"orderId": order.order_id, "customer": order.customer.to_dict(), "currency": order.currency,
-            "total": str(order.total()), "items": [i.to_dict() for i in order.items]}
+    return {
+        "orderId": order.order_id,
+        "customer": order.customer.to_dict(),
+        "currency": order.currency,
+        "total": str(order.total()),
+        "items": [i.to_dict() for i in order.items],
+    }
 
 
-async def fenced_update(order_id: str, mutate: Callable[[OrderStateRecord], OrderStateRecord], what: str,
-                  left_processing_at: datetime | None = None) -> bool:
+async def fenced_update(
+    order_id: str,
+    mutate: Callable[[OrderStateRecord], OrderStateRecord],
+    what: str,
+    left_processing_at: datetime | None = None,
+) -> bool:
     """Apply one fenced update; False when this instance no longer holds LockedBy (a superseded attempt). With
     `left_processing_at` (the `now` the mutation stamps), the update takes the order out of Processing: when this call
     wrote it, its admission slot is freed."""
@@ -75,7 +84,7 @@ async def free_slot(services: Services, rec: OrderStateRecord, wrote: Wrote, now
 @bp.function_name(fn.DEFER_ORDER)
 @bp.activity_trigger(input_name="request")
 async def defer_order(request: ActivityInput) -> bool:
-    """"Not now" (fenced): the remote service's circuit breaker is open, so the attempt ends without a FailureCount and
+    """ "Not now" (fenced): the remote service's circuit breaker is open, so the attempt ends without a FailureCount and
     the order waits in Pending until `retryAfterSeconds` (the breaker's cool-down); the Starter claims it again once
     the breaker lets calls through."""
     with traced(fn.DEFER_ORDER, request):
@@ -83,8 +92,12 @@ async def defer_order(request: ActivityInput) -> bool:
         now = services.clock.now()
         inp = DeferOrderInput.from_dict(request)
         retry_at = inp.retry_at or now + timedelta(seconds=max(0.0, inp.retry_after_seconds))
-        return await fenced_update(inp.order_id, lambda r: defer(
-            r, inp.instance_id, retry_at, now, inp.reason or "deferred"), fn.DEFER_ORDER, left_processing_at=now)
+        return await fenced_update(
+            inp.order_id,
+            lambda r: defer(r, inp.instance_id, retry_at, now, inp.reason or "deferred"),
+            fn.DEFER_ORDER,
+            left_processing_at=now,
+        )
 
 
 @bp.function_name(fn.ADVANCE_ORDER)
@@ -131,10 +144,19 @@ async def advance_order(request: ActivityInput) -> dict[str, Any] | None:
         stored = await services.orders.get(order_id)
         if stored is None:
             raise LookupError(f"order {order_id} has a state record but no order record")
-        message = AgentRequest.model_validate({
-            "instanceId": instance, "orderId": order_id, "attempt": rec.attempt, "step": decision.send.value,
-            "idempotencyKey": idempotency_key(order_id, decision.send.value), "deadline": complete_by.isoformat(),
-            "maxRetries": inp.agent_retries, "payload": order_payload(stored),
-            "replyTo": services.tunables.agent_replies_queue, "traceparent": tracing.current_traceparent()})
+        message = AgentRequest.model_validate(
+            {
+                "instanceId": instance,
+                "orderId": order_id,
+                "attempt": rec.attempt,
+                "step": decision.send.value,
+                "idempotencyKey": idempotency_key(order_id, decision.send.value),
+                "deadline": complete_by.isoformat(),
+                "maxRetries": inp.agent_retries,
+                "payload": order_payload(stored),
+                "replyTo": services.tunables.agent_replies_queue,
+                "traceparent": tracing.current_traceparent(),
+            }
+        )
         await send_agent_request(services.bus, services.tunables.agent_requests_queue, message)
         return AdvanceOrderResult(send=decision.send).to_dict()

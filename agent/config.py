@@ -17,20 +17,14 @@ from orderflow import settings
 from orderflow.settings import Setting
 
 AGENT_SETTINGS: tuple[Setting, ...] = (
-    Setting(
-        "AGENT_REMOTE_URL", "http://127.0.0.1:8765", "Base URL of the remote service (POST /steps/{step})."
-    ),
+    Setting("AGENT_REMOTE_URL", "http://127.0.0.1:8765", "Base URL of the remote service (POST /steps/{step})."),
     Setting("AGENT_MAX_CONCURRENT_SESSIONS", "8", "Sessions (orders) the Agent processes at once."),
     Setting("AGENT_MAX_RETRIES", "4", "Retries after the first call, all inside the request's deadline."),
     Setting("AGENT_BACKOFF_BASE_MS", "100", "Base of the exponential backoff between retries (ms)."),
     Setting("AGENT_BACKOFF_MAX_MS", "5000", "Cap of one backoff delay (ms)."),
-    Setting(
-        "AGENT_CALL_TIMEOUT_MS", "30000", "Upper bound of one call, further bounded by the deadline (ms)."
-    ),
+    Setting("AGENT_CALL_TIMEOUT_MS", "30000", "Upper bound of one call, further bounded by the deadline (ms)."),
     Setting("AGENT_JITTER_SEED", "0", "Seed of the backoff jitter (reproducible runs)."),
-    Setting(
-        "AGENT_RECEIVE_WAIT_MS", "1000", "Wait for a session / a message before releasing the session (ms)."
-    ),
+    Setting("AGENT_RECEIVE_WAIT_MS", "1000", "Wait for a session / a message before releasing the session (ms)."),
     Setting("AGENT_SHUTDOWN_GRACE_MS", "10000", "On SIGTERM, time in-flight requests get to finish (ms)."),
 )
 _AGENT_DEFAULTS = {s.name: s.default for s in AGENT_SETTINGS}
@@ -152,7 +146,5 @@ def config_from_args(
     """Parse flags; each one given overrides the app setting of the same meaning."""
     args = build_parser().parse_args(argv)
     base = config_from_env(env)
-    overrides = {
-        dest: getattr(args, dest) for dest, _, _ in _FLAGS.values() if getattr(args, dest) is not None
-    }
+    overrides = {dest: getattr(args, dest) for dest, _, _ in _FLAGS.values() if getattr(args, dest) is not None}
     return AgentConfig(**{**base.__dict__, **overrides}), args

@@ -46,11 +46,7 @@ _TRANSIENT_EXCEPTIONS: tuple[type[BaseException], ...] = (
 def classify(outcome: int | BaseException) -> Classification:
     """Classify one remote call by its HTTP status or the exception it raised."""
     if isinstance(outcome, BaseException):
-        return (
-            Classification.TRANSIENT
-            if isinstance(outcome, _TRANSIENT_EXCEPTIONS)
-            else Classification.PERMANENT
-        )
+        return Classification.TRANSIENT if isinstance(outcome, _TRANSIENT_EXCEPTIONS) else Classification.PERMANENT
     if 200 <= outcome < 300:
         return Classification.SUCCESS
     if outcome in _TRANSIENT_STATUSES or 500 <= outcome < 600:

@@ -122,18 +122,23 @@ class RequestHandler:
         """Process and settle one received request message; bus errors propagate (the caller abandons)."""
         properties = getattr(message, "application_properties", None)
         try:
-            request = parse_agent_request(
-                message_body(message), message.session_id, self._outbox.replies_queue
-            )
+            request = parse_agent_request(message_body(message), message.session_id, self._outbox.replies_queue)
         except InvalidMessage as poison:
-            with tracing.span("orderflow.agent.dead_letter", parent=properties, kind=tracing.SpanKind.CONSUMER,
-                              attributes=tracing.order_attributes(message.session_id)):
+            with tracing.span(
+                "orderflow.agent.dead_letter",
+                parent=properties,
+                kind=tracing.SpanKind.CONSUMER,
+                attributes=tracing.order_attributes(message.session_id),
+            ):
                 await self._dead_letter(receiver, message, poison)
             return Disposition.DEAD_LETTERED
-        with tracing.span("orderflow.agent.handle", parent=properties, fallback=request.traceparent,
-                          kind=tracing.SpanKind.CONSUMER,
-                          attributes=tracing.order_attributes(request.order_id, request.instance_id,
-                                                              request.step.value)) as span:
+        with tracing.span(
+            "orderflow.agent.handle",
+            parent=properties,
+            fallback=request.traceparent,
+            kind=tracing.SpanKind.CONSUMER,
+            attributes=tracing.order_attributes(request.order_id, request.instance_id, request.step.value),
+        ) as span:
             outcome = await self._execute(request)
             span.set_attribute("orderflow.outcome", "succeeded" if outcome.succeeded else "failed")
             span.set_attribute("orderflow.calls", outcome.attempts)
@@ -210,8 +215,12 @@ class RequestHandler:
             order_id=message.session_id,
             reason=poison.reason,
             details={
-                **about_message(self._outbox.requests_queue, message.message_id, message.session_id,
-                                getattr(message, "sequence_number", None)),
+                **about_message(
+                    self._outbox.requests_queue,
+                    message.message_id,
+                    message.session_id,
+                    getattr(message, "sequence_number", None),
+                ),
                 "description": poison.description,
                 "source": "agent",
             },
@@ -256,8 +265,13 @@ def circuit_alerter(alerts: Sender, clock: Clock) -> OnTransition:
         except Exception:  # an alert must not fail the request; the state is in the gauge too
             log.exception("could not send the %s alert of %s", alert.kind.value, transition.service)
             return
-        log.warning("alert %s: circuit of %s %s (%s)", alert.kind.value, transition.service,
-                    transition.after.value, transition.reason)
+        log.warning(
+            "alert %s: circuit of %s %s (%s)",
+            alert.kind.value,
+            transition.service,
+            transition.after.value,
+            transition.reason,
+        )
 
     return on_transition
 

@@ -77,9 +77,15 @@ class HttpRemoteCaller:
     async def call(self, step: str, body: dict[str, Any], timeout: float) -> CallResult:
         url = f"{self._base_url}/steps/{step}"
         # OpenTelemetry HTTP client semantic conventions: method, URL, status code.
-        with tracing.span("orderflow.agent.remote_call", kind=tracing.SpanKind.CLIENT,
-                          attributes={"http.request.method": "POST", "url.full": url,
-                                      **tracing.order_attributes(body.get("orderId"), step=step)}) as span:
+        with tracing.span(
+            "orderflow.agent.remote_call",
+            kind=tracing.SpanKind.CLIENT,
+            attributes={
+                "http.request.method": "POST",
+                "url.full": url,
+                **tracing.order_attributes(body.get("orderId"), step=step),
+            },
+        ) as span:
             result = await self._post(url, body, timeout)
             if result.status is not None:
                 span.set_attribute("http.response.status_code", result.status)

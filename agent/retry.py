@@ -198,13 +198,18 @@ def _refused_outcome(service: str, refusal: Refusal, calls: int, last: CallResul
             error_code=ErrorCode.CIRCUIT_OPEN,
             error=f"the circuit of {service} is open{state}; remote not called",
         )
-    return _transient_outcome(calls, ErrorCode.RETRIES_EXHAUSTED,
-                              f"{calls} attempt(s) failed transiently, then the circuit of {service} opened", last)
+    return _transient_outcome(
+        calls,
+        ErrorCode.RETRIES_EXHAUSTED,
+        f"{calls} attempt(s) failed transiently, then the circuit of {service} opened",
+        last,
+    )
 
 
 def _deadline_outcome(attempts: int, last: CallResult | None) -> StepOutcome:
-    return _transient_outcome(attempts, ErrorCode.DEADLINE_EXCEEDED, f"deadline reached after {attempts} attempt(s)",
-                              last)
+    return _transient_outcome(
+        attempts, ErrorCode.DEADLINE_EXCEEDED, f"deadline reached after {attempts} attempt(s)", last
+    )
 
 
 def _transient_outcome(attempts: int, code: ErrorCode, what: str, last: CallResult | None) -> StepOutcome:

@@ -87,7 +87,6 @@ class HeldSession(Protocol):
     async def renew_lock(self) -> object: ...
 
 
-
 class SessionReceiver(Settler, Protocol):
     """A receiver of one session of `agent-requests`: receive, settle, renew the session's lock."""
 
@@ -118,8 +117,12 @@ class AgentBus(Protocol):
     def get_queue_sender(self, queue_name: str, /) -> QueueSender: ...
 
     def get_queue_receiver(
-        self, queue_name: str, /, *, session_id: str | Literal[ServiceBusSessionFilter.NEXT_AVAILABLE] | None = ...,
-        max_wait_time: float | None = ...
+        self,
+        queue_name: str,
+        /,
+        *,
+        session_id: str | Literal[ServiceBusSessionFilter.NEXT_AVAILABLE] | None = ...,
+        max_wait_time: float | None = ...,
     ) -> SessionReceiver: ...
 
 
@@ -196,8 +199,9 @@ class AgentWorker:
         # Waiting for a session is woken by the broker when one gets messages, so this wait is long: an idle Agent
         # does not poll. Once a session is held, `receive_wait_ms` bounds how long it is kept while idle.
         receiver = self._client.get_queue_receiver(
-            self._config.requests_queue, session_id=NEXT_AVAILABLE_SESSION,
-            max_wait_time=max(wait, SESSION_ACCEPT_WAIT_SECONDS)
+            self._config.requests_queue,
+            session_id=NEXT_AVAILABLE_SESSION,
+            max_wait_time=max(wait, SESSION_ACCEPT_WAIT_SECONDS),
         )
         stack = AsyncExitStack()
         try:
@@ -274,9 +278,15 @@ class AgentWorker:
         settlement raises SessionLockLostError, which ends the session (the request is redelivered; its
         idempotency key absorbs the repeat)."""
         session = receiver.session
-        await keep_lock_renewed(session.renew_lock, lambda: getattr(session, "locked_until_utc", None), self._clock,
-                                lost=(SessionLockLostError,), transient=(Exception,), log=log,
-                                what=f"session {getattr(session, 'session_id', '?')}")
+        await keep_lock_renewed(
+            session.renew_lock,
+            lambda: getattr(session, "locked_until_utc", None),
+            self._clock,
+            lost=(SessionLockLostError,),
+            transient=(Exception,),
+            log=log,
+            what=f"session {getattr(session, 'session_id', '?')}",
+        )
 
 
 async def _abandon_all(receiver: SessionReceiver, messages: Sequence[Any]) -> None:

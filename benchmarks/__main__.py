@@ -31,16 +31,14 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m benchmarks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(
-        "names", nargs="*", metavar="NAME",
-        help=f"benchmarks to run (default: all of {', '.join(NAMES)}); `compare` has its own options (compare -h)"
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help=f"benchmarks to run (default: all of {', '.join(NAMES)}); `compare` has its own options (compare -h)",
     )
     p.add_argument("--quick", action="store_true", help="small sizes; results go to <name>.quick.json")
-    p.add_argument(
-        "--profile", action="store_true", help="pipeline: profile devhost and the Agent with py-spy"
-    )
-    p.add_argument(
-        "--out", type=Path, default=RESULTS_DIR, help="results folder (default benchmarks/results)"
-    )
+    p.add_argument("--profile", action="store_true", help="pipeline: profile devhost and the Agent with py-spy")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR, help="results folder (default benchmarks/results)")
     p.add_argument("--table", action="store_true", help="print the results table and exit")
     p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     return p

@@ -29,23 +29,47 @@ TIMER_FUNCTIONS = ("starter_timer", "supervisor")  # orderflow/function_names.py
 STORE_OPERATIONS: dict[str, dict[str, tuple[str, str]]] = {
     "SqliteOrdersDb": {"create_if_absent": ("orders", "create"), "get": ("orders", "point_read")},
     "SqliteStateStore": {
-        "create_if_absent": ("state", "create"), "get": ("state", "point_read"), "replace": ("state", "replace"),
-        "query_claimable": ("state", "query_cross"), "query_unnotified": ("state", "query_cross"),
-        "query_expired": ("state", "query_cross"), "query_in_state": ("state", "query_cross"),
-        "count_in_state": ("state", "count_cross"), "count_expired": ("state", "count_cross"),
-        "get_checkpoint": ("checkpoints", "point_read"), "put_checkpoint": ("checkpoints", "create|replace"),
+        "create_if_absent": ("state", "create"),
+        "get": ("state", "point_read"),
+        "replace": ("state", "replace"),
+        "query_claimable": ("state", "query_cross"),
+        "query_unnotified": ("state", "query_cross"),
+        "query_expired": ("state", "query_cross"),
+        "query_in_state": ("state", "query_cross"),
+        "count_in_state": ("state", "count_cross"),
+        "count_expired": ("state", "count_cross"),
+        "get_checkpoint": ("checkpoints", "point_read"),
+        "put_checkpoint": ("checkpoints", "create|replace"),
     },
     "SqliteDocuments": {"get": ("documents", "point_read"), "put": ("documents", "create|replace")},
     "SqliteRecoveryIndex": {
-        "add": ("recoveryIndex", "upsert"), "page": ("recoveryIndex", "query_single"),
-        "first_at_or_after": ("recoveryIndex", "query_cross"), "remove": ("recoveryIndex", "delete"),
+        "add": ("recoveryIndex", "upsert"),
+        "page": ("recoveryIndex", "query_single"),
+        "first_at_or_after": ("recoveryIndex", "query_cross"),
+        "remove": ("recoveryIndex", "delete"),
     },
 }
 # EmbeddedBroker methods that are Service Bus API calls (an allow-list: helpers the broker gains are not operations).
-SERVICE_BUS_OPERATIONS = frozenset({
-    "send", "cancel_scheduled", "receive", "take", "receive_deferred", "peek", "complete", "abandon", "defer",
-    "dead_letter", "renew_message_lock", "accept_session", "renew_session_lock", "release_session",
-    "get_session_state", "set_session_state"})
+SERVICE_BUS_OPERATIONS = frozenset(
+    {
+        "send",
+        "cancel_scheduled",
+        "receive",
+        "take",
+        "receive_deferred",
+        "peek",
+        "complete",
+        "abandon",
+        "defer",
+        "dead_letter",
+        "renew_message_lock",
+        "accept_session",
+        "renew_session_lock",
+        "release_session",
+        "get_session_state",
+        "set_session_state",
+    }
+)
 RECEIVES = ("receive", "take", "receive_deferred", "peek")
 
 SCOPE: contextvars.ContextVar[str] = contextvars.ContextVar("azure_cost_scope", default="-")
@@ -160,8 +184,9 @@ class Meter:
                 elif name in RECEIVES:
                     messages = result if isinstance(result, list) else getattr(result, "messages", None)
                     if isinstance(messages, list):
-                        meter.bump(key("sb_msgs", scope, queue, "peeked" if name == "peek" else "received"),
-                                   len(messages))
+                        meter.bump(
+                            key("sb_msgs", scope, queue, "peeked" if name == "peek" else "received"), len(messages)
+                        )
                         if not messages:
                             meter.bump(key("sb_empty", scope, queue, name))
                 elif name == "accept_session" and result is None:
@@ -189,8 +214,11 @@ class Meter:
 
     def install(self) -> None:
         """Patch each module now if it is loaded, else when it is first imported."""
-        patches = {"orderflow.embedded.store": self.patch_store, "orderflow.embedded.broker": self.patch_broker,
-                   "devhost.invoke": self.patch_invoker}
+        patches = {
+            "orderflow.embedded.store": self.patch_store,
+            "orderflow.embedded.broker": self.patch_broker,
+            "devhost.invoke": self.patch_invoker,
+        }
         for name, patch in list(patches.items()):
             if name in sys.modules:
                 patch(sys.modules[name])

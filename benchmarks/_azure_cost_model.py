@@ -26,8 +26,15 @@ from ._azure_cost_figures import (
 from ._azure_cost_meter import TIMER_FUNCTIONS, split
 
 
-def per_order(delta: Mapping[str, float], idle: Mapping[str, float], idle_s: float, idle_ticks: Mapping[str, float],
-              span_s: float, ticks: Mapping[str, float], orders: int) -> dict[str, float]:
+def per_order(
+    delta: Mapping[str, float],
+    idle: Mapping[str, float],
+    idle_s: float,
+    idle_ticks: Mapping[str, float],
+    span_s: float,
+    ticks: Mapping[str, float],
+    orders: int,
+) -> dict[str, float]:
     """One process's counts per order: the scenario's delta less the background that fell in its window (per timer
     tick under a timer's scope, per second otherwise, both from the idle window), never below 0, divided by `orders`."""
     out: dict[str, float] = {}
@@ -45,9 +52,13 @@ def per_order(delta: Mapping[str, float], idle: Mapping[str, float], idle_s: flo
     return out
 
 
-def cosmos_ru(ops: Mapping[tuple[str, str], float], items: Mapping[tuple[str, str], float],
-              rules: Mapping[str, float] = RU_RULES, per_item: float = RU_PER_ITEM_RETURNED,
-              partitions: int = 1) -> dict[str, float]:
+def cosmos_ru(
+    ops: Mapping[tuple[str, str], float],
+    items: Mapping[tuple[str, str], float],
+    rules: Mapping[str, float] = RU_RULES,
+    per_item: float = RU_PER_ITEM_RETURNED,
+    partitions: int = 1,
+) -> dict[str, float]:
     """Estimated RU by container (and 'total') for operation counts {(container, op): n} and items returned by
     queries {(container, op): n}. A cross-partition query or count is charged once per physical partition."""
     by_container: Counter[str] = Counter()
@@ -86,10 +97,14 @@ def cosmos_provisioned(ru_per_s: float) -> dict[str, float]:
     billed = max(_ceil_to(ru_per_s, 100), tmax / 10)
     manual_rate = PRICES["cosmos_manual_per_100rus_hour"].value
     auto_rate = PRICES["cosmos_autoscale_per_100rus_hour"].value
-    return {"ru_per_s": round(ru_per_s, 3), "manual_rus": manual,
-            "manual_usd": round(manual / 100 * manual_rate * HOURS_PER_MONTH, 2),
-            "autoscale_tmax": tmax, "autoscale_billed_rus": billed,
-            "autoscale_usd": round(billed / 100 * auto_rate * HOURS_PER_MONTH, 2)}
+    return {
+        "ru_per_s": round(ru_per_s, 3),
+        "manual_rus": manual,
+        "manual_usd": round(manual / 100 * manual_rate * HOURS_PER_MONTH, 2),
+        "autoscale_tmax": tmax,
+        "autoscale_billed_rus": billed,
+        "autoscale_usd": round(billed / 100 * auto_rate * HOURS_PER_MONTH, 2),
+    }
 
 
 def monthly(order: Mapping[str, Any], background: Mapping[str, Any], rate: float) -> dict[str, Any]:
@@ -97,8 +112,10 @@ def monthly(order: Mapping[str, Any], background: Mapping[str, Any], rate: float
     fixed background per second (`background`: cosmos_ru_by_database, functions_executions per second)."""
     orders = rate * MONTH_S
     cosmos = order["cosmos"]
-    by_db = {db: ru * rate + background.get("cosmos_ru_per_s_by_database", {}).get(db, 0.0)
-             for db, ru in cosmos["ru_by_database"].items()}
+    by_db = {
+        db: ru * rate + background.get("cosmos_ru_per_s_by_database", {}).get(db, 0.0)
+        for db, ru in cosmos["ru_by_database"].items()
+    }
     for db, ru in background.get("cosmos_ru_per_s_by_database", {}).items():
         by_db.setdefault(db, ru)
     ru_month = sum(by_db.values()) * MONTH_S
@@ -128,11 +145,14 @@ def monthly(order: Mapping[str, Any], background: Mapping[str, Any], rate: float
             "credits_per_s_messages": round((sb["credits_messages"] + sb["client"]["credits_messages"]) * rate, 1),
             "credits_per_s_all_calls": round((sb["operations"] + sb["client"]["operations"]) * rate, 1),
             "fits_one_namespace": (sb["operations"] + sb["client"]["operations"]) * rate <= SERVICEBUS_CREDITS_PER_S,
-            "fits_one_namespace_messages_only":
-                (sb["credits_messages"] + sb["client"]["credits_messages"]) * rate <= SERVICEBUS_CREDITS_PER_S,
+            "fits_one_namespace_messages_only": (sb["credits_messages"] + sb["client"]["credits_messages"]) * rate
+            <= SERVICEBUS_CREDITS_PER_S,
             "usd": None,  # not found in the stored docs
-            "cny_azure_china": round(PRICES["servicebus_cn_base_hour"].value * HOURS_PER_MONTH
-                                     + tiered(sb_ops + client_ops, SERVICEBUS_TIERS_CN), 2),
+            "cny_azure_china": round(
+                PRICES["servicebus_cn_base_hour"].value * HOURS_PER_MONTH
+                + tiered(sb_ops + client_ops, SERVICEBUS_TIERS_CN),
+                2,
+            ),
         },
         "durable": {
             "episodes_per_month": round(durable["episodes"] * orders),
@@ -157,19 +177,26 @@ def namespace_capacity(order: Mapping[str, Any]) -> dict[str, Any]:
     sb, client = order["servicebus"], order["servicebus"]["client"]
     credits = {
         "messages_only": sb["credits_messages"] + client["credits_messages"],
-        "calls_without_empty": (sb["operations"] - sum(sb["empty"].values())
-                                + client["operations"] - sum(client["empty"].values())),
+        "calls_without_empty": (
+            sb["operations"] - sum(sb["empty"].values()) + client["operations"] - sum(client["empty"].values())
+        ),
         "all_calls": sb["operations"] + client["operations"],
     }
-    return {"credits_per_order": {k: round(v, 3) for k, v in credits.items()},
-            "max_orders_per_s": {k: round(SERVICEBUS_CREDITS_PER_S / v, 1) if v else None for k, v in credits.items()}}
+    return {
+        "credits_per_order": {k: round(v, 3) for k, v in credits.items()},
+        "max_orders_per_s": {k: round(SERVICEBUS_CREDITS_PER_S / v, 1) if v else None for k, v in credits.items()},
+    }
 
 
 def dts_actions(by_type: Mapping[str, float]) -> float:
     """Durable Task Scheduler actions from history events (SOURCES['dts_billing']): the orchestration's start, two per
     activity (scheduling, processing the result), one per fired timer and one per raised external event."""
-    return (by_type.get("EXECUTION_STARTED", 0) + 2 * by_type.get("TASK_SCHEDULED", 0)
-            + by_type.get("TIMER_FIRED", 0) + by_type.get("EVENT_RAISED", 0))
+    return (
+        by_type.get("EXECUTION_STARTED", 0)
+        + 2 * by_type.get("TASK_SCHEDULED", 0)
+        + by_type.get("TIMER_FIRED", 0)
+        + by_type.get("EVENT_RAISED", 0)
+    )
 
 
 # Azure Storage transactions of the Durable Azure Storage provider, by history event (our model from the documented
@@ -177,8 +204,13 @@ def dts_actions(by_type: Mapping[str, float]) -> float:
 # row; an episode gets and deletes its control-queue message(s), loads the history (range query), appends history rows
 # (a table batch) and updates the instance row; an activity is a work-item message put, got and deleted, and its result
 # a control-queue message put; a durable timer and a raised event are one control-queue message put each.
-STORAGE_MODEL: dict[str, int] = {"EXECUTION_STARTED": 2, "ORCHESTRATOR_STARTED": 5, "TASK_SCHEDULED": 4,
-                                 "TIMER_CREATED": 1, "EVENT_RAISED": 1}
+STORAGE_MODEL: dict[str, int] = {
+    "EXECUTION_STARTED": 2,
+    "ORCHESTRATOR_STARTED": 5,
+    "TASK_SCHEDULED": 4,
+    "TIMER_CREATED": 1,
+    "EVENT_RAISED": 1,
+}
 
 
 def storage_model(by_type: Mapping[str, float]) -> float:
@@ -239,30 +271,48 @@ def summarize(per_role: Mapping[str, Mapping[str, float]], durable: Mapping[str,
             "ru_by_database": {k: round(v, 4) for k, v in sorted(ru_by_db.items())},
         },
         "servicebus": {**_sb_out(sb["product"]), "client": _sb_out(sb["client"])},
-        "functions": {"executions": round(executions, 3),
-                      "by_function": {**{k: round(v, 3) for k, v in sorted(triggers.items())}, **from_history,
-                                      "activities": durable["activities"]},
-                      "counted_by_devhost": {k: round(v, 3) for k, v in sorted(functions.items())}},
-        "durable": {**durable, "dts_actions": round(dts_actions(durable["history_events_by_type"]), 3),
-                    "azure_storage_transactions_model": round(storage_model(durable["history_events_by_type"]), 3)},
+        "functions": {
+            "executions": round(executions, 3),
+            "by_function": {
+                **{k: round(v, 3) for k, v in sorted(triggers.items())},
+                **from_history,
+                "activities": durable["activities"],
+            },
+            "counted_by_devhost": {k: round(v, 3) for k, v in sorted(functions.items())},
+        },
+        "durable": {
+            **durable,
+            "dts_actions": round(dts_actions(durable["history_events_by_type"]), 3),
+            "azure_storage_transactions_model": round(storage_model(durable["history_events_by_type"]), 3),
+        },
     }
 
 
 def _sb_totals() -> dict[str, Any]:
-    return {"operations": 0.0, "by_operation": Counter(), "by_queue": Counter(), "empty": Counter(),
-            "messages_sent": 0.0, "messages_received": 0.0, "messages_peeked": 0.0}
+    return {
+        "operations": 0.0,
+        "by_operation": Counter(),
+        "by_queue": Counter(),
+        "empty": Counter(),
+        "messages_sent": 0.0,
+        "messages_received": 0.0,
+        "messages_peeked": 0.0,
+    }
 
 
 def _sb_out(t: Mapping[str, Any]) -> dict[str, Any]:
     credits = t["messages_sent"] + t["messages_received"] + t["messages_peeked"]
-    return {"operations": round(t["operations"], 3),
-            "by_operation": {k: round(v, 3) for k, v in sorted(t["by_operation"].items())},
-            "by_queue": {k: round(v, 3) for k, v in sorted(t["by_queue"].items())},
-            "empty": {k: round(v, 3) for k, v in sorted(t["empty"].items())},
-            "messages_sent": round(t["messages_sent"], 3), "messages_received": round(t["messages_received"], 3),
-            "messages_peeked": round(t["messages_peeked"], 3),
-            # the throttling doc's data operations: 1 credit per message sent, received or peeked
-            "credits_messages": round(credits, 3)}
+    return {
+        "operations": round(t["operations"], 3),
+        "by_operation": {k: round(v, 3) for k, v in sorted(t["by_operation"].items())},
+        "by_queue": {k: round(v, 3) for k, v in sorted(t["by_queue"].items())},
+        "empty": {k: round(v, 3) for k, v in sorted(t["empty"].items())},
+        "messages_sent": round(t["messages_sent"], 3),
+        "messages_received": round(t["messages_received"], 3),
+        "messages_peeked": round(t["messages_peeked"], 3),
+        # the throttling doc's data operations: 1 credit per message sent, received or peeked
+        "credits_messages": round(credits, 3),
+    }
 
 
 def _nested(flat: Mapping[tuple[str, str], float]) -> dict[str, dict[str, float]]:

@@ -43,7 +43,8 @@ from ._azure_cost_model import (
 SEED = 7
 SETTINGS = {
     # No crash here, so steps may be short (as the retry-budget drill's): a hang costs 8 s, not 20.
-    "StepTimeoutSeconds": "8", "ClaimLeaseSeconds": "8",
+    "StepTimeoutSeconds": "8",
+    "ClaimLeaseSeconds": "8",
     # 10 hung requests in 30 s would open the shared breaker (registry threshold 10) and turn recoveries into
     # deferrals; the breaker still reads its document as usual.
     "CircuitBreakerFailureThreshold": "1000",
@@ -72,10 +73,17 @@ def _key(order_id: str, step: str) -> str:
 
 SCENARIOS = (
     Scenario("happy", "every step succeeds at the first call", lambda ids: {}),
-    Scenario("hang", "the first step's first call hangs past CompleteBy; the Supervisor recovers the record and a "
-             "second attempt completes", lambda ids: {_key(o, _steps()[0]): ["hang"] for o in ids}),
-    Scenario("permanent", "the last step fails permanently; the two steps before it are compensated",
-             lambda ids: {_key(o, _steps()[-1]): ["permanent"] for o in ids}),
+    Scenario(
+        "hang",
+        "the first step's first call hangs past CompleteBy; the Supervisor recovers the record and a "
+        "second attempt completes",
+        lambda ids: {_key(o, _steps()[0]): ["hang"] for o in ids},
+    ),
+    Scenario(
+        "permanent",
+        "the last step fails permanently; the two steps before it are compensated",
+        lambda ids: {_key(o, _steps()[-1]): ["permanent"] for o in ids},
+    ),
 )
 
 
@@ -118,8 +126,12 @@ class MeteredRun:
         env = self.system.env()
         from .compare_ours import OurClient
 
-        self.client = OurClient(self.config.bus_connection, env.get("OrdersQueueName", "orders-inbound"),
-                                self.config.reply_queue, timeout_s=300.0)
+        self.client = OurClient(
+            self.config.bus_connection,
+            env.get("OrdersQueueName", "orders-inbound"),
+            self.config.reply_queue,
+            timeout_s=300.0,
+        )
         assert self.system.devhost and self.system.devhost.proc and self.system.agent and self.system.agent.proc
         self.pids = {"devhost": self.system.devhost.proc.pid, "agent": self.system.agent.proc.pid}
 
@@ -130,15 +142,21 @@ class MeteredRun:
 
     def snapshot(self) -> Snapshot:
         self._seq = self._seq % 255 + 1
-        counts = {role: compare_counts.request_dump(self.count_dir, pid, self._seq)["counts"]
-                  for role, pid in self.pids.items()}
+        counts = {
+            role: compare_counts.request_dump(self.count_dir, pid, self._seq)["counts"]
+            for role, pid in self.pids.items()
+        }
         counts["client"] = METER.snapshot()
         return Snapshot(time.monotonic(), counts)
 
     def script(self, faults: dict[str, list[str]]) -> None:
         assert self.system.simulator and self.system.simulator.url
-        request = urllib.request.Request(f"{self.system.simulator.url}/script", data=json.dumps(faults).encode(),
-                                         headers={"Content-Type": "application/json"}, method="POST")
+        request = urllib.request.Request(
+            f"{self.system.simulator.url}/script",
+            data=json.dumps(faults).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
         with urllib.request.urlopen(request, timeout=30) as answer:
             answer.read()
 
@@ -147,9 +165,14 @@ class MeteredRun:
         metered adapters)."""
         conn = sqlite3.connect(f"file:{self.config.work_dir / 'store.db'}?mode=ro", uri=True, timeout=30)
         try:
-            return [(s, int(a or 0)) for s, a in conn.execute(
-                "SELECT json_extract(doc, '$.processState'), json_extract(doc, '$.attempt') FROM order_state "
-                "WHERE id LIKE ? ESCAPE '\\'", (compare_counts._like(prefix),))]
+            return [
+                (s, int(a or 0))
+                for s, a in conn.execute(
+                    "SELECT json_extract(doc, '$.processState'), json_extract(doc, '$.attempt') FROM order_state "
+                    "WHERE id LIKE ? ESCAPE '\\'",
+                    (compare_counts._like(prefix),),
+                )
+            ]
         finally:
             conn.close()
 
@@ -163,8 +186,11 @@ class MeteredRun:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             states = self.states(prefix)
-            if states and all(s in terminal for s, _ in states) and not compare_counts.durable_unfinished(
-                    durable_db, prefix):
+            if (
+                states
+                and all(s in terminal for s, _ in states)
+                and not compare_counts.durable_unfinished(durable_db, prefix)
+            ):
                 break
             time.sleep(0.1)
         time.sleep(1.0)
@@ -203,8 +229,10 @@ def background(idle: Mapping[str, Mapping[str, int]], idle_s: float, env: Mappin
 
     defaults = {s.name: s.default for s in REGISTRY}
     ticks = _ticks(idle)
-    periods = {"starter_timer": seconds_of(defaults.get("StarterSchedule") or ""),
-               "supervisor": seconds_of(defaults.get("SupervisorSchedule") or "")}
+    periods = {
+        "starter_timer": seconds_of(defaults.get("StarterSchedule") or ""),
+        "supervisor": seconds_of(defaults.get("SupervisorSchedule") or ""),
+    }
     per_tick: dict[str, dict[str, float]] = {}
     ru_per_s: Counter[str] = Counter()
     for name in TIMER_FUNCTIONS:
@@ -214,15 +242,22 @@ def background(idle: Mapping[str, Mapping[str, int]], idle_s: float, env: Mappin
         ops = Counter({(split(k)[2], split(k)[3]): v for k, v in counts.items() if split(k)[0] == "cosmos"})
         items = Counter({(split(k)[2], split(k)[3]): v for k, v in counts.items() if split(k)[0] == "cosmos_items"})
         ru = cosmos_ru(ops, items)
-        per_tick[name] = {"cosmos": _nested(ops), "ru": ru["total"],
-                          "servicebus_operations": round(sum(v for k, v in counts.items() if split(k)[0] == "sb"), 3),
-                          "period_s_registry": periods[name]}
+        per_tick[name] = {
+            "cosmos": _nested(ops),
+            "ru": ru["total"],
+            "servicebus_operations": round(sum(v for k, v in counts.items() if split(k)[0] == "sb"), 3),
+            "period_s_registry": periods[name],
+        }
         if periods[name]:
             for container, value in ru.items():
                 if container != "total":
                     ru_per_s[database_of(container)] += value / periods[name]
-    polling = {role: round(sum(v for k, v in counts.items() if split(k)[0] == "sb" and split(k)[1] not in
-                               TIMER_FUNCTIONS) / idle_s, 3) for role, counts in idle.items()}
+    polling = {
+        role: round(
+            sum(v for k, v in counts.items() if split(k)[0] == "sb" and split(k)[1] not in TIMER_FUNCTIONS) / idle_s, 3
+        )
+        for role, counts in idle.items()
+    }
     return {
         "idle_window_s": round(idle_s, 1),
         "ticks_in_idle_window": ticks,
@@ -230,8 +265,10 @@ def background(idle: Mapping[str, Mapping[str, int]], idle_s: float, env: Mappin
         "cosmos_ru_per_s_by_database": {k: round(v, 4) for k, v in sorted(ru_per_s.items())},
         "executions_per_s": sum(1 / p for p in periods.values() if p),
         "servicebus_polling_ops_per_s_embedded": polling,
-        "schedules": {"StarterSchedule": defaults.get("StarterSchedule"),
-                      "SupervisorSchedule": defaults.get("SupervisorSchedule")},
+        "schedules": {
+            "StarterSchedule": defaults.get("StarterSchedule"),
+            "SupervisorSchedule": defaults.get("SupervisorSchedule"),
+        },
     }
 
 
@@ -264,11 +301,19 @@ def run(orders: int, idle_s: float, keep: Path | None, log: Callable[[str], None
             measured.settle(prefix)
             after = measured.snapshot()
             states = measured.states(prefix)
-            windows[scenario.name] = (_delta(after, before), after.at - before.at, {
-                "answer": answer, "states": dict(Counter(s for s, _ in states)),
-                "attempts_per_order": round(sum(a for _, a in states) / max(1, len(states)), 3)})
-            log(f"{scenario.name}: {answer['terminal']}/{orders} terminal {answer['outcomes']}, "
-                f"{after.at - before.at:.1f} s")
+            windows[scenario.name] = (
+                _delta(after, before),
+                after.at - before.at,
+                {
+                    "answer": answer,
+                    "states": dict(Counter(s for s, _ in states)),
+                    "attempts_per_order": round(sum(a for _, a in states) / max(1, len(states)), 3),
+                },
+            )
+            log(
+                f"{scenario.name}: {answer['terminal']}/{orders} terminal {answer['outcomes']}, "
+                f"{after.at - before.at:.1f} s"
+            )
         sizes = measured.doc_sizes()
         env = measured.system.env()
     finally:
@@ -277,33 +322,50 @@ def run(orders: int, idle_s: float, keep: Path | None, log: Callable[[str], None
     idle_ticks = _ticks(idle)
     for name, (delta, span, facts) in windows.items():
         ticks = _ticks(delta)
-        per_role = {role: per_order(counts, idle.get(role, {}), idle_span, idle_ticks, span, ticks, orders)
-                    for role, counts in delta.items()}
+        per_role = {
+            role: per_order(counts, idle.get(role, {}), idle_span, idle_ticks, span, ticks, orders)
+            for role, counts in delta.items()
+        }
         durable = compare_counts.durable_counts(durable_db, f"ac-{name}")
         each = {k: round(v / orders, 3) for k, v in durable.items() if isinstance(v, int | float)}
         each["history_events_by_type"] = {k: round(v / orders, 3) for k, v in durable["history_events_by_type"].items()}
-        results[name] = {"orders": orders, "window_s": round(span, 1), "timer_ticks_in_window": ticks,
-                         "outcomes": facts["answer"]["outcomes"], "terminal": facts["answer"]["terminal"],
-                         "states": facts["states"], "attempts_per_order": facts["attempts_per_order"],
-                         **summarize(per_role, each)}
+        results[name] = {
+            "orders": orders,
+            "window_s": round(span, 1),
+            "timer_ticks_in_window": ticks,
+            "outcomes": facts["answer"]["outcomes"],
+            "terminal": facts["answer"]["terminal"],
+            "states": facts["states"],
+            "attempts_per_order": facts["attempts_per_order"],
+            **summarize(per_role, each),
+        }
     fixed = background(idle, idle_span, env)
     happy = results["happy"]
     if keep is None:
         shutil.rmtree(work, ignore_errors=True)
     return {
         "benchmark": "azure_cost",
-        "params": {"orders_per_scenario": orders, "idle_window_s": idle_s, "settings": SETTINGS,
-                   "hang_seconds": HANG_SECONDS, "seed": SEED, "month_s": MONTH_S, "rates": list(RATES)},
+        "params": {
+            "orders_per_scenario": orders,
+            "idle_window_s": idle_s,
+            "settings": SETTINGS,
+            "hang_seconds": HANG_SECONDS,
+            "seed": SEED,
+            "month_s": MONTH_S,
+            "rates": list(RATES),
+        },
         "scenarios": {s.name: s.what for s in SCENARIOS},
         "per_order": results,
-        "per_recovery": {name: subtract(_numbers(results[name]), _numbers(happy)) for name in results
-                         if name != "happy"},
+        "per_recovery": {
+            name: subtract(_numbers(results[name]), _numbers(happy)) for name in results if name != "happy"
+        },
         "background": fixed,
         "doc_sizes": sizes,
         "monthly": [monthly(happy, fixed, rate) for rate in RATES],
         "servicebus_namespace": {name: namespace_capacity(r) for name, r in results.items()},
         "dts_consumption_max_orders_per_s": round(DTS_CONSUMPTION_MAX_ACTIONS_S / happy["durable"]["dts_actions"], 1),
-        "ru_rules": RU_RULES, "ru_per_item_returned": RU_PER_ITEM_RETURNED,
+        "ru_rules": RU_RULES,
+        "ru_per_item_returned": RU_PER_ITEM_RETURNED,
         "prices": {k: vars(p) for k, p in PRICES.items()},
         "sources": {k: {**vars(s), "read_on": READ_ON} for k, s in SOURCES.items()},
         "run_s": round(time.monotonic() - started, 1),

@@ -30,9 +30,15 @@ class Options:
     hosts: int = 1  # our devhost hosts on one task hub (scale-out, docs/devhost.md)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"remote_latency_ms_mean": self.latency_ms, "peer_mode": self.peer_mode,
-                "peer_concurrency": self.peer_concurrency, "peer_polling_interval_s": self.peer_polling_interval,
-                "peer_synchronous": self.peer_synchronous, "counted": self.count, "our_hosts": self.hosts}
+        return {
+            "remote_latency_ms_mean": self.latency_ms,
+            "peer_mode": self.peer_mode,
+            "peer_concurrency": self.peer_concurrency,
+            "peer_polling_interval_s": self.peer_polling_interval,
+            "peer_synchronous": self.peer_synchronous,
+            "counted": self.count,
+            "our_hosts": self.hosts,
+        }
 
 
 # --- instrumentation ---------------------------------------------------------------------------------------------
@@ -108,8 +114,9 @@ class OurSystem:
                 return proc
 
         self.dir, self.instrument = round_dir, instrument
-        self.config = SystemConfig(work_dir=round_dir / "system", seed=SEED, latency_ms_mean=options.latency_ms,
-                                   hosts=options.hosts)
+        self.config = SystemConfig(
+            work_dir=round_dir / "system", seed=SEED, latency_ms_mean=options.latency_ms, hosts=options.hosts
+        )
         self.system = InstrumentedSystem(self.config)
         self.driver: Driver | None = None
         self.pids: dict[str, int] = {}
@@ -117,14 +124,23 @@ class OurSystem:
     def start(self) -> None:
         self.system.start()
         env = self.system.env()
-        argv = [python(), "-m", "benchmarks.compare_ours", "--connection", self.config.bus_connection,
-                "--orders-queue", env.get("OrdersQueueName", "orders-inbound"), "--reply-queue",
-                self.config.reply_queue]
+        argv = [
+            python(),
+            "-m",
+            "benchmarks.compare_ours",
+            "--connection",
+            self.config.bus_connection,
+            "--orders-queue",
+            env.get("OrdersQueueName", "orders-inbound"),
+            "--reply-queue",
+            self.config.reply_queue,
+        ]
         self.driver = Driver("our client", self.instrument.wrap("client", argv), env, self.dir / "client.log", ROOT)
         self.driver.wait_ready(120)
         procs = {"agent": self.system.agent, "simulator": self.system.simulator}
-        procs.update({("devhost" if n == 0 else f"devhost-{n + 1}"): host
-                      for n, host in enumerate(self.system.devhosts)})
+        procs.update(
+            {("devhost" if n == 0 else f"devhost-{n + 1}"): host for n, host in enumerate(self.system.devhosts)}
+        )
         self.pids = {role: python_pid(p.proc.pid) for role, p in procs.items() if p is not None and p.proc}
         self.pids["client"] = python_pid(self.driver.proc.pid)
 
@@ -163,15 +179,43 @@ class PeerSystem:
         from lab.system import Process, simulator_args
 
         o = self.options
-        sim = [python(), *simulator_args(0, self.dir / "simulator.db", "--seed", str(SEED),
-                                         "--transient-failure-rate", "0.0", "--permanent-failure-rate", "0.0",
-                                         "--hang-rate", "0.0", "--latency-ms-mean", str(o.latency_ms))]
-        self.simulator = Process("simulator", self.instrument.wrap("simulator", sim), self._env(),
-                                 self.dir / "simulator.log").start()
-        argv = [python(), "-m", "benchmarks.compare_peer", "--work-dir", str(self.dir / "peer"),
-                "--simulator-url", str(self.simulator.url), "--mode", o.peer_mode,
-                "--concurrency", str(o.peer_concurrency), "--polling-interval", str(o.peer_polling_interval),
-                "--synchronous", o.peer_synchronous]
+        sim = [
+            python(),
+            *simulator_args(
+                0,
+                self.dir / "simulator.db",
+                "--seed",
+                str(SEED),
+                "--transient-failure-rate",
+                "0.0",
+                "--permanent-failure-rate",
+                "0.0",
+                "--hang-rate",
+                "0.0",
+                "--latency-ms-mean",
+                str(o.latency_ms),
+            ),
+        ]
+        self.simulator = Process(
+            "simulator", self.instrument.wrap("simulator", sim), self._env(), self.dir / "simulator.log"
+        ).start()
+        argv = [
+            python(),
+            "-m",
+            "benchmarks.compare_peer",
+            "--work-dir",
+            str(self.dir / "peer"),
+            "--simulator-url",
+            str(self.simulator.url),
+            "--mode",
+            o.peer_mode,
+            "--concurrency",
+            str(o.peer_concurrency),
+            "--polling-interval",
+            str(o.peer_polling_interval),
+            "--synchronous",
+            o.peer_synchronous,
+        ]
         self.driver = Driver("peer", self.instrument.wrap("peer", argv), self._env(), self.dir / "peer.log", ROOT)
         self.driver.wait_ready(120)
         self.pids = {"peer": python_pid(self.driver.proc.pid), "simulator": python_pid(self.simulator.proc.pid)}

@@ -30,7 +30,6 @@ and 100 orders/s). With --json the last line printed is the result document. Pri
 estimate are in `PRICES`/`RU_RULES` with the page each comes from (read 2026-11-30); docs/cost.md explains them.
 """
 
-
 from __future__ import annotations
 
 import argparse
@@ -81,12 +80,49 @@ from ._azure_cost_model import (
 from ._azure_cost_run import SCENARIOS, MeteredRun, Scenario, background, run
 
 __all__ = [
-    "COUNT_DIR_VARIABLE", "METER", "MONTH_S", "PRICES", "QUERY_KINDS", "RATES", "READ_ON", "RU_PER_ITEM_RETURNED",
-    "RU_RULES", "SCENARIOS", "SCOPE", "SITECUSTOMIZE", "SOURCES", "TIMER_FUNCTIONS", "Meter", "MeteredRun", "Price",
-    "Scenario", "Source", "activate_child", "background", "cosmos_provisioned", "cosmos_ru", "database_of",
-    "dts_actions", "key", "main", "markdown", "metered", "monthly", "monthly_table", "namespace_capacity",
-    "namespace_table", "per_order", "per_order_table", "recovery_table", "run", "seconds_of", "split",
-    "storage_model", "subtract", "summarize", "tiered",
+    "COUNT_DIR_VARIABLE",
+    "METER",
+    "MONTH_S",
+    "PRICES",
+    "QUERY_KINDS",
+    "RATES",
+    "READ_ON",
+    "RU_PER_ITEM_RETURNED",
+    "RU_RULES",
+    "SCENARIOS",
+    "SCOPE",
+    "SITECUSTOMIZE",
+    "SOURCES",
+    "TIMER_FUNCTIONS",
+    "Meter",
+    "MeteredRun",
+    "Price",
+    "Scenario",
+    "Source",
+    "activate_child",
+    "background",
+    "cosmos_provisioned",
+    "cosmos_ru",
+    "database_of",
+    "dts_actions",
+    "key",
+    "main",
+    "markdown",
+    "metered",
+    "monthly",
+    "monthly_table",
+    "namespace_capacity",
+    "namespace_table",
+    "per_order",
+    "per_order_table",
+    "recovery_table",
+    "run",
+    "seconds_of",
+    "split",
+    "storage_model",
+    "subtract",
+    "summarize",
+    "tiered",
 ]
 
 
@@ -100,27 +136,37 @@ def _n(value: float | None, digits: int = 2) -> str:
 
 
 def per_order_table(doc: Mapping[str, Any]) -> str:
-    rows = [("Cosmos DB operations", lambda r: _n(r["cosmos"]["operations"])),
-            ("  point reads", lambda r: _n(_sum_op(r, "point_read"))),
-            ("  creates", lambda r: _n(_sum_op(r, "create"))),
-            ("  replaces (If-Match)", lambda r: _n(_sum_op(r, "replace"))),
-            ("  upserts / deletes (recovery index)", lambda r: f"{_n(_sum_op(r, 'upsert'))} / "
-                                                               f"{_n(_sum_op(r, 'delete'))}"),
-            ("  queries (1 partition / cross-partition / counts)",
-             lambda r: " / ".join(_n(_sum_op(r, k)) for k in QUERY_KINDS)),
-            ("Cosmos DB RU (estimate)", lambda r: _n(r["cosmos"]["ru"], 1)),
-            ("Service Bus operations (devhost + Agent)", lambda r: _n(r["servicebus"]["operations"])),
-            ("  of which found nothing", lambda r: _n(sum(r["servicebus"]["empty"].values()))),
-            ("  messages sent / received", lambda r: f"{_n(r['servicebus']['messages_sent'])} / "
-                                                    f"{_n(r['servicebus']['messages_received'])}"),
-            ("Service Bus operations of the client app", lambda r: _n(r["servicebus"]["client"]["operations"])),
-            ("Function executions (triggers + episodes + activities)", lambda r: _n(r["functions"]["executions"])),
-            ("Durable instances / activities / episodes / history events",
-             lambda r: " / ".join(_n(r["durable"][k]) for k in ("instances", "activities", "episodes",
-                                                               "history_events"))),
-            ("Durable Task Scheduler actions", lambda r: _n(r["durable"]["dts_actions"])),
-            ("Azure Storage transactions (Durable Azure Storage backend, our model)",
-             lambda r: _n(r["durable"]["azure_storage_transactions_model"]))]
+    rows = [
+        ("Cosmos DB operations", lambda r: _n(r["cosmos"]["operations"])),
+        ("  point reads", lambda r: _n(_sum_op(r, "point_read"))),
+        ("  creates", lambda r: _n(_sum_op(r, "create"))),
+        ("  replaces (If-Match)", lambda r: _n(_sum_op(r, "replace"))),
+        ("  upserts / deletes (recovery index)", lambda r: f"{_n(_sum_op(r, 'upsert'))} / {_n(_sum_op(r, 'delete'))}"),
+        (
+            "  queries (1 partition / cross-partition / counts)",
+            lambda r: " / ".join(_n(_sum_op(r, k)) for k in QUERY_KINDS),
+        ),
+        ("Cosmos DB RU (estimate)", lambda r: _n(r["cosmos"]["ru"], 1)),
+        ("Service Bus operations (devhost + Agent)", lambda r: _n(r["servicebus"]["operations"])),
+        ("  of which found nothing", lambda r: _n(sum(r["servicebus"]["empty"].values()))),
+        (
+            "  messages sent / received",
+            lambda r: f"{_n(r['servicebus']['messages_sent'])} / {_n(r['servicebus']['messages_received'])}",
+        ),
+        ("Service Bus operations of the client app", lambda r: _n(r["servicebus"]["client"]["operations"])),
+        ("Function executions (triggers + episodes + activities)", lambda r: _n(r["functions"]["executions"])),
+        (
+            "Durable instances / activities / episodes / history events",
+            lambda r: " / ".join(
+                _n(r["durable"][k]) for k in ("instances", "activities", "episodes", "history_events")
+            ),
+        ),
+        ("Durable Task Scheduler actions", lambda r: _n(r["durable"]["dts_actions"])),
+        (
+            "Azure Storage transactions (Durable Azure Storage backend, our model)",
+            lambda r: _n(r["durable"]["azure_storage_transactions_model"]),
+        ),
+    ]
     names = list(doc["per_order"])
     lines = ["| per order | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for label, get in rows:
@@ -130,13 +176,18 @@ def per_order_table(doc: Mapping[str, Any]) -> str:
 
 def recovery_table(doc: Mapping[str, Any]) -> str:
     """What one recovery adds to an order: the scenario's figures minus the happy path's."""
-    rows = [("Cosmos DB operations", ("cosmos", "operations")), ("Cosmos DB RU (estimate)", ("cosmos", "ru")),
-            ("Service Bus operations (devhost + Agent)", ("servicebus", "operations")),
-            ("Service Bus messages sent", ("servicebus", "messages_sent")),
-            ("Function executions", ("functions", "executions")), ("Durable instances", ("durable", "instances")),
-            ("Durable episodes", ("durable", "episodes")), ("Durable history events", ("durable", "history_events")),
-            ("Durable Task Scheduler actions", ("durable", "dts_actions")),
-            ("Azure Storage transactions (model)", ("durable", "azure_storage_transactions_model"))]
+    rows = [
+        ("Cosmos DB operations", ("cosmos", "operations")),
+        ("Cosmos DB RU (estimate)", ("cosmos", "ru")),
+        ("Service Bus operations (devhost + Agent)", ("servicebus", "operations")),
+        ("Service Bus messages sent", ("servicebus", "messages_sent")),
+        ("Function executions", ("functions", "executions")),
+        ("Durable instances", ("durable", "instances")),
+        ("Durable episodes", ("durable", "episodes")),
+        ("Durable history events", ("durable", "history_events")),
+        ("Durable Task Scheduler actions", ("durable", "dts_actions")),
+        ("Azure Storage transactions (model)", ("durable", "azure_storage_transactions_model")),
+    ]
     names = list(doc["per_recovery"])
     lines = ["| one recovery adds | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for label, (part, field_) in rows:
@@ -147,8 +198,11 @@ def recovery_table(doc: Mapping[str, Any]) -> str:
 def namespace_table(doc: Mapping[str, Any]) -> str:
     lines = ["| one Standard namespace (1,000 credits/s) | credits per order | most orders/s |", "|---|---|---|"]
     cap = doc["servicebus_namespace"]["happy"]
-    for label, k in (("data operations only (1 credit per message)", "messages_only"),
-                     ("calls that moved or settled a message", "calls_without_empty"), ("every API call", "all_calls")):
+    for label, k in (
+        ("data operations only (1 credit per message)", "messages_only"),
+        ("calls that moved or settled a message", "calls_without_empty"),
+        ("every API call", "all_calls"),
+    ):
         lines.append(f"| {label} | {_n(cap['credits_per_order'][k])} | {_n(cap['max_orders_per_s'][k], 1)} |")
     return "\n".join(lines)
 
@@ -158,11 +212,13 @@ def _sum_op(result: Mapping[str, Any], op: str) -> float:
 
 
 def monthly_table(doc: Mapping[str, Any]) -> str:
-    lines = ["| orders/s | Cosmos RU/month | Cosmos serverless | Cosmos manual (RU/s) | Cosmos autoscale (Tmax) | "
-             "Service Bus ops/month | SB credits/s (messages / all calls) | fits 1 namespace | SB (Azure China, CNY) | "
-             "Durable episodes/month (Azure Storage tx, model) | DTS actions/s (Dedicated CUs; Consumption fits) | "
-             "Function executions/month |",
-             "|---" * 12 + "|"]
+    lines = [
+        "| orders/s | Cosmos RU/month | Cosmos serverless | Cosmos manual (RU/s) | Cosmos autoscale (Tmax) | "
+        "Service Bus ops/month | SB credits/s (messages / all calls) | fits 1 namespace | SB (Azure China, CNY) | "
+        "Durable episodes/month (Azure Storage tx, model) | DTS actions/s (Dedicated CUs; Consumption fits) | "
+        "Function executions/month |",
+        "|---" * 12 + "|",
+    ]
     for m in doc["monthly"]:
         c, s, d = m["cosmos"], m["servicebus"], m["durable"]
         manual = " + ".join(f"{p['manual_rus']:.0f}" for p in c["provisioned_by_database"].values())
@@ -177,35 +233,46 @@ def monthly_table(doc: Mapping[str, Any]) -> str:
             f"¥{s['cny_azure_china']:,.0f} | {d['episodes_per_month'] / 1e6:,.1f} M "
             f"({d['azure_storage_transactions_per_month_model'] / 1e6:,.0f} M) | "
             f"{d['dts_actions_per_s']:,.0f} ({d['dts_dedicated_cus']}; {_n(d['dts_consumption_fits'])}) | "
-            f"{m['functions']['executions_per_month'] / 1e6:,.1f} M |")
+            f"{m['functions']['executions_per_month'] / 1e6:,.1f} M |"
+        )
     return "\n".join(lines)
 
 
 def markdown(doc: Mapping[str, Any]) -> str:
-    sources = "\n".join(f"- `{k}`: {s['url']} (read {s['read_on']}): \"{s['says']}\"" + (f" ({s['note']})"
-                                                                                          if s['note'] else "")
-                        for k, s in doc["sources"].items())
-    return (f"# Cost per order on Azure (generated by `python -m benchmarks azure_cost`)\n\n"
-            f"{doc['params']['orders_per_scenario']} orders per scenario, run {doc.get('measured_at', '')}. "
-            "See docs/cost.md for how each figure is counted and priced.\n\n"
-            f"## Per order\n\n{per_order_table(doc)}\n\n"
-            f"## Per recovery (scenario minus happy path)\n\n{recovery_table(doc)}\n\n"
-            f"## Service Bus: orders/s one Standard namespace carries (happy path, with the client app)\n\n"
-            f"{namespace_table(doc)}\n\n"
-            f"## Monthly, happy path (USD unless marked; 'not found' = no price in the stored docs)\n\n"
-            f"{monthly_table(doc)}\n\n"
-            "Service Bus, Durable Task Scheduler, Azure Storage and Flex Consumption prices in USD were not found in "
-            "the stored docs; their quantities are above.\n\n## Sources\n\n" + sources + "\n")
+    sources = "\n".join(
+        f'- `{k}`: {s["url"]} (read {s["read_on"]}): "{s["says"]}"' + (f" ({s['note']})" if s["note"] else "")
+        for k, s in doc["sources"].items()
+    )
+    return (
+        f"# Cost per order on Azure (generated by `python -m benchmarks azure_cost`)\n\n"
+        f"{doc['params']['orders_per_scenario']} orders per scenario, run {doc.get('measured_at', '')}. "
+        "See docs/cost.md for how each figure is counted and priced.\n\n"
+        f"## Per order\n\n{per_order_table(doc)}\n\n"
+        f"## Per recovery (scenario minus happy path)\n\n{recovery_table(doc)}\n\n"
+        f"## Service Bus: orders/s one Standard namespace carries (happy path, with the client app)\n\n"
+        f"{namespace_table(doc)}\n\n"
+        f"## Monthly, happy path (USD unless marked; 'not found' = no price in the stored docs)\n\n"
+        f"{monthly_table(doc)}\n\n"
+        "Service Bus, Durable Task Scheduler, Azure Storage and Flex Consumption prices in USD were not found in "
+        "the stored docs; their quantities are above.\n\n## Sources\n\n" + sources + "\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks azure_cost", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks azure_cost",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--orders", type=int, default=10, help="orders per scenario (default 10)")
     p.add_argument("--idle-seconds", type=float, default=15.0, help="idle window for the background (default 15)")
     p.add_argument("--json", action="store_true", help="print the result document as the last line")
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
-                   help="folder for azure_cost.json and azure_cost.md (default benchmarks/results)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).resolve().parent / "results",
+        help="folder for azure_cost.json and azure_cost.md (default benchmarks/results)",
+    )
     p.add_argument("--keep", type=Path, default=None, help="run in this folder and keep it (logs, stores, counts)")
     args = p.parse_args(argv)
     if args.orders < 1:

@@ -45,9 +45,7 @@ def environment() -> dict[str, Any]:
 
 def _git(*args: str) -> str:
     try:
-        out = subprocess.run(
-            ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=False
-        )
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=False)
     except OSError:
         return ""
     return out.stdout.strip()

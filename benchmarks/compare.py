@@ -47,8 +47,9 @@ from .common import RESULTS_DIR, ROOT, environment, percentile
 from .compare_proto import SEED
 
 DEPENDENCIES = ("dbos", "matplotlib")
-INSTALL_HINT = ("`make bench-deps` (`make bench` runs it) or "
-                "`.venv/bin/pip install -r requirements-bench.txt -c constraints.txt`")
+INSTALL_HINT = (
+    "`make bench-deps` (`make bench` runs it) or `.venv/bin/pip install -r requirements-bench.txt -c constraints.txt`"
+)
 
 
 @dataclass(frozen=True)
@@ -61,14 +62,20 @@ class Plan:
     warmup: int = 3
 
     def as_dict(self) -> dict[str, Any]:
-        return {"burst_sizes": list(self.burst_sizes), "reps": self.reps, "sequential_orders": self.sequential,
-                "rate_fractions_of_our_max": list(self.rate_fractions), "rate_seconds": self.rate_seconds,
-                "warmup_orders": self.warmup}
+        return {
+            "burst_sizes": list(self.burst_sizes),
+            "reps": self.reps,
+            "sequential_orders": self.sequential,
+            "rate_fractions_of_our_max": list(self.rate_fractions),
+            "rate_seconds": self.rate_seconds,
+            "warmup_orders": self.warmup,
+        }
 
 
 QUICK = Plan(burst_sizes=(10, 30), reps=1, sequential=12, rate_fractions=(0.25, 0.5, 0.75), rate_seconds=6.0)
-FULL = Plan(burst_sizes=(10, 50, 100, 200, 400), reps=2, sequential=60, rate_fractions=(0.25, 0.5, 0.75, 0.9),
-            rate_seconds=30.0)
+FULL = Plan(
+    burst_sizes=(10, 50, 100, 200, 400), reps=2, sequential=60, rate_fractions=(0.25, 0.5, 0.75, 0.9), rate_seconds=30.0
+)
 HEADLINE_FRACTION = 0.5  # the fixed offered rate of the headline: half our measured maximum
 
 
@@ -94,8 +101,9 @@ class Phase:
 
 
 def snapshot(system: OurSystem | PeerSystem) -> Snapshot:
-    return Snapshot(time.time(), {role: cpu_seconds(pid) for role, pid in system.pids.items()},
-                    system.instrument.dumps(system.pids))
+    return Snapshot(
+        time.time(), {role: cpu_seconds(pid) for role, pid in system.pids.items()}, system.instrument.dumps(system.pids)
+    )
 
 
 def settle(system: OurSystem | PeerSystem, prefix: str, timeout: float = 60.0) -> None:
@@ -107,8 +115,16 @@ def settle(system: OurSystem | PeerSystem, prefix: str, timeout: float = 60.0) -
     time.sleep(0.2)
 
 
-def run_round(kind: str, work: Path, index: int, workloads: list[dict[str, Any]], plan: Plan, options: Options,
-              log: Any, counted: bool = False) -> list[Phase]:
+def run_round(
+    kind: str,
+    work: Path,
+    index: int,
+    workloads: list[dict[str, Any]],
+    plan: Plan,
+    options: Options,
+    log: Any,
+    counted: bool = False,
+) -> list[Phase]:
     """One round: a fresh system of `kind`, the warm-up, then each workload between two snapshots. A `counted`
     round runs its processes under strace and with the counting shim; the others run bare."""
     round_dir = work / f"{index:02d}-{kind}{'-counted' if counted else ''}"
@@ -131,8 +147,9 @@ def run_round(kind: str, work: Path, index: int, workloads: list[dict[str, Any]]
         system.stop()
     for phase in phases:  # after the stop: strace has written everything, the stores are closed
         if instrument.enabled:
-            phase.fsyncs, phase.fsync_seconds = counts.fsyncs(instrument.strace_logs(), phase.before.wall,
-                                                              phase.after.wall)
+            phase.fsyncs, phase.fsync_seconds = counts.fsyncs(
+                instrument.strace_logs(), phase.before.wall, phase.after.wall
+            )
         phase.stores = system.store_counts(phase.workload["prefix"])
     took = time.monotonic() - started
     label = f"{kind} (counted)" if counted else kind
@@ -161,22 +178,29 @@ def orders_per_s(phase: Phase) -> float:
 
 def latency_ms(latencies_s: list[float]) -> dict[str, float]:
     ms = [s * 1000 for s in latencies_s]
-    return {"n": len(ms), "p50": round(percentile(ms, 0.5), 1), "p99": round(percentile(ms, 0.99), 1),
-            "max": round(max(ms), 1) if ms else 0.0}
+    return {
+        "n": len(ms),
+        "p50": round(percentile(ms, 0.5), 1),
+        "p99": round(percentile(ms, 0.99), 1),
+        "max": round(max(ms), 1) if ms else 0.0,
+    }
 
 
 def per_order(phase: Phase) -> dict[str, Any]:
     """What one order cost in `phase`: CPU per process, and the counts (None where not counted or not applicable)."""
     n = max(1, phase.answer["terminal"])
     cpu = {role: (phase.after.cpu[role] - phase.before.cpu[role]) * 1000 / n for role in phase.after.cpu}
-    out: dict[str, Any] = {"cpu_ms": round(sum(cpu.values()), 2),
-                           "cpu_ms_by_process": {k: round(v, 2) for k, v in sorted(cpu.items())}}
+    out: dict[str, Any] = {
+        "cpu_ms": round(sum(cpu.values()), 2),
+        "cpu_ms_by_process": {k: round(v, 2) for k, v in sorted(cpu.items())},
+    }
     sql: dict[str, dict[str, Any]] = {}
     bus: Counter[str] = Counter()
     for role, after in phase.after.dumps.items():
         for cls, entry in counts.sqlite_delta(phase.before.dumps[role], after).items():
-            total = sql.setdefault(cls, {"commits": 0, "empty_commits": 0, "rollbacks": 0, "statements": 0,
-                                         "writes_by_table": Counter()})
+            total = sql.setdefault(
+                cls, {"commits": 0, "empty_commits": 0, "rollbacks": 0, "statements": 0, "writes_by_table": Counter()}
+            )
             for key in ("commits", "empty_commits", "rollbacks", "statements"):
                 total[key] += entry[key]
             total["writes_by_table"].update(entry["writes_by_table"])
@@ -243,31 +267,39 @@ def summarize(phases: list[Phase], plan: Plan, rates: dict[float, float]) -> dic
             if not runs:
                 continue
             costs = [per_order(p) for p in runs]
-            bursts.append({
-                "orders": size, "reps": len(runs),
-                "orders_per_s": round(statistics.median(orders_per_s(p) for p in runs), 2),
-                "orders_per_s_each": [round(orders_per_s(p), 2) for p in runs],
-                "cpu_ms_per_order": round(statistics.median(c["cpu_ms"] for c in costs), 2),
-                "latency_ms": latency_ms([x for p in runs for x in p.answer["latencies_s"]]),
-                "incomplete": sum(p.answer["submitted"] - p.answer["terminal"] for p in runs),
-                "outcomes": dict(sum((Counter(p.answer["outcomes"]) for p in runs), Counter())),
-                # Durable instances (ours) or DBOS workflows per order: above 1 when orders needed another attempt.
-                "attempts_per_order": round(statistics.median(_attempts(p) for p in runs), 3),
-                "cpu_ms_by_process": {role: round(statistics.median(c["cpu_ms_by_process"][role] for c in costs), 2)
-                                      for role in costs[0]["cpu_ms_by_process"]},
-            })
+            bursts.append(
+                {
+                    "orders": size,
+                    "reps": len(runs),
+                    "orders_per_s": round(statistics.median(orders_per_s(p) for p in runs), 2),
+                    "orders_per_s_each": [round(orders_per_s(p), 2) for p in runs],
+                    "cpu_ms_per_order": round(statistics.median(c["cpu_ms"] for c in costs), 2),
+                    "latency_ms": latency_ms([x for p in runs for x in p.answer["latencies_s"]]),
+                    "incomplete": sum(p.answer["submitted"] - p.answer["terminal"] for p in runs),
+                    "outcomes": dict(sum((Counter(p.answer["outcomes"]) for p in runs), Counter())),
+                    # Durable instances (ours) or DBOS workflows per order: above 1 when orders needed another attempt.
+                    "attempts_per_order": round(statistics.median(_attempts(p) for p in runs), 3),
+                    "cpu_ms_by_process": {
+                        role: round(statistics.median(c["cpu_ms_by_process"][role] for c in costs), 2)
+                        for role in costs[0]["cpu_ms_by_process"]
+                    },
+                }
+            )
         sequential = [p for p in mine if p.workload["cmd"] == "sequential"]
         rate_runs = []
         for fraction, rate in sorted(rates.items()):
             runs = [p for p in mine if p.workload["cmd"] == "rate" and p.workload["fraction"] == fraction]
             if runs:
-                rate_runs.append({
-                    "fraction_of_our_max": fraction, "offered_per_s": round(rate, 2),
-                    "latency_ms": latency_ms([x for p in runs for x in p.answer["latencies_s"]]),
-                    "cpu_ms_per_order": round(statistics.median(per_order(p)["cpu_ms"] for p in runs), 2),
-                    "max_submit_lag_s": max(p.answer["submit_lag_s"] for p in runs),
-                    "incomplete": sum(p.answer["submitted"] - p.answer["terminal"] for p in runs),
-                })
+                rate_runs.append(
+                    {
+                        "fraction_of_our_max": fraction,
+                        "offered_per_s": round(rate, 2),
+                        "latency_ms": latency_ms([x for p in runs for x in p.answer["latencies_s"]]),
+                        "cpu_ms_per_order": round(statistics.median(per_order(p)["cpu_ms"] for p in runs), 2),
+                        "max_submit_lag_s": max(p.answer["submit_lag_s"] for p in runs),
+                        "incomplete": sum(p.answer["submitted"] - p.answer["terminal"] for p in runs),
+                    }
+                )
         top = bursts[-1] if bursts else {}
         headline_rate = next((r for r in rate_runs if r["fraction_of_our_max"] == HEADLINE_FRACTION), None)
         out[kind] = {
@@ -276,15 +308,22 @@ def summarize(phases: list[Phase], plan: Plan, rates: dict[float, float]) -> dic
             "max_orders_per_s": max((b["orders_per_s"] for b in bursts), default=None),
             "cpu_ms_per_order": top.get("cpu_ms_per_order"),
             "single_order_latency_ms": latency_ms([x for p in sequential for x in p.answer["latencies_s"]])
-            if sequential else None,
+            if sequential
+            else None,
             "latency_at_half_our_max_ms": headline_rate,
             "cpu_ms_per_order_by_process": top.get("cpu_ms_by_process"),
             # Counts from the counted round (the largest burst again, under strace and the shim); its own speed shows
             # what the instrumentation costs.
             "per_order": {k: v for k, v in per_order(counted).items() if not k.startswith("cpu_ms")}
-            if counted else None,
-            "counted_round": {"orders": counted.workload["n"], "orders_per_s": round(orders_per_s(counted), 2),
-                              "cpu_ms_per_order": per_order(counted)["cpu_ms"]} if counted else None,
+            if counted
+            else None,
+            "counted_round": {
+                "orders": counted.workload["n"],
+                "orders_per_s": round(orders_per_s(counted), 2),
+                "cpu_ms_per_order": per_order(counted)["cpu_ms"],
+            }
+            if counted
+            else None,
             "bursts": bursts,
             "rates": rate_runs,
         }
@@ -346,8 +385,10 @@ def run(plan: Plan, options: Options, quick: bool, log: Any) -> dict[str, Any]:
                     workload = {"cmd": "burst", "n": size, "prefix": f"r{index}b{size}x{rep}"}
                     phases += run_round(kind, work, index, [workload], plan, options, log)
         # Our maximum: the best burst size's median (as `max_orders_per_s`), not one lucky round.
-        ours_best = max(statistics.median(orders_per_s(p) for p in phases if p.system == "ours"
-                                          and p.workload["n"] == size) for size in plan.burst_sizes)
+        ours_best = max(
+            statistics.median(orders_per_s(p) for p in phases if p.system == "ours" and p.workload["n"] == size)
+            for size in plan.burst_sizes
+        )
         rates = {f: f * ours_best for f in plan.rate_fractions}
         if HEADLINE_FRACTION not in rates:
             rates[HEADLINE_FRACTION] = HEADLINE_FRACTION * ours_best
@@ -356,10 +397,17 @@ def run(plan: Plan, options: Options, quick: bool, log: Any) -> dict[str, Any]:
         for _rep in range(plan.reps):
             for kind in SYSTEMS:
                 index += 1
-                workloads: list[dict[str, Any]] = [{"cmd": "sequential", "n": plan.sequential,
-                                                    "prefix": f"r{index}s"}]
-                workloads += [{"cmd": "rate", "rate": rate, "duration_s": plan.rate_seconds, "fraction": fraction,
-                               "prefix": f"r{index}q{k}"} for k, (fraction, rate) in enumerate(sorted(rates.items()))]
+                workloads: list[dict[str, Any]] = [{"cmd": "sequential", "n": plan.sequential, "prefix": f"r{index}s"}]
+                workloads += [
+                    {
+                        "cmd": "rate",
+                        "rate": rate,
+                        "duration_s": plan.rate_seconds,
+                        "fraction": fraction,
+                        "prefix": f"r{index}q{k}",
+                    }
+                    for k, (fraction, rate) in enumerate(sorted(rates.items()))
+                ]
                 phases += run_round(kind, work, index, workloads, plan, options, log)
         if options.count:  # the per-order counts: the largest burst again, under strace and the shim
             for kind in SYSTEMS:
@@ -376,14 +424,25 @@ def run(plan: Plan, options: Options, quick: bool, log: Any) -> dict[str, Any]:
     env = environment()
     tree_at_end = tree_fingerprint(base)
     if tree_at_end != tree_at_start:
-        log(f"   WARNING: the measured code changed during the run ({tree_at_start} -> {tree_at_end}): rounds "
-            "measured different versions")
+        log(
+            f"   WARNING: the measured code changed during the run ({tree_at_start} -> {tree_at_end}): rounds "
+            "measured different versions"
+        )
     document: dict[str, Any] = {
-        "benchmark": "compare", "quick": quick, "environment": env,
-        "commit": env["git_commit"][:7], "dirty": env["git_dirty"],
-        "tree_at_start": tree_at_start, "tree_at_end": tree_at_end, "tree_changed": tree_at_end != tree_at_start,
-        "parameters": {**plan.as_dict(), **options.as_dict(), "seed": SEED,
-                       "peer": f"dbos {_version('dbos')}, SQLite system database (WAL)"},
+        "benchmark": "compare",
+        "quick": quick,
+        "environment": env,
+        "commit": env["git_commit"][:7],
+        "dirty": env["git_dirty"],
+        "tree_at_start": tree_at_start,
+        "tree_at_end": tree_at_end,
+        "tree_changed": tree_at_end != tree_at_start,
+        "parameters": {
+            **plan.as_dict(),
+            **options.as_dict(),
+            "seed": SEED,
+            "peer": f"dbos {_version('dbos')}, SQLite system database (WAL)",
+        },
         "run_seconds": round(time.monotonic() - started, 1),
         **summarize(phases, plan, rates),
     }
@@ -400,22 +459,41 @@ def _version(name: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks compare", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks compare",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help="small plan (under 5 minutes on 2 cores); compare.quick.json")
     p.add_argument("--json", action="store_true", help="print the result document as the last line")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="results folder (default benchmarks/results)")
     p.add_argument("--latency-ms", type=float, default=0.0, help="the simulator's mean remote latency (default 0)")
-    p.add_argument("--peer-mode", choices=("queue", "start"), default="queue",
-                   help="queue: DBOS queue with worker_concurrency (default); start: DBOS.start_workflow, bounded")
+    p.add_argument(
+        "--peer-mode",
+        choices=("queue", "start"),
+        default="queue",
+        help="queue: DBOS queue with worker_concurrency (default); start: DBOS.start_workflow, bounded",
+    )
     p.add_argument("--peer-concurrency", type=int, default=16, help="DBOS workflows at once (default 16)")
-    p.add_argument("--peer-polling-interval", type=float, default=0.05,
-                   help="DBOS queue polling interval, seconds (default 0.05; DBOS's own default is 1)")
-    p.add_argument("--peer-synchronous", choices=("default", "FULL", "NORMAL"), default="default",
-                   help="PRAGMA synchronous of the peer's databases (default: DBOS's, i.e. SQLite's FULL)")
+    p.add_argument(
+        "--peer-polling-interval",
+        type=float,
+        default=0.05,
+        help="DBOS queue polling interval, seconds (default 0.05; DBOS's own default is 1)",
+    )
+    p.add_argument(
+        "--peer-synchronous",
+        choices=("default", "FULL", "NORMAL"),
+        default="default",
+        help="PRAGMA synchronous of the peer's databases (default: DBOS's, i.e. SQLite's FULL)",
+    )
     p.add_argument("--no-count", action="store_true", help="no counting shim, no strace: timing only")
-    p.add_argument("--hosts", type=int, default=1,
-                   help="our devhost hosts on one task hub (default 1; 2 spreads the Durable work over both cores)")
+    p.add_argument(
+        "--hosts",
+        type=int,
+        default=1,
+        help="our devhost hosts on one task hub (default 1; 2 spreads the Durable work over both cores)",
+    )
     p.add_argument("--keep", type=Path, default=None, help="keep the rounds' folders (logs, databases) here")
     p.add_argument("--bursts", default=None, help="burst sizes, comma-separated (overrides the plan's)")
     p.add_argument("--reps", type=int, default=None, help="rounds per burst size and system (overrides the plan's)")
@@ -430,18 +508,33 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     plan = QUICK if args.quick else FULL
     if args.bursts:
-        plan = Plan(tuple(int(x) for x in args.bursts.split(",")), plan.reps, plan.sequential, plan.rate_fractions,
-                    plan.rate_seconds, plan.warmup)
+        plan = Plan(
+            tuple(int(x) for x in args.bursts.split(",")),
+            plan.reps,
+            plan.sequential,
+            plan.rate_fractions,
+            plan.rate_seconds,
+            plan.warmup,
+        )
     if args.reps:
         plan = Plan(plan.burst_sizes, args.reps, plan.sequential, plan.rate_fractions, plan.rate_seconds, plan.warmup)
-    options = Options(latency_ms=args.latency_ms, peer_mode=args.peer_mode, peer_concurrency=args.peer_concurrency,
-                      peer_polling_interval=args.peer_polling_interval, peer_synchronous=args.peer_synchronous,
-                      count=not args.no_count, keep=args.keep, hosts=args.hosts)
+    options = Options(
+        latency_ms=args.latency_ms,
+        peer_mode=args.peer_mode,
+        peer_concurrency=args.peer_concurrency,
+        peer_polling_interval=args.peer_polling_interval,
+        peer_synchronous=args.peer_synchronous,
+        count=not args.no_count,
+        keep=args.keep,
+        hosts=args.hosts,
+    )
     if options.count:
         STRACE_USABLE[0] = counts.strace_usable()
         if not STRACE_USABLE[0]:
-            print("compare: strace is missing or may not trace here: fsyncs are not counted (apt-get install "
-                  "strace)", file=sys.stderr)
+            print(
+                "compare: strace is missing or may not trace here: fsyncs are not counted (apt-get install strace)",
+                file=sys.stderr,
+            )
 
     def log(message: str) -> None:
         print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
@@ -454,8 +547,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     from . import compare_plots
 
-    document["plots"] = [str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
-                         for p in compare_plots.plot(document, args.out, args.quick)]
+    document["plots"] = [
+        str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+        for p in compare_plots.plot(document, args.out, args.quick)
+    ]
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"compare{'.quick' if args.quick else ''}.json"
     path.write_text(json.dumps(document, indent=2) + "\n")

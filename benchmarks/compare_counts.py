@@ -28,14 +28,37 @@ FILE_CLASSES = {
     "orders.sqlite": "dbos_app",  # the peer's application database (its state records and transaction outputs)
 }
 # Tables of store.db by the Cosmos database and container they stand for (orderflow/embedded/store/).
-STORE_TABLES = {"orders": "orders_db", "order_state": "state_store", "recovery_index": "recovery_index",
-                "documents": "breaker_documents", "checkpoints": "supervisor_checkpoints"}
+STORE_TABLES = {
+    "orders": "orders_db",
+    "order_state": "state_store",
+    "recovery_index": "recovery_index",
+    "documents": "breaker_documents",
+    "checkpoints": "supervisor_checkpoints",
+}
 # EmbeddedBroker methods the shim counts that are not Service Bus operations: set-up, local bookkeeping, and the
 # local wake-up machinery that stands in for a receiver's open AMQP link. Every other public method is one operation
 # per call (send, receive/take, complete, abandon, defer, dead_letter, peek, renew and accept/release session, …).
-NOT_OPERATIONS = frozenset({"close", "declare_queue", "load_config", "queue_properties", "queue_names", "counts",
-                            "next_due", "wait_seconds", "new_waiter", "waiter", "now_ts", "due_at", "has_ready",
-                            "wait_for_activity", "wake_key", "messages_sent", "messages_received"})
+NOT_OPERATIONS = frozenset(
+    {
+        "close",
+        "declare_queue",
+        "load_config",
+        "queue_properties",
+        "queue_names",
+        "counts",
+        "next_due",
+        "wait_seconds",
+        "new_waiter",
+        "waiter",
+        "now_ts",
+        "due_at",
+        "has_ready",
+        "wait_for_activity",
+        "wake_key",
+        "messages_sent",
+        "messages_received",
+    }
+)
 
 
 def bus_operations(calls: Counter[str]) -> int:
@@ -88,8 +111,10 @@ def sqlite_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dic
     out: dict[str, dict[str, Any]] = {}
     for path, now in after.get("sqlite", {}).items():
         was = before.get("sqlite", {}).get(path, {})
-        entry = out.setdefault(file_class(path), {"commits": 0, "empty_commits": 0, "rollbacks": 0,
-                                                  "statements": 0, "writes_by_table": Counter()})
+        entry = out.setdefault(
+            file_class(path),
+            {"commits": 0, "empty_commits": 0, "rollbacks": 0, "statements": 0, "writes_by_table": Counter()},
+        )
         for key in ("commits", "empty_commits", "rollbacks", "statements"):
             entry[key] += now.get(key, 0) - was.get(key, 0)
         for table, n in now.get("writes_by_table", {}).items():
@@ -117,8 +142,9 @@ def strace_usable() -> bool:
     if shutil.which("strace") is None:
         return False
     try:
-        done = subprocess.run(["strace", *STRACE_ARGS, "-o", os.devnull, "true"], capture_output=True, timeout=30,
-                              check=False)
+        done = subprocess.run(
+            ["strace", *STRACE_ARGS, "-o", os.devnull, "true"], capture_output=True, timeout=30, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.returncode == 0
@@ -162,8 +188,13 @@ def durable_unfinished(db: Path, prefix: str) -> int:
     """Instances of the orders `<prefix>-…` still Pending or Running in devhost's Durable store."""
     conn = _read(db)
     try:
-        return int(conn.execute("SELECT COUNT(*) FROM instances WHERE instance_id LIKE ? ESCAPE '\\' "
-                                "AND status IN ('Pending', 'Running')", (_like(prefix),)).fetchone()[0])
+        return int(
+            conn.execute(
+                "SELECT COUNT(*) FROM instances WHERE instance_id LIKE ? ESCAPE '\\' "
+                "AND status IN ('Pending', 'Running')",
+                (_like(prefix),),
+            ).fetchone()[0]
+        )
     finally:
         conn.close()
 
@@ -175,24 +206,37 @@ def durable_counts(db: Path, prefix: str) -> dict[str, Any]:
 
     conn = _read(db)
     try:
-        instances = int(conn.execute("SELECT COUNT(*) FROM instances WHERE instance_id LIKE ? ESCAPE '\\'",
-                                     (_like(prefix),)).fetchone()[0])
+        instances = int(
+            conn.execute(
+                "SELECT COUNT(*) FROM instances WHERE instance_id LIKE ? ESCAPE '\\'", (_like(prefix),)
+            ).fetchone()[0]
+        )
         by_type: Counter[str] = Counter()
-        for (event,) in conn.execute("SELECT event FROM history WHERE instance_id LIKE ? ESCAPE '\\'",
-                                     (_like(prefix),)):
+        for (event,) in conn.execute(
+            "SELECT event FROM history WHERE instance_id LIKE ? ESCAPE '\\'", (_like(prefix),)
+        ):
             by_type[HistoryEventType(json.loads(event)["EventType"]).name] += 1
     finally:
         conn.close()
-    return {"instances": instances, "activities": by_type["TASK_SCHEDULED"],
-            "episodes": by_type["ORCHESTRATOR_STARTED"], "history_events": sum(by_type.values()),
-            "history_events_by_type": dict(sorted(by_type.items()))}
+    return {
+        "instances": instances,
+        "activities": by_type["TASK_SCHEDULED"],
+        "episodes": by_type["ORCHESTRATOR_STARTED"],
+        "history_events": sum(by_type.values()),
+        "history_events_by_type": dict(sorted(by_type.items())),
+    }
 
 
 def dbos_unfinished(system_db: Path, prefix: str) -> int:
     conn = _read(system_db)
     try:
-        return int(conn.execute("SELECT COUNT(*) FROM workflow_status WHERE workflow_uuid LIKE ? ESCAPE '\\' "
-                                "AND status IN ('PENDING', 'ENQUEUED')", (_like(prefix),)).fetchone()[0])
+        return int(
+            conn.execute(
+                "SELECT COUNT(*) FROM workflow_status WHERE workflow_uuid LIKE ? ESCAPE '\\' "
+                "AND status IN ('PENDING', 'ENQUEUED')",
+                (_like(prefix),),
+            ).fetchone()[0]
+        )
     finally:
         conn.close()
 
@@ -204,12 +248,24 @@ def dbos_counts(system_db: Path, prefix: str) -> dict[str, Any]:
     write counts show them.)"""
     conn = _read(system_db)
     try:
-        workflows = int(conn.execute("SELECT COUNT(*) FROM workflow_status WHERE workflow_uuid LIKE ? ESCAPE '\\'",
-                                     (_like(prefix),)).fetchone()[0])
-        steps = Counter(dict(conn.execute(
-            "SELECT function_name, COUNT(*) FROM operation_outputs WHERE workflow_uuid LIKE ? ESCAPE '\\' "
-            "GROUP BY function_name", (_like(prefix),)).fetchall()))
+        workflows = int(
+            conn.execute(
+                "SELECT COUNT(*) FROM workflow_status WHERE workflow_uuid LIKE ? ESCAPE '\\'", (_like(prefix),)
+            ).fetchone()[0]
+        )
+        steps = Counter(
+            dict(
+                conn.execute(
+                    "SELECT function_name, COUNT(*) FROM operation_outputs WHERE workflow_uuid LIKE ? ESCAPE '\\' "
+                    "GROUP BY function_name",
+                    (_like(prefix),),
+                ).fetchall()
+            )
+        )
     finally:
         conn.close()
-    return {"workflows": workflows, "checkpoints": sum(steps.values()),
-            "checkpoints_by_function": {k.rsplit(".", 1)[-1]: v for k, v in sorted(steps.items())}}
+    return {
+        "workflows": workflows,
+        "checkpoints": sum(steps.values()),
+        "checkpoints_by_function": {k.rsplit(".", 1)[-1]: v for k, v in sorted(steps.items())},
+    }

@@ -38,8 +38,10 @@ from typing import Any
 
 from . import compare_proto as proto
 
-APP_SCHEMA = "CREATE TABLE IF NOT EXISTS order_state (id TEXT PRIMARY KEY, doc TEXT NOT NULL, process_state TEXT " \
-             "NOT NULL, locked_by TEXT)"
+APP_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS order_state (id TEXT PRIMARY KEY, doc TEXT NOT NULL, process_state TEXT "
+    "NOT NULL, locked_by TEXT)"
+)
 TRANSIENT = frozenset({408, 425, 429, 500, 502, 503, 504})
 
 
@@ -60,8 +62,16 @@ def prepare(path: Path, schema: str | None = None) -> None:
 
 
 class Peer:
-    def __init__(self, work_dir: Path, simulator_url: str, concurrency: int, mode: str, polling_interval: float,
-                 synchronous: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        work_dir: Path,
+        simulator_url: str,
+        concurrency: int,
+        mode: str,
+        polling_interval: float,
+        synchronous: str,
+        timeout_s: float,
+    ) -> None:
         import sqlalchemy as sa
         import urllib3
         from dbos import DBOS, DBOSConfig, SQLAlchemyDatasource
@@ -78,12 +88,16 @@ class Peer:
         prepare(system_db)
         prepare(app_db, APP_SCHEMA)
         if synchronous != "default":
+
             @sa.event.listens_for(sa.engine.Engine, "connect")
             def _synchronous(dbapi_conn: Any, _record: Any) -> None:
                 dbapi_conn.execute(f"PRAGMA synchronous={synchronous}")
 
-        config: DBOSConfig = {"name": "orderflow-peer", "system_database_url": f"sqlite:///{system_db}",
-                              "log_level": "WARNING"}
+        config: DBOSConfig = {
+            "name": "orderflow-peer",
+            "system_database_url": f"sqlite:///{system_db}",
+            "log_level": "WARNING",
+        }
         DBOS(config=config)
         ds = SQLAlchemyDatasource.create(f"sqlite:///{app_db}")
         http = urllib3.PoolManager(maxsize=max(4, concurrency), retries=False)
@@ -93,8 +107,13 @@ class Peer:
         def remote_call(order_id: str, step: str, payload: dict[str, Any]) -> dict[str, Any]:
             body = {"orderId": order_id, "idempotencyKey": idempotency_key(order_id, step), "payload": payload}
             try:
-                resp = http.request("POST", f"{base}/steps/{step}", body=json.dumps(body).encode(),
-                                    headers={"Content-Type": "application/json"}, timeout=20.0)
+                resp = http.request(
+                    "POST",
+                    f"{base}/steps/{step}",
+                    body=json.dumps(body).encode(),
+                    headers={"Content-Type": "application/json"},
+                    timeout=20.0,
+                )
             except urllib3.exceptions.HTTPError as exc:
                 raise Transient(f"{type(exc).__name__}: {exc}") from exc
             if resp.status in TRANSIENT:
@@ -109,23 +128,33 @@ class Peer:
             doc = json.loads(row[0]) if row else {"id": order_id, "steps": {}}
             doc.update({"ProcessState": "Processing", "LockedBy": instance_id})
             doc["steps"][step] = "succeeded" if result["ok"] else "failed"
-            session.execute(sa.text("INSERT INTO order_state (id, doc, process_state, locked_by) "
-                                    "VALUES (:id, :doc, 'Processing', :by) ON CONFLICT(id) DO UPDATE SET "
-                                    "doc = excluded.doc, process_state = excluded.process_state, "
-                                    "locked_by = excluded.locked_by"),
-                            {"id": order_id, "doc": json.dumps(doc), "by": instance_id})
+            session.execute(
+                sa.text(
+                    "INSERT INTO order_state (id, doc, process_state, locked_by) "
+                    "VALUES (:id, :doc, 'Processing', :by) ON CONFLICT(id) DO UPDATE SET "
+                    "doc = excluded.doc, process_state = excluded.process_state, "
+                    "locked_by = excluded.locked_by"
+                ),
+                {"id": order_id, "doc": json.dumps(doc), "by": instance_id},
+            )
 
         @ds.transaction()
         def finish(order_id: str, instance_id: str, state: str) -> bool:
             session = ds.sql_session()
-            row = session.execute(sa.text("SELECT doc FROM order_state WHERE id = :id AND locked_by = :by"),
-                                  {"id": order_id, "by": instance_id}).first()
+            row = session.execute(
+                sa.text("SELECT doc FROM order_state WHERE id = :id AND locked_by = :by"),
+                {"id": order_id, "by": instance_id},
+            ).first()
             if row is None:
                 return False
             doc = {**json.loads(row[0]), "ProcessState": state, "LockedBy": None}
-            done = session.execute(sa.text("UPDATE order_state SET doc = :doc, process_state = :state, "
-                                           "locked_by = NULL WHERE id = :id AND locked_by = :by"),
-                                   {"doc": json.dumps(doc), "state": state, "id": order_id, "by": instance_id})
+            done = session.execute(
+                sa.text(
+                    "UPDATE order_state SET doc = :doc, process_state = :state, "
+                    "locked_by = NULL WHERE id = :id AND locked_by = :by"
+                ),
+                {"doc": json.dumps(doc), "state": state, "id": order_id, "by": instance_id},
+            )
             return bool(done.rowcount == 1)
 
         @DBOS.workflow()
@@ -139,7 +168,7 @@ class Peer:
                 if not result["ok"]:
                     state = "Error"
                     break
-            outcome = (state.lower() if finish(order_id, instance_id, state) else "superseded")
+            outcome = state.lower() if finish(order_id, instance_id, state) else "superseded"
             self._done(order_id, outcome)
             return outcome
 
@@ -147,8 +176,11 @@ class Peer:
         self.dbos = DBOS
         DBOS.launch()
         self._slots = threading.BoundedSemaphore(concurrency)
-        self.queue = DBOS.register_queue("orders", worker_concurrency=concurrency,
-                                         polling_interval_sec=polling_interval) if mode == "queue" else None
+        self.queue = (
+            DBOS.register_queue("orders", worker_concurrency=concurrency, polling_interval_sec=polling_interval)
+            if mode == "queue"
+            else None
+        )
 
     def _done(self, order_id: str, outcome: str) -> None:
         with self._cv:
@@ -250,8 +282,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--synchronous", default="default", choices=("default", "FULL", "NORMAL"))
     p.add_argument("--timeout", type=float, default=600.0)
     args = p.parse_args(argv)
-    peer = Peer(args.work_dir, args.simulator_url, args.concurrency, args.mode, args.polling_interval,
-                args.synchronous, args.timeout)
+    peer = Peer(
+        args.work_dir,
+        args.simulator_url,
+        args.concurrency,
+        args.mode,
+        args.polling_interval,
+        args.synchronous,
+        args.timeout,
+    )
     try:
         proto.serve(peer.handle, {"mode": args.mode, "concurrency": args.concurrency})
     finally:

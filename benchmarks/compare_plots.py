@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-STYLE = {"ours": {"color": "tab:blue", "marker": "o", "label": "orderflow (devhost)"},
-         "peer": {"color": "tab:orange", "marker": "s", "label": "DBOS (SQLite)"}}
+STYLE = {
+    "ours": {"color": "tab:blue", "marker": "o", "label": "orderflow (devhost)"},
+    "peer": {"color": "tab:orange", "marker": "s", "label": "DBOS (SQLite)"},
+}
 
 
 def plot(document: dict[str, Any], out_dir: Path, quick: bool) -> list[Path]:
@@ -18,8 +20,10 @@ def plot(document: dict[str, Any], out_dir: Path, quick: bool) -> list[Path]:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     suffix = ".quick.png" if quick else ".png"
-    run = f"{'quick run, ' if quick else ''}commit {document['commit']}{' (dirty)' if document['dirty'] else ''}, " \
-          f"remote latency {document['parameters']['remote_latency_ms_mean']:g} ms"
+    run = (
+        f"{'quick run, ' if quick else ''}commit {document['commit']}{' (dirty)' if document['dirty'] else ''}, "
+        f"remote latency {document['parameters']['remote_latency_ms_mean']:g} ms"
+    )
     written = []
 
     for key, ylabel, name, title in (
@@ -33,8 +37,13 @@ def plot(document: dict[str, Any], out_dir: Path, quick: bool) -> list[Path]:
             ax.plot(xs, [b[key] for b in bursts], **style)
             if key == "orders_per_s":  # every rep, faint, so the spread shows
                 for b in bursts:
-                    ax.scatter([b["orders"]] * len(b["orders_per_s_each"]), b["orders_per_s_each"],
-                               color=style["color"], alpha=0.3, s=14)
+                    ax.scatter(
+                        [b["orders"]] * len(b["orders_per_s_each"]),
+                        b["orders_per_s_each"],
+                        color=style["color"],
+                        alpha=0.3,
+                        s=14,
+                    )
         sizes = sorted({b["orders"] for kind in STYLE for b in document[kind]["bursts"]})
         ax.set_xscale("log")
         ax.set_xticks(sizes, [str(n) for n in sizes])
@@ -55,10 +64,21 @@ def plot(document: dict[str, Any], out_dir: Path, quick: bool) -> list[Path]:
     for kind, style in STYLE.items():
         rates = document[kind]["rates"]
         xs = [r["offered_per_s"] for r in rates]
-        ax.plot(xs, [r["latency_ms"]["p50"] for r in rates], color=style["color"], marker=style["marker"],
-                label=f"{style['label']} p50")
-        ax.plot(xs, [r["latency_ms"]["p99"] for r in rates], color=style["color"], marker=style["marker"],
-                linestyle="--", label=f"{style['label']} p99")
+        ax.plot(
+            xs,
+            [r["latency_ms"]["p50"] for r in rates],
+            color=style["color"],
+            marker=style["marker"],
+            label=f"{style['label']} p50",
+        )
+        ax.plot(
+            xs,
+            [r["latency_ms"]["p99"] for r in rates],
+            color=style["color"],
+            marker=style["marker"],
+            linestyle="--",
+            label=f"{style['label']} p99",
+        )
     ax.set_xlabel("offered rate (orders/s, evenly spaced)")
     ax.set_ylabel("latency, submit → terminal (ms, log scale)")
     ax.set_yscale("log")  # from ~100 ms idle to tens of seconds past saturation

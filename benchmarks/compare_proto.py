@@ -38,12 +38,24 @@ class Answer:
     submit_lag_s: float = 0.0  # rate: how far the last submit ran behind its schedule
 
     @classmethod
-    def of(cls, submitted: int, sent_at: dict[str, float], terminal_at: dict[str, float],
-           outcomes: Counter[str], submit_lag_s: float = 0.0) -> Answer:
+    def of(
+        cls,
+        submitted: int,
+        sent_at: dict[str, float],
+        terminal_at: dict[str, float],
+        outcomes: Counter[str],
+        submit_lag_s: float = 0.0,
+    ) -> Answer:
         done = [o for o in sent_at if o in terminal_at]
         span = (max(terminal_at[o] for o in done) - min(sent_at.values())) if done else 0.0
-        return cls(submitted, len(done), round(span, 6), [terminal_at[o] - sent_at[o] for o in done],
-                   dict(outcomes), round(submit_lag_s, 6))
+        return cls(
+            submitted,
+            len(done),
+            round(span, 6),
+            [terminal_at[o] - sent_at[o] for o in done],
+            dict(outcomes),
+            round(submit_lag_s, 6),
+        )
 
 
 def orders_for(prefix: str, count: int, reply_to: str) -> list[Any]:
@@ -85,8 +97,15 @@ class Driver:
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path, cwd: Path) -> None:
         self.name = name
         self._log = open(log_path, "ab")  # closed in stop()
-        self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._log, start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            start_new_session=True,
+        )
         self._answers: queue.Queue[dict[str, Any] | None] = queue.Queue()
         threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
 
@@ -95,7 +114,7 @@ class Driver:
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace")
             if line.startswith(PREFIX):
-                self._answers.put(json.loads(line[len(PREFIX):]))
+                self._answers.put(json.loads(line[len(PREFIX) :]))
             else:
                 self._log.write(raw)
                 self._log.flush()

@@ -126,9 +126,7 @@ async def chain_throughput(tmp: Path, instances: int, length: int) -> dict[str, 
     async with engine_on(db_path, probe) as engine:
         cpu_before = time.process_time()
         with stopwatch() as elapsed:
-            ids = [
-                await engine.start_new(CHAIN, f"chain-{instances}-{n:05d}", length) for n in range(instances)
-            ]
+            ids = [await engine.start_new(CHAIN, f"chain-{instances}-{n:05d}", length) for n in range(instances)]
             await wait_terminal(db_path, instances)
         cpu = time.process_time() - cpu_before
         rows = [engine.store.instance(i) for i in ids]
@@ -164,9 +162,7 @@ def _dispatch_latencies(engine: DurableEngine, ids: list[str]) -> dict[str, list
     resume: list[float] = []
     for instance_id in ids:
         events = engine.store.history(instance_id)
-        scheduled = [
-            parse_time(e["Timestamp"]).timestamp() for e in events if e["EventType"] == T.TASK_SCHEDULED
-        ]
+        scheduled = [parse_time(e["Timestamp"]).timestamp() for e in events if e["EventType"] == T.TASK_SCHEDULED]
         done = [parse_time(e["Timestamp"]).timestamp() for e in events if e["EventType"] == T.TASK_COMPLETED]
         for index, at in enumerate(scheduled):
             started = durable_app.STARTS.get((instance_id, index))
@@ -260,9 +256,7 @@ async def _run_all(sizes: DurableSizes) -> dict[str, Any]:
         figures: dict[str, Any] = {"rss_start_mib": rss_mib()}
         figures["dispatch"] = await dispatch_latency(tmp, sizes.dispatch_activities)
         figures["replay"] = [await replay_cost(tmp, n) for n in sizes.replay_lengths]
-        figures["throughput"] = [
-            await chain_throughput(tmp, n, sizes.chain_length) for n in sizes.instance_counts
-        ]
+        figures["throughput"] = [await chain_throughput(tmp, n, sizes.chain_length) for n in sizes.instance_counts]
         figures["peak_rss_mib"] = peak_rss_self_mib()
     return figures
 

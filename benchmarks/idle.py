@@ -37,9 +37,7 @@ def measure(settings: dict[str, str], window: float) -> dict[str, Any]:
         system = LocalSystem(SystemConfig(work_dir=Path(tmp), settings=settings))
         try:
             system.start()
-            time.sleep(
-                SETTLE_S
-            )  # start-up work (indexing, queue declarations, first timer ticks) is not idle
+            time.sleep(SETTLE_S)  # start-up work (indexing, queue declarations, first timer ticks) is not idle
             procs = {
                 name: psutil.Process(p.proc.pid)
                 for name, p in (

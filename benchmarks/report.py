@@ -125,11 +125,13 @@ def _supervisor_scan(doc: dict[str, Any]) -> list[tuple[str, str]]:
             for mode, figures in modes.items():
                 p = figures["pass"]
                 ru = f", {p['request_charge']:,.0f} RU" if backend != "embedded" else ""
-                rows.append((
-                    f"supervisor pass over 24 h, {int(n):,} records (1% expired), {label}, {mode}",
-                    f"{p['queries']:,} queries, {p['documents']:,} documents, {p['point_reads']:,} point reads"
-                    f"{ru}, {p['wall_ms'] / 1000:.2f} s",
-                ))
+                rows.append(
+                    (
+                        f"supervisor pass over 24 h, {int(n):,} records (1% expired), {label}, {mode}",
+                        f"{p['queries']:,} queries, {p['documents']:,} documents, {p['point_reads']:,} point reads"
+                        f"{ru}, {p['wall_ms'] / 1000:.2f} s",
+                    )
+                )
     return rows
 
 
@@ -139,26 +141,43 @@ def _compare(doc: dict[str, Any]) -> list[tuple[str, str]]:
     for kind, label in (("ours", "orderflow"), ("peer", "DBOS")):
         r = doc[kind]
         single = r.get("single_order_latency_ms") or {}
-        half = (r.get("latency_at_half_our_max_ms") or {})
+        half = r.get("latency_at_half_our_max_ms") or {}
         half_lat = half.get("latency_ms", {})
         per = r.get("per_order") or {}
-        rows.append((
-            f"compare: {label}, {r['orders_per_s_at']} orders at once",
-            f"{r['orders_per_s']} orders/s, {r['cpu_ms_per_order']} CPU ms/order; single order p50 "
-            f"{single.get('p50', 0):.0f} ms, p99 {single.get('p99', 0):.0f} ms; at {half.get('offered_per_s', 0)}/s "
-            f"p50 {half_lat.get('p50', 0):.0f} ms, p99 {half_lat.get('p99', 0):.0f} ms",
-        ))
-        rows.append((
-            f"compare: {label}, per order",
-            ", ".join(f"{name} {_figure(per.get(key))}" for key, name in (
-                ("sqlite_commits", "SQLite commits"), ("fsyncs", "fsyncs"),
-                ("durable_activities", "activities" if kind == "ours" else "steps + transactions"),
-                ("durable_episodes", "episodes"), ("durable_history_events", "history events"),
-                ("servicebus_operations", "Service Bus operations"), ("state_store_writes", "state-store writes"))
-                if per.get(key) is not None),
-        ))
-    rows.append(("compare: ratio ours/DBOS", f"orders/s {_figure(doc.get('ratio_orders_per_s_ours_over_peer'))}, "
-                 f"CPU per order {_figure(doc.get('ratio_cpu_ms_per_order_ours_over_peer'))}"))
+        rows.append(
+            (
+                f"compare: {label}, {r['orders_per_s_at']} orders at once",
+                f"{r['orders_per_s']} orders/s, {r['cpu_ms_per_order']} CPU ms/order; single order p50 "
+                f"{single.get('p50', 0):.0f} ms, p99 {single.get('p99', 0):.0f} ms; "
+                f"at {half.get('offered_per_s', 0)}/s "
+                f"p50 {half_lat.get('p50', 0):.0f} ms, p99 {half_lat.get('p99', 0):.0f} ms",
+            )
+        )
+        rows.append(
+            (
+                f"compare: {label}, per order",
+                ", ".join(
+                    f"{name} {_figure(per.get(key))}"
+                    for key, name in (
+                        ("sqlite_commits", "SQLite commits"),
+                        ("fsyncs", "fsyncs"),
+                        ("durable_activities", "activities" if kind == "ours" else "steps + transactions"),
+                        ("durable_episodes", "episodes"),
+                        ("durable_history_events", "history events"),
+                        ("servicebus_operations", "Service Bus operations"),
+                        ("state_store_writes", "state-store writes"),
+                    )
+                    if per.get(key) is not None
+                ),
+            )
+        )
+    rows.append(
+        (
+            "compare: ratio ours/DBOS",
+            f"orders/s {_figure(doc.get('ratio_orders_per_s_ours_over_peer'))}, "
+            f"CPU per order {_figure(doc.get('ratio_cpu_ms_per_order_ours_over_peer'))}",
+        )
+    )
     return rows
 
 
@@ -170,14 +189,24 @@ def compare_table(doc: dict[str, Any]) -> str:
     """The compare rows of one result document, as a table under a heading naming its run."""
     run = "QUICK run (small plan)" if doc.get("quick") else "Full run"
     changed = " — THE CODE CHANGED DURING THE RUN" if doc.get("tree_changed") else ""
-    lines = [f"{run}, commit {doc['commit']}{' (dirty tree)' if doc.get('dirty') else ''}{changed}", "",
-             "| benchmark | result |", "|---|---|"]
+    lines = [
+        f"{run}, commit {doc['commit']}{' (dirty tree)' if doc.get('dirty') else ''}{changed}",
+        "",
+        "| benchmark | result |",
+        "|---|---|",
+    ]
     lines.extend(f"| {label} | {value} |" for label, value in _compare(doc))
     return "\n".join(lines)
 
 
-RENDERERS = {"bus": _bus, "durable": _durable, "pipeline": _pipeline, "idle": _idle,
-             "supervisor_scan": _supervisor_scan, "compare": _compare}
+RENDERERS = {
+    "bus": _bus,
+    "durable": _durable,
+    "pipeline": _pipeline,
+    "idle": _idle,
+    "supervisor_scan": _supervisor_scan,
+    "compare": _compare,
+}
 
 
 def table(names: Sequence[str] | None = None, *, quick: bool = False, results_dir: Path = RESULTS_DIR) -> str:

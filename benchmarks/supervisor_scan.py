@@ -80,15 +80,26 @@ class Dataset:
         for rec in self.records:
             by_state[rec.process_state.value] = by_state.get(rec.process_state.value, 0) + 1
         expired = sum(1 for e in self.live_entries if e.complete_by <= NOW)
-        return {"records": len(self.records), **by_state, "expired": expired,
-                "live_entries": len(self.live_entries), "stale_entries": len(self.stale_entries)}
+        return {
+            "records": len(self.records),
+            **by_state,
+            "expired": expired,
+            "live_entries": len(self.live_entries),
+            "stale_entries": len(self.stale_entries),
+        }
 
 
 def _order(order_id: str) -> SubmitOrder:
-    return SubmitOrder.model_validate({
-        "orderId": order_id, "replyTo": "app-status", "customer": {"id": "c-1", "name": "Ada"},
-        "items": [{"sku": "SKU-001", "quantity": 2, "unitPrice": "9.99"}], "currency": "EUR",
-        "submittedAt": "2024-06-01T00:00:00+00:00"})
+    return SubmitOrder.model_validate(
+        {
+            "orderId": order_id,
+            "replyTo": "app-status",
+            "customer": {"id": "c-1", "name": "Ada"},
+            "items": [{"sku": "SKU-001", "quantity": 2, "unitPrice": "9.99"}],
+            "currency": "EUR",
+            "submittedAt": "2024-06-01T00:00:00+00:00",
+        }
+    )
 
 
 def build(n: int, seed: int = 12) -> Dataset:
@@ -133,8 +144,12 @@ def build(n: int, seed: int = 12) -> Dataset:
 
 
 def _tunables(mode: str) -> Tunables:
-    base = Tunables.from_env({"ClaimLeaseSeconds": str(int(LEASE.total_seconds())),
-                              "StepTimeoutSeconds": str(int(STEP_TIMEOUT.total_seconds()))})
+    base = Tunables.from_env(
+        {
+            "ClaimLeaseSeconds": str(int(LEASE.total_seconds())),
+            "StepTimeoutSeconds": str(int(STEP_TIMEOUT.total_seconds())),
+        }
+    )
     return replace(base, scan_mode="index" if mode.startswith("index") else "query")
 
 
@@ -170,13 +185,23 @@ async def _pass(services: Services, count_requests: Callable[[], dict[str, int]]
     started = time.perf_counter()
     run = await run_supervisor(services)
     wall = time.perf_counter() - started
-    return Pass(len(run.recovered), len(run.escalated), run.skipped, run.cost.queries, run.cost.documents,
-                run.cost.point_reads, run.cost.stale, round(run.request_charge, 2), round(wall * 1000, 1),
-                count_requests() if count_requests else None)
+    return Pass(
+        len(run.recovered),
+        len(run.escalated),
+        run.skipped,
+        run.cost.queries,
+        run.cost.documents,
+        run.cost.point_reads,
+        run.cost.stale,
+        round(run.request_charge, 2),
+        round(wall * 1000, 1),
+        count_requests() if count_requests else None,
+    )
 
 
-async def _two_passes(services: Services, count: Callable[[], dict[str, int]] | None,
-                      clear: Callable[[], None] | None) -> dict[str, Any]:
+async def _two_passes(
+    services: Services, count: Callable[[], dict[str, int]] | None, clear: Callable[[], None] | None
+) -> dict[str, Any]:
     """The catch-up pass over the day, then an idle pass 10 s later."""
     assert isinstance(services.clock, FakeClock)
     if clear:
@@ -203,8 +228,14 @@ async def _embedded(data: Dataset) -> dict[str, Any]:
             index = open_sqlite_recovery_index(path, BUCKET_SECONDS)
             try:
                 await _load(state, index, data, mode, 1)
-                services = Services(orders=orders, state=state, bus=None, tunables=_tunables(mode),
-                                    clock=FakeClock(NOW), index=index if mode != "query" else None)
+                services = Services(
+                    orders=orders,
+                    state=state,
+                    bus=None,
+                    tunables=_tunables(mode),
+                    clock=FakeClock(NOW),
+                    index=index if mode != "query" else None,
+                )
                 out[mode] = await _two_passes(services, None, None)
                 out[mode]["index_rows_after"] = _rows(path)
             finally:
@@ -259,8 +290,14 @@ async def _cosmos(data: Dataset, endpoint: str, server: Any, modes: tuple[str, .
         index = cosmos_recovery_index(CosmosClient(endpoint, credential=ANY_KEY), names, BUCKET_SECONDS)
         try:
             await _load(state, index, data, mode, CONCURRENCY)
-            services = Services(orders=orders, state=state, bus=None, tunables=_tunables(mode),
-                                clock=FakeClock(NOW), index=index if mode != "query" else None)
+            services = Services(
+                orders=orders,
+                state=state,
+                bus=None,
+                tunables=_tunables(mode),
+                clock=FakeClock(NOW),
+                index=index if mode != "query" else None,
+            )
             out[mode] = await _two_passes(services, count, server.clear_requests)
         finally:
             await index.aclose()
@@ -290,11 +327,16 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     else:
         figures["cosmos_protocol_server"] = {"skipped": problem}
     params = {
-        "sizes": sizes, "cosmos_sizes": COSMOS_SIZES, "span_hours": SPAN.total_seconds() / 3600,
-        "expired_share": EXPIRED, "live_share": LIVE,
-        "pending_share": PENDING, "bucket_seconds": BUCKET_SECONDS,
+        "sizes": sizes,
+        "cosmos_sizes": COSMOS_SIZES,
+        "span_hours": SPAN.total_seconds() / 3600,
+        "expired_share": EXPIRED,
+        "live_share": LIVE,
+        "pending_share": PENDING,
+        "bucket_seconds": BUCKET_SECONDS,
         "scan_window_seconds": int(_tunables("query").scan_window.total_seconds()),
-        "page_size": _tunables("query").page_size, "max_results": _tunables("query").max_results,
+        "page_size": _tunables("query").page_size,
+        "max_results": _tunables("query").max_results,
         "checkpoint": "24 h back (the pass covers the day), then an idle pass 10 s later",
     }
     return figures, params

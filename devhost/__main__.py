@@ -16,26 +16,40 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m devhost",
         description="Run an Azure Functions Python (v2 model) app locally, unchanged and durably, with no Azure and "
-                    "no Core Tools: Durable Functions (SQLite history + the extension's HTTP API), timer, Service Bus "
-                    "(embedded broker) and HTTP triggers.")
+        "no Core Tools: Durable Functions (SQLite history + the extension's HTTP API), timer, Service Bus "
+        "(embedded broker) and HTTP triggers.",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    s = sub.add_parser("start", help="host DIR/function_app.py (the counterpart of `func start`)",
-                       description="Index DIR/function_app.py, read host.json and local.settings.json, print the "
-                                   "function list, and serve until SIGINT/SIGTERM.")
+    s = sub.add_parser(
+        "start",
+        help="host DIR/function_app.py (the counterpart of `func start`)",
+        description="Index DIR/function_app.py, read host.json and local.settings.json, print the "
+        "function list, and serve until SIGINT/SIGTERM.",
+    )
     s.add_argument("--app-dir", type=Path, default=Path("."), help="folder holding function_app.py (default: .)")
-    s.add_argument("--port", type=int, default=7071,
-                   help="HTTP port on 127.0.0.1 for /api and /runtime/webhooks/durabletask (default 7071; 0 = any)")
-    s.add_argument("--state-dir", type=Path, default=None,
-                   help="where durable history, timer status and function keys live (default DIR/.devhost)")
+    s.add_argument(
+        "--port",
+        type=int,
+        default=7071,
+        help="HTTP port on 127.0.0.1 for /api and /runtime/webhooks/durabletask (default 7071; 0 = any)",
+    )
+    s.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="where durable history, timer status and function keys live (default DIR/.devhost)",
+    )
     s.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
     # submit, cancel and queues: aliases of the operator CLI's client commands (orderflow/cli/client.py), one
     # implementation. `cancel` here is the client app's (no state-store check), as before the CLI existed.
     from orderflow.cli.client import add_commands
+
     add_commands(sub, "devhost", ("submit", "cancel", "queues"))
     # demo, drill, drills, up and down: aliases of `python -m lab`'s commands (the lab's, loaded only here).
     from lab.__main__ import add_commands as add_lab_commands
+
     add_lab_commands(sub)
     return p
 
@@ -70,8 +84,12 @@ async def _serve(args: argparse.Namespace) -> int:
 # (azurefunctions-extensions-bindings-servicebus) decodes each message with uamqp, whose C library logs about eight
 # INFO lines per decode ("Bad arguments: value = (nil)", "Type is not described or composite") that are not errors.
 # The Azure SDK's HTTP and AMQP layers log every request/frame at INFO. At --log-level DEBUG they are left alone.
-NOISY_LOGGERS = ("uamqp", "azure.core.pipeline.policies.http_logging_policy", "azure.servicebus._pyamqp",
-                 "azure.identity")
+NOISY_LOGGERS = (
+    "uamqp",
+    "azure.core.pipeline.policies.http_logging_policy",
+    "azure.servicebus._pyamqp",
+    "azure.identity",
+)
 
 
 def _quiet_third_party_loggers() -> None:
@@ -88,9 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(_serve(args))
     if args.command in LAB_COMMANDS:
         from lab.__main__ import run
+
         return run(args)
     if args.command in ("submit", "cancel", "queues"):
         from orderflow.cli.common import CliError
+
         try:
             code: int = args.handler(args)
         except CliError as exc:

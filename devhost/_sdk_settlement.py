@@ -133,9 +133,7 @@ class _SettlementServicer(settlement_pb2_grpc.SettlementServicer):
         self._reject_property_changes(context, request.propertiesToModify)
         reason = request.deadletterReason.value if request.HasField("deadletterReason") else None
         description = (
-            request.deadletterErrorDescription.value
-            if request.HasField("deadletterErrorDescription")
-            else None
+            request.deadletterErrorDescription.value if request.HasField("deadletterErrorDescription") else None
         )
         return self._settle(
             context,
@@ -147,9 +145,7 @@ class _SettlementServicer(settlement_pb2_grpc.SettlementServicer):
         self._reject_property_changes(context, request.propertiesToModify)
         return self._settle(context, request.locktoken, lambda d: d.receiver.defer_message(d.message))
 
-    def RenewMessageLock(
-        self, request: settlement_pb2.RenewMessageLockRequest, context: grpc.ServicerContext
-    ) -> Empty:
+    def RenewMessageLock(self, request: settlement_pb2.RenewMessageLockRequest, context: grpc.ServicerContext) -> Empty:
         def renew() -> None:
             delivery = self._delivery(request.locktoken)
             self._server.run(delivery.receiver.renew_message_lock(delivery.message))
@@ -164,9 +160,7 @@ class _SettlementServicer(settlement_pb2_grpc.SettlementServicer):
         state = self._call(context, lambda: self._server.run(self._session(request.sessionId).get_state()))
         return settlement_pb2.GetSessionStateResponse(sessionState=state or b"")
 
-    def SetSessionState(
-        self, request: settlement_pb2.SetSessionStateRequest, context: grpc.ServicerContext
-    ) -> Empty:
+    def SetSessionState(self, request: settlement_pb2.SetSessionStateRequest, context: grpc.ServicerContext) -> Empty:
         self._call(
             context,
             lambda: self._server.run(self._session(request.sessionId).set_state(request.sessionState)),
@@ -176,16 +170,12 @@ class _SettlementServicer(settlement_pb2_grpc.SettlementServicer):
     def RenewSessionLock(
         self, request: settlement_pb2.RenewSessionLockRequest, context: grpc.ServicerContext
     ) -> settlement_pb2.RenewSessionLockResponse:
-        locked_until = self._call(
-            context, lambda: self._server.run(self._session(request.sessionId).renew_lock())
-        )
+        locked_until = self._call(context, lambda: self._server.run(self._session(request.sessionId).renew_lock()))
         stamp = Timestamp()
         stamp.FromDatetime(locked_until)
         return settlement_pb2.RenewSessionLockResponse(lockedUntil=stamp)
 
-    def ReleaseSession(
-        self, request: settlement_pb2.ReleaseSessionRequest, context: grpc.ServicerContext
-    ) -> Empty:
+    def ReleaseSession(self, request: settlement_pb2.ReleaseSessionRequest, context: grpc.ServicerContext) -> Empty:
         def release() -> None:
             self._session(request.sessionId)  # NOT_FOUND when no delivery of that session is in flight
             if self._server.on_release_session is None:
@@ -223,9 +213,7 @@ class _SettlementServicer(settlement_pb2_grpc.SettlementServicer):
             delivery = self._delivery(lock_token)
             with self._guard:
                 if delivery.settled or id(delivery) in self._settling:
-                    raise _Abort(
-                        grpc.StatusCode.FAILED_PRECONDITION, f"message {lock_token} is already settled"
-                    )
+                    raise _Abort(grpc.StatusCode.FAILED_PRECONDITION, f"message {lock_token} is already settled")
                 self._settling.add(id(delivery))
             try:
                 self._server.run(action(delivery))
@@ -316,9 +304,7 @@ class SettlementServer:
             if gate.abandon():  # never started (the loop is blocked or busy): it never will
                 future.cancel()
                 raise
-            return future.result(
-                timeout=self.settle_timeout_s
-            )  # already under way on the loop: let it finish
+            return future.result(timeout=self.settle_timeout_s)  # already under way on the loop: let it finish
 
     def start(self) -> int:
         """Listen on 127.0.0.1 on a free port; return it."""

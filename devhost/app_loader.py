@@ -51,8 +51,10 @@ def load_app(app_dir: Path, module_name: str = "function_app") -> FunctionRegist
     # The worker's loader.index_function_app, with its messages (reported as "<ExceptionType>: <message>").
     apps = [v for v in vars(module).values() if isinstance(v, FunctionRegister)]
     if len(apps) > 1:
-        raise IndexError_(f"ValueError: More than one {apps[0].__class__.__name__} or other top level function app "
-                          "instances are defined.")
+        raise IndexError_(
+            f"ValueError: More than one {apps[0].__class__.__name__} or other top level function app "
+            "instances are defined."
+        )
     if not apps:
         raise IndexError_(f"ValueError: Could not find top level function app instances in {module_name}.py.")
     return apps[0]
@@ -70,8 +72,15 @@ def index(app: FunctionRegister) -> list[FunctionSpec]:
             raise IndexError_(f"function {fn.get_function_name()} has no trigger")
         bindings = tuple(_plain(b.get_dict_repr()) for b in fn.get_bindings())
         trigger_dict = _plain(trigger.get_dict_repr())
-        specs.append(FunctionSpec(name=str(fn.get_function_name()), trigger_type=trigger.get_binding_name(),
-                                  trigger=trigger_dict, bindings=bindings, function=fn))
+        specs.append(
+            FunctionSpec(
+                name=str(fn.get_function_name()),
+                trigger_type=trigger.get_binding_name(),
+                trigger=trigger_dict,
+                bindings=bindings,
+                function=fn,
+            )
+        )
     return specs
 
 

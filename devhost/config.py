@@ -81,7 +81,8 @@ class HostConfig:
             version_failure_strategy=_enum_setting(dt, "versionFailureStrategy", VERSION_FAILURE_STRATEGIES, "Reject"),
             partition_count=_partition_count((dt.get("storageProvider") or {}).get("partitionCount", 4)),
             max_queue_polling_interval_s=_max_queue_polling_interval(
-                _setting(dt.get("storageProvider") or {}, "maxQueuePollingInterval")),
+                _setting(dt.get("storageProvider") or {}, "maxQueuePollingInterval")
+            ),
         )
 
     def listener_lock_recovery_seconds(self) -> float:
@@ -161,8 +162,9 @@ def _enum_setting(section: Mapping[str, Any], name: str, names: tuple[str, ...],
 HOST_JSON_OVERRIDE_PREFIX = "AzureFunctionsJobHost__"
 
 
-def apply_host_json_overrides(host_json: dict[str, Any],
-                              settings: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+def apply_host_json_overrides(
+    host_json: dict[str, Any], settings: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[str, str]]:
     """A copy of `host_json` with every `AzureFunctionsJobHost__a__b` setting written at a.b (the existing key's
     spelling kept, its case ignored; missing objects created; a list element by its index), and the overrides
     applied (dotted path as the setting spells it -> value). A setting that names an object (not a value) changes
@@ -175,7 +177,7 @@ def apply_host_json_overrides(host_json: dict[str, Any],
     for name in sorted(settings):
         if not name.lower().startswith(prefix):
             continue
-        path = name[len(prefix):].split("__")
+        path = name[len(prefix) :].split("__")
         if not path or any(not part for part in path):
             continue
         if _set_path(result, path, str(settings[name])):
@@ -216,8 +218,10 @@ def resolve(value: str, env: Mapping[str, str] = os.environ, *, lenient: bool = 
             return env[name]
         if lenient:
             return match.group(0)
-        raise ConfigError(f"binding expression %{name}% names an app setting that is not set: set {name} in "
-                          f"local.settings.json (Values) or in the environment")
+        raise ConfigError(
+            f"binding expression %{name}% names an app setting that is not set: set {name} in "
+            f"local.settings.json (Values) or in the environment"
+        )
 
     return _EXPRESSION.sub(sub, value)
 
@@ -236,8 +240,10 @@ def _partition_count(value: Any) -> int:
     except ValueError:
         count = 0
     if not 1 <= count <= 16:
-        raise ConfigError(f"host.json: extensions.durableTask.storageProvider.partitionCount {value!r}: the number of "
-                          "partitions must be a positive integer and no greater than 16")
+        raise ConfigError(
+            f"host.json: extensions.durableTask.storageProvider.partitionCount {value!r}: the number of "
+            "partitions must be a positive integer and no greater than 16"
+        )
     return count
 
 
@@ -249,8 +255,10 @@ def _max_queue_polling_interval(value: Any) -> float:
         return 30.0
     seconds = _duration_seconds(value)
     if seconds <= 0:
-        raise ConfigError(f"host.json: extensions.durableTask.storageProvider.maxQueuePollingInterval {value!r} must "
-                          "be more than zero")
+        raise ConfigError(
+            f"host.json: extensions.durableTask.storageProvider.maxQueuePollingInterval {value!r} must "
+            "be more than zero"
+        )
     return seconds
 
 

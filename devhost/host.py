@@ -105,10 +105,15 @@ class Host:
         self._worker = WorkerLoop()
         self._worker.start()
         self.invoker = Invoker(client_binding_json=lambda: self.engine.client_binding_json(), worker_loop=self._worker)
-        self.engine = DurableEngine(db_path=state_dir / "durable.db", functions=durable_fns, invoke=self.invoker,
-                                    max_concurrent_activities=durable.max_concurrent_activities,
-                                    task_hub=durable.hub_name, versioning=versioning_policy(durable),
-                                    partition_count=durable.partition_count)
+        self.engine = DurableEngine(
+            db_path=state_dir / "durable.db",
+            functions=durable_fns,
+            invoke=self.invoker,
+            max_concurrent_activities=durable.max_concurrent_activities,
+            task_hub=durable.hub_name,
+            versioning=versioning_policy(durable),
+            partition_count=durable.partition_count,
+        )
         add_durable_routes(web_app, self.engine)
         http = HttpTriggers(KeyStore(state_dir))
         http.attach(web_app)
@@ -136,8 +141,9 @@ class Host:
             elif spec.trigger_type == "serviceBusTrigger":
                 self._start_service_bus(spec, config)
             elif spec.trigger_type not in DURABLE_TRIGGERS | {"httpTrigger"}:
-                log.warning("function %s: trigger %s is not supported by devhost; skipped", spec.name,
-                            spec.trigger_type)
+                log.warning(
+                    "function %s: trigger %s is not supported by devhost; skipped", spec.name, spec.trigger_type
+                )
         if opts.print_functions:
             print(self.function_list(), flush=True)
 
@@ -148,6 +154,7 @@ class Host:
     def _caller(self, spec: FunctionSpec):  # type: ignore[no-untyped-def]
         async def call(kwargs: dict[str, Any]) -> Any:
             return await self.invoker.call(spec.function, kwargs)
+
         return call
 
     def _start_timer(self, spec: FunctionSpec, config: HostConfig, state_dir: Path) -> None:
@@ -160,8 +167,9 @@ class Host:
         call = self._caller(spec)
 
         async def invoke(payload: dict[str, Any]) -> None:
-            timer: func.TimerRequest = TimerRequestConverter.decode(Datum(json.dumps(payload), "json"),
-                                                                     trigger_metadata={})
+            timer: func.TimerRequest = TimerRequestConverter.decode(
+                Datum(json.dumps(payload), "json"), trigger_metadata={}
+            )
             await call({spec.trigger_param: timer})
 
         schedule = resolve(str(spec.trigger["schedule"]))
@@ -169,16 +177,23 @@ class Host:
         # schedule even when the function asks for it (azure-webjobs-sdk-extensions, `if (attribute.UseMonitor &&
         # ShouldDisableScheduleMonitor(...)) attribute.UseMonitor = false`).
         use_monitor = spec.trigger.get("useMonitor")
-        runner = TimerRunner(spec.name, schedule, run_on_startup=bool(spec.trigger.get("runOnStartup")),
-                             use_monitor=(use_monitor is None or bool(use_monitor)) and default_use_monitor(schedule),
-                             state_dir=state_dir, invoke=invoke, lock=ListenerLock(state_dir, spec.name),
-                             recovery_poll=config.listener_lock_recovery_seconds())
+        runner = TimerRunner(
+            spec.name,
+            schedule,
+            run_on_startup=bool(spec.trigger.get("runOnStartup")),
+            use_monitor=(use_monitor is None or bool(use_monitor)) and default_use_monitor(schedule),
+            state_dir=state_dir,
+            invoke=invoke,
+            lock=ListenerLock(state_dir, spec.name),
+            recovery_poll=config.listener_lock_recovery_seconds(),
+        )
         self.timers[spec.name] = runner
         self._tasks.append(asyncio.create_task(runner.run(self._stop), name=f"timer:{spec.name}"))
 
     def _service_bus_client(self, connection: str) -> Any:
         if connection not in self._clients:
             from orderflow.adapters import aio_bus_from_settings
+
             self._clients[connection] = aio_bus_from_settings(os.environ, connection=connection)
         return self._clients[connection]
 
@@ -197,21 +212,28 @@ class Host:
             self._ensure_settlement()
 
         async def invoke(delivery: Delivery) -> None:
-            message = sdk_servicebus.to_sdk_message(delivery.message) if sdk_type else function_message(
-                delivery.message)
+            message = (
+                sdk_servicebus.to_sdk_message(delivery.message) if sdk_type else function_message(delivery.message)
+            )
             kwargs: dict[str, Any] = {spec.trigger_param: message}
             for name in actions_params:
                 kwargs[name] = ServiceBusMessageActions.get_instance()
             await call(kwargs)
 
         runner = ServiceBusTriggerRunner(
-            spec.name, queue, client=self._service_bus_client(str(trigger.get("connection") or "ServiceBusConnection")),
+            spec.name,
+            queue,
+            client=self._service_bus_client(str(trigger.get("connection") or "ServiceBusConnection")),
             sessions=bool(trigger.get("isSessionsEnabled")),
             # The trigger's own setting, else host.json's extensions.serviceBus.autoCompleteMessages, else true.
-            auto_complete=bool(trigger.get("autoCompleteMessages",
-                                           config.extension("serviceBus").get("autoCompleteMessages", True))),
+            auto_complete=bool(
+                trigger.get("autoCompleteMessages", config.extension("serviceBus").get("autoCompleteMessages", True))
+            ),
             options=config.service_bus_options(),
-            invoke=invoke, on_delivery=self._track, on_done=self._untrack)
+            invoke=invoke,
+            on_delivery=self._track,
+            on_done=self._untrack,
+        )
         self.service_bus[spec.name] = runner
         self._tasks.append(asyncio.create_task(runner.run(self._stop), name=f"servicebus:{spec.name}"))
 
@@ -224,6 +246,7 @@ class Host:
     def _ensure_settlement(self) -> None:
         if self._settlement is None:
             from . import sdk_servicebus
+
             self._settlement = sdk_servicebus.SettlementServer(self._deliveries.get, asyncio.get_running_loop())
             sdk_servicebus.configure_message_actions(self._settlement.start())
 

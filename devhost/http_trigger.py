@@ -29,8 +29,15 @@ import azure.functions as func
 from aiohttp import web
 
 _PARAM = re.compile(r"\{(\*?)([A-Za-z_][A-Za-z0-9_]*)(?::([A-Za-z]+)(?:\([^)]*\))?)?(\?)?\}")
-_CONSTRAINTS = {"int": r"-?\d+", "long": r"-?\d+", "guid": r"[0-9a-fA-F-]{36}", "alpha": r"[A-Za-z]+",
-                "bool": r"(?:true|false)", "double": r"-?\d+(?:\.\d+)?", "float": r"-?\d+(?:\.\d+)?"}
+_CONSTRAINTS = {
+    "int": r"-?\d+",
+    "long": r"-?\d+",
+    "guid": r"[0-9a-fA-F-]{36}",
+    "alpha": r"[A-Za-z]+",
+    "bool": r"(?:true|false)",
+    "double": r"-?\d+(?:\.\d+)?",
+    "float": r"-?\d+(?:\.\d+)?",
+}
 
 
 def compile_route(template: str) -> re.Pattern[str]:
@@ -38,7 +45,7 @@ def compile_route(template: str) -> re.Pattern[str]:
     pattern, pos = "", 0
     template = template.strip("/")
     for m in _PARAM.finditer(template):
-        literal = template[pos:m.start()]
+        literal = template[pos : m.start()]
         catch_all, name, constraint, optional = m.groups()
         body = r".*" if catch_all else _CONSTRAINTS.get((constraint or "").lower(), r"[^/]+")
         group = f"(?P<{name}>{body})"
@@ -61,8 +68,9 @@ class KeyStore:
             # all end up with the keys of the one that linked first.
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f"keys.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-            tmp.write_text(json.dumps({"default": secrets.token_urlsafe(32), "master": secrets.token_urlsafe(32)},
-                                      indent=2))
+            tmp.write_text(
+                json.dumps({"default": secrets.token_urlsafe(32), "master": secrets.token_urlsafe(32)}, indent=2)
+            )
             tmp.chmod(0o600)
             with contextlib.suppress(FileExistsError):
                 os.link(tmp, path)
@@ -102,9 +110,16 @@ class HttpTriggers:
 
     def add(self, name: str, trigger: dict[str, Any], invoke: Callable[[dict[str, Any]], Awaitable[Any]]) -> None:
         methods = frozenset(str(m).upper() for m in (trigger.get("methods") or ["GET", "POST"]))
-        self.routes.append(HttpRoute(name=name, pattern=compile_route(trigger.get("route") or name), methods=methods,
-                                     auth_level=str(trigger.get("authLevel") or self.default_auth_level),
-                                     param=str(trigger["name"]), invoke=invoke))
+        self.routes.append(
+            HttpRoute(
+                name=name,
+                pattern=compile_route(trigger.get("route") or name),
+                methods=methods,
+                auth_level=str(trigger.get("authLevel") or self.default_auth_level),
+                param=str(trigger["name"]),
+                invoke=invoke,
+            )
+        )
 
     def attach(self, app: web.Application) -> None:
         # [\s\S]: a route value may hold any decoded character but "/", a newline (%0A) too, as in ASP.NET routing.
@@ -121,8 +136,14 @@ class HttpTriggers:
             return web.Response(status=401)
         body = await request.read()
         route_params = {k: v for k, v in match.groupdict().items() if v is not None}
-        req = func.HttpRequest(method=request.method, url=str(request.url), headers=dict(request.headers),
-                               params=query_params(request.query), route_params=route_params, body=body)
+        req = func.HttpRequest(
+            method=request.method,
+            url=str(request.url),
+            headers=dict(request.headers),
+            params=query_params(request.query),
+            route_params=route_params,
+            body=body,
+        )
         result = await route.invoke({route.param: req})
         return to_response(result)
 

@@ -72,7 +72,10 @@ class Invoker:
     """Reusable for every trigger. `client_binding_json` supplies what a durableClient parameter receives."""
 
     def __init__(
-        self, *, client_binding_json: Callable[[], str] | None = None, max_workers: int = 32,
+        self,
+        *,
+        client_binding_json: Callable[[], str] | None = None,
+        max_workers: int = 32,
         worker_loop: Any = None,
     ) -> None:
         self._client_binding_json = client_binding_json
@@ -102,9 +105,7 @@ class Invoker:
             result = await loop.run_in_executor(self._executor, call)
         return encode_output(trigger_type(fn), result)
 
-    def build_kwargs(
-        self, fn: Any, inputs: Mapping[str, Any], *, invocation_id: str | None = None
-    ) -> dict[str, Any]:
+    def build_kwargs(self, fn: Any, inputs: Mapping[str, Any], *, invocation_id: str | None = None) -> dict[str, Any]:
         params = _parameters(fn.get_user_function())
         kwargs: dict[str, Any] = {}
         trigger = fn.get_trigger()
@@ -122,9 +123,7 @@ class Invoker:
 
     def _client_json(self) -> str:
         if self._client_binding_json is None:
-            raise RuntimeError(
-                "this function has a durableClient binding but no Durable backend is configured"
-            )
+            raise RuntimeError("this function has a durableClient binding but no Durable backend is configured")
         return self._client_binding_json()
 
 

@@ -62,10 +62,25 @@ from ._sdk_settlement import (
 )
 
 __all__ = [
-    "BINDING_CONTENT_TYPE", "BINDING_SOURCE", "BINDING_VERSION", "DEFAULT_GRPC_MAX_MESSAGE_LENGTH", "SETTLE_TIMEOUT_S",
-    "CollectionModelBindingData", "DeliveryRegistry", "ModelBindingData", "SettlementServer", "WorkerLoop",
-    "configure_message_actions", "encode_amqp_message", "is_message_actions_type", "is_sdk_batch_type",
-    "is_sdk_message_type", "model_binding_data", "normalize_lock_token", "to_sdk_message", "to_sdk_messages",
+    "BINDING_CONTENT_TYPE",
+    "BINDING_SOURCE",
+    "BINDING_VERSION",
+    "DEFAULT_GRPC_MAX_MESSAGE_LENGTH",
+    "SETTLE_TIMEOUT_S",
+    "CollectionModelBindingData",
+    "DeliveryRegistry",
+    "ModelBindingData",
+    "SettlementServer",
+    "WorkerLoop",
+    "configure_message_actions",
+    "encode_amqp_message",
+    "is_message_actions_type",
+    "is_sdk_batch_type",
+    "is_sdk_message_type",
+    "model_binding_data",
+    "normalize_lock_token",
+    "to_sdk_message",
+    "to_sdk_messages",
 ]
 
 # model_binding_data of one received message (host:
@@ -202,9 +217,7 @@ def _properties(msg: Any, ttl_ms: int | None) -> Properties:
 def _lock_token(msg: Any) -> uuid.UUID:
     token = getattr(msg, "lock_token", None)
     if not token:
-        raise ValueError(
-            "the message has no lock token (peeked or already settled): the SDK-type binding needs one"
-        )
+        raise ValueError("the message has no lock token (peeked or already settled): the SDK-type binding needs one")
     return token if isinstance(token, uuid.UUID) else uuid.UUID(str(token))
 
 

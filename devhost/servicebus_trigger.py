@@ -64,8 +64,10 @@ def function_message(msg: Any) -> func.ServiceBusMessage:
     """Build the `func.ServiceBusMessage` the Python worker builds: the body Datum plus the trigger metadata the host
     sends (field names from azure/functions/servicebus.py ServiceBusMessageInConverter.decode_single_message)."""
     body = b"".join(msg.body) if not isinstance(msg.body, (bytes, bytearray)) else bytes(msg.body)
-    props = {(k.decode() if isinstance(k, bytes) else str(k)): (v.decode() if isinstance(v, bytes) else v)
-             for k, v in (msg.application_properties or {}).items()}
+    props = {
+        (k.decode() if isinstance(k, bytes) else str(k)): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in (msg.application_properties or {}).items()
+    }
     ttl = getattr(msg, "time_to_live", None)
     metadata = {
         "MessageId": _text(msg.message_id),
@@ -105,10 +107,20 @@ class Delivery:
 class ServiceBusTriggerRunner:
     """Feeds one function from one queue. `invoke(delivery)` runs the function and raises if it failed."""
 
-    def __init__(self, name: str, queue: str, *, client: Any, sessions: bool, auto_complete: bool,
-                 options: ServiceBusOptions, invoke: Callable[[Delivery], Awaitable[None]],
-                 on_delivery: Callable[[Delivery], None] | None = None,
-                 on_done: Callable[[Delivery], None] | None = None, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        queue: str,
+        *,
+        client: Any,
+        sessions: bool,
+        auto_complete: bool,
+        options: ServiceBusOptions,
+        invoke: Callable[[Delivery], Awaitable[None]],
+        on_delivery: Callable[[Delivery], None] | None = None,
+        on_done: Callable[[Delivery], None] | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self.name = name
         self.queue = queue
         self.client = client
@@ -149,17 +161,20 @@ class ServiceBusTriggerRunner:
     async def _session_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
-                receiver = self.client.get_queue_receiver(self.queue, session_id=NEXT_AVAILABLE_SESSION,
-                                                          max_wait_time=RECEIVE_WAIT_S)
+                receiver = self.client.get_queue_receiver(
+                    self.queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=RECEIVE_WAIT_S
+                )
                 async with receiver:
                     # The session lock is renewed for as long as the session is held, idle waits included.
                     session = receiver.session
                     renewer = asyncio.create_task(
-                        self._renew_until(session.renew_lock, lambda s=session: s.locked_until_utc))
+                        self._renew_until(session.renew_lock, lambda s=session: s.locked_until_utc)
+                    )
                     try:
                         while not stop.is_set():
                             batch = await receiver.receive_messages(
-                                max_message_count=1, max_wait_time=self.options.session_idle_timeout_s)
+                                max_message_count=1, max_wait_time=self.options.session_idle_timeout_s
+                            )
                             if not batch:
                                 break  # session idle: release it so other consumers can take it
                             for msg in batch:
@@ -180,14 +195,20 @@ class ServiceBusTriggerRunner:
         self._on_delivery(delivery)
         # Without sessions the message's own lock is renewed while the function has it; a session's messages are
         # locked by the session lock, which `_session_loop` renews.
-        renewer = None if self.sessions else asyncio.create_task(
-            self._renew_until(lambda: receiver.renew_message_lock(msg), lambda: msg.locked_until_utc))
+        renewer = (
+            None
+            if self.sessions
+            else asyncio.create_task(
+                self._renew_until(lambda: receiver.renew_message_lock(msg), lambda: msg.locked_until_utc)
+            )
+        )
         try:
             await self._invoke(delivery)
         except Exception as exc:  # noqa: BLE001 - any failure of the function counts; auto-complete abandons
             self.failed += 1
-            log.warning("function %s failed on message %s (delivery %s): %s", self.name, msg.message_id,
-                        msg.delivery_count, exc)
+            log.warning(
+                "function %s failed on message %s (delivery %s): %s", self.name, msg.message_id, msg.delivery_count, exc
+            )
             if self.auto_complete and not delivery.settled:
                 await self._settle(receiver.abandon_message, msg)
         else:
@@ -205,9 +226,17 @@ class ServiceBusTriggerRunner:
         except ServiceBusError as exc:  # lock lost: the broker redelivers; at-least-once
             log.warning("could not settle message %s on %s: %s", msg.message_id, self.queue, exc)
 
-    async def _renew_until(self, renew: Callable[[], Awaitable[Any]],
-                           locked_until: Callable[[], datetime | None]) -> None:
+    async def _renew_until(
+        self, renew: Callable[[], Awaitable[Any]], locked_until: Callable[[], datetime | None]
+    ) -> None:
         """Renew a lock until cancelled, for at most maxAutoLockRenewalDuration (orderflow.session_locks)."""
-        await keep_lock_renewed(renew, locked_until, self.clock, lost=(MessageLockLostError, SessionLockLostError),
-                                transient=(ServiceBusError,), log=log, what=f"a message or session on {self.queue}",
-                                max_duration_s=self.options.max_auto_lock_renewal_s)
+        await keep_lock_renewed(
+            renew,
+            locked_until,
+            self.clock,
+            lost=(MessageLockLostError, SessionLockLostError),
+            transient=(ServiceBusError,),
+            log=log,
+            what=f"a message or session on {self.queue}",
+            max_duration_s=self.options.max_auto_lock_renewal_s,
+        )

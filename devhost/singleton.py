@@ -36,8 +36,10 @@ class ListenerLock:
         self._pid, self._started = process or (os.getpid(), process_start())
         self._db = sqlite3.connect(str(state_dir / "singletons.db"), isolation_level=None, timeout=5.0)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS listener_locks(name TEXT PRIMARY KEY, pid INTEGER NOT NULL, "
-                         "started REAL NOT NULL)")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS listener_locks(name TEXT PRIMARY KEY, pid INTEGER NOT NULL, "
+            "started REAL NOT NULL)"
+        )
         self.held = False
 
     def try_acquire(self) -> bool:
@@ -47,8 +49,9 @@ class ListenerLock:
             row = self._db.execute("SELECT pid, started FROM listener_locks WHERE name=?", (self.name,)).fetchone()
             mine = row is not None and row[0] == self._pid and abs(row[1] - self._started) < 0.5
             if row is None or mine or not process_alive(Member("", row[0], row[1], "")):
-                self._db.execute("INSERT OR REPLACE INTO listener_locks VALUES (?,?,?)",
-                                 (self.name, self._pid, self._started))
+                self._db.execute(
+                    "INSERT OR REPLACE INTO listener_locks VALUES (?,?,?)", (self.name, self._pid, self._started)
+                )
                 self.held = True
             else:
                 self.held = False

@@ -69,22 +69,37 @@ class ScheduleStatus:
     last_updated: datetime
 
     def to_json(self) -> dict[str, Any]:
-        return {"Last": self.last.isoformat() if self.last else None, "Next": self.next.isoformat(),
-                "LastUpdated": self.last_updated.isoformat()}
+        return {
+            "Last": self.last.isoformat() if self.last else None,
+            "Next": self.next.isoformat(),
+            "LastUpdated": self.last_updated.isoformat(),
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ScheduleStatus:
-        return cls(last=datetime.fromisoformat(data["Last"]) if data.get("Last") else None,
-                   next=datetime.fromisoformat(data["Next"]), last_updated=datetime.fromisoformat(data["LastUpdated"]))
+        return cls(
+            last=datetime.fromisoformat(data["Last"]) if data.get("Last") else None,
+            next=datetime.fromisoformat(data["Next"]),
+            last_updated=datetime.fromisoformat(data["LastUpdated"]),
+        )
 
 
 class TimerRunner:
     """Runs one timer function: waits for the next occurrence (an event-driven sleep until due), then invokes it."""
 
-    def __init__(self, name: str, expression: str, *, run_on_startup: bool, use_monitor: bool, state_dir: Path,
-                 invoke: Callable[[dict[str, Any]], Awaitable[None]],
-                 now: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 lock: ListenerLock | None = None, recovery_poll: float = DEFAULT_RECOVERY_POLL_SECONDS) -> None:
+    def __init__(
+        self,
+        name: str,
+        expression: str,
+        *,
+        run_on_startup: bool,
+        use_monitor: bool,
+        state_dir: Path,
+        invoke: Callable[[dict[str, Any]], Awaitable[None]],
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        lock: ListenerLock | None = None,
+        recovery_poll: float = DEFAULT_RECOVERY_POLL_SECONDS,
+    ) -> None:
         self.name = name
         self.expression = parse_schedule(expression)
         self.run_on_startup = run_on_startup
@@ -119,8 +134,9 @@ class TimerRunner:
             log.exception("timer function %s failed", self.name)
         self.executions += 1
         if self.use_monitor:
-            self._save_status(ScheduleStatus(last=now, next=next_occurrence(self.expression, self._now()),
-                                             last_updated=self._now()))
+            self._save_status(
+                ScheduleStatus(last=now, next=next_occurrence(self.expression, self._now()), last_updated=self._now())
+            )
         return now
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -136,8 +152,12 @@ class TimerRunner:
     async def _acquire(self, lock: ListenerLock, stop: asyncio.Event) -> bool:
         """One attempt at start-up, then one every recovery poll, as SingletonListener does; False when stopped."""
         while not lock.try_acquire():
-            log.info("timer %s: another host (pid %s) runs this schedule; trying again in %.0f s", self.name,
-                     lock.holder(), self.recovery_poll)
+            log.info(
+                "timer %s: another host (pid %s) runs this schedule; trying again in %.0f s",
+                self.name,
+                lock.holder(),
+                self.recovery_poll,
+            )
             try:
                 await asyncio.wait_for(stop.wait(), timeout=self.recovery_poll)
                 return False

@@ -68,12 +68,16 @@ def probe(app_dir: str) -> dict[str, Any]:
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     functions = []
     for item in metadata:
-        functions.append({
-            "name": item.name,
-            "bindings": {name: {"type": b.type, "direction": b.direction, "dataType": b.data_type}
-                         for name, b in item.bindings.items()},
-            "rawBindings": [json.loads(raw) for raw in item.raw_bindings],
-        })
+        functions.append(
+            {
+                "name": item.name,
+                "bindings": {
+                    name: {"type": b.type, "direction": b.direction, "dataType": b.data_type}
+                    for name, b in item.bindings.items()
+                },
+                "rawBindings": [json.loads(raw) for raw in item.raw_bindings],
+            }
+        )
     return {"ok": True, "functions": functions}
 
 

@@ -44,8 +44,10 @@ def _is_generic_type(tp: Any) -> bool:
     generic_alias = (typing._GenericAlias, typing._SpecialGenericAlias)  # type: ignore[attr-defined]
     return bool(
         (isinstance(tp, type) and issubclass(tp, typing.Generic))  # type: ignore[arg-type]
-        or (isinstance(tp, generic_alias)
-            and tp.__origin__ not in (typing.Union, tuple, typing.ClassVar, collections.abc.Callable))
+        or (
+            isinstance(tp, generic_alias)
+            and tp.__origin__ not in (typing.Union, tuple, typing.ClassVar, collections.abc.Callable)
+        )
     )
 
 
@@ -118,8 +120,11 @@ def _check_function(function: Function) -> None:
         if "context" in annotations:
             anno = annotations["context"]
             if not isinstance(anno, type) or anno.__name__ != "Context":
-                raise FunctionLoadError(name, 'the "context" parameter is expected to be of type '
-                                              'azure.functions.Context, got "' + repr(anno) + '"')
+                raise FunctionLoadError(
+                    name,
+                    'the "context" parameter is expected to be of type '
+                    'azure.functions.Context, got "' + repr(anno) + '"',
+                )
 
     _check_params(name, params, bound, annotations)
 
@@ -131,12 +136,19 @@ def _check_function(function: Function) -> None:
         if not isinstance(anno, type):
             raise FunctionLoadError(name, "has invalid non-type return annotation " + repr(anno))
         if not _binding(str(return_binding)).check_output_type_annotation(anno):
-            raise FunctionLoadError(name, 'Python return annotation "' + anno.__name__
-                                    + '" does not match binding type "' + str(return_binding) + '"')
+            raise FunctionLoadError(
+                name,
+                'Python return annotation "'
+                + anno.__name__
+                + '" does not match binding type "'
+                + str(return_binding)
+                + '"',
+            )
 
 
-def _check_params(name: str, params: dict[str, inspect.Parameter], bound: dict[str, Any],
-                  annotations: dict[str, Any]) -> None:
+def _check_params(
+    name: str, params: dict[str, inspect.Parameter], bound: dict[str, Any], annotations: dict[str, Any]
+) -> None:
     """Registry.validate_function_params."""
     unbound = set(params) - set(bound)
     if unbound:
@@ -147,13 +159,18 @@ def _check_params(name: str, params: dict[str, inspect.Parameter], bound: dict[s
             if registry is not None and registry.check_supported_grpc_client_type(annotations.get(candidate)):
                 settlement = candidate
         if settlement is None:
-            raise FunctionLoadError(name, "the following parameters are declared in Python but not in the function "
-                                          f"definition (function.json or function decorators):  {unbound!r}")
+            raise FunctionLoadError(
+                name,
+                "the following parameters are declared in Python but not in the function "
+                f"definition (function.json or function decorators):  {unbound!r}",
+            )
         params.pop(settlement)
     if set(bound) - set(params):
-        raise FunctionLoadError(name, "Extra parameters in binding definition — the following parameters are "
-                                      "declared as bindings but are not present in Python: "
-                                      + repr(set(bound) - set(params)))
+        raise FunctionLoadError(
+            name,
+            "Extra parameters in binding definition — the following parameters are "
+            "declared as bindings but are not present in Python: " + repr(set(bound) - set(params)),
+        )
 
     for param in params.values():
         binding = bound[param.name]
@@ -163,8 +180,10 @@ def _check_params(name: str, params: dict[str, inspect.Parameter], bound: dict[s
         deferred = registry is not None and registry.check_supported_type(anno)
         origin = typing.get_origin(anno) if has_anno and _is_generic_type(anno) else None
         is_param_out = has_anno and (
-            isinstance(origin, type) and origin.__name__ == "Out" if origin is not None
-            else isinstance(anno, type) and anno.__name__ == "Out")
+            isinstance(origin, type) and origin.__name__ == "Out"
+            if origin is not None
+            else isinstance(anno, type) and anno.__name__ == "Out"
+        )
         is_binding_out = binding.direction == OUT
         if is_param_out:
             args = typing.get_args(anno)
@@ -176,11 +195,17 @@ def _check_params(name: str, params: dict[str, inspect.Parameter], bound: dict[s
         if has_anno and not isinstance(py_type, type) and not _is_generic_type(py_type):
             raise FunctionLoadError(name, "binding " + param.name + " has invalid non-type annotation " + repr(anno))
         if is_binding_out and has_anno and not is_param_out:
-            raise FunctionLoadError(name, "binding " + param.name + ' is declared to have the "out" direction, but '
-                                          "its annotation in Python is not a subclass of azure.functions.Out")
+            raise FunctionLoadError(
+                name,
+                "binding " + param.name + ' is declared to have the "out" direction, but '
+                "its annotation in Python is not a subclass of azure.functions.Out",
+            )
         if not is_binding_out and is_param_out:
-            raise FunctionLoadError(name, "binding " + param.name + ' is declared to have the "in" direction in the '
-                                          "binding decorator, but its annotation is azure.functions.Out in Python")
+            raise FunctionLoadError(
+                name,
+                "binding " + param.name + ' is declared to have the "in" direction in the '
+                "binding decorator, but its annotation is azure.functions.Out in Python",
+            )
         if not has_anno:
             continue
         bind_type = "generic" if py_type in (str, bytes) and not _has_implicit_output(binding.type) else binding.type
@@ -191,12 +216,25 @@ def _check_params(name: str, params: dict[str, inspect.Parameter], bound: dict[s
         if not ok:
             # `binding.data_type is not protos.BindingInfo.undefined`: None (no dataType set) is not undefined (0)
             if not (isinstance(binding.data_type, int) and binding.data_type == 0):
-                raise FunctionLoadError(name, 'binding type "' + repr(param.name) + '" and dataType "'
-                                        + binding.type + '" in the binding decorator do not match the corresponding '
-                                        "function parameter's Python type annotation " + py_type.__name__)
-            raise FunctionLoadError(name, "type of " + param.name + ' binding in the binding decorator "'
-                                    + binding.type + '" does not match its Python annotation "'
-                                    + py_type.__name__ + '"')
+                raise FunctionLoadError(
+                    name,
+                    'binding type "'
+                    + repr(param.name)
+                    + '" and dataType "'
+                    + binding.type
+                    + '" in the binding decorator do not match the corresponding '
+                    "function parameter's Python type annotation " + py_type.__name__,
+                )
+            raise FunctionLoadError(
+                name,
+                "type of "
+                + param.name
+                + ' binding in the binding decorator "'
+                + binding.type
+                + '" does not match its Python annotation "'
+                + py_type.__name__
+                + '"',
+            )
 
 
 def check_functions(functions: list[Function]) -> None:

@@ -45,8 +45,10 @@ try:
     from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
     from azure.servicebus.exceptions import OperationTimeoutError, ServiceBusError
 except ImportError:  # the system python3: no azure-servicebus
-    sys.exit(f"{sys.executable} has no azure-servicebus: run .venv/bin/python examples/client.py from the repo root "
-             "(or pip install azure-servicebus azure-identity)")
+    sys.exit(
+        f"{sys.executable} has no azure-servicebus: run .venv/bin/python examples/client.py from the repo root "
+        "(or pip install azure-servicebus azure-identity)"
+    )
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = ("completed", "failed", "compensated", "compensation-failed", "cancelled", "rejected")
@@ -137,8 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     client = connect()
     if client is None:
-        print("no connection: set ServiceBusConnection (a connection string, e.g. Endpoint=embedded://... for the "
-              "local system) or SERVICEBUS_FULLY_QUALIFIED_NAMESPACE (Azure, with DefaultAzureCredential)")
+        print(
+            "no connection: set ServiceBusConnection (a connection string, e.g. Endpoint=embedded://... for the "
+            "local system) or SERVICEBUS_FULLY_QUALIFIED_NAMESPACE (Azure, with DefaultAzureCredential)"
+        )
         return 3
 
     with client:
@@ -162,10 +166,15 @@ def main(argv: list[str] | None = None) -> int:
         if dead:
             print(f"rejected by the system (dead-lettered on {orders_queue}): {dead}")
             return 2
-        checked = (f"not dead-lettered on {orders_queue}" if readable
-                   else f"{orders_queue}'s dead-letter queue is not readable here; a rejection would be there")
-        print(f"no terminal status within {args.timeout:g} s ({checked}): is the app running, and are the Agent and "
-              f"the remote service (the simulator, locally) reachable? Locally: .venv/bin/python -m devhost queues")
+        checked = (
+            f"not dead-lettered on {orders_queue}"
+            if readable
+            else f"{orders_queue}'s dead-letter queue is not readable here; a rejection would be there"
+        )
+        print(
+            f"no terminal status within {args.timeout:g} s ({checked}): is the app running, and are the Agent and "
+            f"the remote service (the simulator, locally) reachable? Locally: .venv/bin/python -m devhost queues"
+        )
         return 1
 
 

@@ -43,17 +43,20 @@ log = logging.getLogger("agent")
 
 FAULT_SETTINGS: tuple[Setting, ...] = (
     Setting(
-        "AGENT_REPLY_DELAY_MS", "0",
+        "AGENT_REPLY_DELAY_MS",
+        "0",
         "Fault switch: hold replies back by up to this many ms (0 = off); the request is completed at once and the "
         "reply sent later in the background, so later replies can overtake it.",
     ),
     Setting("AGENT_REPLY_DELAY_MIN_MS", "0", "Fault switch: the least hold-back of a held reply (ms)."),
     Setting(
-        "AGENT_REPLY_DELAY_SHARE", "1",
+        "AGENT_REPLY_DELAY_SHARE",
+        "1",
         "Fault switch: the share (0-1) of replies held back, chosen by AGENT_JITTER_SEED and the reply's MessageId.",
     ),
     Setting(
-        "AGENT_CLOCK_SKEW_SECONDS", "0",
+        "AGENT_CLOCK_SKEW_SECONDS",
+        "0",
         "Fault switch: seconds added to the Agent's clock (negative: behind); the broker's clock is not skewed.",
     ),
 )
@@ -124,8 +127,12 @@ def _number(name: str, kind: type, values: Mapping[str, Any]) -> Any:
 
 def faults_from_env(env: Mapping[str, Any], seed: int = 0) -> AgentFaults:
     """The switches from app settings (`env`; flags map onto the same names); `seed` is the Agent's jitter seed."""
-    delay = ReplyDelay(_number("AGENT_REPLY_DELAY_MS", int, env), _number("AGENT_REPLY_DELAY_MIN_MS", int, env),
-                       _number("AGENT_REPLY_DELAY_SHARE", float, env), seed)
+    delay = ReplyDelay(
+        _number("AGENT_REPLY_DELAY_MS", int, env),
+        _number("AGENT_REPLY_DELAY_MIN_MS", int, env),
+        _number("AGENT_REPLY_DELAY_SHARE", float, env),
+        seed,
+    )
     return AgentFaults(delay, _number("AGENT_CLOCK_SKEW_SECONDS", float, env))
 
 
@@ -180,8 +187,9 @@ class HeldReplies:
         await self._sender.__aenter__()  # type: ignore[attr-defined]
         return self
 
-    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         try:
             await self.flush(self._grace)
             log.info("replies held back: %d (lost %d)", self.held, self.lost)

@@ -41,12 +41,24 @@ FINAL_STATUSES = TERMINAL_STATUSES | {OrderStatus.REJECTED}
 def make_orders(count: int, seed: int, reply_to: str, prefix: str = "demo") -> list[SubmitOrder]:
     rng = random.Random(seed)
     now = datetime.now(UTC)
-    return [SubmitOrder(
-        orderId=f"{prefix}-{seed}-{i:05d}", replyTo=reply_to,
-        customer={"id": f"c-{rng.randrange(1000)}", "name": "Demo"},
-        items=[{"sku": f"SKU-{rng.randrange(100):03d}", "quantity": rng.randint(1, 5),
-                "unitPrice": Decimal(rng.randrange(100, 10000)) / 100} for _ in range(rng.randint(1, 3))],
-        currency="EUR", submittedAt=now) for i in range(count)]
+    return [
+        SubmitOrder(
+            orderId=f"{prefix}-{seed}-{i:05d}",
+            replyTo=reply_to,
+            customer={"id": f"c-{rng.randrange(1000)}", "name": "Demo"},
+            items=[
+                {
+                    "sku": f"SKU-{rng.randrange(100):03d}",
+                    "quantity": rng.randint(1, 5),
+                    "unitPrice": Decimal(rng.randrange(100, 10000)) / 100,
+                }
+                for _ in range(rng.randint(1, 3))
+            ],
+            currency="EUR",
+            submittedAt=now,
+        )
+        for i in range(count)
+    ]
 
 
 @dataclass
@@ -68,13 +80,21 @@ class ClientApp:
         self.all_terminal.clear()
         async with self.bus.get_queue_sender(self.orders_queue) as sender:
             for chunk in range(0, len(orders), 50):
-                batch = orders[chunk:chunk + 50]
+                batch = orders[chunk : chunk + 50]
                 now = time.monotonic()
                 for o in batch:
                     self.sent_at[o.order_id] = now
-                await sender.send_messages([ServiceBusMessage(o.to_json(), message_id=f"submit:{o.order_id}",
-                                                              session_id=o.order_id,
-                                                              content_type="application/json") for o in batch])
+                await sender.send_messages(
+                    [
+                        ServiceBusMessage(
+                            o.to_json(),
+                            message_id=f"submit:{o.order_id}",
+                            session_id=o.order_id,
+                            content_type="application/json",
+                        )
+                        for o in batch
+                    ]
+                )
 
     async def listen(self, stop: asyncio.Event, consumers: int = 32) -> None:
         """Read statuses from up to `consumers` sessions (orders) at once until `stop`. One acceptor takes the next
@@ -91,8 +111,7 @@ class ClientApp:
         slots = asyncio.Semaphore(consumers)
         while True:
             await slots.acquire()
-            receiver = self.bus.get_queue_receiver(self.reply_queue, session_id=NEXT_AVAILABLE_SESSION,
-                                                   max_wait_time=5)
+            receiver = self.bus.get_queue_receiver(self.reply_queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=5)
             try:
                 await receiver.__aenter__()
             except BaseException as exc:
@@ -149,11 +168,18 @@ async def client_app(system: LocalSystem) -> AsyncIterator[ClientApp]:
         await bus.close()
 
 
-async def wait_terminal(client: ClientApp, total: int, started: float, timeout: float, console: Console,
-                        transient: bool) -> None:
+async def wait_terminal(
+    client: ClientApp, total: int, started: float, timeout: float, console: Console, transient: bool
+) -> None:
     """A progress bar until every order has its terminal status or `timeout` seconds from `started`."""
-    with Progress(TextColumn("orders"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=transient) as progress:
+    with Progress(
+        TextColumn("orders"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=transient,
+    ) as progress:
         bar = progress.add_task("orders", total=total)
         while not client.all_terminal.is_set() and time.monotonic() - started < timeout:
             progress.update(bar, completed=len(client.terminal_at))
@@ -175,8 +201,10 @@ async def simulator_json(system: LocalSystem, path: str, body: dict[str, Any] | 
 
     if system.simulator is None or not system.simulator.url:
         return {}
-    async with aiohttp.ClientSession() as s, s.request("POST" if body is not None else "GET",
-                                                       f"{system.simulator.url}{path}", json=body) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.request("POST" if body is not None else "GET", f"{system.simulator.url}{path}", json=body) as r,
+    ):
         r.raise_for_status()
         return await r.json()  # type: ignore[no-any-return]
 
@@ -238,8 +266,11 @@ FAILED_STATES = ("Error", "Compensated", "CompensationFailed")
 def _reason_kind(error: str) -> str:
     """`charge-payment: Declined: …` → `charge-payment: Declined`; `FailureThresholdReached: …` → that word."""
     parts = [p.strip() for p in error.split(":")]
-    return ": ".join(parts[:2]) if parts and parts[0] in {"reserve-inventory", "charge-payment",
-                                                          "arrange-shipping"} else parts[0]
+    return (
+        ": ".join(parts[:2])
+        if parts and parts[0] in {"reserve-inventory", "charge-payment", "arrange-shipping"}
+        else parts[0]
+    )
 
 
 def default_work_dir(prefix: str = "") -> Path:
@@ -248,10 +279,14 @@ def default_work_dir(prefix: str = "") -> Path:
 
 
 async def _run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
-    config = SystemConfig(work_dir=Path(args.work_dir or default_work_dir()).resolve(), seed=args.seed,
-                          transient_failure_rate=args.transient_failure_rate,
-                          permanent_failure_rate=args.permanent_failure_rate, hang_rate=args.hang_rate,
-                          hosts=getattr(args, "hosts", 1))
+    config = SystemConfig(
+        work_dir=Path(args.work_dir or default_work_dir()).resolve(),
+        seed=args.seed,
+        transient_failure_rate=args.transient_failure_rate,
+        permanent_failure_rate=args.permanent_failure_rate,
+        hang_rate=args.hang_rate,
+        hosts=getattr(args, "hosts", 1),
+    )
     system = LocalSystem(config)
     orders = make_orders(args.orders, args.seed, config.reply_queue)
     with console.status("starting devhost, the Agent and the simulator…"):
@@ -271,16 +306,21 @@ async def _run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     latencies = client.latencies_ms()
     counts = states.counts
     return {
-        "submitted": len(orders), "processed": counts.get("Processed", 0), "error": counts.get("Error", 0),
-        "compensated": counts.get("Compensated", 0), "compensation_failed": counts.get("CompensationFailed", 0),
-        "pending": counts.get("Pending", 0), "processing": counts.get("Processing", 0),
+        "submitted": len(orders),
+        "processed": counts.get("Processed", 0),
+        "error": counts.get("Error", 0),
+        "compensated": counts.get("Compensated", 0),
+        "compensation_failed": counts.get("CompensationFailed", 0),
+        "pending": counts.get("Pending", 0),
+        "processing": counts.get("Processing", 0),
         "compensating": counts.get("CompensationInProgress", 0),
         "lost": client.lost(order_ids, states.missing),
         "errors_without_reason": states.errors_without_reason,
         "error_reasons": dict(states.error_reasons.most_common()),
         "duplicate_side_effects": int(effects.get("duplicates", -1)),
         "status_messages": sum(len(v) for v in client.statuses.values()),
-        "elapsed_s": round(elapsed, 3), "orders_per_s": round(len(orders) / elapsed, 2) if elapsed else 0.0,
+        "elapsed_s": round(elapsed, 3),
+        "orders_per_s": round(len(orders) / elapsed, 2) if elapsed else 0.0,
         "latency_ms": {"p50": round(_percentile(latencies, 0.5), 1), "p99": round(_percentile(latencies, 0.99), 1)},
         "work_dir": str(config.work_dir),
     }
@@ -299,22 +339,41 @@ def summary_table(summary: dict[str, Any], title: str) -> Table:
 
 def add_command(sub: Any) -> None:
     """The `demo` command on the subparsers `sub`."""
-    d = sub.add_parser("demo", help="run the whole order system locally and print a summary",
-                       description="Start devhost with the product's function_app.py, the Agent worker, the remote "
-                                   "service simulator and a client app that submits orders and listens on its own "
-                                   "reply queue; print a progress bar and a summary table (or JSON).")
+    d = sub.add_parser(
+        "demo",
+        help="run the whole order system locally and print a summary",
+        description="Start devhost with the product's function_app.py, the Agent worker, the remote "
+        "service simulator and a client app that submits orders and listens on its own "
+        "reply queue; print a progress bar and a summary table (or JSON).",
+    )
     d.add_argument("--orders", type=int, default=50, help="number of orders to submit (default 50)")
     d.add_argument("--seed", type=int, default=1, help="seed of the simulator's fault injection (default 1)")
-    d.add_argument("--transient-failure-rate", type=float, default=0.1,
-                   help="share of remote calls that fail transiently (default 0.1)")
-    d.add_argument("--permanent-failure-rate", type=float, default=0.01,
-                   help="share of remote steps that fail permanently (default 0.01)")
-    d.add_argument("--hang-rate", type=float, default=0.0,
-                   help="share of remote calls that hang past the step deadline (default 0)")
+    d.add_argument(
+        "--transient-failure-rate",
+        type=float,
+        default=0.1,
+        help="share of remote calls that fail transiently (default 0.1)",
+    )
+    d.add_argument(
+        "--permanent-failure-rate",
+        type=float,
+        default=0.01,
+        help="share of remote steps that fail permanently (default 0.01)",
+    )
+    d.add_argument(
+        "--hang-rate",
+        type=float,
+        default=0.0,
+        help="share of remote calls that hang past the step deadline (default 0)",
+    )
     d.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds (default 600)")
     d.add_argument("--work-dir", type=Path, default=None, help="state folder (default: a fresh .demo/<timestamp>)")
-    d.add_argument("--hosts", type=int, default=1,
-                   help="devhost hosts on one task hub, as a scaled-out app (default 1; docs/devhost.md)")
+    d.add_argument(
+        "--hosts",
+        type=int,
+        default=1,
+        help="devhost hosts on one task hub, as a scaled-out app (default 1; docs/devhost.md)",
+    )
     d.add_argument("--json", action="store_true", help="print one JSON object with the figures as the last line")
 
 
@@ -327,7 +386,10 @@ def run_demo(args: argparse.Namespace) -> int:
     console.print(summary_table(summary, "orderflow demo"))
     if args.json:
         print(json.dumps(summary), flush=True)
-    ok = summary["lost"] == 0 and summary["duplicate_side_effects"] == 0 and \
-        summary["processed"] + summary["error"] + summary["compensated"] + summary["compensation_failed"] \
+    ok = (
+        summary["lost"] == 0
+        and summary["duplicate_side_effects"] == 0
+        and summary["processed"] + summary["error"] + summary["compensated"] + summary["compensation_failed"]
         == summary["submitted"]
+    )
     return 0 if ok else 1

@@ -25,6 +25,7 @@ Resilience drills, `retry-budget`, `remote-outage` and `backlog-flood` (issue 11
 Lifecycle drills, `compensation`, `cancel-in-flight`, `poison-in-session` and `upgrade-in-flight` (issue 12): in
 lab/lifecycle_drills.py (dispatched from `run_drill_command`), with the same `Verdict`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,74 +76,134 @@ DEFAULT_KILLS = {"host-crash": 10, "agent-crash": 5}
 
 
 def add_command(sub: Any) -> None:
-    d = sub.add_parser("drill", help="drills on the local system: crashes (kill -9 devhost or the Agent), the retry "
-                                     "budget, a remote outage, a backlog flood, compensation, cancels in flight, "
-                                     "poison in a session, an upgrade in flight",
-                       description="Start devhost, the Agent, the remote-service simulator and a client app, submit "
-                                   "orders and run the drill: host-crash / agent-crash kill devhost / the Agent with "
-                                   "SIGKILL at seeded random gaps and restart it (the remote never fails); "
-                                   "retry-budget makes every remote call fail (breaker off) and counts the calls per "
-                                   "order step against RemoteCallBudgetPerStep; remote-outage takes the remote down "
-                                   "for a while (the circuit breaker must keep every order out of Error); "
-                                   "backlog-flood submits far more orders than MaxPendingOrders at once (admission "
-                                   "control); compensation, cancel-in-flight, poison-in-session and "
-                                   "upgrade-in-flight (lab/lifecycle_drills.py) drive an order's other endings: "
-                                   "undoing a refused order, a client's cancel at each stage, a poison message in "
-                                   "the order's session, devhost restarted with a new workflow version while orders "
-                                   "run; remote-hang, late-replies, reply-reordering, clock-skew, "
-                                   "duplicate-delivery, poison-input, state-store-conflicts, store-outage, "
-                                   "starter-race and supervisor-race (issue 15; docs/devhost.md, docs/reliability.md) "
-                                   "each inject their fault; durable-api-outage makes the Durable HTTP API answer 503 "
-                                   "while attempts expire; scale-out runs three devhost hosts on one task hub and "
-                                   "kills them in turn. Every drill also checks the invariants of "
-                                   "lab/invariants.py. When every order has its final status, print the figures "
-                                   "(a table, or "
-                                   "one JSON object as the last line with --json). Exit code 1 unless the drill "
-                                   "passed.")
+    d = sub.add_parser(
+        "drill",
+        help="drills on the local system: crashes (kill -9 devhost or the Agent), the retry "
+        "budget, a remote outage, a backlog flood, compensation, cancels in flight, "
+        "poison in a session, an upgrade in flight",
+        description="Start devhost, the Agent, the remote-service simulator and a client app, submit "
+        "orders and run the drill: host-crash / agent-crash kill devhost / the Agent with "
+        "SIGKILL at seeded random gaps and restart it (the remote never fails); "
+        "retry-budget makes every remote call fail (breaker off) and counts the calls per "
+        "order step against RemoteCallBudgetPerStep; remote-outage takes the remote down "
+        "for a while (the circuit breaker must keep every order out of Error); "
+        "backlog-flood submits far more orders than MaxPendingOrders at once (admission "
+        "control); compensation, cancel-in-flight, poison-in-session and "
+        "upgrade-in-flight (lab/lifecycle_drills.py) drive an order's other endings: "
+        "undoing a refused order, a client's cancel at each stage, a poison message in "
+        "the order's session, devhost restarted with a new workflow version while orders "
+        "run; remote-hang, late-replies, reply-reordering, clock-skew, "
+        "duplicate-delivery, poison-input, state-store-conflicts, store-outage, "
+        "starter-race and supervisor-race (issue 15; docs/devhost.md, docs/reliability.md) "
+        "each inject their fault; durable-api-outage makes the Durable HTTP API answer 503 "
+        "while attempts expire; scale-out runs three devhost hosts on one task hub and "
+        "kills them in turn. Every drill also checks the invariants of "
+        "lab/invariants.py. When every order has its final status, print the figures "
+        "(a table, or "
+        "one JSON object as the last line with --json). Exit code 1 unless the drill "
+        "passed.",
+    )
     d.add_argument("scenario", choices=DRILLS, metavar="NAME", help=f"the drill: {', '.join(DRILLS)}")
-    d.add_argument("--orders", type=int, default=None,
-                   help="number of orders to submit (default 100; retry-budget 20, backlog-flood 300, compensation "
-                        "8; upgrade-in-flight: 8 before the restart and half as many after; cancel-in-flight and "
-                        "poison-in-session run a fixed set; remote-hang, late-replies, reply-reordering 12, "
-                        "clock-skew 10; starter-race 60, supervisor-race 12; scale-out 200; durable-api-outage 8)")
-    d.add_argument("--kills", type=int, default=None,
-                   help="crash drills: kills to do (default 10 for host-crash and scale-out, 5 for agent-crash)")
-    d.add_argument("--min-gap", type=float, default=1.0,
-                   help="crash drills: shortest gap in seconds before a kill, from when the process is up "
-                        "(default 1)")
+    d.add_argument(
+        "--orders",
+        type=int,
+        default=None,
+        help="number of orders to submit (default 100; retry-budget 20, backlog-flood 300, compensation "
+        "8; upgrade-in-flight: 8 before the restart and half as many after; cancel-in-flight and "
+        "poison-in-session run a fixed set; remote-hang, late-replies, reply-reordering 12, "
+        "clock-skew 10; starter-race 60, supervisor-race 12; scale-out 200; durable-api-outage 8)",
+    )
+    d.add_argument(
+        "--kills",
+        type=int,
+        default=None,
+        help="crash drills: kills to do (default 10 for host-crash and scale-out, 5 for agent-crash)",
+    )
+    d.add_argument(
+        "--min-gap",
+        type=float,
+        default=1.0,
+        help="crash drills: shortest gap in seconds before a kill, from when the process is up (default 1)",
+    )
     d.add_argument("--max-gap", type=float, default=4.0, help="crash drills: longest such gap in seconds (default 4)")
-    d.add_argument("--outage-after", type=float, default=2.0,
-                   help="remote-outage: seconds from the submission to the outage (default 2)")
-    d.add_argument("--outage-for", type=float, default=15.0,
-                   help="remote-outage: seconds the remote stays down; store-outage: the state store; "
-                        "durable-api-outage: the Durable HTTP API's start and status routes (default 15)")
-    d.add_argument("--seed", type=int, default=1, help="seed of the gaps, the orders and the Agent's jitter "
-                                                       "(default 1)")
-    d.add_argument("--settings", choices=SETTINGS_CHOICES, default="local", metavar="SETTINGS",
-                   help="local: lab/system.py LOCAL_DEFAULTS (the demo's), or sample: the values of "
-                        "local.settings.sample.json (the Azure defaults) (default local); a resilience drill's "
-                        "own settings go over these")
-    d.add_argument("--set", action="append", default=[], metavar="SETTING", dest="overrides",
-                   help="NAME=VALUE: an app or Agent setting over the drill's (repeatable), e.g. --set "
-                        "CircuitBreakerFailureThreshold=0")
-    d.add_argument("--servicebus-config", type=Path, default=None,
-                   help="queue definitions for the embedded broker (default: the repo's servicebus.config.json)")
-    d.add_argument("--timeout", type=float, default=900.0,
-                   help="give up waiting for final statuses after this many seconds (default 900)")
-    d.add_argument("--work-dir", type=Path, default=None,
-                   help="state folder (default: a fresh .demo/drill-<timestamp>)")
-    d.add_argument("--hang-seconds", type=float, default=8.0,
-                   help="cancel-in-flight, poison-in-session, remote-hang: how long a scripted hang holds the "
-                        "remote's answer (default 8)")
-    d.add_argument("--latency-ms", type=float, default=800.0,
-                   help="upgrade-in-flight: the simulator's mean latency per call, so orders are in flight at the "
-                        "restart (default 800)")
-    d.add_argument("--restart", choices=("kill", "stop"), default="kill",
-                   help="upgrade-in-flight: how devhost goes before it restarts with the new version: kill (-9, "
-                        "default) or stop (SIGTERM)")
-    d.add_argument("--from-version", choices=("1.0", "2.0"), default="1.0",
-                   help="upgrade-in-flight: the workflow version devhost runs before the restart (default 1.0)")
+    d.add_argument(
+        "--outage-after",
+        type=float,
+        default=2.0,
+        help="remote-outage: seconds from the submission to the outage (default 2)",
+    )
+    d.add_argument(
+        "--outage-for",
+        type=float,
+        default=15.0,
+        help="remote-outage: seconds the remote stays down; store-outage: the state store; "
+        "durable-api-outage: the Durable HTTP API's start and status routes (default 15)",
+    )
+    d.add_argument(
+        "--seed", type=int, default=1, help="seed of the gaps, the orders and the Agent's jitter (default 1)"
+    )
+    d.add_argument(
+        "--settings",
+        choices=SETTINGS_CHOICES,
+        default="local",
+        metavar="SETTINGS",
+        help="local: lab/system.py LOCAL_DEFAULTS (the demo's), or sample: the values of "
+        "local.settings.sample.json (the Azure defaults) (default local); a resilience drill's "
+        "own settings go over these",
+    )
+    d.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SETTING",
+        dest="overrides",
+        help="NAME=VALUE: an app or Agent setting over the drill's (repeatable), e.g. --set "
+        "CircuitBreakerFailureThreshold=0",
+    )
+    d.add_argument(
+        "--servicebus-config",
+        type=Path,
+        default=None,
+        help="queue definitions for the embedded broker (default: the repo's servicebus.config.json)",
+    )
+    d.add_argument(
+        "--timeout",
+        type=float,
+        default=900.0,
+        help="give up waiting for final statuses after this many seconds (default 900)",
+    )
+    d.add_argument(
+        "--work-dir", type=Path, default=None, help="state folder (default: a fresh .demo/drill-<timestamp>)"
+    )
+    d.add_argument(
+        "--hang-seconds",
+        type=float,
+        default=8.0,
+        help="cancel-in-flight, poison-in-session, remote-hang: how long a scripted hang holds the "
+        "remote's answer (default 8)",
+    )
+    d.add_argument(
+        "--latency-ms",
+        type=float,
+        default=800.0,
+        help="upgrade-in-flight: the simulator's mean latency per call, so orders are in flight at the "
+        "restart (default 800)",
+    )
+    d.add_argument(
+        "--restart",
+        choices=("kill", "stop"),
+        default="kill",
+        help="upgrade-in-flight: how devhost goes before it restarts with the new version: kill (-9, "
+        "default) or stop (SIGTERM)",
+    )
+    d.add_argument(
+        "--from-version",
+        choices=("1.0", "2.0"),
+        default="1.0",
+        help="upgrade-in-flight: the workflow version devhost runs before the restart (default 1.0)",
+    )
     d.add_argument("--json", action="store_true", help="print one JSON object with the figures as the last line")
+
 
 @dataclass(frozen=True)
 class DrillOptions:
@@ -180,11 +241,17 @@ class DrillOptions:
     def order_ids(self, reply_queue: str = "app-status") -> list[str]:
         return [o.order_id for o in make_orders(self.orders, self.seed, reply_queue, prefix="drill")]
 
+
 def drill_config(work_dir: Path, options: DrillOptions, servicebus_config: Path | None = None) -> SystemConfig:
     """The drill's system: no injected fault (the remote never fails), the chosen settings."""
-    config = SystemConfig(work_dir=work_dir.resolve(), seed=options.seed, transient_failure_rate=0.0,
-                          permanent_failure_rate=0.0, hang_rate=0.0,
-                          settings={**base_settings(options.settings), **dict(options.overrides)})
+    config = SystemConfig(
+        work_dir=work_dir.resolve(),
+        seed=options.seed,
+        transient_failure_rate=0.0,
+        permanent_failure_rate=0.0,
+        hang_rate=0.0,
+        settings={**base_settings(options.settings), **dict(options.overrides)},
+    )
     if options.latency_ms is not None:
         config.latency_ms_mean = options.latency_ms
     if servicebus_config is not None:
@@ -200,9 +267,14 @@ class DrillResult:
     @property
     def ok(self) -> bool:
         s = self.summary
-        return (s["processed"] == s["submitted"] and s["error"] == 0 and s["lost"] == 0
-                and s["duplicate_side_effects"] == 0 and s["missing_side_effects"] == 0
-                and all(s.get("checks", {}).values()))
+        return (
+            s["processed"] == s["submitted"]
+            and s["error"] == 0
+            and s["lost"] == 0
+            and s["duplicate_side_effects"] == 0
+            and s["missing_side_effects"] == 0
+            and all(s.get("checks", {}).values())
+        )
 
 
 def _target(system: LocalSystem, scenario: str) -> Process:
@@ -233,8 +305,9 @@ async def _kill_loop(system: LocalSystem, options: DrillOptions, client: ClientA
     return kills
 
 
-async def run_drill(system: LocalSystem, options: DrillOptions, console: Console | None = None,
-                    transient: bool = True) -> DrillResult:
+async def run_drill(
+    system: LocalSystem, options: DrillOptions, console: Console | None = None, transient: bool = True
+) -> DrillResult:
     """The drill on a started `system` (its simulator must inject no fault); the caller stops the system."""
     console = console or Console(quiet=True)
     install_for(system)
@@ -244,8 +317,7 @@ async def run_drill(system: LocalSystem, options: DrillOptions, console: Console
         started = time.monotonic()
         await client.submit(orders)
         killer = asyncio.create_task(_kill_loop(system, options, client, len(orders)))
-        waiter = asyncio.create_task(wait_terminal(client, len(orders), started, options.timeout, console,
-                                                   transient))
+        waiter = asyncio.create_task(wait_terminal(client, len(orders), started, options.timeout, console, transient))
         try:
             # A restart that fails (the killed process does not come back) ends the drill at once.
             await asyncio.wait({killer, waiter}, return_when=asyncio.FIRST_EXCEPTION)
@@ -268,22 +340,28 @@ async def run_drill(system: LocalSystem, options: DrillOptions, console: Console
     missing_effects = sum(1 for o in processed for step in STEPS if (o, step.value) not in applied)
     counts = states.counts
     summary: dict[str, Any] = {
-        "scenario": options.scenario, "settings": options.settings,
-        "submitted": len(orders), "processed": counts.get("Processed", 0), "error": counts.get("Error", 0),
-        "pending": counts.get("Pending", 0), "processing": counts.get("Processing", 0),
+        "scenario": options.scenario,
+        "settings": options.settings,
+        "submitted": len(orders),
+        "processed": counts.get("Processed", 0),
+        "error": counts.get("Error", 0),
+        "pending": counts.get("Pending", 0),
+        "processing": counts.get("Processing", 0),
         "lost": client.lost(order_ids, states.missing),
         "error_reasons": dict(states.error_reasons.most_common()),
         "duplicate_side_effects": int(effects.get("duplicates", -1)),
         "missing_side_effects": missing_effects,
         "attempts": {str(a): n for a, n in sorted(attempts.items())},
         "max_attempt": max(attempts, default=0),
-        "kills_requested": options.kill_count, "kills_done": len(kills),
+        "kills_requested": options.kill_count,
+        "kills_done": len(kills),
         "kills_at_s": [round(k.at - started, 1) for k in kills],
         "in_flight_at_kills": [k.in_flight for k in kills],
         "settle_s": None if settle is None else round(settle, 1),
         "total_s": round((last_terminal or ended) - started, 1),
         "work_dir": str(system.config.work_dir),
-        "checks": findings.checks, **findings.figures,
+        "checks": findings.checks,
+        **findings.figures,
     }
     return DrillResult(summary, order_ids)
 
@@ -296,6 +374,7 @@ def _display(summary: dict[str, Any]) -> dict[str, Any]:
         shown[key] = " ".join(str(v) for v in summary[key]) or "-"
     return shown
 
+
 def run_drill_command(args: argparse.Namespace) -> int:
     if args.scenario in MODULE_DRILLS:
         module, function = MODULE_DRILLS[args.scenario].split(":")
@@ -307,13 +386,28 @@ def run_drill_command(args: argparse.Namespace) -> int:
     try:
         overrides = parse_overrides(args.overrides)
         if args.scenario in TARGETS:
-            crash = DrillOptions(scenario=args.scenario, orders=orders, kills=args.kills, min_gap=args.min_gap,
-                                 max_gap=args.max_gap, seed=args.seed, settings=args.settings, timeout=args.timeout,
-                                 overrides=overrides)
+            crash = DrillOptions(
+                scenario=args.scenario,
+                orders=orders,
+                kills=args.kills,
+                min_gap=args.min_gap,
+                max_gap=args.max_gap,
+                seed=args.seed,
+                settings=args.settings,
+                timeout=args.timeout,
+                overrides=overrides,
+            )
         else:
-            resilience = ResilienceOptions(drill=args.scenario, orders=orders, seed=args.seed, settings=args.settings,
-                                           overrides=overrides, outage_after=args.outage_after,
-                                           outage_for=args.outage_for, timeout=args.timeout)
+            resilience = ResilienceOptions(
+                drill=args.scenario,
+                orders=orders,
+                seed=args.seed,
+                settings=args.settings,
+                overrides=overrides,
+                outage_after=args.outage_after,
+                outage_for=args.outage_for,
+                timeout=args.timeout,
+            )
     except ValueError as exc:
         return usage_error(exc)
     work = Path(args.work_dir or default_work_dir("drill-"))
@@ -322,10 +416,15 @@ def run_drill_command(args: argparse.Namespace) -> int:
         title = f"drill {args.scenario} ({args.settings} settings)"
         system = LocalSystem(drill_config(work, crash, args.servicebus_config))
         result = run_on_system(system, console, lambda: run_drill(system, crash, console, transient=args.json))
-        return report(console, summary_table(_display(result.summary), title), result.summary if args.json else None,
-                       [] if result.ok else ["every order must end Processed, with none lost and no duplicate or "
-                                             "missing side effect"])
+        return report(
+            console,
+            summary_table(_display(result.summary), title),
+            result.summary if args.json else None,
+            []
+            if result.ok
+            else ["every order must end Processed, with none lost and no duplicate or missing side effect"],
+        )
     system = LocalSystem(resilience_config(work, resilience, args.servicebus_config))
-    return run_verdict_drill(args, system,
-                             lambda console: run_resilience_drill(system, resilience, console, transient=args.json))
-
+    return run_verdict_drill(
+        args, system, lambda console: run_resilience_drill(system, resilience, console, transient=args.json)
+    )

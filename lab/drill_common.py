@@ -46,12 +46,12 @@ MODULE_DRILLS: dict[str, str] = {
     "durable-api-outage": "lab.durable_api_drills:run_command",
 }
 DRILLS = (*sorted(TARGETS), *RESILIENCE_DRILLS, *LIFECYCLE_DRILLS, *MODULE_DRILLS)
-DEFAULT_ORDERS = {"host-crash": 100, "agent-crash": 100, "retry-budget": 20, "remote-outage": 100,
-                  "backlog-flood": 300}
+DEFAULT_ORDERS = {"host-crash": 100, "agent-crash": 100, "retry-budget": 20, "remote-outage": 100, "backlog-flood": 300}
 SETTINGS_CHOICES = ("local", "sample")
 SAMPLE_FILE = ROOT / "local.settings.sample.json"
 # Values of the sample that name this machine's resources, not tunables: the drill's system sets its own.
 _CONNECTIONS = frozenset({"ServiceBusConnection", "CosmosDb__accountEndpoint", "AllowedReplyQueues"})
+
 
 def sample_settings() -> dict[str, str]:
     """What `--settings sample` runs with: every LOCAL_DEFAULTS key back at its registered default (app settings
@@ -78,6 +78,7 @@ def parse_overrides(values: list[str]) -> tuple[tuple[str, str], ...]:
         pairs.append((name.strip(), setting))
     return tuple(pairs)
 
+
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -100,21 +101,27 @@ def run_on_system(system: LocalSystem, console: Console, drill: Callable[[], Awa
         signal.signal(signal.SIGTERM, previous)
         system.stop()
 
+
 def usage_error(exc: Exception) -> int:
     """A mistake on the drill's command line: one line on stderr, no traceback; exit code 2."""
     Console(stderr=True).print(f"devhost drill: {exc}")
     return 2
 
 
-def run_verdict_drill(args: argparse.Namespace, system: LocalSystem,
-                      drill: Callable[[Console], Awaitable[Verdict]]) -> int:
+def run_verdict_drill(
+    args: argparse.Namespace, system: LocalSystem, drill: Callable[[Console], Awaitable[Verdict]]
+) -> int:
     """Start `system`, run a drill that ends in a Verdict on it, stop it; print the table (and with --json the
     verdict as the last line of stdout); the exit code."""
     console = Console(stderr=args.json)
     verdict = run_on_system(system, console, lambda: drill(console))
     title = f"drill {args.scenario} ({args.settings} settings)"
-    return report(console, summary_table(verdict.display(), title), verdict.to_json() if args.json else None,
-                   verdict.failed_checks())
+    return report(
+        console,
+        summary_table(verdict.display(), title),
+        verdict.to_json() if args.json else None,
+        verdict.failed_checks(),
+    )
 
 
 def report(console: Console, table: Any, line: dict[str, Any] | None, failures: list[str]) -> int:
@@ -147,23 +154,40 @@ class Verdict:
         return [name for name, ok in self.checks.items() if not ok]
 
     def to_json(self) -> dict[str, Any]:
-        return {"drill": self.drill, "passed": self.passed, "orders": self.orders, "lost": self.lost,
-                "duplicate_side_effects": self.duplicate_side_effects, "stuck": self.stuck, "checks": self.checks,
-                "figures": self.figures}
+        return {
+            "drill": self.drill,
+            "passed": self.passed,
+            "orders": self.orders,
+            "lost": self.lost,
+            "duplicate_side_effects": self.duplicate_side_effects,
+            "stuck": self.stuck,
+            "checks": self.checks,
+            "figures": self.figures,
+        }
 
     def with_invariants(self, findings: Findings) -> Verdict:
         """This verdict with the invariants every drill checks (lab/invariants.py): their checks and figures
         added, and lost, duplicates and stuck as the larger of the drill's count and theirs."""
-        return Verdict(self.drill, self.orders, max(self.lost, findings.lost),
-                       max(self.duplicate_side_effects, findings.duplicates), max(self.stuck, findings.stuck),
-                       {**self.checks, **findings.checks}, {**self.figures, **findings.figures})
+        return Verdict(
+            self.drill,
+            self.orders,
+            max(self.lost, findings.lost),
+            max(self.duplicate_side_effects, findings.duplicates),
+            max(self.stuck, findings.stuck),
+            {**self.checks, **findings.checks},
+            {**self.figures, **findings.figures},
+        )
 
     def display(self) -> dict[str, Any]:
         """The rows of the table: the verdict, each check, each figure."""
-        rows: dict[str, Any] = {"passed": "yes" if self.passed else "NO", "orders": self.orders, "lost": self.lost,
-                                "duplicate side effects": self.duplicate_side_effects, "stuck": self.stuck}
+        rows: dict[str, Any] = {
+            "passed": "yes" if self.passed else "NO",
+            "orders": self.orders,
+            "lost": self.lost,
+            "duplicate side effects": self.duplicate_side_effects,
+            "stuck": self.stuck,
+        }
         rows.update({f"check: {name}": "ok" if ok else "FAILED" for name, ok in self.checks.items()})
         for name, value in self.figures.items():
             rows[name] = " ".join(str(v) for v in value) if isinstance(value, list) else value
         return rows
-

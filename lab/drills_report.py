@@ -37,8 +37,9 @@ FULL: tuple[Run, ...] = (
     Run("host-crash", ("--orders", "200", "--kills", "20"), ("kills_done", "settle_s", "max_attempt", "total_s")),
     Run("agent-crash", ("--orders", "400", "--kills", "20"), ("kills_done", "settle_s", "max_attempt", "total_s")),
     Run("retry-budget", (), ("most_calls_per_step", "budget", "elapsed_s")),
-    Run("remote-outage", (), ("time_to_open_s", "calls_while_open", "half_open_rounds", "time_to_drain_s",
-                              "elapsed_s")),
+    Run(
+        "remote-outage", (), ("time_to_open_s", "calls_while_open", "half_open_rounds", "time_to_drain_s", "elapsed_s")
+    ),
     Run("backlog-flood", (), ("admitted", "rejected", "max_processing_seen", "max_pending_seen", "elapsed_s")),
     Run("compensation", (), ("elapsed_s",)),
     Run("cancel-in-flight", (), ("elapsed_s",)),
@@ -55,8 +56,11 @@ FULL: tuple[Run, ...] = (
     Run("starter-race", (), ("won_by_racers", "lost_races", "attempts", "elapsed_s")),
     Run("supervisor-race", (), ("won_by_racers", "attempts", "failure_counts", "elapsed_s")),
     Run("scale-out", (), ("kills", "host_processes", "episodes_per_host_process", "attempts", "elapsed_s")),
-    Run("durable-api-outage", (), ("outage_s", "status_refused", "expired_at_outage_end", "time_to_drain_s",
-                                   "elapsed_s")),
+    Run(
+        "durable-api-outage",
+        (),
+        ("outage_s", "status_refused", "expired_at_outage_end", "time_to_drain_s", "elapsed_s"),
+    ),
 )
 # What CI runs after the tests: the invariants under a crash of each process, a remote that fails, and a fault of
 # the bus, of the store and of the Durable HTTP API, each small.
@@ -73,15 +77,23 @@ QUICK: tuple[Run, ...] = (
     Run("reply-reordering", ("--orders", "6"), ("elapsed_s",)),
     Run("clock-skew", ("--orders", "6"), ("elapsed_s",)),
     Run("state-store-conflicts", ("--orders", "10"), ("injected_412", "injected_429", "elapsed_s")),
-    Run("store-outage", ("--orders", "10", "--outage-for", "6"), ("outage_s", "operations_refused",
-                                                                  "time_to_drain_s", "elapsed_s")),
+    Run(
+        "store-outage",
+        ("--orders", "10", "--outage-for", "6"),
+        ("outage_s", "operations_refused", "time_to_drain_s", "elapsed_s"),
+    ),
     # Kills 0.5-1.5 s apart, so the first falls while the orders run however fast the machine drains them (80 orders
     # took 3.5 s: a first gap drawn from the default 1-4 s could miss them all).
-    Run("scale-out", ("--orders", "120", "--kills", "3", "--min-gap", "0.5", "--max-gap", "1.5"),
-        ("kills", "host_processes", "episodes_per_host_process", "attempts", "elapsed_s")),
-    Run("durable-api-outage", ("--orders", "6", "--outage-for", "8"), ("outage_s", "status_refused",
-                                                                     "expired_at_outage_end", "time_to_drain_s",
-                                                                     "elapsed_s")),
+    Run(
+        "scale-out",
+        ("--orders", "120", "--kills", "3", "--min-gap", "0.5", "--max-gap", "1.5"),
+        ("kills", "host_processes", "episodes_per_host_process", "attempts", "elapsed_s"),
+    ),
+    Run(
+        "durable-api-outage",
+        ("--orders", "6", "--outage-for", "8"),
+        ("outage_s", "status_refused", "expired_at_outage_end", "time_to_drain_s", "elapsed_s"),
+    ),
 )
 COMMON = ("invariants.transitions_audited", "invariants.most_calls_per_key")
 
@@ -93,9 +105,16 @@ def normalise(drill: str, line: Mapping[str, Any], exit_code: int) -> dict[str, 
         return {**line, "passed": bool(line["passed"]) and exit_code == 0}
     figures = {k: v for k, v in line.items() if k not in ("checks", "lost", "duplicate_side_effects")}
     stuck = int(line.get("pending", 0)) + int(line.get("processing", 0))
-    return {"drill": drill, "passed": exit_code == 0, "orders": line.get("submitted"), "lost": line.get("lost"),
-            "duplicate_side_effects": line.get("duplicate_side_effects"), "stuck": stuck,
-            "checks": line.get("checks", {}), "figures": figures}
+    return {
+        "drill": drill,
+        "passed": exit_code == 0,
+        "orders": line.get("submitted"),
+        "lost": line.get("lost"),
+        "duplicate_side_effects": line.get("duplicate_side_effects"),
+        "stuck": stuck,
+        "checks": line.get("checks", {}),
+        "figures": figures,
+    }
 
 
 def _pick(figures: Mapping[str, Any], path: str) -> Any:
@@ -113,36 +132,64 @@ def failed(verdict: Mapping[str, Any]) -> list[str]:
 
 def run_one(run: Run, work: Path, timeout: float) -> dict[str, Any]:
     started = time.monotonic()
-    argv = [sys.executable, "-m", "devhost", "drill", run.drill, "--json", "--work-dir", str(work / run.drill),
-            *run.args]
+    argv = [
+        sys.executable,
+        "-m",
+        "devhost",
+        "drill",
+        run.drill,
+        "--json",
+        "--work-dir",
+        str(work / run.drill),
+        *run.args,
+    ]
     try:
-        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, "COLUMNS": "200"})
+        done = subprocess.run(
+            argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"}
+        )
     except subprocess.TimeoutExpired:
-        return {"drill": run.drill, "passed": False, "error": f"no verdict within {timeout:g} s",
-                "command": " ".join(argv[1:]), "wall_s": round(time.monotonic() - started, 1)}
+        return {
+            "drill": run.drill,
+            "passed": False,
+            "error": f"no verdict within {timeout:g} s",
+            "command": " ".join(argv[1:]),
+            "wall_s": round(time.monotonic() - started, 1),
+        }
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if not lines:
         tail = (done.stderr.strip().splitlines() or [""])[-1]
-        return {"drill": run.drill, "passed": False, "error": f"exit {done.returncode}, no verdict: {tail}",
-                "command": " ".join(argv[1:]), "wall_s": round(time.monotonic() - started, 1)}
+        return {
+            "drill": run.drill,
+            "passed": False,
+            "error": f"exit {done.returncode}, no verdict: {tail}",
+            "command": " ".join(argv[1:]),
+            "wall_s": round(time.monotonic() - started, 1),
+        }
     verdict = normalise(run.drill, json.loads(lines[-1]), done.returncode)
-    return {**verdict, "command": f"python -m devhost drill {run.drill} --json {' '.join(run.args)}".strip(),
-            "wall_s": round(time.monotonic() - started, 1)}
+    return {
+        **verdict,
+        "command": f"python -m devhost drill {run.drill} --json {' '.join(run.args)}".strip(),
+        "wall_s": round(time.monotonic() - started, 1),
+    }
 
 
 def markdown(verdicts: Sequence[Mapping[str, Any]], runs: Sequence[Run], header: Mapping[str, str]) -> str:
     shown = {r.drill: r.figures for r in runs}
-    lines = [f"# Reliability drills ({header['kind']})", "",
-             f"Generated by `{header['command']}` at {header['commit']} on {header['date']}, on {header['machine']}. "
-             "Do not edit: run the command again.", "",
-             "Each drill runs on a fresh local system in real processes (devhost, the Agent, the remote-service "
-             "simulator, a client app) and checks its own promises plus the invariants every drill checks "
-             "(lab/invariants.py): no order lost, none stuck, at most one side effect per order step, remote calls "
-             "per step within the retry budget, no transition outside the state machine (an audit of every "
-             "ProcessState change), every dead letter with a reason.", "",
-             "| drill | orders | lost | duplicates | stuck | key figures | result |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Reliability drills ({header['kind']})",
+        "",
+        f"Generated by `{header['command']}` at {header['commit']} on {header['date']}, on {header['machine']}. "
+        "Do not edit: run the command again.",
+        "",
+        "Each drill runs on a fresh local system in real processes (devhost, the Agent, the remote-service "
+        "simulator, a client app) and checks its own promises plus the invariants every drill checks "
+        "(lab/invariants.py): no order lost, none stuck, at most one side effect per order step, remote calls "
+        "per step within the retry budget, no transition outside the state machine (an audit of every "
+        "ProcessState change), every dead letter with a reason.",
+        "",
+        "| drill | orders | lost | duplicates | stuck | key figures | result |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for v in verdicts:
         if "error" in v:
             lines.append(f"| `{v['drill']}` | | | | | {v['error']} | **FAIL** |")
@@ -151,8 +198,10 @@ def markdown(verdicts: Sequence[Mapping[str, Any]], runs: Sequence[Run], header:
         picked = [(p.split(".")[-1], _pick(figures, p)) for p in (*shown.get(str(v["drill"]), ()), *COMMON)]
         text = ", ".join(f"{name} {value}" for name, value in picked if value is not None)
         result = "pass" if v["passed"] else "**FAIL**: " + ", ".join(failed(v))
-        lines.append(f"| `{v['drill']}` | {v.get('orders')} | {v.get('lost')} | {v.get('duplicate_side_effects')} "
-                     f"| {v.get('stuck')} | {text} | {result} |")
+        lines.append(
+            f"| `{v['drill']}` | {v.get('orders')} | {v.get('lost')} | {v.get('duplicate_side_effects')} "
+            f"| {v.get('stuck')} | {text} | {result} |"
+        )
     lines += ["", "The commands (each also takes `--seed`, `--set NAME=VALUE` and `--timeout`):", ""]
     lines += [f"- `{v.get('command')}`: {v.get('wall_s')} s" for v in verdicts]
     return "\n".join(lines) + "\n"
@@ -164,13 +213,17 @@ def _commit() -> str:
 
 
 def add_command(sub: Any) -> None:
-    d = sub.add_parser("drills", help="run every drill and write the reliability report (make drills)",
-                       description="Run every drill (or --quick: the subset CI runs), each on a fresh local system, "
-                                   "and write OUT/reliability.json and OUT/reliability.md. Exit 1 if any failed.")
+    d = sub.add_parser(
+        "drills",
+        help="run every drill and write the reliability report (make drills)",
+        description="Run every drill (or --quick: the subset CI runs), each on a fresh local system, "
+        "and write OUT/reliability.json and OUT/reliability.md. Exit 1 if any failed.",
+    )
     d.add_argument("--quick", action="store_true", help="the CI subset (smaller runs)")
     d.add_argument("--only", action="append", default=None, metavar="NAME", help="only this drill (repeatable)")
-    d.add_argument("--out", type=Path, default=None,
-                   help="report folder (default: reports/, or reports/quick/ with --quick)")
+    d.add_argument(
+        "--out", type=Path, default=None, help="report folder (default: reports/, or reports/quick/ with --quick)"
+    )
     d.add_argument("--timeout", type=float, default=600.0, help="most seconds one drill may take (default 600)")
 
 
@@ -189,9 +242,13 @@ def run_drills_command(args: argparse.Namespace) -> int:
             verdicts.append(verdict)
             mark = "pass" if verdict["passed"] else "FAIL " + (verdict.get("error") or ", ".join(failed(verdict)))
             print(f"{run.drill}: {mark} ({verdict['wall_s']} s)", flush=True)
-    header = {"kind": "quick subset" if args.quick else "every drill",
-              "command": "make drills-quick" if args.quick else "make drills", "commit": _commit(),
-              "date": datetime.now(UTC).strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} cores"}
+    header = {
+        "kind": "quick subset" if args.quick else "every drill",
+        "command": "make drills-quick" if args.quick else "make drills",
+        "commit": _commit(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "machine": f"{os.cpu_count()} cores",
+    }
     (out / "reliability.json").write_text(json.dumps({**header, "drills": verdicts}, indent=2) + "\n")
     (out / "reliability.md").write_text(markdown(verdicts, runs, header))
     print(f"wrote {out / 'reliability.md'} and {out / 'reliability.json'}")

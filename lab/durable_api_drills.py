@@ -52,9 +52,15 @@ DEFAULT_ORDERS = 8
 _EVERY_SECOND = "*/1 * * * * *"
 # Over the chosen base (LOCAL_DEFAULTS or the sample's) and under `--set`. Nothing is killed, so the crash budget of
 # orderflow/session_locks.py does not apply: 4 s steps and 3 s leases expire attempts within the outage.
-SETTINGS = {"StepTimeoutSeconds": "4", "ClaimLeaseSeconds": "3", "StarterSchedule": _EVERY_SECOND,
-            "SupervisorSchedule": _EVERY_SECOND, "SupervisorScanWindowSeconds": "1",
-            "RetryBackoffBaseSeconds": "1", "RetryBackoffMaxSeconds": "2"}
+SETTINGS = {
+    "StepTimeoutSeconds": "4",
+    "ClaimLeaseSeconds": "3",
+    "StarterSchedule": _EVERY_SECOND,
+    "SupervisorSchedule": _EVERY_SECOND,
+    "SupervisorScanWindowSeconds": "1",
+    "RetryBackoffBaseSeconds": "1",
+    "RetryBackoffMaxSeconds": "2",
+}
 HANG_SECONDS = 6.0  # the scripted hang: longer than the 4 s step, so the attempt expires
 IN_FLIGHT_WAIT_S = 30.0  # the longest the drill waits for the hung calls to reach the remote
 DRAIN_S = 30.0  # after the outage every order ends within this (seconds): a stranded one never does
@@ -92,8 +98,11 @@ async def _records(system: LocalSystem, order_ids: list[str]) -> tuple[dict[str,
 async def snapshot(system: LocalSystem, order_ids: list[str]) -> Snapshot:
     records, checkpoint = await _records(system, order_ids)  # the checkpoint first, then the records
     now = datetime.now(UTC)
-    expired = {o: r.complete_by for o, r in records.items()
-               if r.process_state is ProcessState.PROCESSING and r.complete_by is not None and r.complete_by < now}
+    expired = {
+        o: r.complete_by
+        for o, r in records.items()
+        if r.process_state is ProcessState.PROCESSING and r.complete_by is not None and r.complete_by < now
+    }
     return Snapshot(None if checkpoint is None else parse_utc(checkpoint[0]["position"]), expired)
 
 
@@ -110,8 +119,9 @@ def refused(work_dir: Path) -> Counter[str]:
     return Counter(json.loads(line)["route"] for line in path.read_text().splitlines() if line.strip())
 
 
-async def _outage(system: LocalSystem, client: ClientApp, refused_orders: list[Any], outage_for: float,
-                  order_ids: list[str]) -> tuple[float, float, Snapshot]:
+async def _outage(
+    system: LocalSystem, client: ClientApp, refused_orders: list[Any], outage_for: float, order_ids: list[str]
+) -> tuple[float, float, Snapshot]:
     switch = outage_file(system.config.work_dir)
     switch.touch()
     started = time.monotonic()
@@ -130,7 +140,7 @@ async def _outage(system: LocalSystem, client: ClientApp, refused_orders: list[A
 async def run_drill(system: LocalSystem, orders: int, seed: int, outage_for: float, timeout: float) -> Verdict:
     install_for(system)
     batch = make_orders(orders, seed, system.config.reply_queue, prefix=DRILL)
-    hung, during = batch[:max(1, orders // 2)], batch[max(1, orders // 2):]
+    hung, during = batch[: max(1, orders // 2)], batch[max(1, orders // 2) :]
     hung_ids, during_ids = [o.order_id for o in hung], [o.order_id for o in during]
     ids = hung_ids + during_ids
     keys = [idempotency_key(o, STEPS[0].value) for o in hung_ids]
@@ -163,8 +173,9 @@ async def run_drill(system: LocalSystem, orders: int, seed: int, outage_for: flo
         "start requests refused during the outage": by_route["start"] > 0,
         "the Supervisor's checkpoint was not past any expired attempt at the outage's end": not seen.passed(),
         "every order Processed with `completed`": len(completed) == len(ids),
-        "no order entered Processed twice (transition audit)":
-            all(n <= 1 for n in processed_entries(store_path(system.env()), ids).values()),
+        "no order entered Processed twice (transition audit)": all(
+            n <= 1 for n in processed_entries(store_path(system.env()), ids).values()
+        ),
         "one effect per step of every Processed order": missing_effects(effects, processed) == 0,
         "hung orders: recovered once (attempt 2, FailureCount 1)": shape(hung_ids) == {(2, 1, False)},
         "refused orders: started again in attempt 1 (FailureCount 0)": shape(during_ids) == {(1, 0, True)},
@@ -172,7 +183,8 @@ async def run_drill(system: LocalSystem, orders: int, seed: int, outage_for: flo
     figures: dict[str, Any] = {
         "outage_s": round(ended - began, 2),
         "refused_by_route": dict(sorted(by_route.items())),
-        "status_refused": by_route["status"], "start_refused": by_route["start"],
+        "status_refused": by_route["status"],
+        "start_refused": by_route["start"],
         "expired_at_outage_end": len(seen.expired),
         "checkpoint_at_outage_end": None if seen.position is None else format_utc(seen.position),
         "expired_passed_by_checkpoint": seen.passed(),
@@ -183,16 +195,20 @@ async def run_drill(system: LocalSystem, orders: int, seed: int, outage_for: flo
         "failure_counts": {str(f): n for f, n in sorted(states.failure_counts.items())},
         "restarts": sum(r.restarts for r in records.values()),
         "failed_orchestrations": durable.failed_orchestrations,
-        "elapsed_s": round((last or time.monotonic()) - submitted, 1), "work_dir": str(system.config.work_dir),
+        "elapsed_s": round((last or time.monotonic()) - submitted, 1),
+        "work_dir": str(system.config.work_dir),
     }
     verdict = Verdict(DRILL, len(ids), lost, int(effects.get("duplicates", -1)), len(stuck), checks, figures)
     return verdict.with_invariants(await check_system(system, ids))
 
 
 def drill_config(work_dir: Path, seed: int, settings: str, overrides: dict[str, str]) -> SystemConfig:
-    return SystemConfig(work_dir=work_dir, seed=seed, hang_seconds=HANG_SECONDS,
-                        settings={**base_settings(settings), **SETTINGS, **overrides,
-                                  OUTAGE_SETTING: str(outage_file(work_dir))})
+    return SystemConfig(
+        work_dir=work_dir,
+        seed=seed,
+        hang_seconds=HANG_SECONDS,
+        settings={**base_settings(settings), **SETTINGS, **overrides, OUTAGE_SETTING: str(outage_file(work_dir))},
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -206,8 +222,7 @@ def run_command(args: argparse.Namespace) -> int:
         return usage_error(exc)
     work = Path(args.work_dir or default_work_dir("drill-")).resolve()
     system = LocalSystem(drill_config(work, args.seed, args.settings, overrides))
-    return run_verdict_drill(args, system,
-                             lambda _: run_drill(system, orders, args.seed, outage_for, args.timeout))
+    return run_verdict_drill(args, system, lambda _: run_drill(system, orders, args.seed, outage_for, args.timeout))
 
 
 __all__ = ["DRILL", "SETTINGS", "drill_config", "outage_file", "run_command", "run_drill"]

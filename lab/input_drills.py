@@ -123,8 +123,14 @@ class DuplicatingConfig(SystemConfig):
 def input_config(work_dir: Path, options: InputOptions, servicebus_config: Path | None = None) -> SystemConfig:
     """The drill's system: a remote that fails only where the drill scripts it; duplicate-delivery's broker switch."""
     kind = DuplicatingConfig if options.drill == "duplicate-delivery" else SystemConfig
-    config = kind(work_dir=work_dir.resolve(), seed=options.seed, transient_failure_rate=0.0,
-                  permanent_failure_rate=0.0, hang_rate=0.0, settings=options.settings_values())
+    config = kind(
+        work_dir=work_dir.resolve(),
+        seed=options.seed,
+        transient_failure_rate=0.0,
+        permanent_failure_rate=0.0,
+        hang_rate=0.0,
+        settings=options.settings_values(),
+    )
     if servicebus_config is not None:
         config.servicebus_config = servicebus_config.resolve()
     return config
@@ -155,8 +161,9 @@ def _read_alerts_peek_lock(connection: str, queue: str) -> list[tuple[str, int, 
     with bus_from_connection_string(connection) as bus, bus.get_queue_receiver(queue) as receiver:
         while batch := receiver.receive_messages(max_message_count=100, max_wait_time=0.2):
             for m in batch:
-                read.append((str(m.message_id), int(m.delivery_count or 0),
-                             OperatorAlert.model_validate_json(b"".join(m.body))))
+                read.append(
+                    (str(m.message_id), int(m.delivery_count or 0), OperatorAlert.model_validate_json(b"".join(m.body)))
+                )
                 receiver.complete_message(m)
     return read
 
@@ -193,8 +200,12 @@ async def drill_duplicate_delivery(lab: Lab, options: InputOptions) -> tuple[Ver
     # find the step suddenly accepted (the simulator falls back to its seeded "ok" past a script's end).
     await lab.script({idempotency_key(o, SHIP.value): ["permanent"] * REFUSED_CALLS for o in refused_ids})
     poison_id = f"duplicate-delivery:{options.seed}:poison"
-    poison = ServiceBusMessage(b"a poison message: not JSON", session_id=f"duplicate-delivery-{options.seed}-poison",
-                               message_id=poison_id, content_type="application/json")
+    poison = ServiceBusMessage(
+        b"a poison message: not JSON",
+        session_id=f"duplicate-delivery-{options.seed}-poison",
+        message_id=poison_id,
+        content_type="application/json",
+    )
     connection = system.config.bus_connection
     alerts: list[tuple[str, int, OperatorAlert]] = []
     started = time.monotonic()
@@ -207,8 +218,9 @@ async def drill_duplicate_delivery(lab: Lab, options: InputOptions) -> tuple[Ver
         """An OrderFailed alert of each refused order and the poison's PoisonMessage alert, each read twice."""
         seen = Counter(mid for mid, _n, _a in alerts)
         twice = [a for mid, _n, a in alerts if seen[mid] >= 2]
-        return all(any(a.kind is AlertKind.ORDER_FAILED and a.order_id == o for a in twice) for o in refused_ids) \
-            and any(a.kind is AlertKind.POISON_MESSAGE and a.details.get("messageId") == poison_id for a in twice)
+        return all(
+            any(a.kind is AlertKind.ORDER_FAILED and a.order_id == o for a in twice) for o in refused_ids
+        ) and any(a.kind is AlertKind.POISON_MESSAGE and a.details.get("messageId") == poison_id for a in twice)
 
     async def settled() -> bool:
         """The expected alerts read twice, and nothing left on any queue: every second delivery consumed."""
@@ -234,16 +246,27 @@ async def drill_duplicate_delivery(lab: Lab, options: InputOptions) -> tuple[Ver
         """Statuses may repeat; every terminal one says the same (state, attempt, reason, effects), the expected one,
         and `received` came first."""
         got = lab.statuses(o)
-        finals = {(s.state, s.attempt, s.reason, s.effects and s.effects.to_json()) for s in got
-                  if s.state in TERMINAL_STATUSES}
-        return bool(got) and got[0].state is OrderStatus.RECEIVED and len(finals) == 1 and \
-            next(iter(finals))[0] is outcome
+        finals = {
+            (s.state, s.attempt, s.reason, s.effects and s.effects.to_json())
+            for s in got
+            if s.state in TERMINAL_STATUSES
+        }
+        return (
+            bool(got) and got[0].state is OrderStatus.RECEIVED and len(finals) == 1 and next(iter(finals))[0] is outcome
+        )
 
     def once(o: str, state: ProcessState, outcome: OrderStatus) -> bool:
         rec = records.get(o)
         runs = instances_of(o)
-        return rec is not None and rec.process_state is state and rec.attempt == 1 and into(o, state) == 1 \
-            and len(runs) == 1 and runs[0].get("status") == "Completed" and consistent(o, outcome)
+        return (
+            rec is not None
+            and rec.process_state is state
+            and rec.attempt == 1
+            and into(o, state) == 1
+            and len(runs) == 1
+            and runs[0].get("status") == "Completed"
+            and consistent(o, outcome)
+        )
 
     status_deliveries = Counter((s.order_id, s.state, s.attempt) for o in everyone for s in lab.statuses(o))
     alert_deliveries = Counter(mid for mid, _n, _a in alerts)
@@ -251,29 +274,44 @@ async def drill_duplicate_delivery(lab: Lab, options: InputOptions) -> tuple[Ver
     by_key: dict[str, int] = ledger.report.get("callsByKey", {})
     checks = {
         "Processed exactly once: one transition into Processed, one orchestration (Completed), attempt 1": all(
-            once(o, ProcessState.PROCESSED, OrderStatus.COMPLETED) for o in ids),
+            once(o, ProcessState.PROCESSED, OrderStatus.COMPLETED) for o in ids
+        ),
         "processed orders: one effect per step, nothing compensated": all(
-            ledger.effect_counts(o) == {s.value: 1 for s in STEPS} and not ledger.compensation_counts(o)
-            for o in ids),
+            ledger.effect_counts(o) == {s.value: 1 for s in STEPS} and not ledger.compensation_counts(o) for o in ids
+        ),
         "statuses may repeat, the final one is consistent (one terminal status, after `received`)": all(
-            consistent(o, OrderStatus.COMPLETED) for o in ids),
+            consistent(o, OrderStatus.COMPLETED) for o in ids
+        ),
         "refused orders compensated exactly once: one transition into Compensated, one orchestration": all(
-            once(o, ProcessState.COMPENSATED, OrderStatus.COMPENSATED) for o in refused_ids),
+            once(o, ProcessState.COMPENSATED, OrderStatus.COMPENSATED) for o in refused_ids
+        ),
         "refused orders: reserve and charge applied once and undone once, shipping never applied": all(
             ledger.effect_counts(o) == {RESERVE.value: 1, CHARGE.value: 1}
             and ledger.compensation_counts(o) == {REFUND: 1, RELEASE: 1}
-            and ledger.undone(o) == [RESERVE.value, CHARGE.value] for o in refused_ids),
+            and ledger.undone(o) == [RESERVE.value, CHARGE.value]
+            for o in refused_ids
+        ),
         "every final status tells the ledger's effects": all(
-            status_matches_ledger(_final(lab, o), ledger, o) for o in everyone),
-        "the poison dead-lettered once (InvalidJson), nothing else": [(d.message_id, d.reason) for d in dead] == [
-            (poison_id, "InvalidJson")],
+            status_matches_ledger(_final(lab, o), ledger, o) for o in everyone
+        ),
+        "the poison dead-lettered once (InvalidJson), nothing else": [(d.message_id, d.reason) for d in dead]
+        == [(poison_id, "InvalidJson")],
         "one OrderFailed alert per refused order, one PoisonMessage alert, each read twice (same MessageId)": all(
-            sum(1 for mid in {m for m, _n, a in alerts if a.kind is AlertKind.ORDER_FAILED and a.order_id == o})
-            == 1 for o in refused_ids) and expected_alerts_twice() and all(n >= 2 for n in alert_deliveries.values()),
+            sum(1 for mid in {m for m, _n, a in alerts if a.kind is AlertKind.ORDER_FAILED and a.order_id == o}) == 1
+            for o in refused_ids
+        )
+        and expected_alerts_twice()
+        and all(n >= 2 for n in alert_deliveries.values()),
         "every queue delivered messages twice (orders, requests, replies, statuses, alerts)": all(
-            redelivered.get(q, 0) > 0 for q in (inbound, lab.env.get("AgentRequestsQueueName", "agent-requests"),
-                                                lab.env.get("AgentRepliesQueueName", "agent-replies"),
-                                                lab.client.reply_queue, lab.alerts_queue)),
+            redelivered.get(q, 0) > 0
+            for q in (
+                inbound,
+                lab.env.get("AgentRequestsQueueName", "agent-requests"),
+                lab.env.get("AgentRepliesQueueName", "agent-replies"),
+                lab.client.reply_queue,
+                lab.alerts_queue,
+            )
+        ),
         "orders-inbound: each order's message delivered twice": redelivered.get(inbound, 0) == len(everyone),
         "the app got every status at least twice": all(n >= 2 for n in status_deliveries.values()),
         "every queue drained (each second delivery consumed)": not any(left.values()),
@@ -289,21 +327,31 @@ async def drill_duplicate_delivery(lab: Lab, options: InputOptions) -> tuple[Ver
         "attempts": dict(Counter(str(r.attempt) for r in records.values())),
         "states": dict(Counter(r.process_state.value for r in records.values())),
         "instances": sum(len(instances_of(o)) for o in everyone),
-        "processed": len(ids), "refused": len(refused_ids), "left_on_queues": {q: n for q, n in left.items() if n},
+        "processed": len(ids),
+        "refused": len(refused_ids),
+        "left_on_queues": {q: n for q, n in left.items() if n},
     }
-    return lifecycle_verdict(options.drill, lab, everyone, records, ledger, checks, figures, elapsed), everyone, \
-        set(everyone)
+    return (
+        lifecycle_verdict(options.drill, lab, everyone, records, ledger, checks, figures, elapsed),
+        everyone,
+        set(everyone),
+    )
 
 
 # --- poison-input: the drill --------------------------------------------------------------------------------------
 
 
-async def drill_poison_input(lab: Lab, options: InputOptions, poison: list[Poison]
-                             ) -> tuple[Verdict, list[str], set[str]]:
+async def drill_poison_input(
+    lab: Lab, options: InputOptions, poison: list[Poison]
+) -> tuple[Verdict, list[str], set[str]]:
     orders = make_orders(options.order_count, options.seed, lab.client.reply_queue, prefix="poison-input")
     ids = [o.order_id for o in orders]
-    valid = [ServiceBusMessage(o.to_json(), message_id=f"submit:{o.order_id}", session_id=o.order_id,
-                               content_type="application/json") for o in orders]
+    valid = [
+        ServiceBusMessage(
+            o.to_json(), message_id=f"submit:{o.order_id}", session_id=o.order_id, content_type="application/json"
+        )
+        for o in orders
+    ]
     plan: list[ServiceBusMessage | Poison] = [*valid, *poison]
     random.Random(f"poison-input:{options.seed}").shuffle(plan)  # interleaved, the same for the same seed
     lab.client._expected.update(ids)  # the drill sends the valid orders itself (interleaved), not client.submit
@@ -340,8 +388,13 @@ async def drill_poison_input(lab: Lab, options: InputOptions, poison: list[Poiso
 
     def alert_ok(p: Poison) -> bool:
         a, d = alerts.get(p.message_id), dead.get(p.message_id)
-        return a is not None and a.reason == p.reason and a.details.get("sessionId") == p.session_id \
-            and d is not None and a.details.get("sequenceNumber") == d.sequence_number
+        return (
+            a is not None
+            and a.reason == p.reason
+            and a.details.get("sessionId") == p.session_id
+            and d is not None
+            and a.details.get("sequenceNumber") == d.sequence_number
+        )
 
     wrong_letters = [p for p in poison if not letter_ok(p)]
     wrong_alerts = [p for p in poison if not alert_ok(p)]
@@ -354,21 +407,34 @@ async def drill_poison_input(lab: Lab, options: InputOptions, poison: list[Poiso
         "no state record, orders-DB record or state transition but the valid orders'": stored <= set(ids),
         "no remote call but for the valid orders": called <= set(ids),
         "the valid orders all Processed with `completed`, one effect per step": all(
-            o in records and records[o].process_state is ProcessState.PROCESSED
+            o in records
+            and records[o].process_state is ProcessState.PROCESSED
             and lab.status(o, OrderStatus.COMPLETED) is not None
-            and ledger.effect_counts(o) == {s.value: 1 for s in STEPS} for o in ids),
+            and ledger.effect_counts(o) == {s.value: 1 for s in STEPS}
+            for o in ids
+        ),
     }
     figures = {
-        "poison": len(poison), "valid_orders": len(ids), "seed": options.seed, "poison_digest": poison_digest(poison),
+        "poison": len(poison),
+        "valid_orders": len(ids),
+        "seed": options.seed,
+        "poison_digest": poison_digest(poison),
         "families": dict(Counter(p.family for p in poison)),
         "reasons": dict(Counter(p.reason for p in poison).most_common()),
         "largest_body_bytes": max((len(p.body) for p in poison), default=0),
-        "dead_lettered": len(dead), "poison_alerts": len(alerts),
+        "dead_lettered": len(dead),
+        "poison_alerts": len(alerts),
         "poison_to_alert_s": _percentiles(to_alert),
-        "mismatched": [{"messageId": p.message_id, "family": p.family, "expected": p.reason,
-                        "got": dead[p.message_id].reason if p.message_id in dead else None,
-                        "description": (dead[p.message_id].description or "")[:160] if p.message_id in dead else None}
-                       for p in wrong_letters[:10]],
+        "mismatched": [
+            {
+                "messageId": p.message_id,
+                "family": p.family,
+                "expected": p.reason,
+                "got": dead[p.message_id].reason if p.message_id in dead else None,
+                "description": (dead[p.message_id].description or "")[:160] if p.message_id in dead else None,
+            }
+            for p in wrong_letters[:10]
+        ],
         "records_not_valid": sorted(stored - set(ids))[:10],
     }
     verdict = lifecycle_verdict(options.drill, lab, ids, records, ledger, checks, figures, elapsed)
@@ -385,8 +451,11 @@ async def run_input_drill(system: LocalSystem, options: InputOptions, poison: li
     async with client_app(system) as client:
         lab = Lab(system, client)
         try:
-            run: Awaitable[tuple[Verdict, list[str], set[str]]] = drill_duplicate_delivery(lab, options) \
-                if options.drill == "duplicate-delivery" else drill_poison_input(lab, options, poison)
+            run: Awaitable[tuple[Verdict, list[str], set[str]]] = (
+                drill_duplicate_delivery(lab, options)
+                if options.drill == "duplicate-delivery"
+                else drill_poison_input(lab, options, poison)
+            )
             verdict, order_ids, must_exist = await run
             findings = await check_system(system, order_ids, lambda o: o in must_exist)
         finally:
@@ -396,12 +465,21 @@ async def run_input_drill(system: LocalSystem, options: InputOptions, poison: li
 
 def run_command(args: argparse.Namespace) -> int:
     try:
-        options = InputOptions(drill=args.scenario, orders=args.orders, seed=args.seed, settings=args.settings,
-                               overrides=parse_overrides(args.overrides), timeout=args.timeout)
+        options = InputOptions(
+            drill=args.scenario,
+            orders=args.orders,
+            seed=args.seed,
+            settings=args.settings,
+            overrides=parse_overrides(args.overrides),
+            timeout=args.timeout,
+        )
     except ValueError as exc:
         return usage_error(exc)
     work = Path(args.work_dir or default_work_dir("drill-"))
     system = LocalSystem(input_config(work, options, args.servicebus_config))
-    poison = draw_poison(options.seed, options.poison_count, system.config.reply_queue) \
-        if options.drill == "poison-input" else []
+    poison = (
+        draw_poison(options.seed, options.poison_count, system.config.reply_queue)
+        if options.drill == "poison-input"
+        else []
+    )
     return run_verdict_drill(args, system, lambda _: run_input_drill(system, options, poison))

@@ -110,8 +110,11 @@ def judge(evidence: Evidence) -> Findings:
     duplicates = int(evidence.effects.get("duplicates", -1))  # -1: the ledger could not be read
     by_key: dict[str, int] = evidence.effects.get("callsByKey", {})
     over_budget = {k: n for k, n in by_key.items() if n > evidence.budget}
-    illegal = [(o, b, a) for o, b, a in evidence.transitions
-               if (b is None and a not in CREATED_AS) or (b is not None and (b, a) not in ALLOWED)]
+    illegal = [
+        (o, b, a)
+        for o, b, a in evidence.transitions
+        if (b is None and a not in CREATED_AS) or (b is not None and (b, a) not in ALLOWED)
+    ]
     unexplained = [q for q, reason in evidence.dead_letters if not reason]
     checks = {
         "invariant: no order lost": not lost,
@@ -121,12 +124,20 @@ def judge(evidence: Evidence) -> Findings:
         "invariant: no transition outside the state machine": evidence.audited and not illegal,
         "invariant: every dead letter has a reason": not unexplained,
     }
-    figures = {"invariants": {
-        "lost": lost[:10], "stuck": stuck[:10], "duplicate_side_effects": duplicates,
-        "most_calls_per_key": max(by_key.values(), default=0), "retry_budget": evidence.budget,
-        "over_budget": dict(list(over_budget.items())[:10]), "transitions_audited": len(evidence.transitions),
-        "illegal_transitions": [f"{o}: {b} → {a}" for o, b, a in illegal[:10]],
-        "dead_letters": len(evidence.dead_letters), "dead_letters_without_reason": len(unexplained)}}
+    figures = {
+        "invariants": {
+            "lost": lost[:10],
+            "stuck": stuck[:10],
+            "duplicate_side_effects": duplicates,
+            "most_calls_per_key": max(by_key.values(), default=0),
+            "retry_budget": evidence.budget,
+            "over_budget": dict(list(over_budget.items())[:10]),
+            "transitions_audited": len(evidence.transitions),
+            "illegal_transitions": [f"{o}: {b} → {a}" for o, b, a in illegal[:10]],
+            "dead_letters": len(evidence.dead_letters),
+            "dead_letters_without_reason": len(unexplained),
+        }
+    }
     return Findings(checks, figures, len(lost), len(stuck), duplicates)
 
 
@@ -143,15 +154,25 @@ class DeadLettered:
 def dead_letters(connection: str, queue: str) -> list[DeadLettered]:
     """Every message in `queue`'s dead-letter sub-queue (peeked: nothing is removed)."""
     found: list[DeadLettered] = []
-    with bus_from_connection_string(connection) as bus, \
-            bus.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+    with (
+        bus_from_connection_string(connection) as bus,
+        bus.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq,
+    ):
         next_seq = 0
         while True:
             page = dlq.peek_messages(max_message_count=100, sequence_number=next_seq)
             for m in page:
                 next_seq = max(next_seq, int(m.sequence_number) + 1)
-                found.append(DeadLettered(str(m.message_id), m.session_id, int(m.sequence_number),
-                                          m.enqueued_time_utc, m.dead_letter_reason, m.dead_letter_error_description))
+                found.append(
+                    DeadLettered(
+                        str(m.message_id),
+                        m.session_id,
+                        int(m.sequence_number),
+                        m.enqueued_time_utc,
+                        m.dead_letter_reason,
+                        m.dead_letter_error_description,
+                    )
+                )
             if len(page) < 100:
                 return found
 
@@ -163,8 +184,13 @@ def _dead_letters(connection: str) -> list[tuple[str, str | None]]:
     return [(queue, d.reason) for queue in queues for d in dead_letters(connection, queue)]
 
 
-async def collect(env: dict[str, str], connection: str, effects: dict[str, Any], order_ids: Iterable[str],
-                  expect_record: Callable[[str], bool] = lambda _: True) -> Evidence:
+async def collect(
+    env: dict[str, str],
+    connection: str,
+    effects: dict[str, Any],
+    order_ids: Iterable[str],
+    expect_record: Callable[[str], bool] = lambda _: True,
+) -> Evidence:
     """The evidence of a drill whose orders are `order_ids`, on the system with these settings."""
     from orderflow.adapters import open_stores
 
@@ -179,14 +205,26 @@ async def collect(env: dict[str, str], connection: str, effects: dict[str, Any],
     transitions = read_transitions(path)
     audited = _audit_installed(path)
     dead = await asyncio.to_thread(_dead_letters, connection)
-    return Evidence(ids, states, effects, transitions, dead, RetryBudget.from_env(env).budget, audited,
-                    {o for o in ids if expect_record(o)})
+    return Evidence(
+        ids,
+        states,
+        effects,
+        transitions,
+        dead,
+        RetryBudget.from_env(env).budget,
+        audited,
+        {o for o in ids if expect_record(o)},
+    )
 
 
 def _audit_installed(path: Path) -> bool:
     with sqlite3.connect(path, timeout=30) as conn:
-        return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'trigger' AND name = "
-                            "'transition_audit_update'").fetchone() is not None
+        return (
+            conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'trigger' AND name = 'transition_audit_update'"
+            ).fetchone()
+            is not None
+        )
 
 
 def install_for(system: Any) -> None:
@@ -194,8 +232,9 @@ def install_for(system: Any) -> None:
     install_transition_audit(store_path(system.env()))
 
 
-async def check_system(system: Any, order_ids: Iterable[str],
-                       expect_record: Callable[[str], bool] = lambda _: True) -> Findings:
+async def check_system(
+    system: Any, order_ids: Iterable[str], expect_record: Callable[[str], bool] = lambda _: True
+) -> Findings:
     """The invariants of a drill's orders on a running local system (lab.system.LocalSystem)."""
     from .demo import read_effects
 

@@ -104,8 +104,9 @@ class LifecycleOptions:
         if self.settings not in SETTINGS_CHOICES:
             raise ValueError(f"settings must be one of {SETTINGS_CHOICES}")
         if self.drill in FIXED_ORDERS and self.orders is not None and self.orders != FIXED_ORDERS[self.drill]:
-            raise ValueError(f"{self.drill} runs {FIXED_ORDERS[self.drill]} orders (one per stage); --orders does "
-                             "not apply")
+            raise ValueError(
+                f"{self.drill} runs {FIXED_ORDERS[self.drill]} orders (one per stage); --orders does not apply"
+            )
         if self.drill == "compensation" and self.order_count < 3:
             raise ValueError("compensation needs at least 3 orders (compensated, compensation-failed, control)")
         if self.from_version not in (WORKFLOW_V1, WORKFLOW_V2):
@@ -131,9 +132,15 @@ def lifecycle_config(work_dir: Path, options: LifecycleOptions, servicebus_confi
     settings = options.settings_values()
     if options.drill == "upgrade-in-flight":
         settings.setdefault(DEFAULT_VERSION_SETTING, options.from_version)
-    config = SystemConfig(work_dir=work_dir.resolve(), seed=options.seed, transient_failure_rate=0.0,
-                          permanent_failure_rate=0.0, hang_rate=0.0, hang_seconds=options.hang_seconds,
-                          settings=settings)
+    config = SystemConfig(
+        work_dir=work_dir.resolve(),
+        seed=options.seed,
+        transient_failure_rate=0.0,
+        permanent_failure_rate=0.0,
+        hang_rate=0.0,
+        hang_seconds=options.hang_seconds,
+        settings=settings,
+    )
     if options.drill == "upgrade-in-flight":
         config.latency_ms_mean = options.latency_ms
     if servicebus_config is not None:
@@ -144,8 +151,11 @@ def lifecycle_config(work_dir: Path, options: LifecycleOptions, servicebus_confi
 # --- compensation -----------------------------------------------------------------------------------------------
 
 SHIP, CHARGE, RESERVE = StepName.ARRANGE_SHIPPING, StepName.CHARGE_PAYMENT, StepName.RESERVE_INVENTORY
-REFUND, RELEASE, CANCEL_SHIP = (COMPENSATION_OF[CHARGE].value, COMPENSATION_OF[RESERVE].value,
-                                COMPENSATION_OF[SHIP].value)
+REFUND, RELEASE, CANCEL_SHIP = (
+    COMPENSATION_OF[CHARGE].value,
+    COMPENSATION_OF[RESERVE].value,
+    COMPENSATION_OF[SHIP].value,
+)
 
 
 def compensation_roles(order_ids: list[str]) -> dict[str, list[str]]:
@@ -154,8 +164,11 @@ def compensation_roles(order_ids: list[str]) -> dict[str, list[str]]:
     n = len(order_ids)
     failing = max(1, n // 4)
     control = max(1, n // 4)
-    return {"compensation-failed": order_ids[:failing], "control": order_ids[n - control:],
-            "compensated": order_ids[failing:n - control]}
+    return {
+        "compensation-failed": order_ids[:failing],
+        "control": order_ids[n - control :],
+        "compensated": order_ids[failing : n - control],
+    }
 
 
 async def drill_compensation(lab: Lab, options: LifecycleOptions) -> Verdict:
@@ -183,48 +196,72 @@ async def drill_compensation(lab: Lab, options: LifecycleOptions) -> Verdict:
         return rec is not None and rec.process_state is state and lab.status(order_id, status) is not None
 
     def undone_in_order(order_id: str) -> bool:
-        return ledger.call_order(order_id, [REFUND, RELEASE]) == [REFUND, RELEASE] and \
-            (ledger.first_call(order_id, REFUND) or 0) > (ledger.first_call(order_id, SHIP.value) or math.inf)
+        return ledger.call_order(order_id, [REFUND, RELEASE]) == [REFUND, RELEASE] and (
+            ledger.first_call(order_id, REFUND) or 0
+        ) > (ledger.first_call(order_id, SHIP.value) or math.inf)
 
     def logged_in_order(order_id: str) -> bool:
         rec = records.get(order_id)
         return rec is not None and [(c.name.value, c.status, c.undone) for c in rec.compensations] == [
-            (REFUND, StepStatus.SUCCEEDED, True), (RELEASE, StepStatus.SUCCEEDED, True)]
+            (REFUND, StepStatus.SUCCEEDED, True),
+            (RELEASE, StepStatus.SUCCEEDED, True),
+        ]
 
     two = [RESERVE.value, CHARGE.value]
     checks = {
         "compensated: Compensated with `compensated`": all(
-            ends(o, ProcessState.COMPENSATED, OrderStatus.COMPENSATED) for o in compensated),
+            ends(o, ProcessState.COMPENSATED, OrderStatus.COMPENSATED) for o in compensated
+        ),
         "compensated: refund-payment, then release-inventory (call log), after the refused step": all(
-            undone_in_order(o) for o in compensated),
+            undone_in_order(o) for o in compensated
+        ),
         "compensated: the record's compensation log, newest step first, both undone": all(
-            logged_in_order(o) for o in compensated),
+            logged_in_order(o) for o in compensated
+        ),
         "compensated: one effect per step done, one compensation each, both undone": all(
             ledger.effect_counts(o) == {RESERVE.value: 1, CHARGE.value: 1}
-            and ledger.compensation_counts(o) == {REFUND: 1, RELEASE: 1} and ledger.undone(o) == two
-            for o in compensated),
+            and ledger.compensation_counts(o) == {REFUND: 1, RELEASE: 1}
+            and ledger.undone(o) == two
+            for o in compensated
+        ),
         "compensated: the refused step never applied, never compensated": all(
-            SHIP.value not in ledger.applied(o) and CANCEL_SHIP not in ledger.keys_called(o) for o in compensated),
+            SHIP.value not in ledger.applied(o) and CANCEL_SHIP not in ledger.keys_called(o) for o in compensated
+        ),
         "compensated: an OrderFailed alert each": all(
-            len(lab.alerts_of(o, AlertKind.ORDER_FAILED)) >= 1 for o in compensated),
+            len(lab.alerts_of(o, AlertKind.ORDER_FAILED)) >= 1 for o in compensated
+        ),
         "compensation failed: CompensationFailed with `compensation-failed`": all(
-            ends(o, ProcessState.COMPENSATION_FAILED, OrderStatus.COMPENSATION_FAILED) for o in failed),
+            ends(o, ProcessState.COMPENSATION_FAILED, OrderStatus.COMPENSATION_FAILED) for o in failed
+        ),
         "compensation failed: a CompensationFailed alert each": all(
-            len(lab.alerts_of(o, AlertKind.COMPENSATION_FAILED)) >= 1 for o in failed),
+            len(lab.alerts_of(o, AlertKind.COMPENSATION_FAILED)) >= 1 for o in failed
+        ),
         "compensation failed: nothing undone, the refusal recorded": all(
-            ledger.undone(o) == [] and ledger.compensation_counts(o) == {}
-            and "RefundRefused" in (records[o].last_error or "") for o in failed if o in records),
+            ledger.undone(o) == []
+            and ledger.compensation_counts(o) == {}
+            and "RefundRefused" in (records[o].last_error or "")
+            for o in failed
+            if o in records
+        ),
         "control: Processed with `completed`, one effect per step, nothing undone": all(
             ends(o, ProcessState.PROCESSED, OrderStatus.COMPLETED)
-            and ledger.effect_counts(o) == {s.value: 1 for s in STEPS} and not ledger.undone(o) for o in control),
+            and ledger.effect_counts(o) == {s.value: 1 for s in STEPS}
+            and not ledger.undone(o)
+            for o in control
+        ),
         "every final status tells the ledger's effects (applied, undone)": all(
-            status_matches_ledger(_final(lab, o), ledger, o) for o in ids),
+            status_matches_ledger(_final(lab, o), ledger, o) for o in ids
+        ),
     }
-    to_compensated = [at for o in compensated
-                      if (at := elapsed_s(_status_at(lab, o, OrderStatus.COMPENSATED),
-                                   ledger.first_call(o, SHIP.value))) is not None]
+    to_compensated = [
+        at
+        for o in compensated
+        if (at := elapsed_s(_status_at(lab, o, OrderStatus.COMPENSATED), ledger.first_call(o, SHIP.value))) is not None
+    ]
     figures = {
-        "compensated": len(compensated), "compensation_failed": len(failed), "control": len(control),
+        "compensated": len(compensated),
+        "compensation_failed": len(failed),
+        "control": len(control),
         "states": dict(Counter(r.process_state.value for r in records.values())),
         "effects_applied": sum(len(ledger.applied(o)) for o in ids),
         "compensations_applied": int(ledger.report.get("totalCompensations", -1)),
@@ -240,7 +277,8 @@ async def drill_compensation(lab: Lab, options: LifecycleOptions) -> Verdict:
 async def _alerts_for(lab: Lab, roles: dict[str, list[str]]) -> bool:
     await lab.read_alerts()
     return all(lab.alerts_of(o, AlertKind.ORDER_FAILED) for o in roles["compensated"]) and all(
-        lab.alerts_of(o, AlertKind.COMPENSATION_FAILED) for o in roles["compensation-failed"])
+        lab.alerts_of(o, AlertKind.COMPENSATION_FAILED) for o in roles["compensation-failed"]
+    )
 
 
 def _final(lab: Lab, order_id: str) -> StatusMessage | None:
@@ -257,14 +295,14 @@ def _status_at(lab: Lab, order_id: str, state: OrderStatus) -> float | None:
 
 
 async def drill_cancel_in_flight(lab: Lab, options: LifecycleOptions) -> Verdict:
-    orders = make_orders(FIXED_ORDERS["cancel-in-flight"], options.seed, lab.client.reply_queue,
-                         prefix="cancel-in-flight")
+    orders = make_orders(
+        FIXED_ORDERS["cancel-in-flight"], options.seed, lab.client.reply_queue, prefix="cancel-in-flight"
+    )
     by_id = {o.order_id: o for o in orders}
     ids = list(by_id)
     before, done = ids[0], ids[-1]
     in_flight = dict(zip(ids[1:-1], STEPS, strict=True))  # order -> the step it is cancelled in
-    role = {before: "before-claim", done: "after-processed",
-            **{o: f"in {step.value}" for o, step in in_flight.items()}}
+    role = {before: "before-claim", done: "after-processed", **{o: f"in {step.value}" for o, step in in_flight.items()}}
     started = time.monotonic()
     # 1. The three in-flight orders: each step's remote call applies its effect and holds the answer (a hang).
     await lab.script({idempotency_key(o, step.value): ["hang"] for o, step in in_flight.items()})
@@ -281,8 +319,11 @@ async def drill_cancel_in_flight(lab: Lab, options: LifecycleOptions) -> Verdict
     for o in in_flight:
         cancel_at[o] = await lab.cancel(o, "drill: in flight")
     cancel_sent = {o: time.monotonic() for o in in_flight}
-    await lab.wait(lambda: all(o in lab.client.terminal_at for o in in_flight), "the in-flight orders' final statuses",
-                   options.timeout)
+    await lab.wait(
+        lambda: all(o in lab.client.terminal_at for o in in_flight),
+        "the in-flight orders' final statuses",
+        options.timeout,
+    )
     # 4. After Processed: too late.
     await lab.submit([by_id[done]])
     await lab.wait(lambda: lab.status(done, OrderStatus.COMPLETED), f"{done}: completed")
@@ -307,21 +348,30 @@ async def drill_cancel_in_flight(lab: Lab, options: LifecycleOptions) -> Verdict
 
     def in_flight_ok(o: str, step: StepName) -> dict[str, bool]:
         k = STEPS.index(step)
-        sent = [s.value for s in STEPS[:k + 1]]
+        sent = [s.value for s in STEPS[: k + 1]]
         rec = records.get(o)
-        compensations = [COMPENSATION_OF[s].value for s in reversed(STEPS[:k + 1])]
-        late = [c for c in ledger.calls if c["key"].startswith(f"{o}:") and c["at"] >= cancel_at[o]
-                and c["status"] == 200 and c["key"].split(":", 1)[1] in {s.value for s in STEPS}]
+        compensations = [COMPENSATION_OF[s].value for s in reversed(STEPS[: k + 1])]
+        late = [
+            c
+            for c in ledger.calls
+            if c["key"].startswith(f"{o}:")
+            and c["at"] >= cancel_at[o]
+            and c["status"] == 200
+            and c["key"].split(":", 1)[1] in {s.value for s in STEPS}
+        ]
         return {
-            "compensated": rec is not None and rec.process_state is ProcessState.COMPENSATED
+            "compensated": rec is not None
+            and rec.process_state is ProcessState.COMPENSATED
             and lab.status(o, OrderStatus.COMPENSATED) is not None,
-            "mid-step": rec is not None and rec.step(step).status is StepStatus.RUNNING
+            "mid-step": rec is not None
+            and rec.step(step).status is StepStatus.RUNNING
             and (ledger.first_call(o, step.value) or math.inf) < cancel_at[o],
             "undone newest first": ledger.call_order(o, compensations) == compensations,
-            "all undone, once": ledger.applied(o) == sent and ledger.undone(o) == sent
+            "all undone, once": ledger.applied(o) == sent
+            and ledger.undone(o) == sent
             and ledger.effect_counts(o) == {s: 1 for s in sent}
             and ledger.compensation_counts(o) == {c: 1 for c in compensations},
-            "nothing after": all(s.value not in ledger.keys_called(o) for s in STEPS[k + 1:])
+            "nothing after": all(s.value not in ledger.keys_called(o) for s in STEPS[k + 1 :])
             and all(c["key"].split(":", 1)[1] in ledger.undone(o) for c in late),
         }
 
@@ -331,42 +381,59 @@ async def drill_cancel_in_flight(lab: Lab, options: LifecycleOptions) -> Verdict
     statuses_after = {o: len(lab.statuses(o)) for o in ids}
     checks = {
         "before the claim: held Pending (no slot), then Cancelled with `cancelled`": held is not None
-        and held[0].process_state is ProcessState.PENDING and held[0].attempt == 0
-        and before_rec is not None and before_rec.process_state is ProcessState.CANCELLED
-        and before_rec.attempt == 0 and lab.status(before, OrderStatus.CANCELLED) is not None,
+        and held[0].process_state is ProcessState.PENDING
+        and held[0].attempt == 0
+        and before_rec is not None
+        and before_rec.process_state is ProcessState.CANCELLED
+        and before_rec.attempt == 0
+        and lab.status(before, OrderStatus.CANCELLED) is not None,
         "before the claim: no remote call for the order at all": ledger.keys_called(before) == {},
         "in flight: Compensated with `compensated`, at each step": all(f["compensated"] for f in flights.values()),
         "in flight: the cancel landed mid-step (its answer never recorded)": all(
-            f["mid-step"] for f in flights.values()),
+            f["mid-step"] for f in flights.values()
+        ),
         "in flight: the steps sent undone newest first (call log)": all(
-            f["undone newest first"] for f in flights.values()),
+            f["undone newest first"] for f in flights.values()
+        ),
         "in flight: every effect applied once and undone once": all(f["all undone, once"] for f in flights.values()),
         "in flight: nothing applied after the cancel that is not undone, no later step called": all(
-            f["nothing after"] for f in flights.values()),
+            f["nothing after"] for f in flights.values()
+        ),
         "after Processed: `rejected` with the reason, record unchanged, still Processed": processed is not None
-        and after_refusal is not None and after_refusal[1] == processed[1]
-        and after_refusal[0].process_state is ProcessState.PROCESSED and bool(rejected)
-        and "already processed" in rejected[0].reason and not any(
-            k in ledger.keys_called(done) for k in (c.value for c in COMPENSATION_OF.values())),
+        and after_refusal is not None
+        and after_refusal[1] == processed[1]
+        and after_refusal[0].process_state is ProcessState.PROCESSED
+        and bool(rejected)
+        and "already processed" in rejected[0].reason
+        and not any(k in ledger.keys_called(done) for k in (c.value for c in COMPENSATION_OF.values())),
         "a repeated cancel changes nothing (records, statuses, remote calls)": all(
-            snapshot[o] is not None and repeat[o] is not None and repeat[o][1] == snapshot[o][1] for o in ids)
+            snapshot[o] is not None and repeat[o] is not None and repeat[o][1] == snapshot[o][1] for o in ids
+        )
         and all(statuses_after[o] == seen[o] + (o == done) for o in ids)
         and ledger.report.get("callsByKey") == ledger_before.report.get("callsByKey"),
         "every final status tells the ledger's effects (applied, undone)": all(
-            status_matches_ledger(_final(lab, o), ledger, o) for o in ids),
+            status_matches_ledger(_final(lab, o), ledger, o) for o in ids
+        ),
         "no operator alert for a cancel": not [a for a in lab.alerts if a.order_id in ids],
     }
     figures = {
-        "stages": {role[o]: {
-            "final": (_final(lab, o) or _last_state(lab, o)),
-            "state": records[o].process_state.value if o in records else None,
-            "attempt": records[o].attempt if o in records else None,
-            "calls": sum(ledger.keys_called(o).values()),
-            "applied": ledger.applied(o), "undone": ledger.undone(o),
-            "compensation_order": ledger.call_order(o, [c.value for c in COMPENSATION_OF.values()]),
-        } for o in ids},
-        "cancel_to_compensated_s": {role[o]: round(lab.client.terminal_at[o] - cancel_sent[o], 2)
-                                    for o in in_flight if o in lab.client.terminal_at},
+        "stages": {
+            role[o]: {
+                "final": (_final(lab, o) or _last_state(lab, o)),
+                "state": records[o].process_state.value if o in records else None,
+                "attempt": records[o].attempt if o in records else None,
+                "calls": sum(ledger.keys_called(o).values()),
+                "applied": ledger.applied(o),
+                "undone": ledger.undone(o),
+                "compensation_order": ledger.call_order(o, [c.value for c in COMPENSATION_OF.values()]),
+            }
+            for o in ids
+        },
+        "cancel_to_compensated_s": {
+            role[o]: round(lab.client.terminal_at[o] - cancel_sent[o], 2)
+            for o in in_flight
+            if o in lab.client.terminal_at
+        },
         "rejected_reason": rejected[0].reason if rejected else None,
         "hang_s": options.hang_seconds,
     }
@@ -386,8 +453,9 @@ def _last_state(lab: Lab, order_id: str) -> str | None:
 
 
 async def drill_poison_in_session(lab: Lab, options: LifecycleOptions) -> Verdict:
-    orders = make_orders(FIXED_ORDERS["poison-in-session"], options.seed, lab.client.reply_queue,
-                         prefix="poison-in-session")
+    orders = make_orders(
+        FIXED_ORDERS["poison-in-session"], options.seed, lab.client.reply_queue, prefix="poison-in-session"
+    )
     cases = poison_cases(orders, lab.client.reply_queue)
     ids = [c.order.order_id for c in cases]
     # The cancelled order's first step holds its answer, so the cancel finds it in flight (not yet processed).
@@ -409,55 +477,79 @@ async def drill_poison_in_session(lab: Lab, options: LifecycleOptions) -> Verdic
     for case in cases:
         o = case.order.order_id
         letter = dead.get(case.poison_id)
-        alert = next((a for a in lab.alerts if a.kind is AlertKind.POISON_MESSAGE
-                      and a.details.get("messageId") == case.poison_id), None)
+        alert = next(
+            (
+                a
+                for a in lab.alerts
+                if a.kind is AlertKind.POISON_MESSAGE and a.details.get("messageId") == case.poison_id
+            ),
+            None,
+        )
         rec = records.get(o)
         final = _final(lab, o)
         received = _status_at(lab, o, OrderStatus.RECEIVED)
         # When the good message after the poison was handled: the order's `received` (a SubmitOrder), or the
         # record's cancelRequestedAt (a CancelOrder). The poison's handling: its alert's raisedAt.
-        good_at = (rec.cancel_requested_at.timestamp() if rec and rec.cancel_requested_at else None) \
-            if case.cancels else received
+        good_at = (
+            (rec.cancel_requested_at.timestamp() if rec and rec.cancel_requested_at else None)
+            if case.cancels
+            else received
+        )
         poison_at = alert.raised_at.timestamp() if alert else None
         before_poison = rec.created_at.timestamp() if (case.cancels and rec) else None  # the SubmitOrder, first
         rows[case.name] = {
             "order": o,
-            "dead_lettered": letter is not None and letter.reason == case.reason
+            "dead_lettered": letter is not None
+            and letter.reason == case.reason
             and case.field_name in (letter.description or ""),
-            "alert": alert is not None and alert.reason == case.reason
+            "alert": alert is not None
+            and alert.reason == case.reason
             and alert.details.get("sessionId") == o
             and (letter is None or alert.details.get("sequenceNumber") == letter.sequence_number),
-            "good processed": final is not None and final.state in case.outcome and rec is not None
+            "good processed": final is not None
+            and final.state in case.outcome
+            and rec is not None
             and (rec.cancel_requested_at is not None if case.cancels else rec.process_state is ProcessState.PROCESSED),
-            "in order": poison_at is not None and good_at is not None and poison_at <= good_at
+            "in order": poison_at is not None
+            and good_at is not None
+            and poison_at <= good_at
             and (before_poison is None or before_poison <= poison_at),
-            "only the poison dead-lettered": [m for m in dead.values() if m.session_id == o] == (
-                [letter] if letter else []),
+            "only the poison dead-lettered": [m for m in dead.values() if m.session_id == o]
+            == ([letter] if letter else []),
             "figures": {
-                "reason": letter.reason if letter else None, "description": letter.description if letter else None,
+                "reason": letter.reason if letter else None,
+                "description": letter.description if letter else None,
                 "sequence_number": letter.sequence_number if letter else None,
-                "poison_to_good_ms": None if poison_at is None or good_at is None else
-                round((good_at - poison_at) * 1000, 1),
+                "poison_to_good_ms": None
+                if poison_at is None or good_at is None
+                else round((good_at - poison_at) * 1000, 1),
                 "final": final.state.value if final else None,
             },
         }
     checks = {
         "each poison dead-lettered with the reason that names its field": all(
-            r["dead_lettered"] for r in rows.values()),
+            r["dead_lettered"] for r in rows.values()
+        ),
         "a PoisonMessage alert for each poison (its reason, session and sequence number)": all(
-            r["alert"] for r in rows.values()),
+            r["alert"] for r in rows.values()
+        ),
         "the good message after each poison processed": all(r["good processed"] for r in rows.values()),
         "in order: each poison handled before the good message after it (and after the one before it)": all(
-            r["in order"] for r in rows.values()),
+            r["in order"] for r in rows.values()
+        ),
         "only the poison dead-lettered in each session": all(r["only the poison dead-lettered"] for r in rows.values()),
         "processed orders: one effect per step": all(
-            ledger.effect_counts(c.order.order_id) == {s.value: 1 for s in STEPS} for c in cases if not c.cancels),
+            ledger.effect_counts(c.order.order_id) == {s.value: 1 for s in STEPS} for c in cases if not c.cancels
+        ),
         "every final status tells the ledger's effects (applied, undone)": all(
-            status_matches_ledger(_final(lab, o), ledger, o) for o in ids),
+            status_matches_ledger(_final(lab, o), ledger, o) for o in ids
+        ),
     }
-    figures = {"cases": {name: r["figures"] for name, r in rows.items()},
-               "dead_lettered": len(dead), "poison_alerts": sum(1 for a in lab.alerts
-                                                                 if a.kind is AlertKind.POISON_MESSAGE)}
+    figures = {
+        "cases": {name: r["figures"] for name, r in rows.items()},
+        "dead_lettered": len(dead),
+        "poison_alerts": sum(1 for a in lab.alerts if a.kind is AlertKind.POISON_MESSAGE),
+    }
     return lifecycle_verdict(options.drill, lab, ids, records, ledger, checks, figures, elapsed)
 
 
@@ -526,38 +618,53 @@ async def drill_upgrade_in_flight(lab: Lab, options: LifecycleOptions) -> Verdic
     # Finished by the new devhost: its `completed` stamped after the old one was gone.
     after_restart = [o for o in in_flight if (_status_at(lab, o, OrderStatus.COMPLETED) or 0) > down_wall]
     checks = {
-        f"devhost ran version {options.from_version} from the app setting, then host.json's {WORKFLOW_VERSION}":
-            version_before == options.from_version
-        and all(versions[o] == options.from_version for o in first_ids) and all(versions[o] == WORKFLOW_VERSION
-                                                                       for o in later_ids),
-        "several orders in flight at the restart, some between steps": len(in_flight) >= 2 and len(mid_step) >= 1
+        f"devhost ran version {options.from_version} from the app setting, "
+        f"then host.json's {WORKFLOW_VERSION}": version_before == options.from_version
+        and all(versions[o] == options.from_version for o in first_ids)
+        and all(versions[o] == WORKFLOW_VERSION for o in later_ids),
+        "several orders in flight at the restart, some between steps": len(in_flight) >= 2
+        and len(mid_step) >= 1
         and len(claimed) == len(first_ids),
         "every order Processed with `completed`": all(
-            o in records and records[o].process_state is ProcessState.PROCESSED
-            and lab.status(o, OrderStatus.COMPLETED) is not None for o in ids),
+            o in records
+            and records[o].process_state is ProcessState.PROCESSED
+            and lab.status(o, OrderStatus.COMPLETED) is not None
+            for o in ids
+        ),
         "the orders in flight completed after the restart": sorted(after_restart) == sorted(in_flight),
         f"first orders on the version-{options.from_version} path: workflowVersion {first_recorded}, attempt 1, its "
         "instance completed": all(
-            o in records and records[o].workflow_version == first_recorded and records[o].attempt == 1
-            and completed_instance(o) for o in first_ids),
+            o in records
+            and records[o].workflow_version == first_recorded
+            and records[o].attempt == 1
+            and completed_instance(o)
+            for o in first_ids
+        ),
         f"later orders on {WORKFLOW_VERSION}: workflowVersion {WORKFLOW_VERSION}, its instance completed": all(
             o in records and records[o].workflow_version == WORKFLOW_VERSION and completed_instance(o)
-            for o in later_ids),
+            for o in later_ids
+        ),
         "no orchestration Failed": not failed,
         "one effect per step, nothing undone": all(
-            ledger.effect_counts(o) == {s.value: 1 for s in STEPS} and not ledger.undone(o) for o in ids),
+            ledger.effect_counts(o) == {s.value: 1 for s in STEPS} and not ledger.undone(o) for o in ids
+        ),
     }
     figures = {
-        "before_restart": len(first_ids), "after_restart": len(later_ids),
-        "in_flight_at_restart": len(in_flight), "between_steps_at_restart": len(mid_step),
+        "before_restart": len(first_ids),
+        "after_restart": len(later_ids),
+        "in_flight_at_restart": len(in_flight),
+        "between_steps_at_restart": len(mid_step),
         "steps_done_at_restart": sum(len(at_restart.applied(o)) for o in first_ids),
         "completed_after_restart": len(after_restart),
-        "restart": options.restart, "restart_s": round(restart_s, 2),
+        "restart": options.restart,
+        "restart_s": round(restart_s, 2),
         "versions": dict(Counter(str(v) for v in versions.values())),
         "workflow_versions": dict(Counter(str(r.workflow_version) for r in records.values())),
         "attempts": dict(Counter(str(r.attempt) for r in records.values())),
-        "instances": len(instances), "failed_instances": failed,
-        "latency_ms_mean": options.latency_ms, "from_version": options.from_version,
+        "instances": len(instances),
+        "failed_instances": failed,
+        "latency_ms_mean": options.latency_ms,
+        "from_version": options.from_version,
     }
     return lifecycle_verdict(options.drill, lab, ids, records, ledger, checks, figures, elapsed)
 
@@ -588,10 +695,18 @@ async def run_lifecycle_drill(system: LocalSystem, options: LifecycleOptions) ->
 
 def run_lifecycle_command(args: argparse.Namespace) -> int:
     try:
-        options = LifecycleOptions(drill=args.scenario, orders=args.orders, seed=args.seed, settings=args.settings,
-                                   overrides=parse_overrides(args.overrides), timeout=args.timeout,
-                                   hang_seconds=args.hang_seconds, latency_ms=args.latency_ms, restart=args.restart,
-                                   from_version=args.from_version)
+        options = LifecycleOptions(
+            drill=args.scenario,
+            orders=args.orders,
+            seed=args.seed,
+            settings=args.settings,
+            overrides=parse_overrides(args.overrides),
+            timeout=args.timeout,
+            hang_seconds=args.hang_seconds,
+            latency_ms=args.latency_ms,
+            restart=args.restart,
+            from_version=args.from_version,
+        )
     except ValueError as exc:
         return usage_error(exc)
     work = Path(args.work_dir or default_work_dir("drill-"))

@@ -64,8 +64,9 @@ class Ledger:
         return {e["step"]: e["applied"] for e in self.report.get("effects", []) if e["orderId"] == order_id}
 
     def compensation_counts(self, order_id: str) -> dict[str, int]:
-        return {c["compensation"]: c["applied"] for c in self.report.get("compensations", [])
-                if c["orderId"] == order_id}
+        return {
+            c["compensation"]: c["applied"] for c in self.report.get("compensations", []) if c["orderId"] == order_id
+        }
 
     def undone(self, order_id: str) -> list[str]:
         gone = {u["step"] for u in self.report.get("undone", []) if u["orderId"] == order_id}
@@ -74,13 +75,14 @@ class Ledger:
     def keys_called(self, order_id: str) -> dict[str, int]:
         """Calls per step or compensation of one order (`callsByKey`, keyed `<orderId>:<name>`)."""
         prefix = f"{order_id}:"
-        return {k[len(prefix):]: n for k, n in self.report.get("callsByKey", {}).items() if k.startswith(prefix)}
+        return {k[len(prefix) :]: n for k, n in self.report.get("callsByKey", {}).items() if k.startswith(prefix)}
 
     def first_call(self, order_id: str, name: str, status: int | None = None) -> float | None:
         """Arrival (Unix s) of the first call of one step or compensation (with that HTTP status, if given)."""
         key = idempotency_key(order_id, name)
-        return next((c["at"] for c in self.calls if c["key"] == key and (status is None or c["status"] == status)),
-                    None)
+        return next(
+            (c["at"] for c in self.calls if c["key"] == key and (status is None or c["status"] == status)), None
+        )
 
     def call_order(self, order_id: str, names: list[str]) -> list[str]:
         """`names` that were answered 200 at least once, in the order of their first such call."""
@@ -99,8 +101,10 @@ def _drain_alerts(connection: str, queue: str) -> list[OperatorAlert]:
     from orderflow.adapters import bus_from_connection_string
 
     alerts: list[OperatorAlert] = []
-    with bus_from_connection_string(connection) as bus, \
-            bus.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver:
+    with (
+        bus_from_connection_string(connection) as bus,
+        bus.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver,
+    ):
         while batch := receiver.receive_messages(max_message_count=100, max_wait_time=0.2):
             alerts.extend(OperatorAlert.model_validate_json(b"".join(m.body)) for m in batch)
     return alerts
@@ -218,8 +222,7 @@ class Lab:
         return await asyncio.to_thread(dead_letters, self.system.config.bus_connection, self.orders_queue)
 
     async def read_alerts(self) -> list[OperatorAlert]:
-        self.alerts.extend(await asyncio.to_thread(_drain_alerts, self.system.config.bus_connection,
-                                                   self.alerts_queue))
+        self.alerts.extend(await asyncio.to_thread(_drain_alerts, self.system.config.bus_connection, self.alerts_queue))
         return self.alerts
 
     def alerts_of(self, order_id: str, kind: AlertKind) -> list[OperatorAlert]:
@@ -239,16 +242,28 @@ def status_matches_ledger(status: StatusMessage | None, ledger: Ledger, order_id
     return ([s.value for s in status.effects.applied], [s.value for s in status.effects.undone]) == (applied, undone)
 
 
-def lifecycle_verdict(drill: str, lab: Lab, order_ids: list[str], records: dict[str, OrderStateRecord],
-                      ledger: Ledger, checks: dict[str, bool], figures: dict[str, Any], elapsed: float) -> Verdict:
+def lifecycle_verdict(
+    drill: str,
+    lab: Lab,
+    order_ids: list[str],
+    records: dict[str, OrderStateRecord],
+    ledger: Ledger,
+    checks: dict[str, bool],
+    figures: dict[str, Any],
+    elapsed: float,
+) -> Verdict:
     """The verdict with the checks every drill has: none lost (every order has its final status and its record),
     no duplicate side effect (the ledger), none stuck (Pending, Processing or CompensationInProgress at the end)."""
     lost = sum(1 for o in order_ids if o not in lab.client.terminal_at or o not in records)
     stuck = sum(1 for o in order_ids if o in records and records[o].process_state in PENDING_LIKE)
     duplicates = ledger.duplicates
     common = {"none lost": lost == 0, "no duplicate side effect": duplicates == 0, "none stuck": stuck == 0}
-    figures = {**figures, "waits_timed_out": lab.timeouts, "elapsed_s": round(elapsed, 1),
-               "work_dir": str(lab.system.config.work_dir)}
+    figures = {
+        **figures,
+        "waits_timed_out": lab.timeouts,
+        "elapsed_s": round(elapsed, 1),
+        "work_dir": str(lab.system.config.work_dir),
+    }
     return Verdict(drill, len(order_ids), lost, duplicates, stuck, {**common, **checks}, figures)
 
 

@@ -49,8 +49,13 @@ _EVERY_SECOND = "*/1 * * * * *"
 RACE_SETTINGS: dict[str, dict[str, str]] = {
     "starter-race": {"MaxOrdersInProcessing": "8", "StarterSchedule": _EVERY_SECOND},
     # No crash here, so the crash budget's 20 s steps are not needed: a hung call expires its attempt in 6 s.
-    "supervisor-race": {"StepTimeoutSeconds": "6", "ClaimLeaseSeconds": "6", "SupervisorSchedule": _EVERY_SECOND,
-                        "RetryBackoffBaseSeconds": "1", "RetryBackoffMaxSeconds": "2"},
+    "supervisor-race": {
+        "StepTimeoutSeconds": "6",
+        "ClaimLeaseSeconds": "6",
+        "SupervisorSchedule": _EVERY_SECOND,
+        "RetryBackoffBaseSeconds": "1",
+        "RetryBackoffMaxSeconds": "2",
+    },
 }
 RACERS = {"starter-race": ("starter", 3), "supervisor-race": ("supervisor", 2)}
 DEFAULT_ORDERS = {"starter-race": 60, "supervisor-race": 12}
@@ -68,8 +73,9 @@ def _racers(system: LocalSystem, drill: str) -> list[tuple[Process, Path]]:
     for n in range(count):
         stats = system.config.work_dir / f"racer-{role}-{n}.json"
         # Each racer uses the Durable API of a host in turn: its starts land on one host and run on another.
-        process = system._process(f"racer-{role}-{n}", ["-m", "lab.racers", role, "--host", urls[n % len(urls)],
-                                                        "--stats", str(stats)])
+        process = system._process(
+            f"racer-{role}-{n}", ["-m", "lab.racers", role, "--host", urls[n % len(urls)], "--stats", str(stats)]
+        )
         process.start(wait_for_url=False)
         started.append((process, stats))
     return started
@@ -78,12 +84,12 @@ def _racers(system: LocalSystem, drill: str) -> list[tuple[Process, Path]]:
 def _stats(racers: list[tuple[Process, Path]]) -> list[dict[str, Any]]:
     for process, _ in racers:
         process.stop()
-    return [json.loads(stats.read_text()) if stats.exists() else {"errors": "no stats written"}
-            for _, stats in racers]
+    return [json.loads(stats.read_text()) if stats.exists() else {"errors": "no stats written"} for _, stats in racers]
 
 
-async def run_race(system: LocalSystem, drill: str, orders: int, seed: int, timeout: float,
-                   console: Console) -> Verdict:
+async def run_race(
+    system: LocalSystem, drill: str, orders: int, seed: int, timeout: float, console: Console
+) -> Verdict:
     install_for(system)
     batch = make_orders(orders, seed, system.config.reply_queue, prefix=drill)
     ids = [o.order_id for o in batch]
@@ -103,22 +109,36 @@ async def run_race(system: LocalSystem, drill: str, orders: int, seed: int, time
     attempts = Counter(states.attempts.values())
     processed = states.counts.get("Processed", 0)
     won = sum(int(s.get("claimed", 0)) if drill == "starter-race" else int(s.get("recovered", 0)) for s in stats)
-    checks = {"every order Processed": processed == len(ids), "the racers won races": won > 0,
-              "no racer pass failed": all(s.get("errors") == 0 for s in stats)}
+    checks = {
+        "every order Processed": processed == len(ids),
+        "the racers won races": won > 0,
+        "no racer pass failed": all(s.get("errors") == 0 for s in stats),
+    }
     if drill == "starter-race":
         checks["every order in attempt 1 (a lost race costs no attempt)"] = attempts == Counter({1: len(ids)})
     else:
-        checks["every order recovered once: attempt 2, FailureCount 1"] = \
-            attempts == Counter({2: len(ids)}) and states.failure_counts == Counter({1: len(ids)})
+        checks["every order recovered once: attempt 2, FailureCount 1"] = attempts == Counter(
+            {2: len(ids)}
+        ) and states.failure_counts == Counter({1: len(ids)})
     figures: dict[str, Any] = {
         "attempts": {str(a): n for a, n in sorted(attempts.items())},
         "failure_counts": {str(f): n for f, n in sorted(states.failure_counts.items())},
-        "racers": stats, "won_by_racers": won,
+        "racers": stats,
+        "won_by_racers": won,
         "lost_races": sum(int(s.get("lost_races", 0)) for s in stats),
-        "elapsed_s": round(elapsed, 1), "work_dir": str(system.config.work_dir)}
+        "elapsed_s": round(elapsed, 1),
+        "work_dir": str(system.config.work_dir),
+    }
     lost = sum(1 for o in ids if o not in client.terminal_at)
-    verdict = Verdict(drill, len(ids), lost, int(effects.get("duplicates", -1)),
-                      states.counts.get("Pending", 0) + states.counts.get("Processing", 0), checks, figures)
+    verdict = Verdict(
+        drill,
+        len(ids),
+        lost,
+        int(effects.get("duplicates", -1)),
+        states.counts.get("Pending", 0) + states.counts.get("Processing", 0),
+        checks,
+        figures,
+    )
     return verdict.with_invariants(await check_system(system, ids))
 
 
@@ -132,11 +152,17 @@ def run_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return usage_error(exc)
     work = Path(args.work_dir or default_work_dir("drill-")).resolve()
-    config = SystemConfig(work_dir=work, seed=args.seed, hang_seconds=HANG_SECONDS, hosts=HOSTS,
-                          settings={**base_settings(args.settings), **RACE_SETTINGS[drill], **overrides})
+    config = SystemConfig(
+        work_dir=work,
+        seed=args.seed,
+        hang_seconds=HANG_SECONDS,
+        hosts=HOSTS,
+        settings={**base_settings(args.settings), **RACE_SETTINGS[drill], **overrides},
+    )
     system = LocalSystem(config)
-    return run_verdict_drill(args, system,
-                             lambda console: run_race(system, drill, orders, args.seed, args.timeout, console))
+    return run_verdict_drill(
+        args, system, lambda console: run_race(system, drill, orders, args.seed, args.timeout, console)
+    )
 
 
 __all__ = ["RACE_SETTINGS", "run_command", "run_race"]

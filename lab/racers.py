@@ -66,8 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=float, default=0.2, help="seconds between passes (default 0.2)")
     parser.add_argument("--stats", type=Path, required=True, help="where to write the counts on SIGTERM")
     args = parser.parse_args(argv)
-    stats: dict[str, Any] = {"role": args.role, "passes": 0, "claimed": 0, "lost_races": 0, "start_failed": 0,
-                             "recovered": 0, "escalated": 0, "restarted": 0, "errors": 0}
+    stats: dict[str, Any] = {
+        "role": args.role,
+        "passes": 0,
+        "claimed": 0,
+        "lost_races": 0,
+        "start_failed": 0,
+        "recovered": 0,
+        "escalated": 0,
+        "restarted": 0,
+        "errors": 0,
+    }
 
     async def run() -> None:
         stop = asyncio.Event()

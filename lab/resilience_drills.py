@@ -63,15 +63,25 @@ DRILL_SETTINGS: dict[str, dict[str, str]] = {
     # The breaker off: the retry budget alone must bound the calls. Steps of 8 s (no crash here, so the crash budget
     # of orderflow/session_locks.py does not apply): the Agent's 5 calls per request (backoffs of about 3 s) still fit
     # in a step, so the product is the same as with 20 s steps, and FailureThreshold attempts take 24 s, not 60 s.
-    "retry-budget": {"CircuitBreakerFailureThreshold": "0", "StarterSchedule": _EVERY_SECOND,
-                     "StepTimeoutSeconds": "8", "ClaimLeaseSeconds": "8"},
+    "retry-budget": {
+        "CircuitBreakerFailureThreshold": "0",
+        "StarterSchedule": _EVERY_SECOND,
+        "StepTimeoutSeconds": "8",
+        "ClaimLeaseSeconds": "8",
+    },
     # A breaker that opens and recovers within seconds: 5 failed requests in 10 s open it, 3 s cool-down (doubled per
     # failed probe, at most 6 s), one probe per half-open round. Steps of 8 s, as for retry-budget (no crash here):
     # the orders caught at the Agent by the outage wait for their step's CompleteBy before the first probe.
-    "remote-outage": {"CircuitBreakerFailureThreshold": "5", "CircuitBreakerWindowSeconds": "10",
-                      "CircuitBreakerCooldownSeconds": "3", "CircuitBreakerMaxCooldownSeconds": "6",
-                      "CircuitBreakerProbes": "1", "StarterSchedule": _EVERY_SECOND,
-                      "StepTimeoutSeconds": "8", "ClaimLeaseSeconds": "8"},
+    "remote-outage": {
+        "CircuitBreakerFailureThreshold": "5",
+        "CircuitBreakerWindowSeconds": "10",
+        "CircuitBreakerCooldownSeconds": "3",
+        "CircuitBreakerMaxCooldownSeconds": "6",
+        "CircuitBreakerProbes": "1",
+        "StarterSchedule": _EVERY_SECOND,
+        "StepTimeoutSeconds": "8",
+        "ClaimLeaseSeconds": "8",
+    },
     # Bounds far below the flood: 300 orders at once against 60 Pending and 20 Processing.
     "backlog-flood": {"MaxPendingOrders": "60", "MaxOrdersInProcessing": "20", "StarterSchedule": _EVERY_SECOND},
 }
@@ -109,13 +119,19 @@ class ResilienceOptions:
         return {**base_settings(self.settings), **DRILL_SETTINGS[self.drill], **dict(self.overrides)}
 
 
-def resilience_config(work_dir: Path, options: ResilienceOptions,
-                      servicebus_config: Path | None = None) -> SystemConfig:
+def resilience_config(
+    work_dir: Path, options: ResilienceOptions, servicebus_config: Path | None = None
+) -> SystemConfig:
     """The drill's system: retry-budget's remote fails every call transiently; the others' never fails by itself
     (remote-outage takes it down through the outage switch)."""
-    config = SystemConfig(work_dir=work_dir.resolve(), seed=options.seed,
-                          transient_failure_rate=1.0 if options.drill == "retry-budget" else 0.0,
-                          permanent_failure_rate=0.0, hang_rate=0.0, settings=options.settings_values())
+    config = SystemConfig(
+        work_dir=work_dir.resolve(),
+        seed=options.seed,
+        transient_failure_rate=1.0 if options.drill == "retry-budget" else 0.0,
+        permanent_failure_rate=0.0,
+        hang_rate=0.0,
+        settings=options.settings_values(),
+    )
     if servicebus_config is not None:
         config.servicebus_config = servicebus_config.resolve()
     return config
@@ -152,8 +168,9 @@ class Monitor:
     circuit breaker's document (each change, with the time it was first seen). Peaks: the sampled maxima; for memory
     also the kernel's high-water mark of each main process, read at the end (it catches a peak between samples)."""
 
-    def __init__(self, system: LocalSystem, every: float = SAMPLE_EVERY_S,
-                 breaker_every: float = BREAKER_EVERY_S) -> None:
+    def __init__(
+        self, system: LocalSystem, every: float = SAMPLE_EVERY_S, breaker_every: float = BREAKER_EVERY_S
+    ) -> None:
         self.system = system
         self.every = every
         self.breaker_every = breaker_every
@@ -174,8 +191,10 @@ class Monitor:
         self._documents = open_breaker_documents(self.env)
         await self.sample()
         await self.sample_breaker()
-        self._tasks = [asyncio.create_task(self._every(self.every, self.sample)),
-                       asyncio.create_task(self._every(self.breaker_every, self.sample_breaker))]
+        self._tasks = [
+            asyncio.create_task(self._every(self.every, self.sample)),
+            asyncio.create_task(self._every(self.breaker_every, self.sample_breaker)),
+        ]
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -198,8 +217,11 @@ class Monitor:
             await sample()
 
     def _processes(self) -> list[tuple[str, Process]]:
-        return [(name, p) for name, p in (("devhost", self.system.devhost), ("agent", self.system.agent))
-                if p is not None and p.running]
+        return [
+            (name, p)
+            for name, p in (("devhost", self.system.devhost), ("agent", self.system.agent))
+            if p is not None and p.running
+        ]
 
     async def sample(self) -> None:
         state = self._stores.state
@@ -217,8 +239,7 @@ class Monitor:
 
     def samples_over(self, max_processing: int, max_pending: int) -> tuple[int, int]:
         """How many samples had more than `max_processing` Processing, and more than `max_pending` Pending."""
-        return (sum(1 for p, _ in self.counts if p > max_processing),
-                sum(1 for _, q in self.counts if q > max_pending))
+        return (sum(1 for p, _ in self.counts if p > max_processing), sum(1 for _, q in self.counts if q > max_pending))
 
     async def sample_breaker(self) -> None:
         found = await self._documents.get(self.service)
@@ -302,8 +323,9 @@ class BreakerHistory:
                 until = None if doc.open_until is None else doc.open_until.timestamp()
                 reason = (doc.reason or "") if doc.state is BreakerState.OPEN else ""
                 first = rounds.get(opened)
-                rounds[opened] = OpenRound(opened, until, first.seen_at if first else seen,
-                                           (first.reason if first else "") or reason)
+                rounds[opened] = OpenRound(
+                    opened, until, first.seen_at if first else seen, (first.reason if first else "") or reason
+                )
         return cls(tuple(sorted(rounds.values(), key=lambda r: r.opened_at)), tuple(sorted(closings)))
 
     def episodes(self, end: float) -> list[Episode]:
@@ -331,8 +353,9 @@ class CallsWhileOpen:
     half_open_rounds: int
 
     @classmethod
-    def count(cls, history: BreakerHistory, calls: list[dict[str, Any]], end: float,
-              grace: float = CACHE_TTL.total_seconds()) -> CallsWhileOpen:
+    def count(
+        cls, history: BreakerHistory, calls: list[dict[str, Any]], end: float, grace: float = CACHE_TTL.total_seconds()
+    ) -> CallsWhileOpen:
         """`grace`: calls granted before the opening may still arrive after it (in flight, or granted from an Agent's
         read of the breaker up to orderflow.breaker.CACHE_TTL old): those arriving within it of the opening count as
         `at_opening`, not as calls while open."""
@@ -343,8 +366,11 @@ class CallsWhileOpen:
 
         at_opening = [c for c in calls if any(e.opened_at <= c["at"] < excused_until(e) for e in episodes)]
         while_open = [c for c in calls if any(excused_until(e) <= c["at"] < e.closed_at for e in episodes)]
-        strictly = [c for c in while_open if any(
-            r.opened_at <= c["at"] < (end if r.open_until is None else r.open_until) for r in history.rounds)]
+        strictly = [
+            c
+            for c in while_open
+            if any(r.opened_at <= c["at"] < (end if r.open_until is None else r.open_until) for r in history.rounds)
+        ]
         return cls(len(at_opening), len(while_open), len(strictly), sum(e.half_open_rounds for e in episodes))
 
 
@@ -371,8 +397,11 @@ class DrillRun:
     def lost(self) -> int:
         """Orders without a final status, plus those whose answer was not `rejected` and have no state record."""
         unanswered = sum(1 for o in self.order_ids if o not in self.client.terminal_at)
-        unrecorded = sum(1 for o in self.order_ids if o in self.client.terminal_at and o not in self.states.state_of
-                         and not self.got(o, OrderStatus.REJECTED))
+        unrecorded = sum(
+            1
+            for o in self.order_ids
+            if o in self.client.terminal_at and o not in self.states.state_of and not self.got(o, OrderStatus.REJECTED)
+        )
         return unanswered + unrecorded
 
     def attempts(self, order_ids: list[str] | None = None) -> dict[str, int]:
@@ -385,8 +414,9 @@ def _verdict(run: DrillRun, checks: dict[str, bool], figures: dict[str, Any]) ->
     """The verdict with the checks every drill has: none lost, no duplicate side effect, none stuck."""
     lost = run.lost()
     duplicates = int(run.effects.get("duplicates", -1))  # -1: the simulator's ledger could not be read
-    stuck = run.states.counts.get(ProcessState.PENDING.value, 0) + \
-        run.states.counts.get(ProcessState.PROCESSING.value, 0)
+    stuck = run.states.counts.get(ProcessState.PENDING.value, 0) + run.states.counts.get(
+        ProcessState.PROCESSING.value, 0
+    )
     common = {"none lost": lost == 0, "no duplicate side effect": duplicates == 0, "none stuck": stuck == 0}
     figures = {**figures, "elapsed_s": round(run.elapsed_s, 1), "work_dir": str(run.work_dir)}
     return Verdict(run.options.drill, len(run.order_ids), lost, duplicates, stuck, {**common, **checks}, figures)
@@ -406,8 +436,11 @@ def judge_retry_budget(run: DrillRun) -> Verdict:
     """Every call fails: every order ends failed (Error, or its sent steps compensated or CompensationFailed) with its
     reason and status, the calls per step (compensations included, each its own key) within budget."""
     budget = RetryBudget.from_env(run.env)
-    agent_max_retries = int(run.env.get("AGENT_MAX_RETRIES") or
-                            next(s.default for s in AGENT_SETTINGS if s.name == "AGENT_MAX_RETRIES") or 0)
+    agent_max_retries = int(
+        run.env.get("AGENT_MAX_RETRIES")
+        or next(s.default for s in AGENT_SETTINGS if s.name == "AGENT_MAX_RETRIES")
+        or 0
+    )
     by_key: dict[str, int] = run.effects.get("callsByKey", {})
     calls = sum(by_key.values())
     most = max(by_key.values(), default=0)
@@ -417,8 +450,7 @@ def judge_retry_budget(run: DrillRun) -> Verdict:
         # its compensation fails too (CompensationFailed).
         "every order ended failed": sum(run.states.counts.get(s, 0) for s in FAILED_STATES) == n,
         "every failure has its reason": run.states.errors_without_reason == 0,
-        "every order got its failure status": all(any(run.got(o, s) for s in FAILURE_STATUSES)
-                                                  for o in run.order_ids),
+        "every order got its failure status": all(any(run.got(o, s) for s in FAILURE_STATUSES) for o in run.order_ids),
         "the remote was called": calls > 0,
         "calls per order step <= RemoteCallBudgetPerStep": most <= budget.budget,
     }
@@ -472,8 +504,9 @@ def judge_remote_outage(run: DrillRun) -> Verdict:
         "allowed_calls_while_open": allowed,
         "open_rounds_s": [_round_label(r, since_outage(r.opened_at)) for r in history.rounds],
         "closed_at_s": since_outage(episodes[-1].closed_at) if episodes else None,
-        "time_to_drain_s": None if last_final is None or outage.ended is None else
-        round(max(0.0, last_final - outage.ended), 2),
+        "time_to_drain_s": None
+        if last_final is None or outage.ended is None
+        else round(max(0.0, last_final - outage.ended), 2),
         "deferrals": run.states.deferrals,
         "failure_count": {str(f): k for f, k in sorted(run.states.failure_counts.items())},
         "error": run.states.counts.get(ProcessState.ERROR.value, 0),
@@ -499,9 +532,12 @@ def judge_backlog_flood(run: DrillRun) -> Verdict:
         and not any(run.got(o, OrderStatus.COMPLETED) or run.got(o, OrderStatus.FAILED) for o in rejected),
         "rejected: reason `backlog full`": all(s.reason == "backlog full" for s in rejections),
         "rejected: no state record, no orders-DB record": not any(
-            o in run.states.state_of or o in run.states.in_orders_db for o in rejected),
-        "admitted: every one Processed": all(run.states.state_of[o] == ProcessState.PROCESSED.value
-                                             and run.got(o, OrderStatus.COMPLETED) for o in admitted),
+            o in run.states.state_of or o in run.states.in_orders_db for o in rejected
+        ),
+        "admitted: every one Processed": all(
+            run.states.state_of[o] == ProcessState.PROCESSED.value and run.got(o, OrderStatus.COMPLETED)
+            for o in admitted
+        ),
         "admitted: every one in attempt 1": all(run.states.attempts[o] == 1 for o in admitted),
         "Processing <= MaxOrdersInProcessing": run.monitor.max_processing <= max_processing,
         "Pending <= MaxPendingOrders": run.monitor.max_pending <= max_pending,
@@ -517,8 +553,9 @@ def judge_backlog_flood(run: DrillRun) -> Verdict:
         "attempts": run.attempts(admitted),
         "peak_rss_mb": run.monitor.peak_rss_mb(),
         "samples": run.monitor.samples,
-        "samples_over_bounds": dict(zip(("processing", "pending"),
-                                        run.monitor.samples_over(max_processing, max_pending), strict=True)),
+        "samples_over_bounds": dict(
+            zip(("processing", "pending"), run.monitor.samples_over(max_processing, max_pending), strict=True)
+        ),
     }
     return _verdict(run, checks, figures)
 
@@ -530,8 +567,9 @@ JUDGES: dict[str, Callable[[DrillRun], Verdict]] = {
 }
 
 
-async def run_resilience_drill(system: LocalSystem, options: ResilienceOptions, console: Console | None = None,
-                               transient: bool = True) -> Verdict:
+async def run_resilience_drill(
+    system: LocalSystem, options: ResilienceOptions, console: Console | None = None, transient: bool = True
+) -> Verdict:
     """The drill on a started `system` (built from `resilience_config`); the caller stops the system."""
     console = console or Console(quiet=True)
     install_for(system)
@@ -543,15 +581,17 @@ async def run_resilience_drill(system: LocalSystem, options: ResilienceOptions, 
     if options.drill == "retry-budget":
         # Every step call fails; at FailureThreshold the step that was sent is compensated. Its compensation is let
         # through (a no-op: nothing was applied), so the drill measures the steps' budget without three more rounds.
-        await simulator_json(system, "/script", {
-            idempotency_key(o.order_id, COMPENSATION_OF[step].value): ["ok"] for o in orders for step in STEPS})
+        await simulator_json(
+            system,
+            "/script",
+            {idempotency_key(o.order_id, COMPENSATION_OF[step].value): ["ok"] for o in orders for step in STEPS},
+        )
     async with client_app(system) as client, Monitor(system) as monitor:
         started = time.monotonic()
         await client.submit(orders)
         switch = None
         if options.drill == "remote-outage":
-            switch = asyncio.create_task(_outage(system, client, len(orders), options.outage_after,
-                                                 options.outage_for))
+            switch = asyncio.create_task(_outage(system, client, len(orders), options.outage_after, options.outage_for))
         try:
             await wait_terminal(client, len(orders), started, options.timeout, console, transient)
             if switch is not None:
@@ -564,8 +604,20 @@ async def run_resilience_drill(system: LocalSystem, options: ResilienceOptions, 
         if options.drill == "remote-outage":
             calls = (await simulator_json(system, "/calls")).get("calls", [])
     states = await read_states(env, order_ids, orders_db=options.drill == "backlog-flood")
-    run = DrillRun(options, env, system.config.work_dir, order_ids, client, states, effects, monitor, elapsed, outage,
-                   calls, time.time())
+    run = DrillRun(
+        options,
+        env,
+        system.config.work_dir,
+        order_ids,
+        client,
+        states,
+        effects,
+        monitor,
+        elapsed,
+        outage,
+        calls,
+        time.time(),
+    )
     # A `rejected` order (backlog-flood) has no record, by design.
     findings = await check_system(system, order_ids, lambda o: not run.got(o, OrderStatus.REJECTED))
     return JUDGES[options.drill](run).with_invariants(findings)

@@ -53,12 +53,21 @@ def hub_members(system: LocalSystem) -> list[dict[str, Any]]:
     finally:
         db.close()
     held = Counter(owner for _, owner in partitions)
-    return [{"pid": pid, "episodes": episodes, "activities": activities, "gone": bool(gone),
-             "partitions": held.get(owner, 0)} for owner, pid, episodes, activities, gone in rows]
+    return [
+        {
+            "pid": pid,
+            "episodes": episodes,
+            "activities": activities,
+            "gone": bool(gone),
+            "partitions": held.get(owner, 0),
+        }
+        for owner, pid, episodes, activities, gone in rows
+    ]
 
 
-async def run_scale_out(system: LocalSystem, orders: int, kills: int, gaps: tuple[float, float], seed: int,
-                        timeout: float, console: Console) -> Verdict:
+async def run_scale_out(
+    system: LocalSystem, orders: int, kills: int, gaps: tuple[float, float], seed: int, timeout: float, console: Console
+) -> Verdict:
     install_for(system)
     batch = make_orders(orders, seed, system.config.reply_queue, prefix="scale")
     ids = [o.order_id for o in batch]
@@ -89,22 +98,32 @@ async def run_scale_out(system: LocalSystem, orders: int, kills: int, gaps: tupl
     attempts = Counter(states.attempts.values())
     checks = {
         "every order Processed": states.counts.get("Processed", 0) == len(ids),
-        f"the Durable work spread: at least {system.config.hosts} host processes ran episodes":
-            len(ran) >= system.config.hosts,
+        f"the Durable work spread: at least {system.config.hosts} host processes ran episodes": len(ran)
+        >= system.config.hosts,
         "hosts were killed while orders ran": len(killed) >= min(kills, 1),
     }
     figures: dict[str, Any] = {
-        "hosts": system.config.hosts, "kills": len(killed), "killed_hosts": killed,
+        "hosts": system.config.hosts,
+        "kills": len(killed),
+        "killed_hosts": killed,
         "host_processes": len(members),
         "episodes_per_host_process": [m["episodes"] for m in members],
         "activities_per_host_process": [m["activities"] for m in members],
         "partitions_at_end": [m["partitions"] for m in members if not m["gone"]],
         "attempts": {str(a): n for a, n in sorted(attempts.items())},
-        "elapsed_s": round(elapsed, 1), "work_dir": str(system.config.work_dir),
+        "elapsed_s": round(elapsed, 1),
+        "work_dir": str(system.config.work_dir),
     }
     lost = sum(1 for o in ids if o not in client.terminal_at)
-    verdict = Verdict("scale-out", len(ids), lost, int(effects.get("duplicates", -1)),
-                      states.counts.get("Pending", 0) + states.counts.get("Processing", 0), checks, figures)
+    verdict = Verdict(
+        "scale-out",
+        len(ids),
+        lost,
+        int(effects.get("duplicates", -1)),
+        states.counts.get("Pending", 0) + states.counts.get("Processing", 0),
+        checks,
+        figures,
+    )
     return verdict.with_invariants(findings)
 
 
@@ -118,11 +137,17 @@ def run_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return usage_error(exc)
     work = Path(args.work_dir or default_work_dir("drill-")).resolve()
-    config = SystemConfig(work_dir=work, seed=args.seed, hosts=HOSTS,
-                          settings={**base_settings(args.settings), **SETTINGS, **overrides})
+    config = SystemConfig(
+        work_dir=work, seed=args.seed, hosts=HOSTS, settings={**base_settings(args.settings), **SETTINGS, **overrides}
+    )
     system = LocalSystem(config)
-    return run_verdict_drill(args, system, lambda console: run_scale_out(
-        system, orders, kills, (args.min_gap, args.max_gap), args.seed, args.timeout, console))
+    return run_verdict_drill(
+        args,
+        system,
+        lambda console: run_scale_out(
+            system, orders, kills, (args.min_gap, args.max_gap), args.seed, args.timeout, console
+        ),
+    )
 
 
 __all__ = ["HOSTS", "hub_members", "run_command", "run_scale_out"]

@@ -178,9 +178,7 @@ def scripted_fault(script: FaultScript, key: str, order_id: str, call_number: in
     return None
 
 
-def decide_call(
-    config: FaultConfig, script: FaultScript, key: str, order_id: str, call_number: int
-) -> Decision:
+def decide_call(config: FaultConfig, script: FaultScript, key: str, order_id: str, call_number: int) -> Decision:
     """`decide`, overridden by the script where it has an entry for this call."""
     seeded = decide(config, key, call_number)
     fault = scripted_fault(script, key, order_id, call_number)
@@ -319,8 +317,11 @@ class Simulator:
             self.store.log_call(at, key, 503, down=True)
             return self._transient(503)
         decision = decide_call(self.config, self.script, key, order_id, number)
-        if step in COMPENSATIONS and decision.fault is Fault.PERMANENT \
-                and scripted_fault(self.script, key, order_id, number) is None:
+        if (
+            step in COMPENSATIONS
+            and decision.fault is Fault.PERMANENT
+            and scripted_fault(self.script, key, order_id, number) is None
+        ):
             # A compensation is designed to succeed: the seeded permanent-failure rate (a customer's declined card,
             # an unknown address) does not apply to it; only a script makes it fail permanently (the drills).
             decision = Decision(Fault.NONE, decision.latency, 200)
@@ -341,8 +342,9 @@ class Simulator:
         except KeyConflict as exc:
             return _error(409, "IdempotencyKeyReuse", str(exc))
         except AlreadyCompensated as exc:
-            return _error(409, "AlreadyCompensated", str(exc),
-                          extra={"compensation": exc.compensation, "undone": exc.undone})
+            return _error(
+                409, "AlreadyCompensated", str(exc), extra={"compensation": exc.compensation, "undone": exc.undone}
+            )
         if decision.fault is Fault.HANG:
             await self._pause(self.config.hang_seconds)
         return web.json_response({"idempotencyKey": key, "replayed": replayed, **result})
@@ -389,14 +391,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--latency-ms-mean", type=float, default=0.0)
     p.add_argument("--hang-rate", type=float, default=0.0)
     p.add_argument("--hang-seconds", type=float, default=30.0)
-    p.add_argument(
-        "--fail-first-calls", type=int, default=0, help="every key fails transiently N times first"
-    )
+    p.add_argument("--fail-first-calls", type=int, default=0, help="every key fails transiently N times first")
     p.add_argument("--retry-after-ms", type=int, default=100)
-    p.add_argument("--down-after", type=float, default=None, metavar="S",
-                   help="take the service down S seconds after start (every call 503, no effect); see POST /outage")
-    p.add_argument("--down-for", type=float, default=0.0, metavar="D",
-                   help="with --down-after: bring it back after D seconds (default 0: down until POST /outage)")
+    p.add_argument(
+        "--down-after",
+        type=float,
+        default=None,
+        metavar="S",
+        help="take the service down S seconds after start (every call 503, no effect); see POST /outage",
+    )
+    p.add_argument(
+        "--down-for",
+        type=float,
+        default=0.0,
+        metavar="D",
+        help="with --down-after: bring it back after D seconds (default 0: down until POST /outage)",
+    )
     p.add_argument("--db", default=".simulator.sqlite", help="SQLite file of the side effects")
     p.add_argument("--script", default=None, help="JSON file {idempotencyKey or orderId: [ok|transient|...]}")
     return p

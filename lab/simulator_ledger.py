@@ -172,8 +172,9 @@ class EffectStore:
                 "SELECT order_id, step, compensation, undone FROM compensated ORDER BY order_id, step"
             ).fetchall()
             by_key = dict(self._db.execute("SELECT key, count FROM calls ORDER BY key").fetchall())
-            down_by_key = dict(self._db.execute(
-                "SELECT key, COUNT(*) FROM call_log WHERE down GROUP BY key ORDER BY key").fetchall())
+            down_by_key = dict(
+                self._db.execute("SELECT key, COUNT(*) FROM call_log WHERE down GROUP BY key ORDER BY key").fetchall()
+            )
         forward = [(o, s, c) for o, s, c in rows if s not in COMPENSATIONS]
         undoing = [(o, s, c) for o, s, c in rows if s in COMPENSATIONS]
         return {
@@ -207,8 +208,12 @@ def _compensation_result(
     key: str, order_id: str, compensation: CompensationName, step: StepName, noop_reason: str | None
 ) -> dict[str, Any]:
     """The deterministic result of a compensation: `undone` (it undid `compensates`) or `noop` with a reason."""
-    result = {**_effect_result(key, order_id, compensation.value), "compensates": step.value,
-              "undone": noop_reason is None, "noop": noop_reason is not None}
+    result = {
+        **_effect_result(key, order_id, compensation.value),
+        "compensates": step.value,
+        "undone": noop_reason is None,
+        "noop": noop_reason is not None,
+    }
     if noop_reason is not None:
         result["reason"] = noop_reason
     return result

@@ -108,8 +108,11 @@ class StoreDrillOptions:
         return {**DEFAULT_FAULTS[self.drill], **{k: v for k, v in self.overrides if k in FAULT_OPTIONS}}
 
     def settings_values(self) -> dict[str, str]:
-        return {**base_settings(self.settings), **STORE_SETTINGS[self.drill],
-                **{k: v for k, v in self.overrides if k not in FAULT_OPTIONS}}
+        return {
+            **base_settings(self.settings),
+            **STORE_SETTINGS[self.drill],
+            **{k: v for k, v in self.overrides if k not in FAULT_OPTIONS},
+        }
 
 
 def faulty_endpoint(store: Path, options: StoreDrillOptions) -> str:
@@ -145,8 +148,14 @@ class FaultySystem(LocalSystem):
 
 def store_config(work_dir: Path, options: StoreDrillOptions, servicebus_config: Path | None = None) -> SystemConfig:
     """A remote that never fails by itself; store-outage's answers slowly, so orders are in flight at the outage."""
-    config = SystemConfig(work_dir=work_dir.resolve(), seed=options.seed, transient_failure_rate=0.0,
-                          permanent_failure_rate=0.0, hang_rate=0.0, settings=options.settings_values())
+    config = SystemConfig(
+        work_dir=work_dir.resolve(),
+        seed=options.seed,
+        transient_failure_rate=0.0,
+        permanent_failure_rate=0.0,
+        hang_rate=0.0,
+        settings=options.settings_values(),
+    )
     if options.drill == "store-outage":
         config.latency_ms_mean = options.latency_ms
     if servicebus_config is not None:
@@ -170,8 +179,9 @@ class FaultLedger:
         return cls([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
 
     def by_op(self, status: int, retried: bool | None = None) -> dict[str, int]:
-        counted = Counter(e["op"] for e in self.entries
-                          if e["status"] == status and (retried is None or e["retried"] is retried))
+        counted = Counter(
+            e["op"] for e in self.entries if e["status"] == status and (retried is None or e["retried"] is retried)
+        )
         return dict(sorted(counted.items()))
 
     def count(self, status: int, retried: bool | None = None) -> int:
@@ -228,8 +238,10 @@ def _dead_letter_sessions(system: LocalSystem) -> set[str]:
 
     queue = system.env().get("OrdersQueueName", "orders-inbound")
     found: set[str] = set()
-    with bus_from_connection_string(system.config.bus_connection) as bus, \
-            bus.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq:
+    with (
+        bus_from_connection_string(system.config.bus_connection) as bus,
+        bus.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as dlq,
+    ):
         start = 0
         while page := dlq.peek_messages(max_message_count=100, sequence_number=start):
             found.update(str(m.session_id) for m in page if m.session_id)
@@ -253,8 +265,11 @@ class StoreRun:
         return any(s.state is state for s in self.client.statuses.get(order_id, []))
 
     def processed(self, order_ids: list[str] | None = None) -> list[str]:
-        return [o for o in (self.order_ids if order_ids is None else order_ids)
-                if self.states.state_of.get(o) == ProcessState.PROCESSED.value]
+        return [
+            o
+            for o in (self.order_ids if order_ids is None else order_ids)
+            if self.states.state_of.get(o) == ProcessState.PROCESSED.value
+        ]
 
     def all_completed(self, order_ids: list[str] | None = None) -> bool:
         """Processed, and the client got `completed`."""
@@ -270,7 +285,9 @@ class StoreRun:
         entered = processed_entries(self.system.store, self.order_ids)
         durable = DurableFigures.read(self.system.config.work_dir / "devhost" / "durable.db")
         common = {
-            "none lost": lost == 0, "no duplicate side effect": duplicates == 0, "none stuck": stuck == 0,
+            "none lost": lost == 0,
+            "no duplicate side effect": duplicates == 0,
+            "none stuck": stuck == 0,
             "every order Processed with `completed`": self.all_completed(),
             "no order entered Processed twice (transition audit)": all(n <= 1 for n in entered.values()),
             "one effect per step of every Processed order": missing_effects(self.effects, self.processed()) == 0,
@@ -282,14 +299,15 @@ class StoreRun:
             "failure_counts": {str(f): n for f, n in sorted(self.states.failure_counts.items())},
             "failed_orchestrations": durable.failed_orchestrations,
             "failed_activity_executions": durable.failed_activities,
-            "elapsed_s": round(self.elapsed_s, 1), "work_dir": str(self.system.config.work_dir),
+            "elapsed_s": round(self.elapsed_s, 1),
+            "work_dir": str(self.system.config.work_dir),
         }
-        return Verdict(self.options.drill, len(self.order_ids), lost, duplicates, stuck, {**common, **checks},
-                       figures)
+        return Verdict(self.options.drill, len(self.order_ids), lost, duplicates, stuck, {**common, **checks}, figures)
 
 
-async def _finish(system: FaultySystem, options: StoreDrillOptions, client: ClientApp, order_ids: list[str],
-                  started: float) -> StoreRun:
+async def _finish(
+    system: FaultySystem, options: StoreDrillOptions, client: ClientApp, order_ids: list[str], started: float
+) -> StoreRun:
     """Wait for every final status (or the rest dead-lettered), then read what the verdict is judged on."""
     await until(lambda: settled(system, client, order_ids), options.timeout, every=0.5)  # else the verdict says
     elapsed = max(client.terminal_at.values(), default=time.monotonic()) - started
@@ -317,8 +335,10 @@ async def drill_conflicts(system: FaultySystem, options: StoreDrillOptions) -> t
     }
     figures = {
         "fault_options": options.fault_options(),
-        "injected_412": sum(conflicts.values()), "injected_412_by_op": conflicts,
-        "injected_429": sum(throttled.values()), "injected_429_by_op": throttled,
+        "injected_412": sum(conflicts.values()),
+        "injected_412_by_op": conflicts,
+        "injected_429": sum(throttled.values()),
+        "injected_429_by_op": throttled,
         # The adapter retries a 429 as azure-cosmos does (9 times); only a 10th in a row reaches the caller.
         "429_reaching_callers": ledger.count(429, retried=False),
         "429_reaching_callers_by_op": ledger.by_op(429, retried=False),
@@ -344,8 +364,9 @@ async def _in_flight(system: LocalSystem, order_ids: list[str], wanted: int) -> 
     return len(started) >= wanted
 
 
-async def _take_down(system: FaultySystem, client: ClientApp, first: list[str], during: list[SubmitOrder],
-                     outage_for: float) -> Outage:
+async def _take_down(
+    system: FaultySystem, client: ClientApp, first: list[str], during: list[SubmitOrder], outage_for: float
+) -> Outage:
     """Once a quarter of the first orders are mid-way, the store goes down for `outage_for` s, while the client app
     submits `during`; then it comes back."""
     await until(lambda: _in_flight(system, first, max(1, len(first) // 4)), IN_FLIGHT_WAIT_S)
@@ -378,8 +399,9 @@ async def drill_outage(system: FaultySystem, options: StoreDrillOptions) -> tupl
     last_final = max(client.terminal_at.values(), default=None)
     dead = await asyncio.to_thread(_dead_letters, system.config.bus_connection)
     failed = [o for o in ids if run.states.state_of.get(o) not in (None, *UNFINISHED, ProcessState.PROCESSED.value)]
-    latency = sorted(client.terminal_at[o] - client.sent_at[o] for o in first_ids
-                     if o in client.terminal_at and o in client.sent_at)
+    latency = sorted(
+        client.terminal_at[o] - client.sent_at[o] for o in first_ids if o in client.terminal_at and o in client.sent_at
+    )
     checks = {
         "the outage caught orders in flight": outage.in_flight > 0,
         "operations were refused during the outage": sum(refused.values()) > 0,
@@ -392,11 +414,13 @@ async def drill_outage(system: FaultySystem, options: StoreDrillOptions) -> tupl
         "in_flight_at_outage": outage.in_flight,
         "states_at_outage": outage.states_at_start,
         "submitted_during_outage": len(during_ids),
-        "operations_refused": sum(refused.values()), "operations_refused_by_op": refused,
+        "operations_refused": sum(refused.values()),
+        "operations_refused_by_op": refused,
         "unavailable_answers": ledger.count(503),
         "time_to_drain_s": None if last_final is None else round(max(0.0, last_final - outage.ended), 2),
         "first_orders_latency_s": {"p50": round(latency[len(latency) // 2], 2), "max": round(latency[-1], 2)}
-        if latency else {},
+        if latency
+        else {},
         "failed": failed[:10],
         "dead_letters": dict(Counter(f"{q}: {reason}" for q, reason in dead)),
     }
@@ -422,9 +446,16 @@ async def run_store_drill(system: FaultySystem, options: StoreDrillOptions) -> V
 
 def run_command(args: argparse.Namespace) -> int:
     try:
-        options = StoreDrillOptions(drill=args.scenario, orders=args.orders, seed=args.seed, settings=args.settings,
-                                    overrides=parse_overrides(args.overrides), outage_for=args.outage_for,
-                                    latency_ms=args.latency_ms, timeout=args.timeout)
+        options = StoreDrillOptions(
+            drill=args.scenario,
+            orders=args.orders,
+            seed=args.seed,
+            settings=args.settings,
+            overrides=parse_overrides(args.overrides),
+            outage_for=args.outage_for,
+            latency_ms=args.latency_ms,
+            timeout=args.timeout,
+        )
     except ValueError as exc:
         return usage_error(exc)
     work = Path(args.work_dir or default_work_dir("drill-"))

@@ -117,15 +117,15 @@ class Process:
 
     def start(self, wait_for_url: bool = True, timeout: float = 60.0) -> Process:
         self._ready.clear()
-        self.proc = subprocess.Popen(self.argv, env=self.env, cwd=ROOT, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
         threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
         deadline = time.monotonic() + timeout
         while wait_for_url and not self._ready.wait(0.1):  # bounded start-up wait, also watching for an early exit
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"{self.name} did not start (exit code {self.proc.returncode}); "
-                                   f"see {self.log_path}")
+                raise RuntimeError(f"{self.name} did not start (exit code {self.proc.returncode}); see {self.log_path}")
         return self
 
     def _pump(self, stream: IO[bytes] | None) -> None:
@@ -169,13 +169,16 @@ class LocalSystem:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
         # Every registered app setting with its documented default, as local.settings.sample.json lists them.
         env.update({s.name: s.default for s in SETTINGS if s.default is not None and s.name not in env})
-        env.update({
-            "ServiceBusConnection": c.bus_connection,
-            "CosmosDb__accountEndpoint": c.store_endpoint,
-            "AllowedReplyQueues": c.reply_queue,
-            "PYTHONUNBUFFERED": "1",
-            **LOCAL_DEFAULTS, **c.settings,
-        })
+        env.update(
+            {
+                "ServiceBusConnection": c.bus_connection,
+                "CosmosDb__accountEndpoint": c.store_endpoint,
+                "AllowedReplyQueues": c.reply_queue,
+                "PYTHONUNBUFFERED": "1",
+                **LOCAL_DEFAULTS,
+                **c.settings,
+            }
+        )
         if self.simulator and self.simulator.url:
             env["AGENT_REMOTE_URL"] = self.simulator.url
         return env
@@ -185,11 +188,25 @@ class LocalSystem:
 
     def start_simulator(self) -> Process:
         c = self.config
-        self.simulator = self._process("simulator", simulator_args(
-            0, c.work_dir / "simulator.db", "--seed", str(c.seed),
-            "--transient-failure-rate", str(c.transient_failure_rate),
-            "--permanent-failure-rate", str(c.permanent_failure_rate), "--hang-rate", str(c.hang_rate),
-            "--hang-seconds", str(c.hang_seconds), "--latency-ms-mean", str(c.latency_ms_mean))).start()
+        self.simulator = self._process(
+            "simulator",
+            simulator_args(
+                0,
+                c.work_dir / "simulator.db",
+                "--seed",
+                str(c.seed),
+                "--transient-failure-rate",
+                str(c.transient_failure_rate),
+                "--permanent-failure-rate",
+                str(c.permanent_failure_rate),
+                "--hang-rate",
+                str(c.hang_rate),
+                "--hang-seconds",
+                str(c.hang_seconds),
+                "--latency-ms-mean",
+                str(c.latency_ms_mean),
+            ),
+        ).start()
         return self.simulator
 
     def start_agent(self) -> Process:

@@ -67,14 +67,22 @@ _EVERY_SECOND = "*/1 * * * * *"
 TIMING_SETTINGS: dict[str, dict[str, str]] = {
     # The breaker off: a hang is a timeout, which the breaker counts; this drill measures the Supervisor's recovery
     # alone (the breaker has its own drill, remote-outage).
-    "remote-hang": {"StepTimeoutSeconds": "5", "ClaimLeaseSeconds": "5", "FailureThreshold": "4",
-                    "CircuitBreakerFailureThreshold": "0"},
+    "remote-hang": {
+        "StepTimeoutSeconds": "5",
+        "ClaimLeaseSeconds": "5",
+        "FailureThreshold": "4",
+        "CircuitBreakerFailureThreshold": "0",
+    },
     "late-replies": {"StepTimeoutSeconds": "5", "ClaimLeaseSeconds": "5", "FailureThreshold": "8"},
     "reply-reordering": {"StepTimeoutSeconds": "5", "ClaimLeaseSeconds": "5", "FailureThreshold": "8"},
     # Steps of 10 s: the Agent ahead by the 5 s lock still has 5 s per request. Four sessions per Agent, so that the
     # orders are shared between the two Agents (one with 32 slots would take them all).
-    "clock-skew": {"StepTimeoutSeconds": "10", "ClaimLeaseSeconds": "10", "FailureThreshold": "6",
-                   "AGENT_MAX_CONCURRENT_SESSIONS": "4"},
+    "clock-skew": {
+        "StepTimeoutSeconds": "10",
+        "ClaimLeaseSeconds": "10",
+        "FailureThreshold": "6",
+        "AGENT_MAX_CONCURRENT_SESSIONS": "4",
+    },
 }
 _COMMON = {"StarterSchedule": _EVERY_SECOND, "SupervisorSchedule": _EVERY_SECOND}
 # Held replies (AGENT_REPLY_DELAY_*), in seconds past the step timeout T, and the share held. late-replies: held
@@ -111,11 +119,14 @@ class TimingOptions:
         faults_from_env(values)
         step = self.step_timeout_s
         if self.drill == "remote-hang" and self.hang_s <= step:
-            raise ValueError(f"--hang-seconds {self.hang_s:g} must exceed the step's deadline (StepTimeoutSeconds "
-                             f"{step})")
+            raise ValueError(
+                f"--hang-seconds {self.hang_s:g} must exceed the step's deadline (StepTimeoutSeconds {step})"
+            )
         if self.drill == "clock-skew" and not 0.5 <= self.skew_s < step - 1:
-            raise ValueError(f"the clock skew ({self.skew_s:g} s) must be at least 0.5 s and more than a second "
-                             f"below StepTimeoutSeconds {step} (else the Agent ahead never has time to call)")
+            raise ValueError(
+                f"the clock skew ({self.skew_s:g} s) must be at least 0.5 s and more than a second "
+                f"below StepTimeoutSeconds {step} (else the Agent ahead never has time to call)"
+            )
 
     @property
     def order_count(self) -> int:
@@ -148,8 +159,11 @@ class TimingOptions:
         derived: dict[str, str] = {}
         if self.drill in HOLD:
             step, (low, high, share) = self.step_timeout_s, HOLD[self.drill]
-            derived = {"AGENT_REPLY_DELAY_MS": str(int((step + high) * 1000)),
-                       "AGENT_REPLY_DELAY_MIN_MS": str(int((step + low) * 1000)), "AGENT_REPLY_DELAY_SHARE": str(share)}
+            derived = {
+                "AGENT_REPLY_DELAY_MS": str(int((step + high) * 1000)),
+                "AGENT_REPLY_DELAY_MIN_MS": str(int((step + low) * 1000)),
+                "AGENT_REPLY_DELAY_SHARE": str(share),
+            }
         return {**derived, **self._base()}
 
 
@@ -165,10 +179,15 @@ def timing_config(work_dir: Path, options: TimingOptions, servicebus_config: Pat
     """The drill's system: a remote that fails only where the drill scripts it (clock-skew's is also slow and fails
     now and then), hangs that outlast the step."""
     clock_skew = options.drill == "clock-skew"
-    config = SystemConfig(work_dir=work_dir.resolve(), seed=options.seed,
-                          transient_failure_rate=CLOCK_SKEW_TRANSIENT if clock_skew else 0.0,
-                          permanent_failure_rate=0.0, hang_rate=0.0, hang_seconds=options.hang_s,
-                          settings=options.settings_values())
+    config = SystemConfig(
+        work_dir=work_dir.resolve(),
+        seed=options.seed,
+        transient_failure_rate=CLOCK_SKEW_TRANSIENT if clock_skew else 0.0,
+        permanent_failure_rate=0.0,
+        hang_rate=0.0,
+        hang_seconds=options.hang_s,
+        settings=options.settings_values(),
+    )
     if clock_skew:
         config.latency_ms_mean = CLOCK_SKEW_LATENCY_MS
     if servicebus_config is not None:
@@ -211,8 +230,10 @@ class Seen:
 
     def taken(self, reply: Reply) -> bool:
         """Whether this reply's attempt is the one that recorded its step (a success reply that was used)."""
-        return reply.outcome == AgentOutcome.SUCCEEDED.value and \
-            self.recorded_by(reply.order_id).get(reply.step) == reply.attempt
+        return (
+            reply.outcome == AgentOutcome.SUCCEEDED.value
+            and self.recorded_by(reply.order_id).get(reply.step) == reply.attempt
+        )
 
     def attempts(self) -> dict[str, int]:
         counted = Counter(r.attempt for r in self.records.values())
@@ -220,9 +241,12 @@ class Seen:
 
     def raised_to_own_instance(self) -> bool:
         """Every reply raised to an instance names that instance and its event's step."""
-        return all(reply is not None and reply.instance_id == instance_id and name == f"AgentReply:{reply.step.value}"
-                   for instance_id, inst in self.instances.items() for name, reply in inst.raised
-                   if name.startswith("AgentReply:"))
+        return all(
+            reply is not None and reply.instance_id == instance_id and name == f"AgentReply:{reply.step.value}"
+            for instance_id, inst in self.instances.items()
+            for name, reply in inst.raised
+            if name.startswith("AgentReply:")
+        )
 
     def common_checks(self) -> dict[str, bool]:
         ids = self.order_ids
@@ -230,23 +254,38 @@ class Seen:
         return {
             "every order Processed": all(self.processed(o) for o in ids),
             "each order completed once (one `completed`, from the attempt on its record)": all(
-                self.completed_once(o) for o in ids),
+                self.completed_once(o) for o in ids
+            ),
             "one effect per step of every order": all(
-                self.ledger.effect_counts(o) == {s.value: 1 for s in STEPS} for o in ids),
+                self.ledger.effect_counts(o) == {s.value: 1 for s in STEPS} for o in ids
+            ),
             "no orchestration Failed": not failed,
-            "every reply raised to an instance is that instance's own (instanceId, step)":
-                self.raised_to_own_instance(),
+            "every reply raised to an instance is that instance's own (instanceId, step)": (
+                self.raised_to_own_instance()
+            ),
             "agent-replies drained, none dead-lettered": self.replies_drained and self.replies_dead_lettered == 0,
             "no PoisonMessage alert for the drill's orders": not any(
-                a.kind is AlertKind.POISON_MESSAGE and a.order_id in ids for a in self.lab.alerts),
+                a.kind is AlertKind.POISON_MESSAGE and a.order_id in ids for a in self.lab.alerts
+            ),
         }
 
     def verdict(self, checks: dict[str, bool], figures: dict[str, Any]) -> Verdict:
-        return lifecycle_verdict(self.options.drill, self.lab, self.order_ids, self.records, self.ledger,
-                                 {**self.common_checks(), **checks},
-                                 {"step_timeout_s": self.options.step_timeout_s, "attempts": self.attempts(),
-                                  "replies": len(self.trail.replies), "late_replies": len(self.trail.late()),
-                                  **figures}, self.elapsed)
+        return lifecycle_verdict(
+            self.options.drill,
+            self.lab,
+            self.order_ids,
+            self.records,
+            self.ledger,
+            {**self.common_checks(), **checks},
+            {
+                "step_timeout_s": self.options.step_timeout_s,
+                "attempts": self.attempts(),
+                "replies": len(self.trail.replies),
+                "late_replies": len(self.trail.late()),
+                **figures,
+            },
+            self.elapsed,
+        )
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -289,8 +328,10 @@ def judge_remote_hang(seen: Seen, plan: dict[str, list[str]]) -> Verdict:
         at = sorted(c["at"] for c in ledger.calls if c["key"] == key)
         recovery.extend(at[i + 1] - at[i] for i in range(min(len(hung), len(at) - 1)))
     for o, steps in plan.items():
-        first = min((c["at"] for c in ledger.calls if steps and c["key"] in
-                     {idempotency_key(o, s) for s in steps}), default=None)
+        first = min(
+            (c["at"] for c in ledger.calls if steps and c["key"] in {idempotency_key(o, s) for s in steps}),
+            default=None,
+        )
         done = seen.lab.status(o, OrderStatus.COMPLETED)
         if first is not None and done is not None:
             to_processed.append(done.timestamp.timestamp() - first)
@@ -299,16 +340,22 @@ def judge_remote_hang(seen: Seen, plan: dict[str, list[str]]) -> Verdict:
     extra = sum(max(0, records[o].attempt - 1 - hangs.get(o, 0)) for o in seen.order_ids if o in records)
     checks = {
         "every scripted hang happened, then a call of the same key answered": all(
-            calls_by_key.get(k, 0) > len(v) for k, v in script.items()),
+            calls_by_key.get(k, 0) > len(v) for k, v in script.items()
+        ),
         "each hang cost its attempt: attempt > hangs, FailureCount >= hangs (recovered by the Supervisor)": all(
             o in records and records[o].attempt >= 1 + hangs[o] and records[o].failure_count >= hangs[o]
-            for o in hung_orders),
+            for o in hung_orders
+        ),
         "a hung step was recorded by a later attempt than the one it hung in": all(
-            seen.recorded_by(o).get(step, 0) > 1 for o in hung_orders for step in plan[o]),
+            seen.recorded_by(o).get(step, 0) > 1 for o in hung_orders for step in plan[o]
+        ),
     }
     figures = {
-        "hang_s": seen.options.hang_s, "orders_with_a_hang": len(hung_orders), "hangs_planned": sum(hangs.values()),
-        "hung_calls": hung_calls, "extra_attempts_beyond_hangs": extra,
+        "hang_s": seen.options.hang_s,
+        "orders_with_a_hang": len(hung_orders),
+        "hangs_planned": sum(hangs.values()),
+        "hung_calls": hung_calls,
+        "extra_attempts_beyond_hangs": extra,
         "recovery_s (hung call → next call of its key)": _percentiles(recovery),
         "hang_to_completed_s": _percentiles(to_processed),
         "calls": int(ledger.report.get("calls", -1)),
@@ -323,8 +370,12 @@ def judge_remote_hang(seen: Seen, plan: dict[str, list[str]]) -> Verdict:
 
 def _hold(seen: Seen) -> ReplyDelay:
     values = {**seen.lab.env}
-    return ReplyDelay(int(values.get("AGENT_REPLY_DELAY_MS") or 0), int(values.get("AGENT_REPLY_DELAY_MIN_MS") or 0),
-                      float(values.get("AGENT_REPLY_DELAY_SHARE") or 1), seen.options.seed)
+    return ReplyDelay(
+        int(values.get("AGENT_REPLY_DELAY_MS") or 0),
+        int(values.get("AGENT_REPLY_DELAY_MIN_MS") or 0),
+        float(values.get("AGENT_REPLY_DELAY_SHARE") or 1),
+        seen.options.seed,
+    )
 
 
 def judge_late_replies(seen: Seen) -> Verdict:
@@ -341,18 +392,22 @@ def judge_late_replies(seen: Seen) -> Verdict:
         "replies came late (after their step's CompleteBy)": bool(surely_late),
         "every request answered": not trail.unanswered(),
         f"every reply later than CompleteBy + {LATE_MARGIN_S:g} s was ignored: its attempt recorded nothing": all(
-            not seen.taken(r) for r in surely_late),
-        "every held reply was late, and ignored": all(
-            (r.late_by() or 0) > 0 and not seen.taken(r) for r in held),
+            not seen.taken(r) for r in surely_late
+        ),
+        "every held reply was late, and ignored": all((r.late_by() or 0) > 0 and not seen.taken(r) for r in held),
         "each order with a late reply completed in a later attempt": all(
             seen.processed(o) and seen.records[o].attempt > min(r.attempt for r in late if r.order_id == o)
-            for o in orders_with_late),
+            for o in orders_with_late
+        ),
         "the reply trigger logged them as late (raise_event 410/404) and completed them": bool(
-            logged & {r.message_id for r in surely_late}) and seen.replies_drained,
+            logged & {r.message_id for r in surely_late}
+        )
+        and seen.replies_drained,
     }
     figures = {
         "hold": f"{hold.share:g} of replies, {hold.min_ms}-{hold.max_ms} ms",
-        "held_replies": len(held), "late_by_more_than_margin": len(surely_late),
+        "held_replies": len(held),
+        "late_by_more_than_margin": len(surely_late),
         "late_replies_raised_to_their_instance": sum(1 for r in late if (r.instance_id, r.step) in delivered),
         "late_replies_logged_by_the_trigger": len(logged & late_ids),
         "logged_late_but_sent_before_complete_by": len(logged - late_ids),
@@ -375,17 +430,23 @@ def judge_reply_reordering(seen: Seen) -> Verdict:
         instance_id = f"{order_id}:{attempt}"
         reply = by_id.get(f"{instance_id}:{step}:reply")
         inst = seen.instances.get(instance_id)
-        return reply is not None and reply.outcome == AgentOutcome.SUCCEEDED.value and inst is not None and any(
-            r is not None and r.instance_id == instance_id and r.step.value == step for _, r in inst.raised)
+        return (
+            reply is not None
+            and reply.outcome == AgentOutcome.SUCCEEDED.value
+            and inst is not None
+            and any(r is not None and r.instance_id == instance_id and r.step.value == step for _, r in inst.raised)
+        )
 
     overtaken_older = {older.message_id for older, _ in across_attempts}
     checks = {
         "replies overtook replies of other orders sent before them": bool(across_orders),
         "an earlier attempt's reply arrived after a newer attempt's": bool(across_attempts),
         "every step recorded from its own attempt's reply (audited, raised to that attempt's instance)": all(
-            own_reply(o, step, attempt) for o in seen.order_ids for step, attempt in seen.recorded_by(o).items()),
+            own_reply(o, step, attempt) for o in seen.order_ids for step, attempt in seen.recorded_by(o).items()
+        ),
         "no overtaken earlier-attempt reply was used": all(
-            not seen.taken(by_id[m]) for m in overtaken_older if m in by_id),
+            not seen.taken(by_id[m]) for m in overtaken_older if m in by_id
+        ),
         "every request answered": not trail.unanswered(),
     }
     figures = {
@@ -420,9 +481,15 @@ def judge_clock_skew(seen: Seen, skew: float, plan: dict[str, list[str]]) -> Ver
         # The Agent ahead reads its deadline `skew` early: a request it answers later than CompleteBy - skew (+1.5 s
         # for sending on a loaded machine) reached it after that (redelivered), and it did not call the remote for
         # it. Proves the deadline checks read the skewed clock.
-        "the Agent ahead called nothing after CompleteBy - skew (a later reply: DeadlineExceeded, remote not called)":
-            all(r.deadline is not None and (r.at <= r.deadline - skew + 1.5 or (
-                r.error_code == "DeadlineExceeded" and "remote not called" in (r.error or ""))) for r in ahead),
+        "the Agent ahead called nothing after CompleteBy - skew "
+        "(a later reply: DeadlineExceeded, remote not called)": all(
+            r.deadline is not None
+            and (
+                r.at <= r.deadline - skew + 1.5
+                or (r.error_code == "DeadlineExceeded" and "remote not called" in (r.error or ""))
+            )
+            for r in ahead
+        ),
     }
     figures = {
         "clock_skew_s": f"+{skew:g} / -{skew:g}",
@@ -430,8 +497,10 @@ def judge_clock_skew(seen: Seen, skew: float, plan: dict[str, list[str]]) -> Ver
         "replies_by_clock": {"ahead": len(ahead), "behind": len(behind)},
         "clock_offset_seen_s": {"ahead": offsets(ahead), "behind": offsets(behind)},
         "deadline_exceeded_replies": {"ahead": gave_up(ahead), "behind": gave_up(behind)},
-        "late_replies_by_clock": {"ahead": sum(1 for r in ahead if (r.late_by() or 0) > 0),
-                                  "behind": sum(1 for r in behind if (r.late_by() or 0) > 0)},
+        "late_replies_by_clock": {
+            "ahead": sum(1 for r in ahead if (r.late_by() or 0) > 0),
+            "behind": sum(1 for r in behind if (r.late_by() or 0) > 0),
+        },
         "late_replies_used": sum(1 for r in trail.late() if seen.taken(r)),
         "request_deliveries_lost": len(trail.redelivered),  # ended unsettled: lock lost, abandoned, closed
         "orders_with_a_hang": sum(1 for v in plan.values() if v),
@@ -456,13 +525,18 @@ def _queue_state(connection: str, queue: str) -> tuple[int, int]:
 def _second_agent(system: LocalSystem, skew: float) -> Process:
     """Another Agent process on the same broker, store and remote, with its own clock skew."""
     env = {**system.env(), "AGENT_CLOCK_SKEW_SECONDS": str(skew)}
-    process = Process("agent-2", [sys.executable, *agent_args("--jitter-seed", str(system.config.seed + 1))], env,
-                      system.config.work_dir / "agent-2.log")
+    process = Process(
+        "agent-2",
+        [sys.executable, *agent_args("--jitter-seed", str(system.config.seed + 1))],
+        env,
+        system.config.work_dir / "agent-2.log",
+    )
     return process.start(wait_for_url=False)
 
 
-async def run_timing_drill(system: LocalSystem, options: TimingOptions, console: Console | None = None,
-                           transient: bool = True) -> Verdict:
+async def run_timing_drill(
+    system: LocalSystem, options: TimingOptions, console: Console | None = None, transient: bool = True
+) -> Verdict:
     """The drill on a started `system` (built from `timing_config`); the caller stops the system."""
     console = console or Console(quiet=True)
     env = system.env()
@@ -491,18 +565,32 @@ async def run_timing_drill(system: LocalSystem, options: TimingOptions, console:
                 # Held replies still on their way, then the queues drained: every request answered and every reply
                 # settled by the trigger (a late one completed, not retried).
                 hold_s = int(env.get("AGENT_REPLY_DELAY_MS") or 0) / 1000
-                await lab.wait(lambda: not Trail.read(audit, requests_queue, replies_queue).of(set(ids)).unanswered(),
-                               "every request answered", hold_s + SETTLE_S)
+                await lab.wait(
+                    lambda: not Trail.read(audit, requests_queue, replies_queue).of(set(ids)).unanswered(),
+                    "every request answered",
+                    hold_s + SETTLE_S,
+                )
                 connection = system.config.bus_connection
-                await lab.wait(lambda: _drained(connection, (requests_queue, replies_queue)),
-                               "agent-requests and agent-replies drained", SETTLE_S)
+                await lab.wait(
+                    lambda: _drained(connection, (requests_queue, replies_queue)),
+                    "agent-requests and agent-replies drained",
+                    SETTLE_S,
+                )
                 active, dead = await asyncio.to_thread(_queue_state, connection, replies_queue)
                 await lab.read_alerts()
-                seen = Seen(options, lab, ids, await lab.records(ids), await lab.ledger(),
-                            Trail.read(audit, requests_queue, replies_queue).of(set(ids)),
-                            read_instances(system.config.work_dir / "devhost" / "durable.db", set(ids)),
-                            active == 0, dead, elapsed,
-                            {"logged_late": logged_late(system.config.work_dir / "devhost.log")})
+                seen = Seen(
+                    options,
+                    lab,
+                    ids,
+                    await lab.records(ids),
+                    await lab.ledger(),
+                    Trail.read(audit, requests_queue, replies_queue).of(set(ids)),
+                    read_instances(system.config.work_dir / "devhost" / "durable.db", set(ids)),
+                    active == 0,
+                    dead,
+                    elapsed,
+                    {"logged_late": logged_late(system.config.work_dir / "devhost.log")},
+                )
                 findings = await check_system(system, ids)
             finally:
                 await lab.aclose()
@@ -527,13 +615,20 @@ async def _drained(connection: str, queues: tuple[str, ...]) -> bool:
 
 def run_command(args: argparse.Namespace) -> int:
     try:
-        options = TimingOptions(drill=args.scenario, orders=args.orders, seed=args.seed, settings=args.settings,
-                                overrides=parse_overrides(args.overrides), timeout=args.timeout,
-                                hang_seconds=args.hang_seconds, servicebus_config=args.servicebus_config)
+        options = TimingOptions(
+            drill=args.scenario,
+            orders=args.orders,
+            seed=args.seed,
+            settings=args.settings,
+            overrides=parse_overrides(args.overrides),
+            timeout=args.timeout,
+            hang_seconds=args.hang_seconds,
+            servicebus_config=args.servicebus_config,
+        )
     except ValueError as exc:
         return usage_error(exc)
     work = Path(args.work_dir or default_work_dir("drill-"))
     system = LocalSystem(timing_config(work, options, args.servicebus_config))
-    return run_verdict_drill(args, system,
-                             lambda console: run_timing_drill(system, options, console, transient=args.json))
-
+    return run_verdict_drill(
+        args, system, lambda console: run_timing_drill(system, options, console, transient=args.json)
+    )

@@ -76,16 +76,26 @@ class Sent:
 
 def read_audit(path: Path) -> list[Sent]:
     with sqlite3.connect(path, timeout=30) as conn:
-        rows = conn.execute("SELECT seq, kind, queue, message_id, session_id, body, at FROM drill_message_audit "
-                            "ORDER BY seq").fetchall()
+        rows = conn.execute(
+            "SELECT seq, kind, queue, message_id, session_id, body, at FROM drill_message_audit ORDER BY seq"
+        ).fetchall()
     out = []
     for seq, kind, queue, message_id, session_id, body, at in rows:
         try:
             parsed = json.loads(body) if body else {}
         except ValueError:
             parsed = {}
-        out.append(Sent(int(seq), str(kind), str(queue), str(message_id), session_id,
-                        parsed if isinstance(parsed, dict) else {}, float(at)))
+        out.append(
+            Sent(
+                int(seq),
+                str(kind),
+                str(queue),
+                str(message_id),
+                session_id,
+                parsed if isinstance(parsed, dict) else {},
+                float(at),
+            )
+        )
     return out
 
 
@@ -138,16 +148,31 @@ class Trail:
             deadline = None
             if request is not None and request.body.get("deadline"):
                 deadline = datetime.fromisoformat(str(request.body["deadline"])).timestamp()
-            replies.append(Reply(s.seq, s.at, reply.instance_id, reply.order_id, reply.attempt, reply.step.value,
-                                 reply.outcome.value, reply.error_code, reply.error, reply.completed_at, deadline,
-                                 None if request is None else request.seq))
+            replies.append(
+                Reply(
+                    s.seq,
+                    s.at,
+                    reply.instance_id,
+                    reply.order_id,
+                    reply.attempt,
+                    reply.step.value,
+                    reply.outcome.value,
+                    reply.error_code,
+                    reply.error,
+                    reply.completed_at,
+                    deadline,
+                    None if request is None else request.seq,
+                )
+            )
         redelivered = [s for s in audit if s.kind == "redelivered" and s.queue == requests_queue]
         return cls(requests, replies, redelivered)
 
     def of(self, order_ids: set[str]) -> Trail:
-        return Trail({k: v for k, v in self.requests.items() if v.session_id in order_ids},
-                     [r for r in self.replies if r.order_id in order_ids],
-                     [s for s in self.redelivered if s.session_id in order_ids])
+        return Trail(
+            {k: v for k, v in self.requests.items() if v.session_id in order_ids},
+            [r for r in self.replies if r.order_id in order_ids],
+            [s for s in self.redelivered if s.session_id in order_ids],
+        )
 
     def late(self, margin: float = 0.0) -> list[Reply]:
         """Replies enqueued more than `margin` seconds after their request's deadline."""
@@ -175,7 +200,7 @@ class Trail:
         pairs: list[tuple[Reply, Reply]] = []
         for replies in by_order.values():
             for i, newer in enumerate(replies):
-                pairs.extend((older, newer) for older in replies[i + 1:] if older.attempt < newer.attempt)
+                pairs.extend((older, newer) for older in replies[i + 1 :] if older.attempt < newer.attempt)
         return pairs
 
 

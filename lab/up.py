@@ -31,35 +31,51 @@ NAMES = ("simulator", "agent", "devhost")  # start order; `down` stops in the re
 
 
 def add_commands(sub: Any) -> None:
-    u = sub.add_parser("up", help="start devhost, the Agent and the simulator in the background (stop: down)",
-                       description="Start the remote-service simulator, the Agent (AGENT_REMOTE_URL = the "
-                                   "simulator's URL) and devhost with DIR/function_app.py, detached, with their logs "
-                                   "under STATE/logs; wait until each is ready, record them in STATE/up.json and "
-                                   "exit. Creates DIR/local.settings.json from local.settings.sample.json if missing. "
-                                   "Refuses to start twice.")
+    u = sub.add_parser(
+        "up",
+        help="start devhost, the Agent and the simulator in the background (stop: down)",
+        description="Start the remote-service simulator, the Agent (AGENT_REMOTE_URL = the "
+        "simulator's URL) and devhost with DIR/function_app.py, detached, with their logs "
+        "under STATE/logs; wait until each is ready, record them in STATE/up.json and "
+        "exit. Creates DIR/local.settings.json from local.settings.sample.json if missing. "
+        "Refuses to start twice.",
+    )
     _state_options(u)
-    u.add_argument("--port", type=int, default=7071,
-                   help="devhost's HTTP port (default 7071, as `func start` and `submit --host-port`; 0 = any)")
-    u.add_argument("--simulator-port", type=int, default=8765,
-                   help="the simulator's port (default 8765, the Agent's default AGENT_REMOTE_URL; 0 = any); the "
-                        "Agent is given its URL")
-    u.add_argument("--timeout", type=float, default=60.0,
-                   help="seconds each process gets to become ready (default 60)")
+    u.add_argument(
+        "--port",
+        type=int,
+        default=7071,
+        help="devhost's HTTP port (default 7071, as `func start` and `submit --host-port`; 0 = any)",
+    )
+    u.add_argument(
+        "--simulator-port",
+        type=int,
+        default=8765,
+        help="the simulator's port (default 8765, the Agent's default AGENT_REMOTE_URL; 0 = any); the "
+        "Agent is given its URL",
+    )
+    u.add_argument("--timeout", type=float, default=60.0, help="seconds each process gets to become ready (default 60)")
 
-    d = sub.add_parser("down", help="stop what `up` started",
-                       description="Stop the processes recorded in STATE/up.json (SIGTERM, then SIGKILL after "
-                                   "--timeout seconds), skipping any pid that now belongs to another process, and "
-                                   "remove the file. Says so when nothing is running.")
+    d = sub.add_parser(
+        "down",
+        help="stop what `up` started",
+        description="Stop the processes recorded in STATE/up.json (SIGTERM, then SIGKILL after "
+        "--timeout seconds), skipping any pid that now belongs to another process, and "
+        "remove the file. Says so when nothing is running.",
+    )
     _state_options(d)
-    d.add_argument("--timeout", type=float, default=20.0,
-                   help="seconds between SIGTERM and SIGKILL (default 20)")
+    d.add_argument("--timeout", type=float, default=20.0, help="seconds between SIGTERM and SIGKILL (default 20)")
 
 
 def _state_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--app-dir", type=Path, default=Path("."), help="folder holding function_app.py (default: .)")
-    p.add_argument("--state-dir", type=Path, default=None,
-                   help="state, logs and up.json (default DIR/.devhost, where local.settings.sample.json puts the "
-                        "embedded broker and store)")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="state, logs and up.json (default DIR/.devhost, where local.settings.sample.json puts the "
+        "embedded broker and store)",
+    )
 
 
 @dataclass
@@ -140,21 +156,36 @@ def _wait_ready(proc: subprocess.Popen[bytes], log: Path, pattern: re.Pattern[st
             return match
         if proc.poll() is not None or time.monotonic() > deadline:
             lines = [line for line in text.splitlines() if line.strip()]
-            why = (f"exited with code {proc.returncode}" if proc.returncode is not None
-                   else f"not ready in {timeout:g} s")
+            why = (
+                f"exited with code {proc.returncode}" if proc.returncode is not None else f"not ready in {timeout:g} s"
+            )
             last = f": {lines[-1].strip()}" if lines else ""
             raise RuntimeError(f"{log.stem} {why}; see {_show(log)}{last}")
         time.sleep(0.05)
 
 
-def _spawn(name: str, args: list[str], env: dict[str, str], cwd: Path, log: Path,
-           timeout: float) -> tuple[Recorded, str | None]:
+def _spawn(
+    name: str, args: list[str], env: dict[str, str], cwd: Path, log: Path, timeout: float
+) -> tuple[Recorded, str | None]:
     argv = [sys.executable, *args]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    rec = Recorded(name, proc.pid, psutil.Process(proc.pid).create_time(),
-                   time.strftime("%Y-%m-%dT%H:%M:%S%z"), argv, str(log.resolve()))
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    rec = Recorded(
+        name,
+        proc.pid,
+        psutil.Process(proc.pid).create_time(),
+        time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        argv,
+        str(log.resolve()),
+    )
     try:
         match = _wait_ready(proc, log, READY[name], timeout)
     except RuntimeError:
@@ -203,16 +234,29 @@ def up(args: argparse.Namespace) -> int:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     records: list[Recorded] = []
     try:
-        sim, sim_url = _spawn("simulator", simulator_args(args.simulator_port, state.resolve() / "simulator.db"),
-                              env, app_dir, logs / "simulator.log", args.timeout)
+        sim, sim_url = _spawn(
+            "simulator",
+            simulator_args(args.simulator_port, state.resolve() / "simulator.db"),
+            env,
+            app_dir,
+            logs / "simulator.log",
+            args.timeout,
+        )
         records.append(sim)
         _write_pid_file(pid_file, records)
-        agent, _ = _spawn("agent", agent_args(), {**env, "AGENT_REMOTE_URL": str(sim_url)}, app_dir,
-                          logs / "agent.log", args.timeout)
+        agent, _ = _spawn(
+            "agent", agent_args(), {**env, "AGENT_REMOTE_URL": str(sim_url)}, app_dir, logs / "agent.log", args.timeout
+        )
         records.append(agent)
         _write_pid_file(pid_file, records)
-        host, _ = _spawn("devhost", devhost_args(Path("."), args.port, state.resolve()), env, app_dir,
-                         logs / "devhost.log", args.timeout)
+        host, _ = _spawn(
+            "devhost",
+            devhost_args(Path("."), args.port, state.resolve()),
+            env,
+            app_dir,
+            logs / "devhost.log",
+            args.timeout,
+        )
         records.append(host)
         _write_pid_file(pid_file, records)
     except RuntimeError as exc:

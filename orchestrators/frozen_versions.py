@@ -30,25 +30,39 @@ FROZEN_STEPS: tuple[StepName, ...] = (StepName.RESERVE_INVENTORY, StepName.CHARG
 # --- version 1: no compensation, no cancel ---------------------------------------------------------------------
 
 
-def run_step(context: df.DurableOrchestrationContext, inp: WorkflowInput, step: StepName,
-             order: dict[str, Any]) -> Generator[TaskBase, Any, AgentReply | Outcome]:
+def run_step(
+    context: df.DurableOrchestrationContext, inp: WorkflowInput, step: StepName, order: dict[str, Any]
+) -> Generator[TaskBase, Any, AgentReply | Outcome]:
     """Version 1: one step: fenced deadline, Agent request, then the race between the timer and the reply."""
     instance_id = context.instance_id
     complete_by = context.current_utc_datetime + timedelta(seconds=inp.step_timeout_seconds)
-    fenced_ok = yield call(context, fn.SET_STEP_DEADLINE, {
-        "orderId": inp.order_id, "instanceId": instance_id, "step": step.value, "completeBy": complete_by.isoformat()})
+    fenced_ok = yield call(
+        context,
+        fn.SET_STEP_DEADLINE,
+        {"orderId": inp.order_id, "instanceId": instance_id, "step": step.value, "completeBy": complete_by.isoformat()},
+    )
     if not fenced_ok:
         return Outcome.SUPERSEDED
-    yield call(context, fn.SEND_AGENT_REQUEST, {
-        "instanceId": instance_id, "orderId": inp.order_id, "attempt": inp.attempt, "step": step.value,
-        "idempotencyKey": idempotency_key(inp.order_id, step.value), "deadline": complete_by.isoformat(),
-        "maxRetries": inp.agent_retries,
-        "payload": order})
+    yield call(
+        context,
+        fn.SEND_AGENT_REQUEST,
+        {
+            "instanceId": instance_id,
+            "orderId": inp.order_id,
+            "attempt": inp.attempt,
+            "step": step.value,
+            "idempotencyKey": idempotency_key(inp.order_id, step.value),
+            "deadline": complete_by.isoformat(),
+            "maxRetries": inp.agent_retries,
+            "payload": order,
+        },
+    )
     return (yield from race(context, step, complete_by, None))  # version 1 has no cancel
 
 
-def order_workflow_v1(context: df.DurableOrchestrationContext,
-                      inp: WorkflowInput) -> Generator[TaskBase, Any, dict[str, Any]]:
+def order_workflow_v1(
+    context: df.DurableOrchestrationContext, inp: WorkflowInput
+) -> Generator[TaskBase, Any, dict[str, Any]]:
     """Version 1, as it was: no compensation, no cancel."""
     instance_id = context.instance_id
     loaded = yield call(context, fn.LOAD_ORDER, {"orderId": inp.order_id, "instanceId": instance_id})
@@ -68,32 +82,63 @@ def order_workflow_v1(context: df.DurableOrchestrationContext,
             # "Not now": the Agent made no call because the remote service's breaker is open. The attempt ends
             # without a FailureCount; the order waits in Pending for the breaker (orderflow/breaker.py).
             retry_after = float(reply.result.get("retryAfterSeconds", inp.step_timeout_seconds))
-            deferred = yield call(context, fn.DEFER_ORDER, {
-                "orderId": inp.order_id, "instanceId": instance_id, "step": step.value,
-                "retryAfterSeconds": retry_after,
-                # From the orchestration's clock, so a resent activity writes the same record (an idempotent no-op).
-                "retryAt": (context.current_utc_datetime + timedelta(seconds=retry_after)).isoformat(),
-                "reason": f"{step.value}: {CIRCUIT_OPEN}: {reply.error or ''}".strip()})
+            deferred = yield call(
+                context,
+                fn.DEFER_ORDER,
+                {
+                    "orderId": inp.order_id,
+                    "instanceId": instance_id,
+                    "step": step.value,
+                    "retryAfterSeconds": retry_after,
+                    # From the orchestration's clock, so a resent activity writes the same record (an idempotent no-op).
+                    "retryAt": (context.current_utc_datetime + timedelta(seconds=retry_after)).isoformat(),
+                    "reason": f"{step.value}: {CIRCUIT_OPEN}: {reply.error or ''}".strip(),
+                },
+            )
             outcome = Outcome.DEFERRED if deferred else Outcome.SUPERSEDED
             return {"outcome": outcome.value, "step": step.value}
         if reply.outcome is AgentOutcome.FAILED and not reply.permanent:
             # Transient failure that the Agent could not absorb within the deadline: leave the record Processing
             # with its CompleteBy; the Supervisor owns the retry (one retry owner, seed 003).
             return {"outcome": Outcome.TIMED_OUT.value, "step": step.value, "error": reply.error}
-        recorded = yield call(context, fn.RECORD_STEP_RESULT, {
-            "orderId": inp.order_id, "instanceId": instance_id, "step": step.value,
-            "status": "succeeded" if reply.outcome is AgentOutcome.SUCCEEDED else "failed", "error": reply.error})
+        recorded = yield call(
+            context,
+            fn.RECORD_STEP_RESULT,
+            {
+                "orderId": inp.order_id,
+                "instanceId": instance_id,
+                "step": step.value,
+                "status": "succeeded" if reply.outcome is AgentOutcome.SUCCEEDED else "failed",
+                "error": reply.error,
+            },
+        )
         if not recorded:
             return {"outcome": Outcome.SUPERSEDED.value, "step": step.value}
         if reply.outcome is AgentOutcome.FAILED:
-            finished = yield call(context, fn.FINISH_ORDER, {
-                "orderId": inp.order_id, "instanceId": instance_id, "attempt": inp.attempt, "outcome": "failed",
-                "reason": failure_cause(step, reply)})
+            finished = yield call(
+                context,
+                fn.FINISH_ORDER,
+                {
+                    "orderId": inp.order_id,
+                    "instanceId": instance_id,
+                    "attempt": inp.attempt,
+                    "outcome": "failed",
+                    "reason": failure_cause(step, reply),
+                },
+            )
             outcome = Outcome.FAILED if finished else Outcome.SUPERSEDED
             return {"outcome": outcome.value, "step": step.value}
-    finished = yield call(context, fn.FINISH_ORDER, {
-        "orderId": inp.order_id, "instanceId": instance_id, "attempt": inp.attempt, "outcome": "completed",
-        "reason": "all steps succeeded"})
+    finished = yield call(
+        context,
+        fn.FINISH_ORDER,
+        {
+            "orderId": inp.order_id,
+            "instanceId": instance_id,
+            "attempt": inp.attempt,
+            "outcome": "completed",
+            "reason": "all steps succeeded",
+        },
+    )
     context.set_custom_status({"step": None, "attempt": inp.attempt})
     return {"outcome": (Outcome.COMPLETED if finished else Outcome.SUPERSEDED).value}
 
@@ -101,23 +146,48 @@ def order_workflow_v1(context: df.DurableOrchestrationContext,
 # --- version 2: compensation and cancel ------------------------------------------------------------------------
 
 
-def _race_step(context: df.DurableOrchestrationContext, inp: WorkflowInput, action: Action, order: dict[str, Any],
-               version: str, cancel: TaskBase | None) -> Generator[TaskBase, Any, AgentReply | Outcome]:
+def _race_step(
+    context: df.DurableOrchestrationContext,
+    inp: WorkflowInput,
+    action: Action,
+    order: dict[str, Any],
+    version: str,
+    cancel: TaskBase | None,
+) -> Generator[TaskBase, Any, AgentReply | Outcome]:
     """One step or compensation: fenced deadline (which also reports a recorded cancel), Agent request, then the race
     between the timer, the reply and (for a forward step) the client's cancel."""
     instance_id = context.instance_id
     complete_by = context.current_utc_datetime + timedelta(seconds=inp.step_timeout_seconds)
-    fenced = yield call(context, fn.SET_STEP_DEADLINE, {
-        "orderId": inp.order_id, "instanceId": instance_id, "step": action.value, "completeBy": complete_by.isoformat(),
-        "workflowVersion": version, "honoursCancel": cancel is not None})
+    fenced = yield call(
+        context,
+        fn.SET_STEP_DEADLINE,
+        {
+            "orderId": inp.order_id,
+            "instanceId": instance_id,
+            "step": action.value,
+            "completeBy": complete_by.isoformat(),
+            "workflowVersion": version,
+            "honoursCancel": cancel is not None,
+        },
+    )
     if fenced == CANCEL_REQUESTED:
         return Outcome.CANCELLED
     if not fenced:
         return Outcome.SUPERSEDED
-    yield call(context, fn.SEND_AGENT_REQUEST, {
-        "instanceId": instance_id, "orderId": inp.order_id, "attempt": inp.attempt, "step": action.value,
-        "idempotencyKey": idempotency_key(inp.order_id, action.value), "deadline": complete_by.isoformat(),
-        "maxRetries": inp.agent_retries, "payload": order})
+    yield call(
+        context,
+        fn.SEND_AGENT_REQUEST,
+        {
+            "instanceId": instance_id,
+            "orderId": inp.order_id,
+            "attempt": inp.attempt,
+            "step": action.value,
+            "idempotencyKey": idempotency_key(inp.order_id, action.value),
+            "deadline": complete_by.isoformat(),
+            "maxRetries": inp.agent_retries,
+            "payload": order,
+        },
+    )
     return (yield from race(context, action, complete_by, cancel))
 
 
@@ -125,8 +195,9 @@ def _race_step(context: df.DurableOrchestrationContext, inp: WorkflowInput, acti
 CANCEL_REQUESTED = "cancel"
 
 
-def _record(context: df.DurableOrchestrationContext, inp: WorkflowInput, action: Action,
-            reply: AgentReply) -> Generator[TaskBase, Any, dict[str, Any] | None]:
+def _record(
+    context: df.DurableOrchestrationContext, inp: WorkflowInput, action: Action, reply: AgentReply
+) -> Generator[TaskBase, Any, dict[str, Any] | None]:
     """A step's or compensation's reply: "not now" (the breaker) defers, a transient failure the Agent could not
     absorb within the deadline leaves the record with its CompleteBy (the Supervisor owns the retry, one retry owner,
     seed 003); otherwise the outcome is recorded (fenced; a compensation with the remote's `undone`). None: go on."""
@@ -135,30 +206,52 @@ def _record(context: df.DurableOrchestrationContext, inp: WorkflowInput, action:
     if reply.outcome is AgentOutcome.FAILED and not reply.permanent:
         return {"outcome": Outcome.TIMED_OUT.value, "step": action.value, "error": reply.error}
     succeeded = reply.outcome is AgentOutcome.SUCCEEDED
-    request: dict[str, Any] = {"orderId": inp.order_id, "instanceId": context.instance_id, "step": action.value,
-                               "status": "succeeded" if succeeded else "failed", "error": reply.error}
+    request: dict[str, Any] = {
+        "orderId": inp.order_id,
+        "instanceId": context.instance_id,
+        "step": action.value,
+        "status": "succeeded" if succeeded else "failed",
+        "error": reply.error,
+    }
     if isinstance(action, CompensationName):
         request["undone"] = bool(reply.result.get("undone")) if succeeded else None
     recorded = yield call(context, fn.RECORD_STEP_RESULT, request)
     return None if recorded else {"outcome": Outcome.SUPERSEDED.value, "step": action.value}
 
 
-def _finish(context: df.DurableOrchestrationContext, inp: WorkflowInput, order: dict[str, Any], version: str,
-            outcome: str, reason: str, done: Outcome) -> Generator[TaskBase, Any, dict[str, Any]]:
+def _finish(
+    context: df.DurableOrchestrationContext,
+    inp: WorkflowInput,
+    order: dict[str, Any],
+    version: str,
+    outcome: str,
+    reason: str,
+    done: Outcome,
+) -> Generator[TaskBase, Any, dict[str, Any]]:
     """FINISH_ORDER. The forward path's completion is a decision point too: a cancel recorded while the last step
     ran is honoured (the activity answers "cancel" and writes nothing), so an accepted cancel is never dropped."""
     forward = done is Outcome.COMPLETED
-    finished = yield call(context, fn.FINISH_ORDER, {
-        "orderId": inp.order_id, "instanceId": context.instance_id, "attempt": inp.attempt, "outcome": outcome,
-        "reason": reason, **({"honoursCancel": True} if forward else {})})
+    finished = yield call(
+        context,
+        fn.FINISH_ORDER,
+        {
+            "orderId": inp.order_id,
+            "instanceId": context.instance_id,
+            "attempt": inp.attempt,
+            "outcome": outcome,
+            "reason": reason,
+            **({"honoursCancel": True} if forward else {}),
+        },
+    )
     if forward and finished == CANCEL_REQUESTED:
         return (yield from _undo(context, inp, order, version, CANCELLED_PREFIX))
     context.set_custom_status({"step": None, "attempt": inp.attempt})
     return {"outcome": (done if finished else Outcome.SUPERSEDED).value}
 
 
-def order_workflow_v2(context: df.DurableOrchestrationContext, inp: WorkflowInput,
-                      version: str) -> Generator[TaskBase, Any, dict[str, Any]]:
+def order_workflow_v2(
+    context: df.DurableOrchestrationContext, inp: WorkflowInput, version: str
+) -> Generator[TaskBase, Any, dict[str, Any]]:
     cancel = context.wait_for_external_event(CANCEL_EVENT)
     loaded = yield call(context, fn.LOAD_ORDER, {"orderId": inp.order_id, "instanceId": context.instance_id})
     if loaded is None:
@@ -183,18 +276,25 @@ def order_workflow_v2(context: df.DurableOrchestrationContext, inp: WorkflowInpu
             return ended
         if reply.outcome is AgentOutcome.FAILED:
             return (yield from _undo(context, inp, order, version, failure_cause(step, reply)))
-    return (yield from _finish(context, inp, order, version, "completed", "all steps succeeded",
-                                   Outcome.COMPLETED))
+    return (yield from _finish(context, inp, order, version, "completed", "all steps succeeded", Outcome.COMPLETED))
 
 
-def _undo(context: df.DurableOrchestrationContext, inp: WorkflowInput, order: dict[str, Any], version: str,
-          cause: str) -> Generator[TaskBase, Any, dict[str, Any]]:
+def _undo(
+    context: df.DurableOrchestrationContext, inp: WorkflowInput, order: dict[str, Any], version: str, cause: str
+) -> Generator[TaskBase, Any, dict[str, Any]]:
     """Begin compensation (fenced): the activity moves the record and answers the compensations to run, newest step
     first; [] when nothing was sent (the order ended Cancelled or Error, notified by the activity)."""
     complete_by = context.current_utc_datetime + timedelta(seconds=inp.step_timeout_seconds)
-    names = yield call(context, fn.BEGIN_COMPENSATION, {
-        "orderId": inp.order_id, "instanceId": context.instance_id, "cause": cause,
-        "completeBy": complete_by.isoformat()})
+    names = yield call(
+        context,
+        fn.BEGIN_COMPENSATION,
+        {
+            "orderId": inp.order_id,
+            "instanceId": context.instance_id,
+            "cause": cause,
+            "completeBy": complete_by.isoformat(),
+        },
+    )
     if names is None:
         return {"outcome": Outcome.SUPERSEDED.value}
     if not names:
@@ -202,8 +302,9 @@ def _undo(context: df.DurableOrchestrationContext, inp: WorkflowInput, order: di
     return (yield from _compensate(context, inp, order, version, names))
 
 
-def _compensate(context: df.DurableOrchestrationContext, inp: WorkflowInput, order: dict[str, Any], version: str,
-                names: list[str]) -> Generator[TaskBase, Any, dict[str, Any]]:
+def _compensate(
+    context: df.DurableOrchestrationContext, inp: WorkflowInput, order: dict[str, Any], version: str, names: list[str]
+) -> Generator[TaskBase, Any, dict[str, Any]]:
     for name in names:
         action = CompensationName(name)
         context.set_custom_status({"compensation": action.value, "attempt": inp.attempt})
@@ -215,6 +316,9 @@ def _compensate(context: df.DurableOrchestrationContext, inp: WorkflowInput, ord
         if ended is not None:
             return ended
         if reply.outcome is AgentOutcome.FAILED:
-            return (yield from _finish(context, inp, order, version, "failed", failure_cause(action, reply),
-                                       Outcome.COMPENSATION_FAILED))
+            return (
+                yield from _finish(
+                    context, inp, order, version, "failed", failure_cause(action, reply), Outcome.COMPENSATION_FAILED
+                )
+            )
     return (yield from _finish(context, inp, order, version, "completed", "compensated", Outcome.COMPENSATED))

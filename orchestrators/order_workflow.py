@@ -40,9 +40,13 @@ __all__ = ["ACTIVITY_RETRY", "DONE_OUTCOMES", "bp", "order_workflow", "order_wor
 bp = df.Blueprint()
 
 # ADVANCE_ORDER's `done` state as the orchestration's outcome.
-DONE_OUTCOMES = {ProcessState.PROCESSED: Outcome.COMPLETED, ProcessState.ERROR: Outcome.FAILED,
-                 ProcessState.CANCELLED: Outcome.CANCELLED, ProcessState.COMPENSATED: Outcome.COMPENSATED,
-                 ProcessState.COMPENSATION_FAILED: Outcome.COMPENSATION_FAILED}
+DONE_OUTCOMES = {
+    ProcessState.PROCESSED: Outcome.COMPLETED,
+    ProcessState.ERROR: Outcome.FAILED,
+    ProcessState.CANCELLED: Outcome.CANCELLED,
+    ProcessState.COMPENSATED: Outcome.COMPENSATED,
+    ProcessState.COMPENSATION_FAILED: Outcome.COMPENSATION_FAILED,
+}
 
 
 def workflow_version(context: df.DurableOrchestrationContext, inp: WorkflowInput) -> str:
@@ -63,8 +67,9 @@ def order_workflow(context: df.DurableOrchestrationContext) -> Generator[TaskBas
     return (yield from order_workflow_v3(context, inp, version))
 
 
-def order_workflow_v3(context: df.DurableOrchestrationContext, inp: WorkflowInput,
-                      version: str) -> Generator[TaskBase, Any, dict[str, Any]]:
+def order_workflow_v3(
+    context: df.DurableOrchestrationContext, inp: WorkflowInput, version: str
+) -> Generator[TaskBase, Any, dict[str, Any]]:
     """Decide, race, decide again until ADVANCE_ORDER ends the order. Steps an earlier attempt completed are skipped
     by the activity (never called again), and a compensation claimed by the Starter starts at its first compensation
     still to run."""
@@ -73,8 +78,11 @@ def order_workflow_v3(context: df.DurableOrchestrationContext, inp: WorkflowInpu
     cancelled = False
     while True:
         complete_by = context.current_utc_datetime + timedelta(seconds=inp.step_timeout_seconds)
-        answer = yield call(context, fn.ADVANCE_ORDER, AdvanceOrderInput.decision(
-            inp, context.instance_id, version, complete_by, result, cancelled))
+        answer = yield call(
+            context,
+            fn.ADVANCE_ORDER,
+            AdvanceOrderInput.decision(inp, context.instance_id, version, complete_by, result, cancelled),
+        )
         if answer is None:  # fenced out: a later attempt holds the record
             return WorkflowResult(outcome=Outcome.SUPERSEDED).to_dict()
         decided = AdvanceOrderResult.from_dict(answer)
@@ -83,8 +91,11 @@ def order_workflow_v3(context: df.DurableOrchestrationContext, inp: WorkflowInpu
             return WorkflowResult(outcome=DONE_OUTCOMES[decided.done]).to_dict()
         action = decided.action()
         forward = isinstance(action, StepName)
-        status = SchedulerStatus(step=action, attempt=inp.attempt) if forward else \
-            SchedulerStatus(compensation=action, attempt=inp.attempt)
+        status = (
+            SchedulerStatus(step=action, attempt=inp.attempt)
+            if forward
+            else SchedulerStatus(compensation=action, attempt=inp.attempt)
+        )
         context.set_custom_status(status.to_dict())
         raced = yield from race(context, action, complete_by, cancel if forward and not cancel.is_completed else None)
         if raced is Outcome.CANCELLED:

@@ -65,8 +65,9 @@ def forget_buffered_event(context: df.DurableOrchestrationContext, name: str) ->
         del deferred[name]
 
 
-def race(context: df.DurableOrchestrationContext, action: Action, complete_by: datetime,
-         cancel: TaskBase | None) -> Generator[TaskBase, Any, AgentReply | Outcome]:
+def race(
+    context: df.DurableOrchestrationContext, action: Action, complete_by: datetime, cancel: TaskBase | None
+) -> Generator[TaskBase, Any, AgentReply | Outcome]:
     """The race between the timer at CompleteBy, the Agent's reply and (for a forward step) the client's cancel. A
     reply for another instance or action, or a malformed one, is ignored and the wait goes on."""
     instance_id = context.instance_id
@@ -94,15 +95,24 @@ def race(context: df.DurableOrchestrationContext, action: Action, complete_by: d
         log_live(context, "%s: ignoring a reply for %s/%s", instance_id, reply.instance_id, reply.step)
 
 
-def not_now(context: df.DurableOrchestrationContext, inp: WorkflowInput, action: Action,
-            reply: AgentReply) -> Generator[TaskBase, Any, dict[str, Any]]:
-    """"Not now": the Agent made no call because the remote service's breaker is open. The attempt ends without a
+def not_now(
+    context: df.DurableOrchestrationContext, inp: WorkflowInput, action: Action, reply: AgentReply
+) -> Generator[TaskBase, Any, dict[str, Any]]:
+    """ "Not now": the Agent made no call because the remote service's breaker is open. The attempt ends without a
     FailureCount; the order (or its compensation) waits for the breaker (orderflow/breaker.py)."""
     retry_after = float(reply.result.get("retryAfterSeconds", inp.step_timeout_seconds))
-    deferred = yield call(context, fn.DEFER_ORDER, DeferOrderInput(
-        order_id=inp.order_id, instance_id=context.instance_id, step=action, retry_after_seconds=retry_after,
-        # From the orchestration's clock, so a resent activity writes the same record (an idempotent no-op).
-        retry_at=context.current_utc_datetime + timedelta(seconds=retry_after),
-        reason=f"{action.value}: {CIRCUIT_OPEN}: {reply.error or ''}".strip()))
+    deferred = yield call(
+        context,
+        fn.DEFER_ORDER,
+        DeferOrderInput(
+            order_id=inp.order_id,
+            instance_id=context.instance_id,
+            step=action,
+            retry_after_seconds=retry_after,
+            # From the orchestration's clock, so a resent activity writes the same record (an idempotent no-op).
+            retry_at=context.current_utc_datetime + timedelta(seconds=retry_after),
+            reason=f"{action.value}: {CIRCUIT_OPEN}: {reply.error or ''}".strip(),
+        ),
+    )
     outcome = Outcome.DEFERRED if deferred else Outcome.SUPERSEDED
     return WorkflowResult(outcome=outcome, step=action).to_dict()

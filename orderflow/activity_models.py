@@ -76,11 +76,27 @@ class AdvanceOrderInput(ActivityModel):
     cancel: bool = False
 
     @classmethod
-    def decision(cls, inp: WorkflowInput, instance_id: str, version: str, complete_by: datetime,
-                 result: ActionResult | None, cancel: bool) -> AdvanceOrderInput:
+    def decision(
+        cls,
+        inp: WorkflowInput,
+        instance_id: str,
+        version: str,
+        complete_by: datetime,
+        result: ActionResult | None,
+        cancel: bool,
+    ) -> AdvanceOrderInput:
         trace = {"traceparent": inp.traceparent} if inp.traceparent else {}  # each activity's span joins the trace
-        return cls(order_id=inp.order_id, instance_id=instance_id, attempt=inp.attempt, workflow_version=version,
-                   agent_retries=inp.agent_retries, **trace, complete_by=complete_by, result=result, cancel=cancel)
+        return cls(
+            order_id=inp.order_id,
+            instance_id=instance_id,
+            attempt=inp.attempt,
+            workflow_version=version,
+            agent_retries=inp.agent_retries,
+            **trace,
+            complete_by=complete_by,
+            result=result,
+            cancel=cancel,
+        )
 
 
 class AdvanceOrderResult(ActivityModel):

@@ -78,7 +78,7 @@ def _endpoint(source: Mapping[str, str]) -> str:
 
 def _embedded_path(endpoint: str) -> str | None:
     """The SQLite file of an `embedded://PATH` endpoint; None for a Cosmos DB account."""
-    return endpoint[len(EMBEDDED_SCHEME):] if endpoint.startswith(EMBEDDED_SCHEME) else None
+    return endpoint[len(EMBEDDED_SCHEME) :] if endpoint.startswith(EMBEDDED_SCHEME) else None
 
 
 def _cosmos(endpoint: str, source: Mapping[str, str]) -> tuple[CosmosClient, DefaultAzureCredential, CosmosNames]:

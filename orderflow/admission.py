@@ -71,13 +71,21 @@ class Figures:
     reserved: tuple[str, ...] = ()  # when the slots of the last RESERVATION_GRACE were reserved
 
     def to_data(self) -> dict[str, Any]:
-        return {"processing": self.processing, "pending": self.pending, "refreshedAt": self.refreshed_at,
-                "reserved": list(self.reserved)}
+        return {
+            "processing": self.processing,
+            "pending": self.pending,
+            "refreshedAt": self.refreshed_at,
+            "reserved": list(self.reserved),
+        }
 
     @classmethod
     def from_data(cls, data: dict[str, Any]) -> Figures:
-        return cls(int(data.get("processing", 0)), int(data.get("pending", 0)), data.get("refreshedAt"),
-                   tuple(data.get("reserved", ())))
+        return cls(
+            int(data.get("processing", 0)),
+            int(data.get("pending", 0)),
+            data.get("refreshedAt"),
+            tuple(data.get("reserved", ())),
+        )
 
     def reserved_since(self, since: datetime) -> int:
         return sum(1 for at in self.reserved if parse_utc(at) >= since)
@@ -210,8 +218,12 @@ async def _flush(services: Services, batch: list[_Request]) -> None:
             return
         now = services.clock.now()
         recent = tuple(at for at in figures.reserved if parse_utc(at) >= now - RESERVATION_GRACE)
-        updated = Figures(processing + granted_total, max(0, figures.pending - granted_total), figures.refreshed_at,
-                          recent + (format_utc(now),) * granted_total)
+        updated = Figures(
+            processing + granted_total,
+            max(0, figures.pending - granted_total),
+            figures.refreshed_at,
+            recent + (format_utc(now),) * granted_total,
+        )
         if await _write(services, updated, etag):
             return
     for request in batch:
@@ -227,8 +239,9 @@ async def release(services: Services, count: int) -> None:
     async with _lock(services):
         for _ in range(WRITE_ATTEMPTS):
             figures, etag = await read_figures(services)
-            updated = Figures(max(0, figures.processing - count), figures.pending, figures.refreshed_at,
-                              figures.reserved)
+            updated = Figures(
+                max(0, figures.processing - count), figures.pending, figures.refreshed_at, figures.reserved
+            )
             if await _write(services, updated, etag):
                 return
     log.info("admission: %d unused slot(s) left counted until the next refresh", count)

@@ -50,9 +50,13 @@ class StepResult:
         if status not in (StepStatus.SUCCEEDED, StepStatus.FAILED):
             raise ValueError(f"result.status must be succeeded or failed, got {status.value!r}")
         error, cause, undone = data.get("error"), data.get("cause"), data.get("undone")
-        return cls(parse_action(data["step"]), status is StepStatus.SUCCEEDED,
-                   None if error is None else str(error), None if cause is None else str(cause),
-                   None if undone is None else bool(undone))
+        return cls(
+            parse_action(data["step"]),
+            status is StepStatus.SUCCEEDED,
+            None if error is None else str(error),
+            None if cause is None else str(cause),
+            None if undone is None else bool(undone),
+        )
 
 
 @dataclass(frozen=True)
@@ -85,20 +89,37 @@ def _next_action(rec: OrderStateRecord) -> Action | None:
     return next((s.name for s in rec.steps if s.status is not StepStatus.SUCCEEDED), None)
 
 
-def advance(rec: OrderStateRecord, instance: str, result: StepResult | None, complete_by: datetime, now: datetime,
-            workflow_version: str, cancel: bool = False) -> Decision:
+def advance(
+    rec: OrderStateRecord,
+    instance: str,
+    result: StepResult | None,
+    complete_by: datetime,
+    now: datetime,
+    workflow_version: str,
+    cancel: bool = False,
+) -> Decision:
     """Fenced on LockedBy == `instance` (Fenced otherwise). `result`: the last action's answer (None at the start of
     an attempt, or after the client's cancel won the Scheduler's race, `cancel`). A cancel recorded for the running
     attempt is honoured here, at a decision point of the forward path, as version 2 did at each step's deadline and
     at the finish."""
     fence(rec, instance)
     if result is not None and _in_phase(rec, result.action):
-        rec = record_step(rec, instance, result.action, StepStatus.SUCCEEDED if result.succeeded
-                          else StepStatus.FAILED, now, error=result.error, undone=result.undone)
+        rec = record_step(
+            rec,
+            instance,
+            result.action,
+            StepStatus.SUCCEEDED if result.succeeded else StepStatus.FAILED,
+            now,
+            error=result.error,
+            undone=result.undone,
+        )
         if not result.succeeded:
             reason = result.cause or f"{result.action.value}: PermanentFailure: {result.error or ''}".strip()
-            rec = fail(rec, instance, reason, now) if isinstance(result.action, CompensationName) \
+            rec = (
+                fail(rec, instance, reason, now)
+                if isinstance(result.action, CompensationName)
                 else begin_compensation(rec, instance, reason, complete_by, now)
+            )
     if cancel or cancel_pending(rec, instance):
         if rec.process_state is ProcessState.PROCESSING:
             rec = begin_compensation(rec, instance, CANCELLED_PREFIX, complete_by, now)

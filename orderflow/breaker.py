@@ -89,10 +89,13 @@ class BreakerConfig:
         def seconds(name: str) -> timedelta:
             return timedelta(seconds=settings.get_int(name, env))
 
-        return cls(failure_threshold=settings.get_int("CircuitBreakerFailureThreshold", env),
-                   window=seconds("CircuitBreakerWindowSeconds"), cooldown=seconds("CircuitBreakerCooldownSeconds"),
-                   max_cooldown=seconds("CircuitBreakerMaxCooldownSeconds"),
-                   probes=settings.get_int("CircuitBreakerProbes", env))
+        return cls(
+            failure_threshold=settings.get_int("CircuitBreakerFailureThreshold", env),
+            window=seconds("CircuitBreakerWindowSeconds"),
+            cooldown=seconds("CircuitBreakerCooldownSeconds"),
+            max_cooldown=seconds("CircuitBreakerMaxCooldownSeconds"),
+            probes=settings.get_int("CircuitBreakerProbes", env),
+        )
 
 
 class BreakerDoc(BaseModel):
@@ -118,8 +121,12 @@ class BreakerDoc(BaseModel):
 
 def effective_state(doc: BreakerDoc, now: datetime) -> BreakerState:
     """Open turns half-open once its cool-down is over (no timer: whoever reads it next sees it)."""
-    if doc.state is BreakerState.OPEN and not doc.forced and doc.open_until is not None \
-            and doc.open_until <= ensure_utc(now):
+    if (
+        doc.state is BreakerState.OPEN
+        and not doc.forced
+        and doc.open_until is not None
+        and doc.open_until <= ensure_utc(now)
+    ):
         return BreakerState.HALF_OPEN
     return doc.state
 
@@ -161,18 +168,33 @@ def decide(doc: BreakerDoc, config: BreakerConfig, now: datetime) -> tuple[Decis
         return Decision.REFUSE, None
     at = ensure_utc(now)
     fresh = _probes_reset(doc, config, now)
-    return Decision.PROBE, doc.model_copy(update={
-        "state": BreakerState.HALF_OPEN, "probes_started": 1 if fresh else doc.probes_started + 1,
-        "half_open_since": at if fresh else doc.half_open_since,
-        "changed_at": at if fresh else doc.changed_at, "reason": "cool-down over" if fresh else doc.reason})
+    return Decision.PROBE, doc.model_copy(
+        update={
+            "state": BreakerState.HALF_OPEN,
+            "probes_started": 1 if fresh else doc.probes_started + 1,
+            "half_open_since": at if fresh else doc.half_open_since,
+            "changed_at": at if fresh else doc.changed_at,
+            "reason": "cool-down over" if fresh else doc.reason,
+        }
+    )
 
 
 def _open(doc: BreakerDoc, cooldown: timedelta, now: datetime, reason: str) -> BreakerDoc:
     at = ensure_utc(now)
-    return doc.model_copy(update={
-        "state": BreakerState.OPEN, "failures": (), "opened_at": at, "open_until": at + cooldown,
-        "cooldown_seconds": cooldown.total_seconds(), "probes_started": 0, "half_open_since": None, "forced": False,
-        "changed_at": at, "reason": reason})
+    return doc.model_copy(
+        update={
+            "state": BreakerState.OPEN,
+            "failures": (),
+            "opened_at": at,
+            "open_until": at + cooldown,
+            "cooldown_seconds": cooldown.total_seconds(),
+            "probes_started": 0,
+            "half_open_since": None,
+            "forced": False,
+            "changed_at": at,
+            "reason": reason,
+        }
+    )
 
 
 def on_failure(doc: BreakerDoc, config: BreakerConfig, now: datetime, probe: bool) -> BreakerDoc | None:
@@ -186,9 +208,10 @@ def on_failure(doc: BreakerDoc, config: BreakerConfig, now: datetime, probe: boo
         return None  # a call that started before the breaker opened: already counted as an outage
     window = tuple(f for f in doc.failures if f > at - config.window) + (at,)
     if len(window) >= config.failure_threshold:
-        return _open(doc, config.cooldown, now,
-                     f"{len(window)} failed requests within {int(config.window.total_seconds())} s")
-    return doc.model_copy(update={"failures": window[-config.failure_threshold:]})
+        return _open(
+            doc, config.cooldown, now, f"{len(window)} failed requests within {int(config.window.total_seconds())} s"
+        )
+    return doc.model_copy(update={"failures": window[-config.failure_threshold :]})
 
 
 def on_success(doc: BreakerDoc, now: datetime, probe: bool) -> BreakerDoc | None:
@@ -206,7 +229,8 @@ def forced(doc: BreakerDoc, state: BreakerState, now: datetime, by: str) -> Brea
     """An operator's command: open (held until closed by an operator) or closed (counts reset, automatic again)."""
     if state is BreakerState.OPEN:
         return _open(doc, timedelta(0), now, f"forced open by {by}").model_copy(
-            update={"open_until": None, "forced": True})
+            update={"open_until": None, "forced": True}
+        )
     if state is BreakerState.CLOSED:
         return closed_doc(doc.service, now, f"forced closed by {by}")
     raise ValueError("an operator can force a breaker open or closed, not half-open")
@@ -272,8 +296,15 @@ CACHE_TTL = timedelta(seconds=1)
 class SharedBreaker:
     """The breaker of one remote service over its stored document (see the module docstring)."""
 
-    def __init__(self, documents: DocumentStore, service: str, config: BreakerConfig, clock: Clock,
-                 on_transition: OnTransition | None = None, cache_ttl: timedelta = CACHE_TTL) -> None:
+    def __init__(
+        self,
+        documents: DocumentStore,
+        service: str,
+        config: BreakerConfig,
+        clock: Clock,
+        on_transition: OnTransition | None = None,
+        cache_ttl: timedelta = CACHE_TTL,
+    ) -> None:
         self.documents = documents
         self.service = service
         self.config = config
@@ -294,8 +325,11 @@ class SharedBreaker:
         if not fresh and self._cached is not None and started - self._cached[2] < self._cache_ttl:
             return self._cached[0], self._cached[1]
         found = await self.documents.get(self.service)
-        doc, etag = (BreakerDoc(service=self.service), None) if found is None else \
-            (BreakerDoc.model_validate(found[0]), found[1])
+        doc, etag = (
+            (BreakerDoc(service=self.service), None)
+            if found is None
+            else (BreakerDoc.model_validate(found[0]), found[1])
+        )
         # A read is as fresh as its start. One that started before the cached entry was made (a concurrent write's
         # result, or a later read) must not replace it: it could put a closed document back after this instance
         # opened it.
@@ -367,8 +401,7 @@ class SharedBreaker:
             return
         log.warning("circuit breaker %s: %s → %s (%s)", self.service, before.value, after.value, new.reason)
         if self._on_transition is not None:
-            await self._on_transition(Transition(self.service, before, after, new.reason or "",
-                                                 new.changed_at or now))
+            await self._on_transition(Transition(self.service, before, after, new.reason or "", new.changed_at or now))
 
     async def acquire(self) -> Permit | Refusal:
         """Before a remote call: a Permit, or a Refusal while open. Fails open when the store is unreachable."""
@@ -422,8 +455,12 @@ class SharedBreaker:
         return written
 
 
-def shared_breaker(documents: DocumentStore, clock: Clock, env: Mapping[str, str] | None = None,
-                   on_transition: OnTransition | None = None) -> SharedBreaker:
+def shared_breaker(
+    documents: DocumentStore,
+    clock: Clock,
+    env: Mapping[str, str] | None = None,
+    on_transition: OnTransition | None = None,
+) -> SharedBreaker:
     """The breaker of the configured remote service (`RemoteServiceName`), with the configured rules."""
     service = settings.get("RemoteServiceName", env) or "fulfilment"
     return SharedBreaker(documents, service, BreakerConfig.from_env(env), clock, on_transition)

@@ -88,8 +88,13 @@ def detail(message: Any) -> dict[str, Any]:
         body: Any = json.loads(text)
     except ValueError:
         body = text
-    return {**row(message), "contentType": _text(message.content_type), "correlationId": _text(message.correlation_id),
-            "applicationProperties": _properties(message), "body": body}
+    return {
+        **row(message),
+        "contentType": _text(message.content_type),
+        "correlationId": _text(message.correlation_id),
+        "applicationProperties": _properties(message),
+        "body": body,
+    }
 
 
 async def peek(bus: BusClient, queue: str, limit: int, start: int = 0) -> list[Any]:
@@ -98,8 +103,9 @@ async def peek(bus: BusClient, queue: str, limit: int, start: int = 0) -> list[A
     found: list[Any] = []
     async with bus.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
         while len(found) < limit:
-            page = await receiver.peek_messages(max_message_count=min(PEEK_PAGE, limit - len(found)),
-                                                sequence_number=start)
+            page = await receiver.peek_messages(
+                max_message_count=min(PEEK_PAGE, limit - len(found)), sequence_number=start
+            )
             found.extend(page)
             if not page:
                 break
@@ -131,7 +137,7 @@ def replay_message_id(original: str | None, sequence_number: int) -> str:
     if len(message_id) <= MESSAGE_ID_MAX:
         return message_id
     digest = hashlib.sha256(message_id.encode()).hexdigest()[:32]
-    return f"{message_id[:MESSAGE_ID_MAX - 33]}~{digest}"
+    return f"{message_id[: MESSAGE_ID_MAX - 33]}~{digest}"
 
 
 def replay_copy(message: Any, queue: str, by: str, now: datetime) -> ServiceBusMessage:
@@ -139,17 +145,34 @@ def replay_copy(message: Any, queue: str, by: str, now: datetime) -> ServiceBusM
     seq = int(message.sequence_number)
     raw = b"".join(message.body) if not isinstance(message.body, bytes) else message.body
     props: dict[str | bytes, Any] = {k: v for k, v in _properties(message).items() if k not in REPLAY_MARKERS}
-    props.update({REPLAY_OF: f"{queue}/$deadletterqueue/{seq}", "orderflowReplayedBy": by,
-                  "orderflowReplayedAt": format_utc(now),
-                  "orderflowOriginalMessageId": _text(message.message_id) or ""})
-    return ServiceBusMessage(raw, message_id=replay_message_id(_text(message.message_id), seq),
-                             session_id=_text(message.session_id), subject=_text(message.subject),
-                             content_type=_text(message.content_type), correlation_id=_text(message.correlation_id),
-                             application_properties=props)
+    props.update(
+        {
+            REPLAY_OF: f"{queue}/$deadletterqueue/{seq}",
+            "orderflowReplayedBy": by,
+            "orderflowReplayedAt": format_utc(now),
+            "orderflowOriginalMessageId": _text(message.message_id) or "",
+        }
+    )
+    return ServiceBusMessage(
+        raw,
+        message_id=replay_message_id(_text(message.message_id), seq),
+        session_id=_text(message.session_id),
+        subject=_text(message.subject),
+        content_type=_text(message.content_type),
+        correlation_id=_text(message.correlation_id),
+        application_properties=props,
+    )
 
 
-async def replay(bus: BusClient, queue: str, sequence_numbers: Iterable[int] | None, by: str, now: datetime,
-                 limit: int = 500, max_wait: float = 2.0) -> list[dict[str, Any]]:
+async def replay(
+    bus: BusClient,
+    queue: str,
+    sequence_numbers: Iterable[int] | None,
+    by: str,
+    now: datetime,
+    limit: int = 500,
+    max_wait: float = 2.0,
+) -> list[dict[str, Any]]:
     """Replay the dead-lettered messages of `queue` with these sequence numbers (None: every one, at most `limit`).
     Each is sent, then completed; the others are abandoned untouched. Returns one row per replayed message, with its
     new MessageId. Raises DeadLetterNotFound naming any sequence number it did not find (after replaying the others).
@@ -158,12 +181,15 @@ async def replay(bus: BusClient, queue: str, sequence_numbers: Iterable[int] | N
     done: list[dict[str, Any]] = []
     held: list[Any] = []
     seen: set[int] = set()
-    async with bus.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER,
-                                      max_wait_time=max_wait) as receiver, bus.get_queue_sender(queue) as sender:
+    async with (
+        bus.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER, max_wait_time=max_wait) as receiver,
+        bus.get_queue_sender(queue) as sender,
+    ):
         try:
             while len(done) < limit and (wanted is None or len(done) < len(wanted)):
-                batch = await receiver.receive_messages(max_message_count=min(PEEK_PAGE, limit - len(done)),
-                                                        max_wait_time=max_wait)
+                batch = await receiver.receive_messages(
+                    max_message_count=min(PEEK_PAGE, limit - len(done)), max_wait_time=max_wait
+                )
                 fresh = [m for m in batch if int(m.sequence_number) not in seen]
                 if not fresh:
                     held.extend(batch)
@@ -183,6 +209,8 @@ async def replay(bus: BusClient, queue: str, sequence_numbers: Iterable[int] | N
                 await receiver.abandon_message(message)
     missing = sorted(wanted - {r["sequenceNumber"] for r in done}) if wanted is not None else []
     if missing:
-        raise DeadLetterNotFound(f"no dead-lettered message with sequence number {', '.join(map(str, missing))} "
-                                 f"on {queue}" + (f" (replayed {len(done)})" if done else ""))
+        raise DeadLetterNotFound(
+            f"no dead-lettered message with sequence number {', '.join(map(str, missing))} "
+            f"on {queue}" + (f" (replayed {len(done)})" if done else "")
+        )
     return done

@@ -112,7 +112,8 @@ class OrderItem(_Model):
 def valid_order_id(v: str) -> str:
     if not ORDER_ID_PATTERN.match(v):
         raise ValueError(
-            f"orderId must be 1-{ORDER_ID_MAX_LEN} characters of A-Z a-z 0-9 _ - starting with a letter or digit")
+            f"orderId must be 1-{ORDER_ID_MAX_LEN} characters of A-Z a-z 0-9 _ - starting with a letter or digit"
+        )
     return v
 
 
@@ -199,8 +200,10 @@ def parse_message(model: type[M], kind: str, body: bytes | str) -> M:
         raise InvalidMessage("UnknownType", f"field 'type' must be {kind!r}, got {quote(raw.get('type'))}")
     version = raw.get("schemaVersion")
     if version not in READ_SCHEMA_VERSIONS or isinstance(version, bool):
-        raise InvalidMessage("UnsupportedSchemaVersion",
-                             f"field 'schemaVersion' must be one of {list(READ_SCHEMA_VERSIONS)}, got {quote(version)}")
+        raise InvalidMessage(
+            "UnsupportedSchemaVersion",
+            f"field 'schemaVersion' must be one of {list(READ_SCHEMA_VERSIONS)}, got {quote(version)}",
+        )
     try:
         return model.model_validate(raw)
     except (ValidationError, RecursionError) as exc:
@@ -226,8 +229,10 @@ def _invalid_field(exc: ValidationError | RecursionError) -> InvalidMessage:
     field = ".".join(str(p) for p in err["loc"]) or ("schemaVersion" if "schemaVersion" in err["msg"] else "body")
     if err["type"] == "extra_forbidden":
         return InvalidMessage(f"InvalidField:{printable(bounded(field, QUOTE_MAX))}", f"unknown field {quote(field)}")
-    return InvalidMessage(f"InvalidField:{printable(bounded(field, QUOTE_MAX))}",
-                          f"field {quote(field)}: {bounded(err['msg'], QUOTE_MAX * 4)}")
+    return InvalidMessage(
+        f"InvalidField:{printable(bounded(field, QUOTE_MAX))}",
+        f"field {quote(field)}: {bounded(err['msg'], QUOTE_MAX * 4)}",
+    )
 
 
 class CancelOrder(_Routed):
@@ -316,8 +321,11 @@ def parse_action(value: object) -> Action:
 
 
 # A pydantic field of one step or compensation: one validator, so an error is located at the field itself.
-ActionField = Annotated[Action, PlainValidator(parse_action, json_schema_input_type=Literal[*ACTION_NAMES]),
-                        PlainSerializer(lambda a: a.value, return_type=str)]
+ActionField = Annotated[
+    Action,
+    PlainValidator(parse_action, json_schema_input_type=Literal[*ACTION_NAMES]),
+    PlainSerializer(lambda a: a.value, return_type=str),
+]
 
 
 def idempotency_key(order_id: str, step: str) -> str:
@@ -419,8 +427,15 @@ class OrderStatus(StrEnum):
 
 
 COMPENSATION_STATUSES = frozenset({OrderStatus.COMPENSATED, OrderStatus.COMPENSATION_FAILED, OrderStatus.CANCELLED})
-TERMINAL_STATUSES = frozenset({OrderStatus.COMPLETED, OrderStatus.FAILED, OrderStatus.COMPENSATED,
-                               OrderStatus.COMPENSATION_FAILED, OrderStatus.CANCELLED})
+TERMINAL_STATUSES = frozenset(
+    {
+        OrderStatus.COMPLETED,
+        OrderStatus.FAILED,
+        OrderStatus.COMPENSATED,
+        OrderStatus.COMPENSATION_FAILED,
+        OrderStatus.CANCELLED,
+    }
+)
 
 
 class Effects(_Model):
@@ -484,8 +499,12 @@ class OperatorAlert(_Model):
         text (`description`, `error`) is left out, so a reworded description does not make a repeat look new. At most
         23 + 1 + 64 characters, inside Service Bus's 128.
         """
-        about = [self.kind.value, self.reason, self.order_id,
-                 *(self.details.get(key) for key in ALERT_IDENTITY_DETAILS)]
+        about = [
+            self.kind.value,
+            self.reason,
+            self.order_id,
+            *(self.details.get(key) for key in ALERT_IDENTITY_DETAILS),
+        ]
         canonical = json.dumps(about, separators=(",", ":"), default=str)
         return f"{self.kind.value}:{hashlib.sha256(canonical.encode()).hexdigest()}"
 

@@ -44,8 +44,10 @@ def terminal_status(rec: OrderStateRecord) -> tuple[OrderStatus, str]:
     if state is ProcessState.COMPENSATED:
         return OrderStatus.COMPENSATED, rec.compensation_cause or "compensated"
     if state is ProcessState.COMPENSATION_FAILED:
-        return OrderStatus.COMPENSATION_FAILED, f"{rec.last_error or 'compensation failed'} (after: " \
-            f"{rec.compensation_cause or 'unknown'})"
+        return (
+            OrderStatus.COMPENSATION_FAILED,
+            f"{rec.last_error or 'compensation failed'} (after: {rec.compensation_cause or 'unknown'})",
+        )
     if state is ProcessState.CANCELLED:
         return OrderStatus.CANCELLED, rec.compensation_cause or CANCELLED_PREFIX
     raise IllegalTransition(f"order {rec.order_id} is {state.value}: it has no terminal status")
@@ -67,8 +69,11 @@ def _alert_kind(rec: OrderStateRecord, reason: str) -> AlertKind | None:
     failed. A completed or cancelled order owes none."""
     if rec.process_state is ProcessState.COMPENSATION_FAILED:
         return AlertKind.COMPENSATION_FAILED
-    cause = reason if rec.process_state is ProcessState.ERROR else (
-        rec.compensation_cause if rec.process_state is ProcessState.COMPENSATED else None)
+    cause = (
+        reason
+        if rec.process_state is ProcessState.ERROR
+        else (rec.compensation_cause if rec.process_state is ProcessState.COMPENSATED else None)
+    )
     if cause is None or cause.startswith(CANCELLED_PREFIX):
         return None
     return AlertKind.FAILURE_THRESHOLD if cause.startswith(THRESHOLD_PREFIX) else AlertKind.ORDER_FAILED
@@ -79,8 +84,16 @@ async def send_terminal_status(services: Services, rec: OrderStateRecord) -> Non
     detection on the reply queue absorbs a repeat inside its window. Used by `notify_terminal` and by the
     submission when an order that is already terminal is submitted again."""
     state, reason = terminal_status(rec)
-    await send_status(services.bus, rec.reply_to, order_id=rec.order_id, state=state, attempt=rec.attempt,
-                      reason=reason, now=services.clock.now(), effects=effects_of(rec))
+    await send_status(
+        services.bus,
+        rec.reply_to,
+        order_id=rec.order_id,
+        state=state,
+        attempt=rec.attempt,
+        reason=reason,
+        now=services.clock.now(),
+        effects=effects_of(rec),
+    )
 
 
 async def notify_terminal(services: Services, rec: OrderStateRecord) -> None:
@@ -88,10 +101,16 @@ async def notify_terminal(services: Services, rec: OrderStateRecord) -> None:
     fails. Traced as a child of the current span (the activity that ended the order), else of the order's trace (the
     Supervisor's sweep)."""
     state, reason = terminal_status(rec)
-    with tracing.span("orderflow.terminal_status", parent=None if tracing.in_trace() else rec.traceparent,
-                      kind=tracing.SpanKind.PRODUCER,
-                      attributes={**tracing.order_attributes(rec.order_id),
-                                  "orderflow.state": rec.process_state.value, "orderflow.status": state.value}):
+    with tracing.span(
+        "orderflow.terminal_status",
+        parent=None if tracing.in_trace() else rec.traceparent,
+        kind=tracing.SpanKind.PRODUCER,
+        attributes={
+            **tracing.order_attributes(rec.order_id),
+            "orderflow.state": rec.process_state.value,
+            "orderflow.status": state.value,
+        },
+    ):
         now = services.clock.now()
         kind = _alert_kind(rec, reason)
         if kind is not None:
@@ -99,8 +118,15 @@ async def notify_terminal(services: Services, rec: OrderStateRecord) -> None:
             details: dict[str, object] = {"attempt": rec.attempt, "failureCount": rec.failure_count}
             if effects is not None:
                 details.update(effects.to_dict())
-            await raise_alert(services.bus, services.tunables.alerts_queue, kind=kind, order_id=rec.order_id,
-                              reason=reason, now=now, details=details)
+            await raise_alert(
+                services.bus,
+                services.tunables.alerts_queue,
+                kind=kind,
+                order_id=rec.order_id,
+                reason=reason,
+                now=now,
+                details=details,
+            )
         await send_terminal_status(services, rec)
         wrote = Wrote(lambda r: mark_notified(r, services.clock.now()))
         await services.state.update_with_retry(rec.order_id, wrote)

@@ -41,8 +41,9 @@ ORDER_ID_REGEX = ORDER_ID_PATTERN.pattern.replace("\\A", "^").replace("\\Z", "$"
 STATE_REGEX = "^(?:" + "|".join("".join(f"[{c.upper()}{c.lower()}]" for c in s.value) for s in ProcessState) + ")$"
 # The continuation a page answers with; opaque to clients (a keyset position, orderflow/ports.py KeysetCursor).
 CONTINUATION_FORMAT = "orderflow-continuation"
-RuntimeStatus = Literal["Running", "Completed", "ContinuedAsNew", "Failed", "Canceled", "Terminated", "Pending",
-                        "Suspended"]
+RuntimeStatus = Literal[
+    "Running", "Completed", "ContinuedAsNew", "Failed", "Canceled", "Terminated", "Pending", "Suspended"
+]
 
 
 class _Answer(BaseModel):
@@ -235,8 +236,16 @@ class CancelRequest(_Answer):
     by: str | None = None
 
 
-MODELS: tuple[type[BaseModel], ...] = (Error, OrderView, OrdersPage, Resubmitted, CancelAccepted, Summary,
-                                       ResubmitRequest, CancelRequest)
+MODELS: tuple[type[BaseModel], ...] = (
+    Error,
+    OrderView,
+    OrdersPage,
+    Resubmitted,
+    CancelAccepted,
+    Summary,
+    ResubmitRequest,
+    CancelRequest,
+)
 
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:
@@ -250,84 +259,156 @@ def _json(model: type[BaseModel] | None, description: str) -> dict[str, Any]:
 
 
 def _errors(*statuses: int) -> dict[str, Any]:
-    text = {400: "Bad input: an invalid order id, parameter or body", 404: "No such order in the state store",
-            409: "The order's state does not allow this", 500: "The request failed (details in the function's log)"}
+    text = {
+        400: "Bad input: an invalid order id, parameter or body",
+        404: "No such order in the state store",
+        409: "The order's state does not allow this",
+        500: "The request failed (details in the function's log)",
+    }
     out: dict[str, Any] = {str(s): _json(Error, text[s]) for s in statuses}
     # The Functions host itself answers a missing or wrong key, with no body.
     out["401"] = {"description": "No valid function key (x-functions-key header or code query parameter)"}
     return out
 
 
-_ID = {"name": "id", "in": "path", "required": True, "description": "The order id",
-       "schema": {"type": "string", "pattern": ORDER_ID_REGEX}}
+_ID = {
+    "name": "id",
+    "in": "path",
+    "required": True,
+    "description": "The order id",
+    "schema": {"type": "string", "pattern": ORDER_ID_REGEX},
+}
 
 
 def _paths() -> dict[str, Any]:
     return {
-        f"/{ROUTE_ORDER}": {"get": {
-            "operationId": "getOrder", "summary": "One order: state record, stored order, each attempt's orchestration",
-            "parameters": [_ID],
-            "responses": {"200": _json(OrderView, "The order"), **_errors(400, 404, 500)}}},
-        f"/{ROUTE_ORDERS}": {"get": {
-            "operationId": "listOrders", "summary": "The orders in one state, a page at a time, oldest change first",
-            # An empty optional parameter is as good as absent: the Functions host drops empty query values before
-            # the worker sees them (azure-functions-host GrpcMessageConversionExtensions.ToRpcHttp).
-            "parameters": [
-                {"name": "state", "in": "query", "required": True, "description": "A ProcessState (any case)",
-                 "schema": {"type": "string", "pattern": STATE_REGEX}},
-                {"name": "olderThan", "in": "query", "allowEmptyValue": True,
-                 "description": f"Only those unchanged for this long: 90s, 15m, 2h, 3d (at most {OLDER_THAN_MAX})",
-                 "schema": {"type": "string", "pattern": OLDER_THAN_PATTERN}},
-                {"name": "pageSize", "in": "query", "allowEmptyValue": True,
-                 "schema": {"type": "integer", "minimum": 1, "maximum": PAGE_SIZE_MAX, "default": DEFAULT_PAGE_SIZE}},
-                {"name": "continuation", "in": "query", "allowEmptyValue": True,
-                 "description": "The previous page's continuation, unchanged (URL-encoded); any other value is a 400",
-                 "schema": {"type": "string", "format": CONTINUATION_FORMAT}}],
-            "responses": {"200": _json(OrdersPage, "One page"), **_errors(400, 500)}}},
-        f"/{ROUTE_RESUBMIT}": {"post": {
-            "operationId": "resubmitOrder",
-            "summary": "Error → Pending, CompensationFailed → CompensationInProgress, with a fresh failure budget; "
-                       "audited on the record",
-            "parameters": [_ID],
-            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(ResubmitRequest)}}},
-            "responses": {"200": _json(Resubmitted, "Resubmitted"), **_errors(400, 404, 409, 500)}}},
-        f"/{ROUTE_CANCEL}": {"post": {
-            "operationId": "cancelOrder",
-            "summary": "Cancel the order through the CancelOrder use case (a Pending or Processing order only)",
-            "parameters": [_ID],
-            "requestBody": {"required": False, "content": {"application/json": {"schema": _ref(CancelRequest)}}},
-            "responses": {"202": _json(CancelAccepted, "The cancel is on its way (or was already recorded)"),
-                          **_errors(400, 404, 409, 500)}}},
-        f"/{ROUTE_SUMMARY}": {"get": {
-            "operationId": "getSummary", "summary": "Counts per state, oldest Pending, expired work, dead letters, "
-                                                    "breakers, the Supervisor's last run",
-            "responses": {"200": _json(Summary, "The figures"), **_errors(500)}}},
-        f"/{ROUTE_OPENAPI}": {"get": {
-            "operationId": "getOpenApi", "summary": "This document",
-            "responses": {"200": _json(None, "The OpenAPI 3.1 document"), **_errors()}}},
+        f"/{ROUTE_ORDER}": {
+            "get": {
+                "operationId": "getOrder",
+                "summary": "One order: state record, stored order, each attempt's orchestration",
+                "parameters": [_ID],
+                "responses": {"200": _json(OrderView, "The order"), **_errors(400, 404, 500)},
+            }
+        },
+        f"/{ROUTE_ORDERS}": {
+            "get": {
+                "operationId": "listOrders",
+                "summary": "The orders in one state, a page at a time, oldest change first",
+                # An empty optional parameter is as good as absent: the Functions host drops empty query values before
+                # the worker sees them (azure-functions-host GrpcMessageConversionExtensions.ToRpcHttp).
+                "parameters": [
+                    {
+                        "name": "state",
+                        "in": "query",
+                        "required": True,
+                        "description": "A ProcessState (any case)",
+                        "schema": {"type": "string", "pattern": STATE_REGEX},
+                    },
+                    {
+                        "name": "olderThan",
+                        "in": "query",
+                        "allowEmptyValue": True,
+                        "description": (
+                            f"Only those unchanged for this long: 90s, 15m, 2h, 3d (at most {OLDER_THAN_MAX})"
+                        ),
+                        "schema": {"type": "string", "pattern": OLDER_THAN_PATTERN},
+                    },
+                    {
+                        "name": "pageSize",
+                        "in": "query",
+                        "allowEmptyValue": True,
+                        "schema": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": PAGE_SIZE_MAX,
+                            "default": DEFAULT_PAGE_SIZE,
+                        },
+                    },
+                    {
+                        "name": "continuation",
+                        "in": "query",
+                        "allowEmptyValue": True,
+                        "description": (
+                            "The previous page's continuation, unchanged (URL-encoded); any other value is a 400"
+                        ),
+                        "schema": {"type": "string", "format": CONTINUATION_FORMAT},
+                    },
+                ],
+                "responses": {"200": _json(OrdersPage, "One page"), **_errors(400, 500)},
+            }
+        },
+        f"/{ROUTE_RESUBMIT}": {
+            "post": {
+                "operationId": "resubmitOrder",
+                "summary": "Error → Pending, CompensationFailed → CompensationInProgress, with a fresh failure budget; "
+                "audited on the record",
+                "parameters": [_ID],
+                "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(ResubmitRequest)}}},
+                "responses": {"200": _json(Resubmitted, "Resubmitted"), **_errors(400, 404, 409, 500)},
+            }
+        },
+        f"/{ROUTE_CANCEL}": {
+            "post": {
+                "operationId": "cancelOrder",
+                "summary": "Cancel the order through the CancelOrder use case (a Pending or Processing order only)",
+                "parameters": [_ID],
+                "requestBody": {"required": False, "content": {"application/json": {"schema": _ref(CancelRequest)}}},
+                "responses": {
+                    "202": _json(CancelAccepted, "The cancel is on its way (or was already recorded)"),
+                    **_errors(400, 404, 409, 500),
+                },
+            }
+        },
+        f"/{ROUTE_SUMMARY}": {
+            "get": {
+                "operationId": "getSummary",
+                "summary": "Counts per state, oldest Pending, expired work, dead letters, "
+                "breakers, the Supervisor's last run",
+                "responses": {"200": _json(Summary, "The figures"), **_errors(500)},
+            }
+        },
+        f"/{ROUTE_OPENAPI}": {
+            "get": {
+                "operationId": "getOpenApi",
+                "summary": "This document",
+                "responses": {"200": _json(None, "The OpenAPI 3.1 document"), **_errors()},
+            }
+        },
     }
 
 
 @functools.cache
 def document() -> dict[str, Any]:
     """The OpenAPI 3.1 document (built once per process; callers must not mutate it)."""
-    _, defs = models_json_schema([(m, "serialization") for m in MODELS], by_alias=True,
-                                 ref_template="#/components/schemas/{model}")
+    _, defs = models_json_schema(
+        [(m, "serialization") for m in MODELS], by_alias=True, ref_template="#/components/schemas/{model}"
+    )
     return {
         "openapi": "3.1.0",
-        "info": {"title": "orderflow operator API", "version": API_VERSION,
-                 "description": "Find and repair stuck orders (Scheduler Agent Supervisor). The same operations as "
-                                "the `orderflow` CLI; docs/operations.md."},
+        "info": {
+            "title": "orderflow operator API",
+            "version": API_VERSION,
+            "description": "Find and repair stuck orders (Scheduler Agent Supervisor). The same operations as "
+            "the `orderflow` CLI; docs/operations.md.",
+        },
         "servers": [{"url": "/api"}],
         "security": [{"functionKey": []}, {"functionKeyQuery": []}],
         "paths": _paths(),
         "components": {
             "schemas": defs["$defs"],
             "securitySchemes": {
-                "functionKey": {"type": "apiKey", "in": "header", "name": "x-functions-key",
-                                "description": "A function key or the host key (`az functionapp keys list`)"},
-                "functionKeyQuery": {"type": "apiKey", "in": "query", "name": "code",
-                                     "description": "The same key as a query parameter"},
+                "functionKey": {
+                    "type": "apiKey",
+                    "in": "header",
+                    "name": "x-functions-key",
+                    "description": "A function key or the host key (`az functionapp keys list`)",
+                },
+                "functionKeyQuery": {
+                    "type": "apiKey",
+                    "in": "query",
+                    "name": "code",
+                    "description": "The same key as a query parameter",
+                },
             },
         },
     }

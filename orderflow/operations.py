@@ -44,9 +44,11 @@ RaiseEvent = Callable[[str, str, Any], Awaitable[None]]
 log = logging.getLogger("orderflow.ops")
 
 
-NOT_LISTENED = ("not read: this identity holds no Listen right on {queue} and ServiceBusNamespaceResourceId is not "
-                "set (the exact count, with Reader on the queue); see the Service Bus metric DeadletteredMessages "
-                "(workbook tile Dead-lettered messages)")
+NOT_LISTENED = (
+    "not read: this identity holds no Listen right on {queue} and ServiceBusNamespaceResourceId is not "
+    "set (the exact count, with Reader on the queue); see the Service Bus metric DeadletteredMessages "
+    "(workbook tile Dead-lettered messages)"
+)
 
 
 def app_listens(tunables: Tunables) -> frozenset[str]:
@@ -92,8 +94,10 @@ class DurableStatuses(Protocol):
 def parse_duration(text: str) -> timedelta:
     """`90s`, `15m`, `2h`, `3d` (the CLI's --older-than, the API's olderThan)."""
     if DURATION.match(text) is None:
-        raise BadRequest(f"olderThan (--older-than) {text[:40]!r} is not a duration like 90s, 15m, 2h or 3d "
-                         f"(at most {OLDER_THAN_MAX})")
+        raise BadRequest(
+            f"olderThan (--older-than) {text[:40]!r} is not a duration like 90s, 15m, 2h or 3d "
+            f"(at most {OLDER_THAN_MAX})"
+        )
     return timedelta(seconds=int(text[:-1]) * UNITS[text[-1]])
 
 
@@ -116,11 +120,17 @@ def _age(now: datetime, then: datetime | None) -> float | None:
 
 def order_row(rec: Any, now: datetime) -> dict[str, Any]:
     """One line of `orders`: where the order is and since when."""
-    return {"orderId": rec.order_id, "processState": rec.process_state.value, "attempt": rec.attempt,
-            "failureCount": rec.failure_count, "lockedBy": rec.locked_by,
-            "completeBy": None if rec.complete_by is None else format_utc(rec.complete_by),
-            "updatedAt": format_utc(rec.updated_at), "ageSeconds": _age(now, rec.updated_at),
-            "lastError": rec.last_error}
+    return {
+        "orderId": rec.order_id,
+        "processState": rec.process_state.value,
+        "attempt": rec.attempt,
+        "failureCount": rec.failure_count,
+        "lockedBy": rec.locked_by,
+        "completeBy": None if rec.complete_by is None else format_utc(rec.complete_by),
+        "updatedAt": format_utc(rec.updated_at),
+        "ageSeconds": _age(now, rec.updated_at),
+        "lastError": rec.last_error,
+    }
 
 
 @dataclass
@@ -147,8 +157,13 @@ class Operations:
         rec, etag = await self._record(order_id)
         stored = await self.services.orders.get(order_id)
         attempts = await asyncio.gather(*(self._attempt(order_id, n) for n in range(1, rec.attempt + 1)))
-        return {"orderId": order_id, "etag": etag, "state": rec.to_doc(),
-                "order": None if stored is None else stored.order, "attempts": list(attempts)}
+        return {
+            "orderId": order_id,
+            "etag": etag,
+            "state": rec.to_doc(),
+            "order": None if stored is None else stored.order,
+            "attempts": list(attempts),
+        }
 
     async def _attempt(self, order_id: str, attempt: int) -> dict[str, Any]:
         instance = instance_id(order_id, attempt)
@@ -165,8 +180,9 @@ class Operations:
                 entry["orchestrationError"] = "no such instance (never started, or purged)"
         return entry
 
-    async def orders(self, state: str, older_than: str | None = None, page_size: int = 50,
-                     continuation: str | None = None) -> dict[str, Any]:
+    async def orders(
+        self, state: str, older_than: str | None = None, page_size: int = 50, continuation: str | None = None
+    ) -> dict[str, Any]:
         """One page of the orders in `state` (oldest change first), optionally only those unchanged for
         `older_than`."""
         wanted = parse_state(state)
@@ -178,8 +194,11 @@ class Operations:
             page = await self.services.state.query_in_state(wanted, page_size, continuation, before)
         except ValueError as exc:
             raise BadRequest(str(exc)) from exc
-        return {"state": wanted.value, "items": [order_row(rec, now) for rec, _ in page.items],
-                "continuation": page.continuation}
+        return {
+            "state": wanted.value,
+            "items": [order_row(rec, now) for rec, _ in page.items],
+            "continuation": page.continuation,
+        }
 
     async def resubmit(self, order_id: str, by: str, reason: str) -> dict[str, Any]:
         """Error → Pending, CompensationFailed → CompensationInProgress, with a fresh failure budget, audited."""
@@ -188,14 +207,19 @@ class Operations:
         await self._record(order_id)
         try:
             rec, _ = await self.services.state.update_with_retry(
-                order_id, lambda r: resubmit(r, self.now, by.strip()[:256], reason.strip()[:256]))
+                order_id, lambda r: resubmit(r, self.now, by.strip()[:256], reason.strip()[:256])
+            )
         except IllegalTransition as exc:
             raise WrongState(str(exc)) from exc
-        return {"orderId": order_id, "processState": rec.process_state.value,
-                "resubmission": rec.resubmissions[-1].model_dump(mode="json", by_alias=True)}
+        return {
+            "orderId": order_id,
+            "processState": rec.process_state.value,
+            "resubmission": rec.resubmissions[-1].model_dump(mode="json", by_alias=True),
+        }
 
-    async def cancel(self, order_id: str, by: str, reason: str | None = None,
-                     tell: RaiseEvent | None = None) -> dict[str, Any]:
+    async def cancel(
+        self, order_id: str, by: str, reason: str | None = None, tell: RaiseEvent | None = None
+    ) -> dict[str, Any]:
         """Apply the order's cancel through the CancelOrder handler's use case (`submission.cancel_order`): Pending →
         Cancelled at once, Processing → cancelRequestedAt, and `tell` raises `CancelOrder` on the running attempt
         (which otherwise honours the record at its next decision point). No bus send: the function app holds no send
@@ -203,8 +227,9 @@ class Operations:
         hold it (yet: a client's own CancelOrder, in the order's session, waits for its submission)."""
         rec, _ = await self._record(order_id)
         if rec.process_state not in CANCELLABLE:
-            raise WrongState(f"order {order_id} is {rec.process_state.value}: only a Pending or Processing order can "
-                             "be cancelled")
+            raise WrongState(
+                f"order {order_id} is {rec.process_state.value}: only a Pending or Processing order can be cancelled"
+            )
         if rec.cancel_requested_at is not None:
             return _cancel_answer(order_id, rec, already=True)
         try:
@@ -244,9 +269,13 @@ class Operations:
         return {
             "generatedAt": format_utc(now),
             "states": per_state,
-            "oldestPending": None if oldest is None else {
-                "orderId": oldest.order_id, "since": format_utc(oldest.updated_at),
-                "ageSeconds": _age(now, oldest.updated_at)},
+            "oldestPending": None
+            if oldest is None
+            else {
+                "orderId": oldest.order_id,
+                "since": format_utc(oldest.updated_at),
+                "ageSeconds": _age(now, oldest.updated_at),
+            },
             "expiredSupervised": expired,
             "deadLetters": dict(zip(queues, depths, strict=True)),
             "breakers": await self._breakers(),
@@ -282,26 +311,35 @@ async def _depth_or_error(bus: BusClient, queue: str, cap: int) -> dict[str, Any
 def _cancel_answer(order_id: str, rec: Any, *, already: bool) -> dict[str, Any]:
     """The cancel route's answer; `messageId` stays null (no message is sent)."""
     at = rec.cancel_requested_at
-    return {"orderId": order_id, "processState": rec.process_state.value, "messageId": None,
-            "cancelRequestedAt": None if at is None else format_utc(at), "alreadyRequested": already}
+    return {
+        "orderId": order_id,
+        "processState": rec.process_state.value,
+        "messageId": None,
+        "cancelRequestedAt": None if at is None else format_utc(at),
+        "alreadyRequested": already,
+    }
 
 
 def _supervisor(data: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     last = dict(data.get("lastRun") or {})
     at = last.get("at")
-    return {"position": data.get("position"), "lastRun": last or None,
-            "lastRunAgeSeconds": None if at is None else _age(now, parse_utc(at))}
+    return {
+        "position": data.get("position"),
+        "lastRun": last or None,
+        "lastRunAgeSeconds": None if at is None else _age(now, parse_utc(at)),
+    }
 
 
-def cancel_body(order_id: str, reply_to: str, reason: str | None = None,
-                requested_at: datetime | None = None) -> str:
+def cancel_body(order_id: str, reply_to: str, reason: str | None = None, requested_at: datetime | None = None) -> str:
     """A CancelOrder's JSON body (validated: ValueError on an invalid orderId, replyTo or reason)."""
-    return CancelOrder(order_id=order_id, reply_to=reply_to, reason=reason,
-                       requested_at=requested_at or datetime.now(UTC)).to_json()
+    return CancelOrder(
+        order_id=order_id, reply_to=reply_to, reason=reason, requested_at=requested_at or datetime.now(UTC)
+    ).to_json()
 
 
-def cancel_message(order_id: str, reply_to: str, reason: str | None = None,
-                   requested_at: datetime | None = None) -> ServiceBusMessage:
+def cancel_message(
+    order_id: str, reply_to: str, reason: str | None = None, requested_at: datetime | None = None
+) -> ServiceBusMessage:
     """A CancelOrder as a client sends it on orders-inbound: SessionId = orderId (after the order's SubmitOrder),
     MessageId = `<orderId>:cancel:<hash of the body>` (each cancel is its own message; an identical resend is absorbed
     by duplicate detection)."""

@@ -67,8 +67,9 @@ class ClientStatuses:
 async def serve(handler: Handler, get_status: GetStatus | None = None, ok: int = 200) -> Reply:
     """Run one operation on this process's services: `ok` with its answer, an `OpsError`'s status, or a bare 500."""
     try:
-        ops = Operations(await get_services(), None if get_status is None else ClientStatuses(get_status),
-                         listens=app_listens)
+        ops = Operations(
+            await get_services(), None if get_status is None else ClientStatuses(get_status), listens=app_listens
+        )
         return Reply(ok, await handler(ops))
     except OpsError as exc:
         return Reply(exc.status, exc.to_json())
@@ -84,12 +85,18 @@ def order(order_id: str) -> Handler:
 def orders(query: Mapping[str, str]) -> Handler:
     """GET /orders. An empty parameter counts as absent, as on Azure, where the host drops empty query values before
     the Python worker sees them."""
+
     async def run(ops: Operations) -> dict[str, Any]:
         state = query.get("state")
         if not state:
             raise BadRequest("the query parameter state is required (Pending, Processing, Error, ...)")
-        return await ops.orders(state, _older_than(query.get("olderThan") or None), _page_size(query.get("pageSize")),
-                                query.get("continuation") or None)
+        return await ops.orders(
+            state,
+            _older_than(query.get("olderThan") or None),
+            _page_size(query.get("pageSize")),
+            query.get("continuation") or None,
+        )
+
     return run
 
 
@@ -98,16 +105,19 @@ def resubmit(order_id: str, body: bytes, headers: Mapping[str, str], env: Mappin
         fields = _body(body, required=True)
         reason = fields.get("reason")
         if reason is None:
-            raise BadRequest("the body needs a reason: {\"reason\": \"...\"}")
+            raise BadRequest('the body needs a reason: {"reason": "..."}')
         return await ops.resubmit(order_id, _caller(fields, headers, env), reason)
+
     return run
 
 
-def cancel(order_id: str, body: bytes, headers: Mapping[str, str], env: Mapping[str, str],
-           tell: RaiseEvent | None = None) -> Handler:
+def cancel(
+    order_id: str, body: bytes, headers: Mapping[str, str], env: Mapping[str, str], tell: RaiseEvent | None = None
+) -> Handler:
     async def run(ops: Operations) -> dict[str, Any]:
         fields = _body(body, required=False)
         return await ops.cancel(order_id, _caller(fields, headers, env), fields.get("reason"), tell)
+
     return run
 
 
@@ -135,7 +145,7 @@ def _body(raw: bytes, *, required: bool) -> dict[str, str]:
     such an object is a BadRequest: malformed, nested too deeply to parse, or not UTF-8 text."""
     if not raw.strip():
         if required:
-            raise BadRequest("the body must be a JSON object like {\"reason\": \"...\", \"by\": \"...\"}")
+            raise BadRequest('the body must be a JSON object like {"reason": "...", "by": "..."}')
         return {}
     try:
         fields = json.loads(raw)
@@ -144,7 +154,7 @@ def _body(raw: bytes, *, required: bool) -> dict[str, str]:
     except RecursionError:
         raise BadRequest("the body is not JSON: it is nested too deeply") from None
     if not isinstance(fields, dict):
-        raise BadRequest("the body must be a JSON object like {\"reason\": \"...\", \"by\": \"...\"}")
+        raise BadRequest('the body must be a JSON object like {"reason": "...", "by": "..."}')
     unknown = sorted(set(fields) - {"reason", "by"})
     if unknown:
         raise BadRequest(f"unknown field(s) in the body: {', '.join(unknown)} (expected reason, by)")

@@ -98,8 +98,9 @@ def _complete_by(rec: OrderStateRecord) -> datetime:
     return rec.complete_by
 
 
-def next_cursor(page: list[Versioned], more: bool,
-                position: Callable[[OrderStateRecord], datetime] = _complete_by) -> str | None:
+def next_cursor(
+    page: list[Versioned], more: bool, position: Callable[[OrderStateRecord], datetime] = _complete_by
+) -> str | None:
     """The continuation after `page` (keyed on `position` of its last record: CompleteBy by default), or None when
     it was the last."""
     if not more or not page:
@@ -129,8 +130,9 @@ class StateStore(Protocol):
         """If-Match write; returns the new etag. Raises PreconditionFailed (stale etag) or NotFound."""
         ...
 
-    async def query_claimable(self, now: datetime, limit: int,
-                              states: tuple[ProcessState, ...] = CLAIMABLE_STATES) -> list[Versioned]:
+    async def query_claimable(
+        self, now: datetime, limit: int, states: tuple[ProcessState, ...] = CLAIMABLE_STATES
+    ) -> list[Versioned]:
         """In `states` (by default Pending or CompensationInProgress, records.CLAIMABLE_STATES), LockedBy null,
         RetryAt null or <= now; ordered by retryAt (nulls first) then createdAt."""
         ...
@@ -152,8 +154,13 @@ class StateStore(Protocol):
         summary only, never the submission path)."""
         ...
 
-    async def query_in_state(self, state: ProcessState, page_size: int, continuation: str | None = None,
-                             updated_before: datetime | None = None) -> Page:
+    async def query_in_state(
+        self,
+        state: ProcessState,
+        page_size: int,
+        continuation: str | None = None,
+        updated_before: datetime | None = None,
+    ) -> Page:
         """One page of the records in `state` (the operator's list), only those last written (updatedAt) before
         `updated_before` when given; ordered by (updatedAt, id) and keyset-paged (`KeysetCursor`), so no record is
         skipped or repeated while others leave the state between pages. A record rewritten during the listing moves
@@ -197,8 +204,11 @@ class IndexEntry:
     def matches(self, rec: OrderStateRecord) -> bool:
         """Whether the record is still what this entry says: supervised (Processing or CompensationInProgress), this
         CompleteBy, this lock."""
-        return (rec.process_state in SUPERVISED_STATES and rec.complete_by == self.complete_by
-                and rec.locked_by == self.locked_by)
+        return (
+            rec.process_state in SUPERVISED_STATES
+            and rec.complete_by == self.complete_by
+            and rec.locked_by == self.locked_by
+        )
 
 
 def bucket_of(at: datetime, width_seconds: int) -> datetime:
@@ -218,8 +228,9 @@ class RecoveryIndex(Protocol):
         """Create or overwrite the entry (idempotent)."""
         ...
 
-    async def page(self, bucket: datetime, window_start: datetime, window_end: datetime, after: ExpiredCursor,
-                   limit: int) -> tuple[list[IndexEntry], float]:
+    async def page(
+        self, bucket: datetime, window_start: datetime, window_end: datetime, after: ExpiredCursor, limit: int
+    ) -> tuple[list[IndexEntry], float]:
         """Entries of one bucket with window_start <= CompleteBy < window_end, after the cursor (completeBy, orderId),
         ordered by (completeBy, orderId); at most `limit`; and the request charge (a single-partition query)."""
         ...

@@ -66,8 +66,13 @@ class ProcessState(StrEnum):
 # order. Store queries filter on these.
 CLAIMABLE_STATES = (ProcessState.PENDING, ProcessState.COMPENSATING)
 SUPERVISED_STATES = (ProcessState.PROCESSING, ProcessState.COMPENSATING)
-TERMINAL_STATES = (ProcessState.PROCESSED, ProcessState.ERROR, ProcessState.COMPENSATED,
-                   ProcessState.COMPENSATION_FAILED, ProcessState.CANCELLED)
+TERMINAL_STATES = (
+    ProcessState.PROCESSED,
+    ProcessState.ERROR,
+    ProcessState.COMPENSATED,
+    ProcessState.COMPENSATION_FAILED,
+    ProcessState.CANCELLED,
+)
 
 
 class StepStatus(StrEnum):

@@ -33,13 +33,15 @@ async def index_deadline(index: RecoveryIndex | None, order_id: str, complete_by
     if index is not None:
         await index.add(IndexEntry(order_id, complete_by, locked_by))
 
+
 # A range wider than this many buckets starts with one query for its earliest entry instead of bucket by bucket.
 MAX_BUCKETS_WITHOUT_JUMP = 24
 
 
 class ExpiredSource(Protocol):
-    async def query_expired(self, window_start: datetime, window_end: datetime, page_size: int,
-                            continuation: str | None = None) -> Page: ...
+    async def query_expired(
+        self, window_start: datetime, window_end: datetime, page_size: int, continuation: str | None = None
+    ) -> Page: ...
 
 
 @dataclass
@@ -59,8 +61,9 @@ class QueryScan:
         self._state = state
         self.cost = cost
 
-    async def query_expired(self, window_start: datetime, window_end: datetime, page_size: int,
-                            continuation: str | None = None) -> Page:
+    async def query_expired(
+        self, window_start: datetime, window_end: datetime, page_size: int, continuation: str | None = None
+    ) -> Page:
         page = await self._state.query_expired(window_start, window_end, page_size, continuation)
         self.cost.queries += 1
         self.cost.documents += len(page.items)
@@ -75,8 +78,9 @@ class IndexedScan:
         self._index = index
         self.cost = cost
 
-    async def query_expired(self, window_start: datetime, window_end: datetime, page_size: int,
-                            continuation: str | None = None) -> Page:
+    async def query_expired(
+        self, window_start: datetime, window_end: datetime, page_size: int, continuation: str | None = None
+    ) -> Page:
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
         width = timedelta(seconds=self._index.bucket_seconds)
@@ -106,8 +110,9 @@ class IndexedScan:
             log.warning("stale recovery-index entry %s not removed", entry.id, exc_info=True)
         return None
 
-    async def _entries(self, start: datetime, end: datetime, wanted: int, after: ExpiredCursor,
-                       width: timedelta) -> tuple[list[IndexEntry], float]:
+    async def _entries(
+        self, start: datetime, end: datetime, wanted: int, after: ExpiredCursor, width: timedelta
+    ) -> tuple[list[IndexEntry], float]:
         """Up to `wanted` entries of [start, end) after the cursor, in (CompleteBy, orderId) order. Bucket by bucket;
         where more than MAX_BUCKETS_WITHOUT_JUMP buckets are left and the last one read was empty (or at the start),
         one query for the earliest entry jumps over the empty stretch."""

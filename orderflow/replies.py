@@ -62,16 +62,22 @@ def check_reply(body: bytes | str, session_id: str | None) -> AgentReply:
         raise UnusableReply(f"InvalidAgentReply:{field}", f"field '{field}': {err['msg']}") from exc
     problem = durable_instance_id_problem(reply.instance_id)
     if problem is not None:
-        raise UnusableReply("InvalidAgentReply:instanceId", f"field 'instanceId' {reply.instance_id!r} breaks the "
-                                                            f"Durable instance-id rules: it {problem}")
+        raise UnusableReply(
+            "InvalidAgentReply:instanceId",
+            f"field 'instanceId' {reply.instance_id!r} breaks the Durable instance-id rules: it {problem}",
+        )
     expected = scheduler_instance_id(reply.order_id, reply.attempt)
     if reply.instance_id != expected:
-        raise UnusableReply("InvalidAgentReply:instanceId", f"field 'instanceId' must be '<orderId>:<attempt>' = "
-                                                            f"{expected!r}, got {reply.instance_id!r}")
+        raise UnusableReply(
+            "InvalidAgentReply:instanceId",
+            f"field 'instanceId' must be '<orderId>:<attempt>' = {expected!r}, got {reply.instance_id!r}",
+        )
     # SessionId = orderId today; an attempt-scoped session (`<orderId>:<attempt>`) is accepted as well.
     if session_id not in (reply.order_id, reply.instance_id):
-        raise UnusableReply("InvalidAgentReply:sessionId",
-                            f"field 'sessionId' must be the reply's orderId {reply.order_id!r}, got {session_id!r}")
+        raise UnusableReply(
+            "InvalidAgentReply:sessionId",
+            f"field 'sessionId' must be the reply's orderId {reply.order_id!r}, got {session_id!r}",
+        )
     return reply
 
 
@@ -88,6 +94,7 @@ def classify_raise_error(exc: BaseException) -> RaiseOutcome:
     if unrecognized is not None:
         status = int(unrecognized.group(1))
         if 400 <= status < 500 and status not in TRANSIENT_4XX:
-            raise UnusableReply(f"RaiseEventRejected:{status}",
-                                f"the Durable HTTP API refused the event for good: {message}")
+            raise UnusableReply(
+                f"RaiseEventRejected:{status}", f"the Durable HTTP API refused the event for good: {message}"
+            )
     return RaiseOutcome.TRANSIENT

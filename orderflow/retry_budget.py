@@ -44,14 +44,17 @@ class RetryBudget:
         if self.budget < self.max_delivery_count * self.failure_threshold:
             raise ValueError(
                 f"RemoteCallBudgetPerStep {self.budget} is below AgentRequestsMaxDeliveryCount x FailureThreshold = "
-                f"{self.max_delivery_count} x {self.failure_threshold}: not even one call per delivery fits")
+                f"{self.max_delivery_count} x {self.failure_threshold}: not even one call per delivery fits"
+            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RetryBudget:
-        return cls(budget=settings.get_int("RemoteCallBudgetPerStep", env),
-                   agent_retries=settings.get_int("AgentRetriesPerStep", env),
-                   max_delivery_count=settings.get_int("AgentRequestsMaxDeliveryCount", env),
-                   failure_threshold=settings.get_int("FailureThreshold", env))
+        return cls(
+            budget=settings.get_int("RemoteCallBudgetPerStep", env),
+            agent_retries=settings.get_int("AgentRetriesPerStep", env),
+            max_delivery_count=settings.get_int("AgentRequestsMaxDeliveryCount", env),
+            failure_threshold=settings.get_int("FailureThreshold", env),
+        )
 
     def request_retries(self) -> int:
         """The retries the Scheduler allows the Agent per request (carried in the request)."""
@@ -72,5 +75,7 @@ class RetryBudget:
     def arithmetic(self, agent_max_retries: int | None = None) -> str:
         """E.g. `(4 + 1) x 5 x 3 = 75 <= 75`: the README's line, from the settings."""
         retries = self.calls_per_request(agent_max_retries) - 1
-        return (f"({retries} + 1) x {self.max_delivery_count} x {self.failure_threshold} = "
-                f"{self.worst_case(agent_max_retries)} <= {self.budget}")
+        return (
+            f"({retries} + 1) x {self.max_delivery_count} x {self.failure_threshold} = "
+            f"{self.worst_case(agent_max_retries)} <= {self.budget}"
+        )

@@ -69,16 +69,25 @@ class Tunables:
 
         allowed = frozenset(q.strip() for q in s("AllowedReplyQueues").split(",") if q.strip())
         return cls(
-            orders_queue=s("OrdersQueueName"), agent_requests_queue=s("AgentRequestsQueueName"),
-            agent_replies_queue=s("AgentRepliesQueueName"), alerts_queue=s("OperatorAlertsQueueName"),
-            allowed_reply_queues=allowed, step_timeout=timedelta(seconds=i("StepTimeoutSeconds")),
-            claim_lease=timedelta(seconds=i("ClaimLeaseSeconds")), starter_batch=i("StarterBatchSize"),
-            scan_window=timedelta(seconds=i("SupervisorScanWindowSeconds")), page_size=i("SupervisorPageSize"),
-            max_results=i("SupervisorMaxResults"), failure_threshold=i("FailureThreshold"),
+            orders_queue=s("OrdersQueueName"),
+            agent_requests_queue=s("AgentRequestsQueueName"),
+            agent_replies_queue=s("AgentRepliesQueueName"),
+            alerts_queue=s("OperatorAlertsQueueName"),
+            allowed_reply_queues=allowed,
+            step_timeout=timedelta(seconds=i("StepTimeoutSeconds")),
+            claim_lease=timedelta(seconds=i("ClaimLeaseSeconds")),
+            starter_batch=i("StarterBatchSize"),
+            scan_window=timedelta(seconds=i("SupervisorScanWindowSeconds")),
+            page_size=i("SupervisorPageSize"),
+            max_results=i("SupervisorMaxResults"),
+            failure_threshold=i("FailureThreshold"),
             agent_retries=RetryBudget.from_env(env).request_retries(),
-            max_in_processing=i("MaxOrdersInProcessing"), max_pending=i("MaxPendingOrders"),
-            remote_service=s("RemoteServiceName"), scan_mode=scan_mode(s("SupervisorScanMode")),
-            backoff=exponential_backoff(float(i("RetryBackoffBaseSeconds")), float(i("RetryBackoffMaxSeconds"))))
+            max_in_processing=i("MaxOrdersInProcessing"),
+            max_pending=i("MaxPendingOrders"),
+            remote_service=s("RemoteServiceName"),
+            scan_mode=scan_mode(s("SupervisorScanMode")),
+            backoff=exponential_backoff(float(i("RetryBackoffBaseSeconds")), float(i("RetryBackoffMaxSeconds"))),
+        )
 
     def internal_queues(self) -> frozenset[str]:
         return frozenset({self.orders_queue, self.agent_requests_queue, self.agent_replies_queue, self.alerts_queue})
@@ -125,9 +134,14 @@ async def get_services() -> Services:
         orders, state = open_stores(os.environ)
         tunables = Tunables.from_env()
         _services[loop_id] = Services(
-            orders=orders, state=state, bus=aio_bus_from_settings(os.environ), tunables=tunables,
+            orders=orders,
+            state=state,
+            bus=aio_bus_from_settings(os.environ),
+            tunables=tunables,
             breakers=open_breaker_documents(os.environ),
-            index=open_recovery_index(os.environ), queue_counts=queue_counts.from_settings(os.environ))
+            index=open_recovery_index(os.environ),
+            queue_counts=queue_counts.from_settings(os.environ),
+        )
     return _services[loop_id]
 
 

@@ -129,9 +129,7 @@ class CrashBudget:
     headroom_s: float = CRASH_HEADROOM_SECONDS
 
     @classmethod
-    def from_settings(
-        cls, env: Mapping[str, str], *, requests_lock: timedelta, replies_lock: timedelta
-    ) -> CrashBudget:
+    def from_settings(cls, env: Mapping[str, str], *, requests_lock: timedelta, replies_lock: timedelta) -> CrashBudget:
         """From app settings (`env`; a missing one has its registry default) and the two queues' LockDuration."""
         return cls(
             step_timeout_s=settings.get_int("StepTimeoutSeconds", env),
@@ -161,35 +159,47 @@ class CrashBudget:
 
     def step_rule(self) -> str:
         """Rule 1 with its numbers, e.g. `30 s > 5 s + 5 s + 5 s = 15 s`."""
-        return (f"{_s(self.step_timeout_s)} > {_s(self.requests_lock_s)} + {_s(self.replies_lock_s)} + "
-                f"{_s(self.headroom_s)} = {_s(self.dead_lock_s)}")
+        return (
+            f"{_s(self.step_timeout_s)} > {_s(self.requests_lock_s)} + {_s(self.replies_lock_s)} + "
+            f"{_s(self.headroom_s)} = {_s(self.dead_lock_s)}"
+        )
 
     def attempts_rule(self) -> str:
         """Rule 2 with its numbers, e.g. `(3 - 1) × 30 s + 2 s + 4 s = 66 s > 15 s`."""
         backoffs = "".join(f" + {_s(b)}" for b in self.backoffs_s)
-        return (f"({self.failure_threshold} - 1) × {_s(self.step_timeout_s)}{backoffs} = "
-                f"{_s(self.spare_attempts_s)} > {_s(self.dead_lock_s)}")
+        return (
+            f"({self.failure_threshold} - 1) × {_s(self.step_timeout_s)}{backoffs} = "
+            f"{_s(self.spare_attempts_s)} > {_s(self.dead_lock_s)}"
+        )
 
     def violations(self, max_auto_lock_renewal_s: float | None = None) -> list[str]:
         """Every broken rule, explained with its numbers; empty when the budget holds."""
         broken: list[str] = []
         for name, lock in (("agent-requests", self.requests_lock_s), ("agent-replies", self.replies_lock_s)):
             if lock < MIN_LOCK_DURATION.total_seconds():
-                broken.append(f"LockDuration of {name} is {_s(lock)}, below the Service Bus minimum of "
-                              f"{_s(MIN_LOCK_DURATION.total_seconds())}")
+                broken.append(
+                    f"LockDuration of {name} is {_s(lock)}, below the Service Bus minimum of "
+                    f"{_s(MIN_LOCK_DURATION.total_seconds())}"
+                )
         if not self.step_timeout_s > self.dead_lock_s:
-            broken.append("a crash can cost an attempt: StepTimeoutSeconds must exceed LockDuration(agent-requests) "
-                          "+ LockDuration(agent-replies) + headroom, but "
-                          f"{_s(self.step_timeout_s)} <= {_s(self.dead_lock_s)}")
+            broken.append(
+                "a crash can cost an attempt: StepTimeoutSeconds must exceed LockDuration(agent-requests) "
+                "+ LockDuration(agent-replies) + headroom, but "
+                f"{_s(self.step_timeout_s)} <= {_s(self.dead_lock_s)}"
+            )
         if not self.spare_attempts_s > self.dead_lock_s:
-            broken.append("the attempts after a lost one end before the dead locks: (FailureThreshold - 1) x "
-                          "StepTimeoutSeconds + backoffs must exceed the locks + headroom, but "
-                          f"{_s(self.spare_attempts_s)} <= {_s(self.dead_lock_s)}")
+            broken.append(
+                "the attempts after a lost one end before the dead locks: (FailureThreshold - 1) x "
+                "StepTimeoutSeconds + backoffs must exceed the locks + headroom, but "
+                f"{_s(self.spare_attempts_s)} <= {_s(self.dead_lock_s)}"
+            )
         longest_hold = max(self.step_timeout_s, self.claim_lease_s)
         if max_auto_lock_renewal_s is not None and max_auto_lock_renewal_s < longest_hold:
-            broken.append("host.json maxAutoLockRenewalDuration must cover the longest a function holds a message "
-                          "(max(StepTimeoutSeconds, ClaimLeaseSeconds)), but "
-                          f"{_s(max_auto_lock_renewal_s)} < {_s(longest_hold)}")
+            broken.append(
+                "host.json maxAutoLockRenewalDuration must cover the longest a function holds a message "
+                "(max(StepTimeoutSeconds, ClaimLeaseSeconds)), but "
+                f"{_s(max_auto_lock_renewal_s)} < {_s(longest_hold)}"
+            )
         return broken
 
 

@@ -24,15 +24,27 @@ class Setting:
 SERVICE_BUS_CONNECTION = "ServiceBusConnection"
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("ServiceBusConnection__fullyQualifiedNamespace", None,
-            "Service Bus namespace host (identity-based connection, Azure)."),
-    Setting("ServiceBusNamespaceResourceId", None,
-            "Azure: ARM resource id of the Service Bus namespace; the ops summary reads each queue's exact "
-            "dead-letter depth from its runtime counts (Reader on the queue). Unset: the depth is peeked."),
-    Setting("ServiceBusConnection", None,
-            "Local only: connection string; `Endpoint=embedded://...` selects the embedded broker."),
-    Setting("CosmosDb__accountEndpoint", None,
-            "Cosmos DB account endpoint (identity-based). `embedded://PATH` selects the embedded SQLite store."),
+    Setting(
+        "ServiceBusConnection__fullyQualifiedNamespace",
+        None,
+        "Service Bus namespace host (identity-based connection, Azure).",
+    ),
+    Setting(
+        "ServiceBusNamespaceResourceId",
+        None,
+        "Azure: ARM resource id of the Service Bus namespace; the ops summary reads each queue's exact "
+        "dead-letter depth from its runtime counts (Reader on the queue). Unset: the depth is peeked.",
+    ),
+    Setting(
+        "ServiceBusConnection",
+        None,
+        "Local only: connection string; `Endpoint=embedded://...` selects the embedded broker.",
+    ),
+    Setting(
+        "CosmosDb__accountEndpoint",
+        None,
+        "Cosmos DB account endpoint (identity-based). `embedded://PATH` selects the embedded SQLite store.",
+    ),
     Setting("CosmosDb__credential", "managedidentity", "Credential kind for the Cosmos connection."),
     Setting("CosmosDb__clientId", None, "Client id of the user-assigned identity (Azure)."),
     Setting("AZURE_CLIENT_ID", None, "Client id of the user-assigned identity for azure-identity."),
@@ -55,43 +67,73 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("SupervisorPageSize", "100", "Page size of the Supervisor's query (continuation-token paging)."),
     Setting("SupervisorMaxResults", "500", "Most expired records one Supervisor run recovers."),
     Setting("FailureThreshold", "3", "FailureCount at which the Supervisor moves a record to Error."),
-    Setting("AgentRetriesPerStep", "4",
-            "Retries the Scheduler allows the Agent per request (carried in the request; the Agent uses the lower "
-            "of this and its own AGENT_MAX_RETRIES)."),
+    Setting(
+        "AgentRetriesPerStep",
+        "4",
+        "Retries the Scheduler allows the Agent per request (carried in the request; the Agent uses the lower "
+        "of this and its own AGENT_MAX_RETRIES).",
+    ),
     Setting("RetryBackoffBaseSeconds", "2", "Base of the exponential backoff before a recovered order is retried."),
     Setting("RetryBackoffMaxSeconds", "300", "Cap of that backoff."),
-    Setting("RemoteCallBudgetPerStep", "75",
-            "Most remote calls one order step may cause over all its attempts (the retry budget the Scheduler "
-            "owns): calls per Agent request x AgentRequestsMaxDeliveryCount x FailureThreshold must not exceed it."),
-    Setting("AgentRequestsMaxDeliveryCount", "5",
-            "MaxDeliveryCount of the agent-requests queue (a redelivered request calls the remote again); must "
-            "equal the queue's property, for the retry budget."),
-    Setting("CircuitBreakerFailureThreshold", "10",
-            "Failed Agent requests (every call failed transiently) within the window, over every Agent instance, "
-            "that open the circuit breaker; 0 turns the breaker off."),
+    Setting(
+        "RemoteCallBudgetPerStep",
+        "75",
+        "Most remote calls one order step may cause over all its attempts (the retry budget the Scheduler "
+        "owns): calls per Agent request x AgentRequestsMaxDeliveryCount x FailureThreshold must not exceed it.",
+    ),
+    Setting(
+        "AgentRequestsMaxDeliveryCount",
+        "5",
+        "MaxDeliveryCount of the agent-requests queue (a redelivered request calls the remote again); must "
+        "equal the queue's property, for the retry budget.",
+    ),
+    Setting(
+        "CircuitBreakerFailureThreshold",
+        "10",
+        "Failed Agent requests (every call failed transiently) within the window, over every Agent instance, "
+        "that open the circuit breaker; 0 turns the breaker off.",
+    ),
     Setting("CircuitBreakerWindowSeconds", "30", "Rolling window in which the breaker counts failed requests."),
-    Setting("CircuitBreakerCooldownSeconds", "15",
-            "Open time before the breaker lets probes through (half-open); doubled after each failed probe."),
+    Setting(
+        "CircuitBreakerCooldownSeconds",
+        "15",
+        "Open time before the breaker lets probes through (half-open); doubled after each failed probe.",
+    ),
     Setting("CircuitBreakerMaxCooldownSeconds", "300", "Cap of the breaker's cool-down."),
     Setting("CircuitBreakerProbes", "2", "Calls the half-open breaker lets through to test the remote service."),
-    Setting("CircuitBreakerContainerName", "circuitBreakers",
-            "Container (state database, partition key /id) of the circuit-breaker documents, one per remote "
-            "service."),
-    Setting("RemoteServiceName", "fulfilment",
-            "Name of the remote service the Agent calls for every step: the id of its circuit-breaker document."),
-    Setting("MaxOrdersInProcessing", "100", "Admission bound: the Starter claims no order while this many are "
-            "Processing."),
-    Setting("SupervisorScanMode", "query",
-            "How the Supervisor finds expired work: `query` (a cross-partition CompleteBy query of the state "
-            "container) or `index` (single-partition queries of the recovery index, one per CompleteBy time bucket, "
-            "each hit verified against the state record). Every CompleteBy change writes an index entry in both "
-            "modes."),
-    Setting("RecoveryIndexContainerName", "recoveryIndex",
-            "Container (state database, partition key /bucket) of the recovery index."),
+    Setting(
+        "CircuitBreakerContainerName",
+        "circuitBreakers",
+        "Container (state database, partition key /id) of the circuit-breaker documents, one per remote service.",
+    ),
+    Setting(
+        "RemoteServiceName",
+        "fulfilment",
+        "Name of the remote service the Agent calls for every step: the id of its circuit-breaker document.",
+    ),
+    Setting(
+        "MaxOrdersInProcessing", "100", "Admission bound: the Starter claims no order while this many are Processing."
+    ),
+    Setting(
+        "SupervisorScanMode",
+        "query",
+        "How the Supervisor finds expired work: `query` (a cross-partition CompleteBy query of the state "
+        "container) or `index` (single-partition queries of the recovery index, one per CompleteBy time bucket, "
+        "each hit verified against the state record). Every CompleteBy change writes an index entry in both "
+        "modes.",
+    ),
+    Setting(
+        "RecoveryIndexContainerName",
+        "recoveryIndex",
+        "Container (state database, partition key /bucket) of the recovery index.",
+    ),
     Setting("RecoveryIndexBucketSeconds", "300", "Width of one recovery-index partition: a CompleteBy time bucket."),
-    Setting("MaxPendingOrders", "5000",
-            "Admission bound: past this Pending backlog a new order is answered `rejected` (`backlog full`) and "
-            "nothing is written."),
+    Setting(
+        "MaxPendingOrders",
+        "5000",
+        "Admission bound: past this Pending backlog a new order is answered `rejected` (`backlog full`) and "
+        "nothing is written.",
+    ),
 )
 
 SETTING_NAMES = frozenset(s.name for s in SETTINGS)

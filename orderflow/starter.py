@@ -65,8 +65,9 @@ async def try_claim(services: Services, rec: OrderStateRecord, etag: str) -> Wor
     """Claim one record for its next attempt; None when another starter won or the record is not claimable."""
     now = services.clock.now()
     instance = instance_id(rec.order_id, rec.attempt + 1)
-    with tracing.span("orderflow.starter.claim", parent=rec.traceparent,
-                      attributes=tracing.order_attributes(rec.order_id, instance)) as span:
+    with tracing.span(
+        "orderflow.starter.claim", parent=rec.traceparent, attributes=tracing.order_attributes(rec.order_id, instance)
+    ) as span:
         try:
             claimed = claim(rec, instance, now + services.tunables.claim_lease, now)
             await index_deadline(services.index, rec.order_id, claimed.complete_by or now, instance)
@@ -79,10 +80,14 @@ async def try_claim(services: Services, rec: OrderStateRecord, etag: str) -> Wor
 
 def workflow_input(services: Services, rec: OrderStateRecord) -> WorkflowInput:
     """The Scheduler's input for the record's current attempt."""
-    return WorkflowInput(order_id=rec.order_id, attempt=rec.attempt,
-                         step_timeout_seconds=int(services.tunables.step_timeout.total_seconds()),
-                         agent_retries=services.tunables.agent_retries, workflow_version=WORKFLOW_VERSION,
-                         traceparent=rec.traceparent)
+    return WorkflowInput(
+        order_id=rec.order_id,
+        attempt=rec.attempt,
+        step_timeout_seconds=int(services.tunables.step_timeout.total_seconds()),
+        agent_retries=services.tunables.agent_retries,
+        workflow_version=WORKFLOW_VERSION,
+        traceparent=rec.traceparent,
+    )
 
 
 async def start_claimed(start_new: StartNew, inp: WorkflowInput) -> None:
@@ -95,8 +100,9 @@ async def claims_allowed(services: Services) -> int | None:
     if services.breakers is None:
         return None
     try:
-        breaker = SharedBreaker(services.breakers, services.tunables.remote_service, BreakerConfig.from_env(),
-                                services.clock)
+        breaker = SharedBreaker(
+            services.breakers, services.tunables.remote_service, BreakerConfig.from_env(), services.clock
+        )
         if not breaker.config.enabled:
             return None  # CircuitBreakerFailureThreshold 0: the breaker is off
         view = await breaker.view()
@@ -141,8 +147,9 @@ async def start_one(services: Services, start_new: StartNew, order_id: str) -> S
     return result
 
 
-async def _claim_within_the_bound(services: Services, start_new: StartNew, batch: list[tuple[OrderStateRecord, str]],
-                                  result: StarterRun) -> None:
+async def _claim_within_the_bound(
+    services: Services, start_new: StartNew, batch: list[tuple[OrderStateRecord, str]], result: StarterRun
+) -> None:
     """Reserve Processing slots first (orderflow/admission.py), claim at most that many records, give back the slots
     of records another Starter won, then start the Scheduler of each claim. Every claim lands before the first
     `start_new`, well inside admission.RESERVATION_GRACE of its slot."""
@@ -177,17 +184,25 @@ def is_already_running(exc: BaseException) -> bool:
     """
     body = exc.args[0] if exc.args else None
     message = body.get("ExceptionMessage") if isinstance(body, dict) else None
-    return isinstance(message, str) and message.startswith("An Orchestration instance with the status") \
+    return (
+        isinstance(message, str)
+        and message.startswith("An Orchestration instance with the status")
         and message.rstrip().endswith("already exists.")
+    )
 
 
 async def start_attempt(start_new: StartNew, inp: WorkflowInput, result: StarterRun) -> None:
     instance = instance_id(inp.order_id, inp.attempt)
-    with tracing.span("orderflow.starter.start", parent=inp.traceparent,
-                      attributes=tracing.order_attributes(inp.order_id, instance)):
+    with tracing.span(
+        "orderflow.starter.start", parent=inp.traceparent, attributes=tracing.order_attributes(inp.order_id, instance)
+    ):
         traceparent = tracing.current_traceparent()  # this span: the parent of the attempt's activities
-        await _start(start_new, inp if traceparent == inp.traceparent else inp.model_copy(
-            update={"traceparent": traceparent}), instance, result)
+        await _start(
+            start_new,
+            inp if traceparent == inp.traceparent else inp.model_copy(update={"traceparent": traceparent}),
+            instance,
+            result,
+        )
 
 
 async def _start(start_new: StartNew, inp: WorkflowInput, instance: str, result: StarterRun) -> None:

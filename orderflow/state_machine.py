@@ -96,8 +96,12 @@ class Event(StrEnum):
 
 
 P, R, D, E = ProcessState.PENDING, ProcessState.PROCESSING, ProcessState.PROCESSED, ProcessState.ERROR
-C, CD, CF, X = (ProcessState.COMPENSATING, ProcessState.COMPENSATED, ProcessState.COMPENSATION_FAILED,
-                ProcessState.CANCELLED)
+C, CD, CF, X = (
+    ProcessState.COMPENSATING,
+    ProcessState.COMPENSATED,
+    ProcessState.COMPENSATION_FAILED,
+    ProcessState.CANCELLED,
+)
 TRANSITIONS: Mapping[tuple[ProcessState, Event], ProcessState] = {
     (P, Event.CLAIM): R,
     (R, Event.SET_STEP_DEADLINE): R,
@@ -191,9 +195,7 @@ def claim(rec: OrderStateRecord, instance: str, lease_until: datetime, now: date
         raise NotDue(f"order {rec.order_id} may be claimed again at {rec.retry_at.isoformat()}")
     attempt = rec.attempt + 1
     if attempt > MAX_ATTEMPT or instance != instance_id(rec.order_id, attempt):
-        raise ValueError(
-            f"claim of attempt {attempt} must use instance id {rec.order_id}:{attempt}, got {instance!r}"
-        )
+        raise ValueError(f"claim of attempt {attempt} must use instance id {rec.order_id}:{attempt}, got {instance!r}")
     return _move(
         rec,
         Event.CLAIM,
@@ -218,17 +220,16 @@ def _status_changes(status: StepStatus, attempt: int, at: datetime) -> dict[str,
     return {"status": status, "completed_at": at}
 
 
-def _with_step(
-    rec: OrderStateRecord, step: StepName, status: StepStatus, now: datetime
-) -> tuple[StepRecord, ...]:
+def _with_step(rec: OrderStateRecord, step: StepName, status: StepStatus, now: datetime) -> tuple[StepRecord, ...]:
     current = rec.step(step)
     _check_status_move(f"step {step.value}", current.status, current.attempt == rec.attempt, status)
     updated = current.model_copy(update=_status_changes(status, rec.attempt, ensure_utc(now)))
     return tuple(updated if s.name == step else s for s in rec.steps)
 
 
-def _with_compensation(rec: OrderStateRecord, name: CompensationName, status: StepStatus, now: datetime,
-                       undone: bool | None = None) -> tuple[CompensationRecord, ...]:
+def _with_compensation(
+    rec: OrderStateRecord, name: CompensationName, status: StepStatus, now: datetime, undone: bool | None = None
+) -> tuple[CompensationRecord, ...]:
     current = rec.compensation(name)
     if current.status is StepStatus.SUCCEEDED:
         raise IllegalTransition(f"compensation {name.value} already succeeded")
@@ -255,7 +256,11 @@ def _current_status(rec: OrderStateRecord, action: StepName | CompensationName) 
 
 
 def set_step_deadline(
-    rec: OrderStateRecord, instance: str, step: StepName | CompensationName, complete_by: datetime, now: datetime,
+    rec: OrderStateRecord,
+    instance: str,
+    step: StepName | CompensationName,
+    complete_by: datetime,
+    now: datetime,
     workflow_version: str | None = None,
 ) -> OrderStateRecord:
     """Scheduler (fenced): CompleteBy = the step's (or compensation's) deadline; it is running in this attempt. The
@@ -264,8 +269,12 @@ def set_step_deadline(
     next_state(rec.process_state, Event.SET_STEP_DEADLINE)
     status, attempt = _current_status(rec, step)
     version = workflow_version or rec.workflow_version
-    if status is StepStatus.RUNNING and attempt == rec.attempt and rec.complete_by == complete_by \
-            and version == rec.workflow_version:
+    if (
+        status is StepStatus.RUNNING
+        and attempt == rec.attempt
+        and rec.complete_by == complete_by
+        and version == rec.workflow_version
+    ):
         return rec
     changes: dict[str, object] = {"complete_by": ensure_utc(complete_by), "workflow_version": version}
     if isinstance(step, CompensationName):
@@ -335,8 +344,9 @@ def compensation_log(rec: OrderStateRecord) -> tuple[CompensationRecord, ...]:
     return tuple(CompensationRecord(name=COMPENSATION_OF[s], step=s) for s in reversed(rec.sent_steps()))
 
 
-def _undo(rec: OrderStateRecord, at: datetime, cause: str, changes: dict[str, object],
-          give_up: Event = Event.FAIL) -> OrderStateRecord:
+def _undo(
+    rec: OrderStateRecord, at: datetime, cause: str, changes: dict[str, object], give_up: Event = Event.FAIL
+) -> OrderStateRecord:
     """Into compensation (the steps sent are undone, newest first) or, with nothing sent, to the end: Cancelled for a
     cancel, Error (by `give_up`) for a failure. A failure's caller passes its error changes."""
     log = compensation_log(rec)
@@ -346,8 +356,9 @@ def _undo(rec: OrderStateRecord, at: datetime, cause: str, changes: dict[str, ob
     return _move(rec, Event.CANCEL if cause.startswith(CANCELLED_PREFIX) else give_up, at, **final)
 
 
-def begin_compensation(rec: OrderStateRecord, instance: str, cause: str, complete_by: datetime,
-                       now: datetime) -> OrderStateRecord:
+def begin_compensation(
+    rec: OrderStateRecord, instance: str, cause: str, complete_by: datetime, now: datetime
+) -> OrderStateRecord:
     """Scheduler (fenced): a step failed permanently, or the order was cancelled, while this attempt runs:
     Processing → CompensationInProgress with the log of every step sent (this instance keeps the lock and runs
     them), or straight to Cancelled / Error when nothing was sent. A repeat is a no-op."""
@@ -357,8 +368,9 @@ def begin_compensation(rec: OrderStateRecord, instance: str, cause: str, complet
     if rec.compensation_cause == cause and rec.process_state is not ProcessState.PROCESSING:
         return rec
     if rec.process_state is not ProcessState.PROCESSING:
-        raise IllegalTransition(f"order {rec.order_id} is {rec.process_state.value}: only a running attempt begins "
-                                "a compensation")
+        raise IllegalTransition(
+            f"order {rec.order_id} is {rec.process_state.value}: only a running attempt begins a compensation"
+        )
     errors = {} if cause.startswith(CANCELLED_PREFIX) else _error_changes(rec, cause)
     return _undo(rec, ensure_utc(now), cause, {"complete_by": ensure_utc(complete_by), **errors})
 
@@ -383,19 +395,25 @@ def cancel(rec: OrderStateRecord, now: datetime, reason: str | None = None) -> O
     if rec.cancel_requested_at is not None or (rec.compensation_cause or "").startswith(CANCELLED_PREFIX):
         return rec
     if rec.process_state is ProcessState.PENDING:
-        return _undo(rec, at, _cancel_cause(reason), {"retry_at": None, "cancel_requested_at": at,
-                                                        "cancel_reason": reason})
+        return _undo(
+            rec, at, _cancel_cause(reason), {"retry_at": None, "cancel_requested_at": at, "cancel_reason": reason}
+        )
     if rec.process_state is ProcessState.PROCESSING:
         return request_cancel(rec, at, reason)
-    raise CancelRefused(f"order {rec.order_id} is {rec.process_state.value}: "
-                        + ("already processed" if rec.process_state is ProcessState.PROCESSED else "not cancellable"))
+    raise CancelRefused(
+        f"order {rec.order_id} is {rec.process_state.value}: "
+        + ("already processed" if rec.process_state is ProcessState.PROCESSED else "not cancellable")
+    )
 
 
 def cancel_pending(rec: OrderStateRecord, instance: str) -> bool:
     """A cancel recorded for the order while `instance` runs it (Processing, its lock): the running attempt honours it
     at its next decision point."""
-    return rec.cancel_requested_at is not None and rec.locked_by == instance \
+    return (
+        rec.cancel_requested_at is not None
+        and rec.locked_by == instance
         and rec.process_state is ProcessState.PROCESSING
+    )
 
 
 def request_cancel(rec: OrderStateRecord, now: datetime, reason: str | None = None) -> OrderStateRecord:
@@ -404,8 +422,7 @@ def request_cancel(rec: OrderStateRecord, now: datetime, reason: str | None = No
     next_state(rec.process_state, Event.REQUEST_CANCEL)
     if rec.cancel_requested_at is not None:
         return rec
-    return _move(rec, Event.REQUEST_CANCEL, ensure_utc(now), cancel_requested_at=ensure_utc(now),
-                 cancel_reason=reason)
+    return _move(rec, Event.REQUEST_CANCEL, ensure_utc(now), cancel_requested_at=ensure_utc(now), cancel_reason=reason)
 
 
 def recover(
@@ -431,19 +448,45 @@ def recover(
     if rec.process_state is ProcessState.COMPENSATING:
         failures = rec.compensation_failures + 1
         if failures >= threshold:
-            return _move(rec, Event.RECOVER_GIVE_UP, at, compensation_failures=failures, retry_at=None, **unlocked,
-                         **_error_changes(rec, f"CompensationThresholdReached: {expired}"))
-        return _move(rec, Event.RECOVER_RETRY, at, compensation_failures=failures, retry_at=at + backoff(failures),
-                     **unlocked, **_error_changes(rec, expired))
+            return _move(
+                rec,
+                Event.RECOVER_GIVE_UP,
+                at,
+                compensation_failures=failures,
+                retry_at=None,
+                **unlocked,
+                **_error_changes(rec, f"CompensationThresholdReached: {expired}"),
+            )
+        return _move(
+            rec,
+            Event.RECOVER_RETRY,
+            at,
+            compensation_failures=failures,
+            retry_at=at + backoff(failures),
+            **unlocked,
+            **_error_changes(rec, expired),
+        )
     if rec.cancel_requested_at is not None:
         return _undo(rec, at, _cancel_cause(rec.cancel_reason), {"retry_at": None, **unlocked})
     failures = rec.failure_count + 1
     if failures >= threshold:
         cause = f"FailureThresholdReached: {expired}"
-        return _undo(rec, at, cause, {"failure_count": failures, "retry_at": None, **unlocked,
-                                      **_error_changes(rec, cause)}, Event.RECOVER_GIVE_UP)
-    return _move(rec, Event.RECOVER_RETRY, at, failure_count=failures, retry_at=at + backoff(failures), **unlocked,
-                 **_error_changes(rec, expired))
+        return _undo(
+            rec,
+            at,
+            cause,
+            {"failure_count": failures, "retry_at": None, **unlocked, **_error_changes(rec, cause)},
+            Event.RECOVER_GIVE_UP,
+        )
+    return _move(
+        rec,
+        Event.RECOVER_RETRY,
+        at,
+        failure_count=failures,
+        retry_at=at + backoff(failures),
+        **unlocked,
+        **_error_changes(rec, expired),
+    )
 
 
 def restart(rec: OrderStateRecord, expected_locked_by: str, lease_until: datetime, now: datetime) -> OrderStateRecord:
@@ -464,8 +507,12 @@ def defer(rec: OrderStateRecord, instance: str, retry_at: datetime, now: datetim
     breaker of the remote service is open, or admission control gave a claim back. FailureCount is unchanged (no
     attempt was spent on the remote service); `deferrals` counts these. The next claim starts a new attempt. A
     cancelled order is undone instead. Repeating it is a no-op (the lock is gone)."""
-    if rec.process_state in CLAIMABLE_STATES and rec.locked_by is None and rec.retry_at == ensure_utc(retry_at) \
-            and rec.last_error == reason:
+    if (
+        rec.process_state in CLAIMABLE_STATES
+        and rec.locked_by is None
+        and rec.retry_at == ensure_utc(retry_at)
+        and rec.last_error == reason
+    ):
         return rec
     fence(rec, instance)
     at = ensure_utc(now)
@@ -473,7 +520,6 @@ def defer(rec: OrderStateRecord, instance: str, retry_at: datetime, now: datetim
     if rec.process_state is ProcessState.PROCESSING and rec.cancel_requested_at is not None:
         return _undo(rec, at, _cancel_cause(rec.cancel_reason), {"retry_at": None, **unlocked})
     return _move(rec, Event.DEFER, at, retry_at=ensure_utc(retry_at), **unlocked, **_error_changes(rec, reason))
-
 
 
 class ResubmitRefused(IllegalTransition):
@@ -487,15 +533,27 @@ def resubmit(rec: OrderStateRecord, now: datetime, by: str, reason: str) -> Orde
     (notifiedAt null: the order's next end is reported). The audit entry says who, when, why and what was spent."""
     at = ensure_utc(now)
     if (rec.process_state, Event.RESUBMIT) not in TRANSITIONS:
-        raise ResubmitRefused(f"order {rec.order_id} is {rec.process_state.value}: only an order in "
-                              f"{ProcessState.ERROR.value} or {ProcessState.COMPENSATION_FAILED.value} can be "
-                              "resubmitted")
+        raise ResubmitRefused(
+            f"order {rec.order_id} is {rec.process_state.value}: only an order in "
+            f"{ProcessState.ERROR.value} or {ProcessState.COMPENSATION_FAILED.value} can be "
+            "resubmitted"
+        )
     compensating = rec.process_state is ProcessState.COMPENSATION_FAILED
     spent = rec.compensation_failures if compensating else rec.failure_count
     audit = Resubmission(at=at, by=by, reason=reason, from_state=rec.process_state, failure_count=spent)
     budget = {"compensation_failures": 0} if compensating else {"failure_count": 0}
-    return _move(rec, Event.RESUBMIT, at, locked_by=None, complete_by=None, retry_at=None, notified_at=None,
-                 resubmissions=(*rec.resubmissions, audit), **budget, **_error_changes(rec, None))
+    return _move(
+        rec,
+        Event.RESUBMIT,
+        at,
+        locked_by=None,
+        complete_by=None,
+        retry_at=None,
+        notified_at=None,
+        resubmissions=(*rec.resubmissions, audit),
+        **budget,
+        **_error_changes(rec, None),
+    )
 
 
 def mark_notified(rec: OrderStateRecord, now: datetime) -> OrderStateRecord:

@@ -100,12 +100,15 @@ def validate(body: bytes, session_id: str | None, services: Services) -> SubmitO
 def check_routing(order: SubmitOrder | CancelOrder, session_id: str | None, services: Services) -> None:
     """The message's session is its order, and replyTo is an allowed reply queue (never an internal one)."""
     if session_id is not None and session_id != order.order_id:
-        raise InvalidMessage("InvalidField:sessionId",
-                             f"field 'sessionId' must equal orderId {order.order_id!r}, got {quote(session_id)}")
+        raise InvalidMessage(
+            "InvalidField:sessionId",
+            f"field 'sessionId' must equal orderId {order.order_id!r}, got {quote(session_id)}",
+        )
     allowed = services.tunables.allowed_reply_queues
     if order.reply_to in services.tunables.internal_queues() or order.reply_to not in allowed:
-        raise InvalidMessage("InvalidField:replyTo",
-                             f"field 'replyTo' {order.reply_to!r} is not an allowed reply queue")
+        raise InvalidMessage(
+            "InvalidField:replyTo", f"field 'replyTo' {order.reply_to!r} is not an allowed reply queue"
+        )
 
 
 log = logging.getLogger("orderflow.submission")
@@ -119,11 +122,17 @@ PATIENCE = timedelta(seconds=240)
 FIRST_WAIT, LONGEST_WAIT = 0.5, 8.0
 
 
-async def receive_patiently(services: Services, body: bytes, session_id: str | None, message_id: str | None = None,
-                            sequence_number: int | None = None, *, claim: bool = False,
-                            sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                            patience: timedelta = PATIENCE,
-                            ) -> Accepted | Rejected | Refused | CancelDone | CancelTooLate:
+async def receive_patiently(
+    services: Services,
+    body: bytes,
+    session_id: str | None,
+    message_id: str | None = None,
+    sequence_number: int | None = None,
+    *,
+    claim: bool = False,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    patience: timedelta = PATIENCE,
+) -> Accepted | Rejected | Refused | CancelDone | CancelTooLate:
     """`receive`, retried on a transient failure of the store or the bus (`orderflow.errors.is_transient`:
     throttled, busy, unavailable, timed out, connection lost) with waits doubling from 0.5 s to 8 s for at most
     `patience`; then, or on any other failure, it raises (the trigger abandons the message). Every step of `receive`
@@ -140,9 +149,15 @@ async def receive_patiently(services: Services, body: bytes, session_id: str | N
             wait = min(wait * 2, LONGEST_WAIT)
 
 
-async def receive(services: Services, body: bytes, session_id: str | None, message_id: str | None = None,
-                  sequence_number: int | None = None, *,
-                  claim: bool = False) -> Accepted | Rejected | Refused | CancelDone | CancelTooLate:
+async def receive(
+    services: Services,
+    body: bytes,
+    session_id: str | None,
+    message_id: str | None = None,
+    sequence_number: int | None = None,
+    *,
+    claim: bool = False,
+) -> Accepted | Rejected | Refused | CancelDone | CancelTooLate:
     """One orders-inbound message, by its `type`: a SubmitOrder (`submit`) or a CancelOrder (`cancel_order`).
     `claim`: the submission trigger's fast path (see `submit`)."""
     try:
@@ -154,8 +169,13 @@ async def receive(services: Services, body: bytes, session_id: str | None, messa
     return await submit(services, body, session_id, message_id, sequence_number, claim=claim)
 
 
-async def cancel_order(services: Services, body: bytes, session_id: str | None, message_id: str | None = None,
-                       sequence_number: int | None = None) -> Rejected | CancelDone | CancelTooLate:
+async def cancel_order(
+    services: Services,
+    body: bytes,
+    session_id: str | None,
+    message_id: str | None = None,
+    sequence_number: int | None = None,
+) -> Rejected | CancelDone | CancelTooLate:
     """Apply a client's cancel to the order's state record (etag-guarded). The caller settles the message and, for
     `CancelDone.tell`, raises the event."""
     where = about_message(services.tunables.orders_queue, message_id, session_id, sequence_number)
@@ -163,20 +183,34 @@ async def cancel_order(services: Services, body: bytes, session_id: str | None, 
         request = parse_cancel_order(body)
         check_routing(request, session_id, services)
     except InvalidMessage as exc:
-        return await _reject(services, exc.reason, exc.description, order_id=None, kind=AlertKind.POISON_MESSAGE,
-                             where=where)
+        return await _reject(
+            services, exc.reason, exc.description, order_id=None, kind=AlertKind.POISON_MESSAGE, where=where
+        )
     order_id, now = request.order_id, services.clock.now()
     before = await services.state.get(order_id)
     if before is None:
-        return await _reject(services, "UnknownOrder", f"field 'orderId': no order {order_id!r} to cancel",
-                             order_id=order_id, kind=AlertKind.POISON_MESSAGE, where=where)
+        return await _reject(
+            services,
+            "UnknownOrder",
+            f"field 'orderId': no order {order_id!r} to cancel",
+            order_id=order_id,
+            kind=AlertKind.POISON_MESSAGE,
+            where=where,
+        )
     wrote = Wrote(lambda r: cancel(r, now, request.reason))
     try:
         rec, _ = await services.state.update_with_retry(order_id, wrote)
     except CancelRefused as exc:
-        await send_status(services.bus, request.reply_to, order_id=order_id, state=OrderStatus.REJECTED,
-                          attempt=before[0].attempt, reason=f"cancel refused: {exc}", now=now,
-                          message_id=f"{order_id}:{OrderStatus.REJECTED.value}:cancel:{message_id or sequence_number}")
+        await send_status(
+            services.bus,
+            request.reply_to,
+            order_id=order_id,
+            state=OrderStatus.REJECTED,
+            attempt=before[0].attempt,
+            reason=f"cancel refused: {exc}",
+            now=now,
+            message_id=f"{order_id}:{OrderStatus.REJECTED.value}:cancel:{message_id or sequence_number}",
+        )
         return CancelTooLate(order_id=order_id, reason=str(exc))
     if rec.process_state in TERMINAL_STATES and rec.notified_at is None:
         await entered_end(services, rec)  # Cancelled: nothing was sent, nothing to undo
@@ -184,9 +218,15 @@ async def cancel_order(services: Services, body: bytes, session_id: str | None, 
     return CancelDone(order_id=order_id, state=rec.process_state, changed=wrote.changed, tell=tell)
 
 
-async def submit(services: Services, body: bytes, session_id: str | None,
-                 message_id: str | None = None, sequence_number: int | None = None, *,
-                 claim: bool = False) -> Accepted | Rejected | Refused:
+async def submit(
+    services: Services,
+    body: bytes,
+    session_id: str | None,
+    message_id: str | None = None,
+    sequence_number: int | None = None,
+    *,
+    claim: bool = False,
+) -> Accepted | Rejected | Refused:
     """Validate and store one order. The caller settles the message: complete on Accepted, dead-letter on Rejected.
     Alerts name the message (queue, MessageId, SessionId, SequenceNumber, whole) and, when the body parsed, the
     order.
@@ -200,22 +240,31 @@ async def submit(services: Services, body: bytes, session_id: str | None,
     try:
         order = parse_submit_order(body)
     except InvalidMessage as exc:
-        return await _reject(services, exc.reason, exc.description, order_id=None, kind=AlertKind.POISON_MESSAGE,
-                             where=where)
+        return await _reject(
+            services, exc.reason, exc.description, order_id=None, kind=AlertKind.POISON_MESSAGE, where=where
+        )
     try:
         check_routing(order, session_id, services)
     except InvalidMessage as exc:
-        return await _reject(services, exc.reason, exc.description, order_id=order.order_id,
-                             kind=AlertKind.POISON_MESSAGE, where=where)
+        return await _reject(
+            services, exc.reason, exc.description, order_id=order.order_id, kind=AlertKind.POISON_MESSAGE, where=where
+        )
     now = services.clock.now()
     gate = backlog_gate(services)
     admitted = await gate.admit(services)  # counted at once; given back below unless this call creates the record
     if not admitted and await services.state.get(order.order_id) is None:
         # Admission control (orderflow/admission.py): a new order past the backlog bound is answered, not stored. The
         # status MessageId names this delivery: a later resubmission that is refused again is answered again.
-        await send_status(services.bus, order.reply_to, order_id=order.order_id, state=OrderStatus.REJECTED,
-                          attempt=0, reason=BACKLOG_FULL, now=now,
-                          message_id=f"{order.order_id}:{OrderStatus.REJECTED.value}:{sequence_number or message_id}")
+        await send_status(
+            services.bus,
+            order.reply_to,
+            order_id=order.order_id,
+            state=OrderStatus.REJECTED,
+            attempt=0,
+            reason=BACKLOG_FULL,
+            now=now,
+            message_id=f"{order.order_id}:{OrderStatus.REJECTED.value}:{sequence_number or message_id}",
+        )
         telemetry.count_rejected(BACKLOG_FULL)
         return Refused(order=order, reason=BACKLOG_FULL)
     created = False
@@ -239,15 +288,21 @@ async def fast_path_slot(services: Services) -> bool:
     return await admission.reserve(services, 1) == 1
 
 
-async def _store(services: Services, order: SubmitOrder, now: datetime, where: dict[str, Any], *,
-                 claim_slot: bool = False) -> tuple[Accepted | Rejected, bool]:
+async def _store(
+    services: Services, order: SubmitOrder, now: datetime, where: dict[str, Any], *, claim_slot: bool = False
+) -> tuple[Accepted | Rejected, bool]:
     """Write the order and its state record (each create-if-absent) and answer; whether the state record is new.
     With `claim_slot`, a new state record is created claimed for attempt 1 (see `submit`)."""
     stored, order_created = await services.orders.create_if_absent(OrderRecord.from_order(order, now))
     if stored.order_hash != order.immutable_hash():
-        return await _reject(services, "OrderConflict",
-                             f"order {order.order_id} exists with different data (hash {stored.order_hash[:12]}…)",
-                             order_id=order.order_id, kind=AlertKind.ORDER_CONFLICT, where=where), False
+        return await _reject(
+            services,
+            "OrderConflict",
+            f"order {order.order_id} exists with different data (hash {stored.order_hash[:12]}…)",
+            order_id=order.order_id,
+            kind=AlertKind.ORDER_CONFLICT,
+            where=where,
+        ), False
     new = OrderStateRecord.new(order, now)
     traceparent = tracing.current_traceparent()  # the submission's span: every later hop joins this trace
     if traceparent is not None:
@@ -258,12 +313,25 @@ async def _store(services: Services, order: SubmitOrder, now: datetime, where: d
         await index_deadline(services.index, order.order_id, new.complete_by or now, first)
     state, state_created = await services.state.create_if_absent(new)
     if state.order_hash != order.immutable_hash():  # a state record from another order under this id: never touch
-        return await _reject(services, "OrderConflict", f"state record of {order.order_id} belongs to other data",
-                             order_id=order.order_id, kind=AlertKind.ORDER_CONFLICT, where=where), False
+        return await _reject(
+            services,
+            "OrderConflict",
+            f"state record of {order.order_id} belongs to other data",
+            order_id=order.order_id,
+            kind=AlertKind.ORDER_CONFLICT,
+            where=where,
+        ), False
     # Sent on every acceptance (stable MessageId: duplicate detection absorbs repeats), so a crash after the writes
     # and before this send is repaired by the redelivery too.
-    await send_status(services.bus, order.reply_to, order_id=order.order_id, state=OrderStatus.RECEIVED,
-                      attempt=0, reason="order accepted", now=now)
+    await send_status(
+        services.bus,
+        order.reply_to,
+        order_id=order.order_id,
+        state=OrderStatus.RECEIVED,
+        attempt=0,
+        reason="order accepted",
+        now=now,
+    )
     if state.process_state in TERMINAL_STATES:
         # A resubmission of a finished order (a client retrying after a timeout, past the duplicate window): answer
         # with its terminal status again — same state, reason, attempt and MessageId as the original, so a repeat
@@ -273,10 +341,18 @@ async def _store(services: Services, order: SubmitOrder, now: datetime, where: d
     return Accepted(order=order, created=order_created or state_created, claimed=claimed), state_created
 
 
-async def _reject(services: Services, reason: str, description: str, *, order_id: str | None,
-                  kind: AlertKind, where: dict[str, Any]) -> Rejected:
+async def _reject(
+    services: Services, reason: str, description: str, *, order_id: str | None, kind: AlertKind, where: dict[str, Any]
+) -> Rejected:
     """Alert, and answer the dead-letter reason and description, each within Service Bus's 4,096 characters."""
     reason, description = bounded(reason), bounded(description)
-    await raise_alert(services.bus, services.tunables.alerts_queue, kind=kind, order_id=order_id, reason=reason,
-                      now=services.clock.now(), details={"description": description, **where})
+    await raise_alert(
+        services.bus,
+        services.tunables.alerts_queue,
+        kind=kind,
+        order_id=order_id,
+        reason=reason,
+        now=services.clock.now(),
+        details={"description": description, **where},
+    )
     return Rejected(reason=reason, description=description, order_id=order_id)

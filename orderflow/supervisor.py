@@ -86,13 +86,22 @@ async def _load_position(services: Services) -> tuple[datetime, str | None]:
 def last_run(run: SupervisorRun, at: datetime) -> dict[str, Any]:
     """What the checkpoint keeps of the run that wrote it: the ops summary's "Supervisor's last run with its scan
     cost" (`orderflow summary`, GET /api/ops/summary)."""
-    return {"at": format_utc(at), "scanned": run.scanned, "recovered": len(run.recovered),
-            "escalated": len(run.escalated), "restarted": len(run.restarted), "requestCharge": run.request_charge,
-            "queries": run.cost.queries, "documents": run.cost.documents, "pointReads": run.cost.point_reads}
+    return {
+        "at": format_utc(at),
+        "scanned": run.scanned,
+        "recovered": len(run.recovered),
+        "escalated": len(run.escalated),
+        "restarted": len(run.restarted),
+        "requestCharge": run.request_charge,
+        "queries": run.cost.queries,
+        "documents": run.cost.documents,
+        "pointReads": run.cost.point_reads,
+    }
 
 
-async def _save_position(services: Services, position: datetime, etag: str | None, run: SupervisorRun,
-                         now: datetime) -> None:
+async def _save_position(
+    services: Services, position: datetime, etag: str | None, run: SupervisorRun, now: datetime
+) -> None:
     try:
         data = {"position": format_utc(position), "lastRun": last_run(run, now)}
         await services.state.put_checkpoint(CHECKPOINT, data, etag)
@@ -129,17 +138,34 @@ async def run_supervisor(services: Services, durable: DurableStarts | None = Non
     run.position = position
     await _save_position(services, position, etag, run, now)
     run.notified = await sweep_unnotified(services)
-    log.info("supervisor scan (%s): %d expired, %d recovered, %d escalated, %d restarted, %d held, %.2f RU, "
-             "%d queries, %d documents, %d point reads, %d stale index entries, position %s", t.scan_mode,
-             run.scanned, len(run.recovered), len(run.escalated), len(run.restarted), len(run.held),
-             run.request_charge, run.cost.queries, run.cost.documents, run.cost.point_reads, run.cost.stale,
-             format_utc(position))
+    log.info(
+        "supervisor scan (%s): %d expired, %d recovered, %d escalated, %d restarted, %d held, %.2f RU, "
+        "%d queries, %d documents, %d point reads, %d stale index entries, position %s",
+        t.scan_mode,
+        run.scanned,
+        len(run.recovered),
+        len(run.escalated),
+        len(run.restarted),
+        len(run.held),
+        run.request_charge,
+        run.cost.queries,
+        run.cost.documents,
+        run.cost.point_reads,
+        run.cost.stale,
+        format_utc(position),
+    )
     telemetry.record_supervisor_scan(run.request_charge, len(run.recovered), len(run.escalated))
     return run
 
 
-async def _scan_window(source: ExpiredSource, services: Services, run: SupervisorRun, start: datetime,
-                       end: datetime, durable: DurableStarts | None) -> bool:
+async def _scan_window(
+    source: ExpiredSource,
+    services: Services,
+    run: SupervisorRun,
+    start: datetime,
+    end: datetime,
+    durable: DurableStarts | None,
+) -> bool:
     """Recover the expired records of one window. True when the window is drained.
 
     The pages are read first (bounded by the result budget) and recovered after, so that records leaving the result
@@ -162,20 +188,25 @@ async def _scan_window(source: ExpiredSource, services: Services, run: Superviso
     return continuation is None and len(found) <= budget
 
 
-async def _recover_one(services: Services, run: SupervisorRun, seen: OrderStateRecord,
-                       durable: DurableStarts | None) -> None:
+async def _recover_one(
+    services: Services, run: SupervisorRun, seen: OrderStateRecord, durable: DurableStarts | None
+) -> None:
     t = services.tunables
     expired_by = seen.locked_by
     if expired_by is None:
         run.skipped += 1
         return
     now = services.clock.now()
-    if durable is not None and seen.restarts < t.failure_threshold \
-            and await _restarted(services, run, seen, expired_by, durable):
+    if (
+        durable is not None
+        and seen.restarts < t.failure_threshold
+        and await _restarted(services, run, seen, expired_by, durable)
+    ):
         return
     try:
         rec, _ = await services.state.update_with_retry(
-            seen.order_id, lambda r: recover(r, expired_by, now, t.failure_threshold, t.backoff))
+            seen.order_id, lambda r: recover(r, expired_by, now, t.failure_threshold, t.backoff)
+        )
     except (Fenced, IllegalTransition, NotFound, PreconditionFailed):
         run.skipped += 1  # another Supervisor or the Scheduler got there first
         return
@@ -200,8 +231,9 @@ async def _recover_one(services: Services, run: SupervisorRun, seen: OrderStateR
         run.recovered.append(rec.order_id)
 
 
-async def _restarted(services: Services, run: SupervisorRun, seen: OrderStateRecord, expired_by: str,
-                     durable: DurableStarts) -> bool:
+async def _restarted(
+    services: Services, run: SupervisorRun, seen: OrderStateRecord, expired_by: str, durable: DurableStarts
+) -> bool:
     """Start the expired attempt again when its orchestration was never started. False: it exists, recover it."""
     try:
         status = await durable.get_status(expired_by)
@@ -216,7 +248,8 @@ async def _restarted(services: Services, run: SupervisorRun, seen: OrderStateRec
     try:
         await index_deadline(services.index, seen.order_id, lease_until, expired_by)
         rec, _ = await services.state.update_with_retry(
-            seen.order_id, lambda r: restart(r, expired_by, lease_until, now))
+            seen.order_id, lambda r: restart(r, expired_by, lease_until, now)
+        )
     except (Fenced, IllegalTransition, NotFound, PreconditionFailed):
         run.skipped += 1  # started meanwhile (its Scheduler moved CompleteBy), or another Supervisor won
         return True
@@ -226,8 +259,7 @@ async def _restarted(services: Services, run: SupervisorRun, seen: OrderStateRec
         log.warning("restart of %s failed transiently (%s); it is looked at again next run", expired_by, exc)
         run.hold_for(seen)
         return True
-    log.warning("attempt %s was claimed but never started; starting it again (restart %d)", expired_by,
-                rec.restarts)
+    log.warning("attempt %s was claimed but never started; starting it again (restart %d)", expired_by, rec.restarts)
     await start_attempt(durable.start_new, workflow_input(services, rec), StarterRun())
     run.restarted.append(rec.order_id)
     return True

@@ -62,8 +62,11 @@ def _resource(service_name: str | None) -> Any:
 def _configure_console(source: Mapping[str, str], service_name: str | None) -> bool:
     """The SDK's console exporters, for the signals whose OTEL_<SIGNAL>_EXPORTER is `console`. The SDK is installed
     wherever the app is (azure-monitor-opentelemetry depends on opentelemetry-sdk)."""
-    wanted = {signal for signal in ("TRACES", "METRICS", "LOGS")
-              if CONSOLE in source.get(f"OTEL_{signal}_EXPORTER", "").lower().split(",")}
+    wanted = {
+        signal
+        for signal in ("TRACES", "METRICS", "LOGS")
+        if CONSOLE in source.get(f"OTEL_{signal}_EXPORTER", "").lower().split(",")
+    }
     if not wanted:
         return False
     resource = _resource(None if source.get("OTEL_SERVICE_NAME") else service_name)
@@ -82,8 +85,9 @@ def _configure_console(source: Mapping[str, str], service_name: str | None) -> b
             PeriodicExportingMetricReader,
         )
 
-        metrics.set_meter_provider(MeterProvider(resource=resource,
-                                                 metric_readers=[PeriodicExportingMetricReader(ConsoleMetricExporter())]))
+        metrics.set_meter_provider(
+            MeterProvider(resource=resource, metric_readers=[PeriodicExportingMetricReader(ConsoleMetricExporter())])
+        )
     if "LOGS" in wanted:
         from opentelemetry._logs import set_logger_provider
         from opentelemetry.instrumentation.logging.handler import LoggingHandler
@@ -113,8 +117,7 @@ def _meter() -> metrics.Meter:
 
 
 def count_alert(kind: str) -> None:
-    _meter().create_counter("orderflow.alerts", unit="1", description="Operator alerts raised").add(
-        1, {"kind": kind})
+    _meter().create_counter("orderflow.alerts", unit="1", description="Operator alerts raised").add(1, {"kind": kind})
 
 
 def count_order_error() -> None:
@@ -123,8 +126,9 @@ def count_order_error() -> None:
 
 def record_supervisor_scan(request_charge: float, recovered: int, escalated: int) -> None:
     m = _meter()
-    m.create_histogram("orderflow.supervisor.request_charge", unit="RU",
-                       description="Request charge of one Supervisor scan").record(request_charge)
+    m.create_histogram(
+        "orderflow.supervisor.request_charge", unit="RU", description="Request charge of one Supervisor scan"
+    ).record(request_charge)
     m.create_counter("orderflow.supervisor.recovered", unit="1").add(recovered)
     m.create_counter("orderflow.supervisor.escalated", unit="1").add(escalated)
 
@@ -143,9 +147,12 @@ def set_circuit_state(service: str, value: int) -> None:
     global _circuit_gauge_registered  # one gauge per process, registered on first use
     _circuit_states[service] = value
     if not _circuit_gauge_registered:
-        _meter().create_observable_gauge("orderflow.circuit.state", callbacks=[_observe_circuits], unit="1",
-                                         description="Circuit breaker state per remote service: 0 closed, "
-                                                     "1 half-open, 2 open")
+        _meter().create_observable_gauge(
+            "orderflow.circuit.state",
+            callbacks=[_observe_circuits],
+            unit="1",
+            description="Circuit breaker state per remote service: 0 closed, 1 half-open, 2 open",
+        )
         _circuit_gauge_registered = True
 
 
@@ -154,8 +161,9 @@ def circuit_states() -> dict[str, int]:
 
 
 def count_rejected(reason: str) -> None:
-    _meter().create_counter("orderflow.admission.rejected", unit="1",
-                            description="Orders refused by admission control").add(1, {"reason": reason})
+    _meter().create_counter(
+        "orderflow.admission.rejected", unit="1", description="Orders refused by admission control"
+    ).add(1, {"reason": reason})
 
 
 # The last counted figures of each observable gauge: orders per state (the Starter's admission refresh counts Pending
@@ -180,8 +188,12 @@ def set_orders_in_state(state: str, count: int) -> None:
     """The last count of orders in `state` (gauge `orderflow.orders.in_state`, attribute `state`)."""
     _orders_in_state[state] = count
     if "in_state" not in _gauges_registered:
-        _meter().create_observable_gauge("orderflow.orders.in_state", callbacks=[_observe_orders], unit="1",
-                                         description="Orders per ProcessState, as last counted")
+        _meter().create_observable_gauge(
+            "orderflow.orders.in_state",
+            callbacks=[_observe_orders],
+            unit="1",
+            description="Orders per ProcessState, as last counted",
+        )
         _gauges_registered.add("in_state")
 
 
@@ -189,20 +201,25 @@ def set_deadletter_depth(queue: str, depth: int) -> None:
     """The last count of messages in `queue`'s dead-letter sub-queue (gauge `orderflow.deadletter.depth`)."""
     _deadletter_depths[queue] = depth
     if "deadletter" not in _gauges_registered:
-        _meter().create_observable_gauge("orderflow.deadletter.depth", callbacks=[_observe_deadletters], unit="1",
-                                         description="Messages in each queue's dead-letter sub-queue, as last counted")
+        _meter().create_observable_gauge(
+            "orderflow.deadletter.depth",
+            callbacks=[_observe_deadletters],
+            unit="1",
+            description="Messages in each queue's dead-letter sub-queue, as last counted",
+        )
         _gauges_registered.add("deadletter")
 
 
 def count_order_completed(state: str) -> None:
     """An order reached its terminal `state` (Processed, Error, Compensated, CompensationFailed, Cancelled): counted
     once, by the call that recorded its notification."""
-    _meter().create_counter("orderflow.orders.completed", unit="1",
-                            description="Orders that reached a terminal state").add(1, {"state": state})
+    _meter().create_counter(
+        "orderflow.orders.completed", unit="1", description="Orders that reached a terminal state"
+    ).add(1, {"state": state})
 
 
 def record_order_duration(state: str, seconds: float) -> None:
     """createdAt → terminal state of one order (histogram `orderflow.order.duration`, seconds)."""
-    _meter().create_histogram("orderflow.order.duration", unit="s",
-                              description="Order end-to-end latency: creation to terminal state").record(
-        seconds, {"state": state})
+    _meter().create_histogram(
+        "orderflow.order.duration", unit="s", description="Order end-to-end latency: creation to terminal state"
+    ).record(seconds, {"state": state})

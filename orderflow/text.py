@@ -32,7 +32,7 @@ def bounded(text: str, limit: int = DEAD_LETTER_TEXT_MAX) -> str:
     if len(text) <= limit:
         return text
     suffix = f"… ({len(text)} characters)"
-    return text[:max(0, limit - len(suffix))] + suffix
+    return text[: max(0, limit - len(suffix))] + suffix
 
 
 def quote(value: object, limit: int = QUOTE_MAX) -> str:
@@ -74,4 +74,3 @@ def one_line(exc: BaseException, plain: tuple[type[BaseException], ...] = ()) ->
         if not isinstance(exc, (ValueError, *plain)):
             text = f"{type(exc).__name__}: {text}"
     return " ".join(text.split())  # one line, whatever the message holds
-

@@ -106,8 +106,14 @@ def in_trace() -> bool:
 
 
 @contextmanager
-def span(name: str, *, parent: str | Mapping[Any, Any] | None = None, fallback: str | None = None,
-         kind: SpanKind = SpanKind.INTERNAL, attributes: Attributes = None) -> Iterator[Span]:
+def span(
+    name: str,
+    *,
+    parent: str | Mapping[Any, Any] | None = None,
+    fallback: str | None = None,
+    kind: SpanKind = SpanKind.INTERNAL,
+    attributes: Attributes = None,
+) -> Iterator[Span]:
     """A span of one hop, made current. Its parent: `parent` (a stored traceparent, or a message's application
     properties), else `fallback` (e.g. the traceparent field of the same message), else the current span; with none
     of them it is the root of a new trace (a message that came without trace context)."""
@@ -116,8 +122,7 @@ def span(name: str, *, parent: str | Mapping[Any, Any] | None = None, fallback: 
         yield current
 
 
-def order_attributes(order_id: str | None, instance_id: str | None = None,
-                     step: str | None = None) -> dict[str, str]:
+def order_attributes(order_id: str | None, instance_id: str | None = None, step: str | None = None) -> dict[str, str]:
     """The span attributes that say which order (attempt, step) a span is about; None values are left out."""
     values = {ORDER_ID: order_id, INSTANCE_ID: instance_id, STEP: step}
     return {k: v for k, v in values.items() if v is not None}

@@ -59,4 +59,3 @@ class WorkflowInput(BaseModel):
     def to_dict(self) -> dict[str, object]:
         omitted = {"traceparent"} if self.traceparent is None else None
         return self.model_dump(mode="json", by_alias=True, exclude=omitted)
-

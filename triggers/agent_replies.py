@@ -33,8 +33,12 @@ log = logging.getLogger("orderflow.agent_replies")
 
 
 @bp.function_name(fn.AGENT_REPLIES)
-@bp.service_bus_queue_trigger(arg_name="message", queue_name="%AgentRepliesQueueName%",
-                              connection="ServiceBusConnection", is_sessions_enabled=True)
+@bp.service_bus_queue_trigger(
+    arg_name="message",
+    queue_name="%AgentRepliesQueueName%",
+    connection="ServiceBusConnection",
+    is_sessions_enabled=True,
+)
 @bp.durable_client_input(client_name="client")
 async def agent_replies(message: func.ServiceBusMessage, client: df.DurableOrchestrationClient) -> None:
     # The span `orderflow.agent_reply` joins the order's trace: the message's `traceparent` application property,
@@ -43,13 +47,21 @@ async def agent_replies(message: func.ServiceBusMessage, client: df.DurableOrche
     try:
         reply = check_reply(message.get_body(), message.session_id)
     except UnusableReply as unusable:
-        with tracing.span("orderflow.agent_reply", parent=properties, kind=tracing.SpanKind.CONSUMER,
-                          attributes=tracing.order_attributes(message.session_id)):
+        with tracing.span(
+            "orderflow.agent_reply",
+            parent=properties,
+            kind=tracing.SpanKind.CONSUMER,
+            attributes=tracing.order_attributes(message.session_id),
+        ):
             await _unusable(message, unusable)
         return
-    with tracing.span("orderflow.agent_reply", parent=properties, fallback=reply.traceparent,
-                      kind=tracing.SpanKind.CONSUMER,
-                      attributes=tracing.order_attributes(reply.order_id, reply.instance_id, reply.step.value)):
+    with tracing.span(
+        "orderflow.agent_reply",
+        parent=properties,
+        fallback=reply.traceparent,
+        kind=tracing.SpanKind.CONSUMER,
+        attributes=tracing.order_attributes(reply.order_id, reply.instance_id, reply.step.value),
+    ):
         try:
             await raise_event_outcome(client, reply.instance_id, reply_event_name(reply.step.value), reply.to_dict())
         except UnusableReply as unusable:
@@ -59,17 +71,26 @@ async def agent_replies(message: func.ServiceBusMessage, client: df.DurableOrche
 async def _unusable(message: func.ServiceBusMessage, unusable: UnusableReply) -> None:
     """Complete a reply that can never be raised, with an operator alert naming the field."""
     services = await get_services()
-    where = about_message(services.tunables.agent_replies_queue, message.message_id, message.session_id,
-                          message.sequence_number)
-    log.warning("agent reply %r completed without raising: %s: %s", message.message_id, unusable.reason,
-                unusable.description)
-    await raise_alert(services.bus, services.tunables.alerts_queue, kind=AlertKind.POISON_MESSAGE,
-                      order_id=message.session_id, reason=unusable.reason, now=services.clock.now(),
-                      details={"description": unusable.description, **where})
+    where = about_message(
+        services.tunables.agent_replies_queue, message.message_id, message.session_id, message.sequence_number
+    )
+    log.warning(
+        "agent reply %r completed without raising: %s: %s", message.message_id, unusable.reason, unusable.description
+    )
+    await raise_alert(
+        services.bus,
+        services.tunables.alerts_queue,
+        kind=AlertKind.POISON_MESSAGE,
+        order_id=message.session_id,
+        reason=unusable.reason,
+        now=services.clock.now(),
+        details={"description": unusable.description, **where},
+    )
 
 
-async def raise_event_outcome(client: df.DurableOrchestrationClient, instance_id: str, event_name: str,
-                              data: object) -> RaiseOutcome:
+async def raise_event_outcome(
+    client: df.DurableOrchestrationClient, instance_id: str, event_name: str, data: object
+) -> RaiseOutcome:
     """Raise the event through the real client and say how it ended (raised or late); raise UnusableReply for an
     answer that can never succeed, and re-raise everything that may pass on a redelivery."""
     try:
@@ -81,4 +102,3 @@ async def raise_event_outcome(client: df.DurableOrchestrationClient, instance_id
             return outcome
         raise  # RaiseOutcome.TRANSIENT: the message is redelivered
     return RaiseOutcome.RAISED
-

@@ -22,5 +22,10 @@ async def starter_timer(timer: func.TimerRequest, client: df.DurableOrchestratio
     services = await get_services()
     result = await run_starter(services, client.start_new)
     if result.claimed or result.start_failed or result.already_running:
-        log.info("starter: started %d, lost %d races, %d start failures, %d already running", len(result.claimed),
-                 result.lost_race, len(result.start_failed), len(result.already_running))
+        log.info(
+            "starter: started %d, lost %d races, %d start failures, %d already running",
+            len(result.claimed),
+            result.lost_race,
+            len(result.start_failed),
+            len(result.already_running),
+        )

@@ -33,30 +33,49 @@ log = logging.getLogger("orderflow.submission")
 
 
 @bp.function_name(fn.SUBMISSION)
-@bp.service_bus_queue_trigger(arg_name="message", queue_name="%OrdersQueueName%", connection="ServiceBusConnection",
-                              is_sessions_enabled=True, auto_complete_messages=False)
+@bp.service_bus_queue_trigger(
+    arg_name="message",
+    queue_name="%OrdersQueueName%",
+    connection="ServiceBusConnection",
+    is_sessions_enabled=True,
+    auto_complete_messages=False,
+)
 @bp.durable_client_input(client_name="client")
-async def submission(message: servicebus.ServiceBusReceivedMessage,
-                     message_actions: servicebus.ServiceBusMessageActions,
-                     client: df.DurableOrchestrationClient) -> None:
+async def submission(
+    message: servicebus.ServiceBusReceivedMessage,
+    message_actions: servicebus.ServiceBusMessageActions,
+    client: df.DurableOrchestrationClient,
+) -> None:
     services = await get_services()
     # MessageId/SessionId as the binding decoded them, and the SequenceNumber (exact: the dead-lettered message
     # keeps it) for the alert. None stays None (str(None) would name a message "None").
     message_id = None if message.message_id is None else str(message.message_id)
-    attributes = {**tracing.order_attributes(message.session_id), "messaging.system": "servicebus",
-                  "messaging.destination.name": services.tunables.orders_queue}
-    with tracing.span("orderflow.submission", parent=getattr(message, "application_properties", None),
-                      kind=tracing.SpanKind.CONSUMER, attributes=attributes):
+    attributes = {
+        **tracing.order_attributes(message.session_id),
+        "messaging.system": "servicebus",
+        "messaging.destination.name": services.tunables.orders_queue,
+    }
+    with tracing.span(
+        "orderflow.submission",
+        parent=getattr(message, "application_properties", None),
+        kind=tracing.SpanKind.CONSUMER,
+        attributes=attributes,
+    ):
         await _handle(services, message, message_id, message_actions, client)
 
 
-async def _handle(services: Services, message: servicebus.ServiceBusReceivedMessage, message_id: str | None,
-                  message_actions: servicebus.ServiceBusMessageActions,
-                  client: df.DurableOrchestrationClient) -> None:
+async def _handle(
+    services: Services,
+    message: servicebus.ServiceBusReceivedMessage,
+    message_id: str | None,
+    message_actions: servicebus.ServiceBusMessageActions,
+    client: df.DurableOrchestrationClient,
+) -> None:
     body = b"".join(message.body)
     try:
-        outcome = await receive_patiently(services, body, message.session_id, message_id, message.sequence_number,
-                                          claim=True)
+        outcome = await receive_patiently(
+            services, body, message.session_id, message_id, message.sequence_number, claim=True
+        )
     except Exception:
         await asyncio.to_thread(message_actions.abandon, message)
         raise
@@ -68,8 +87,9 @@ async def _handle(services: Services, message: servicebus.ServiceBusReceivedMess
             try:
                 await client.raise_event(outcome.tell, CANCEL_EVENT, {"orderId": outcome.order_id})
             except Exception:  # noqa: BLE001 - the record carries the cancel; the event only makes it sooner
-                log.warning("cancel of %s: event to %s not delivered; the record carries it", outcome.order_id,
-                            outcome.tell)
+                log.warning(
+                    "cancel of %s: event to %s not delivered; the record carries it", outcome.order_id, outcome.tell
+                )
         return
     if isinstance(outcome, Refused):
         # Admission control: answered `rejected` on the app's reply queue, nothing written. A decision, not poison:
@@ -81,10 +101,13 @@ async def _handle(services: Services, message: servicebus.ServiceBusReceivedMess
         # Sender-chosen text, escaped (orderflow/text.py): a MessageId or reason cannot forge a log line. The reason
         # and description are within Service Bus's 4,096 characters already (submission._reject); bounded again
         # here, where the limit applies.
-        log.warning("dead-lettering message %r: %s: %s", message_id, shown(outcome.reason),
-                    shown(outcome.description))
-        await asyncio.to_thread(message_actions.deadletter, message, deadletter_reason=bounded(outcome.reason),
-                                deadletter_error_description=bounded(outcome.description))
+        log.warning("dead-lettering message %r: %s: %s", message_id, shown(outcome.reason), shown(outcome.description))
+        await asyncio.to_thread(
+            message_actions.deadletter,
+            message,
+            deadletter_reason=bounded(outcome.reason),
+            deadletter_error_description=bounded(outcome.description),
+        )
         return
     await asyncio.to_thread(message_actions.complete, message)
     # Fast path: start at once — the record was created claimed (one write), or else (no slot at creation, a Pending

@@ -50,8 +50,15 @@ def _file_counts(path: str) -> dict[str, Any]:
     with _LOCK:
         found = _FILES.get(path)
         if found is None:
-            found = _FILES[path] = {"connections": 0, "statements": 0, "commits": 0, "empty_commits": 0,
-                                    "autocommit_writes": 0, "rollbacks": 0, "writes_by_table": {}}
+            found = _FILES[path] = {
+                "connections": 0,
+                "statements": 0,
+                "commits": 0,
+                "empty_commits": 0,
+                "autocommit_writes": 0,
+                "rollbacks": 0,
+                "writes_by_table": {},
+            }
         return found
 
 
@@ -200,8 +207,13 @@ def dump(seq: int | None = None) -> None:
         _SEQ[0] = seq
     assert _DIR is not None
     with _LOCK:
-        document = {"pid": os.getpid(), "argv": sys.argv, "seq": _SEQ[0],
-                    "sqlite": json.loads(json.dumps(_FILES)), "bus": dict(_BUS)}
+        document = {
+            "pid": os.getpid(),
+            "argv": sys.argv,
+            "seq": _SEQ[0],
+            "sqlite": json.loads(json.dumps(_FILES)),
+            "bus": dict(_BUS),
+        }
     final = os.path.join(_DIR, f"{os.getpid()}.json")
     temporary = f"{final}.tmp"
     with open(temporary, "w") as out:

@@ -71,8 +71,9 @@ class DurableEngine(Dispatcher):
             row = new_row(instance_id, name, serialized, now)
             row.input = input_token or None
             instance_version = self.versioning.version_for_new_instance(version)
-            self.store.create(row, h.execution_started(now, name, serialized, version=instance_version),
-                              refuse=_refuse_running)
+            self.store.create(
+                row, h.execution_started(now, name, serialized, version=instance_version), refuse=_refuse_running
+            )
         self._mark(instance_id)
         await self._notify()
         return instance_id
@@ -105,9 +106,7 @@ class DurableEngine(Dispatcher):
         if row is None:
             return None
         events = self.store.history(instance_id) if show_history else None
-        return status_payload(
-            row, show_input=show_input, history=events, show_history_output=show_history_output
-        )
+        return status_payload(row, show_input=show_input, history=events, show_history_output=show_history_output)
 
     async def query(
         self,
@@ -172,9 +171,7 @@ class DurableEngine(Dispatcher):
         ]
         return sum([await self.purge(r.instance_id) for r in rows])
 
-    async def wait_for_status(
-        self, instance_id: str, statuses: Iterable[str], timeout: float
-    ) -> dict[str, Any]:
+    async def wait_for_status(self, instance_id: str, statuses: Iterable[str], timeout: float) -> dict[str, Any]:
         """Wait (event-driven, bounded) until the instance reaches one of `statuses`; returns its status."""
         wanted = set(statuses)
 
@@ -193,9 +190,7 @@ class DurableEngine(Dispatcher):
     ) -> list[h.Event]:
         """Wait (event-driven, bounded) until the instance's history satisfies `predicate`."""
         async with self._changed:
-            await asyncio.wait_for(
-                self._changed.wait_for(lambda: predicate(self.store.history(instance_id))), timeout
-            )
+            await asyncio.wait_for(self._changed.wait_for(lambda: predicate(self.store.history(instance_id))), timeout)
         return self.store.history(instance_id)
 
     def _termination(self, row: InstanceRow, reason: str | None) -> Commit:
@@ -212,9 +207,7 @@ class DurableEngine(Dispatcher):
         )
         if row.parent_instance_id and row.parent_execution_id:
             text = f"Orchestration '{row.instance_id}' was terminated: {reason}"
-            failed = h.sub_orchestration_failed(
-                now, int(row.parent_task_id or 0), text, json.dumps({"Message": text})
-            )
+            failed = h.sub_orchestration_failed(now, int(row.parent_task_id or 0), text, json.dumps({"Message": text}))
             commit.messages.append(Message(row.parent_instance_id, row.parent_execution_id, failed))
         return commit
 

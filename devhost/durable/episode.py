@@ -180,9 +180,7 @@ class Episode:
             if action.kind in ENTITY_ACTIONS:
                 return ENTITIES_NOT_SUPPORTED
             if action.kind == A.CALL_HTTP:
-                return (
-                    "call_http (durable HTTP) is not supported by devhost; call the service from an activity."
-                )
+                return "call_http (durable HTTP) is not supported by devhost; call the service from an activity."
             self._state.recorded.append(action.signature)
             if action.kind == A.CREATE_TIMER:
                 self._create_timer(self._take_id(), str(action.fire_at))
@@ -201,8 +199,11 @@ class Episode:
         }
         if action.retry is not None:
             # What the history does not hold: the call itself is its first attempt's event (`_target`).
-            self._state.groups[str(position)] = {"kind": int(action.kind), "first": task_id,
-                                                 "retry": action.retry.to_json()}
+            self._state.groups[str(position)] = {
+                "kind": int(action.kind),
+                "first": task_id,
+                "retry": action.retry.to_json(),
+            }
             self._state.tasks[str(task_id)] = {"group": str(position), "role": "call"}
         self._dispatch(target, task_id)
 
@@ -212,8 +213,13 @@ class Episode:
         if "name" in group:
             return group
         first = self.timeline.scheduled[int(group["first"])]
-        return {"kind": group["kind"], "name": first["Name"], "input": first.get("Input"),
-                "instance_id": first.get("InstanceId"), "version": first.get("Version")}
+        return {
+            "kind": group["kind"],
+            "name": first["Name"],
+            "input": first.get("Input"),
+            "instance_id": first.get("InstanceId"),
+            "version": first.get("Version"),
+        }
 
     def _dispatch(self, target: dict[str, Any], task_id: int) -> None:
         if target["kind"] in ACTIVITY_KINDS:
@@ -304,9 +310,7 @@ class Episode:
 
     def _complete(self, output: Any) -> Commit:
         task_id = int(self.row.parent_task_id or 0)
-        return self._end(
-            "Completed", output, h.sub_orchestration_completed(self.now, task_id, json.dumps(output))
-        )
+        return self._end("Completed", output, h.sub_orchestration_completed(self.now, task_id, json.dumps(output)))
 
     def _fail(self, message: str) -> Commit:
         text = f"Orchestrator function '{self.row.name}' failed: {message}"

@@ -94,9 +94,7 @@ def sub_orchestration_completed(now: datetime, task_id: int, result: str | None)
 
 
 def sub_orchestration_failed(now: datetime, task_id: int, reason: str | None, details: str | None) -> Event:
-    return event(
-        T.SUB_ORCHESTRATION_INSTANCE_FAILED, now, TaskScheduledId=task_id, Reason=reason, Details=details
-    )
+    return event(T.SUB_ORCHESTRATION_INSTANCE_FAILED, now, TaskScheduledId=task_id, Reason=reason, Details=details)
 
 
 def as_replayed(events: list[Event]) -> list[Event]:

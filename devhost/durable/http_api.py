@@ -138,12 +138,8 @@ class DurableHttpApi:
         if status is None:
             return web.Response(status=404)
         if status["runtimeStatus"] in RUNNING:
-            return web.json_response(
-                status, status=202, headers={"Location": str(request.url), "Retry-After": "5"}
-            )
-        failed_500 = status["runtimeStatus"] == "Failed" and _flag(
-            request, "returnInternalServerErrorOnFailure", False
-        )
+            return web.json_response(status, status=202, headers={"Location": str(request.url), "Retry-After": "5"})
+        failed_500 = status["runtimeStatus"] == "Failed" and _flag(request, "returnInternalServerErrorOnFailure", False)
         return web.json_response(status, status=500 if failed_500 else 200)
 
     async def query(self, request: web.Request) -> web.StreamResponse:
@@ -252,8 +248,12 @@ class OutageSwitch:
             # What the client makes of it (azure-functions-durable 1.x, DurableOrchestrationClient): get_status
             # raises Exception("The operation failed with an unexpected status code 503") (its status switch takes
             # 200/202/400/404/500 only); start_new raises Exception(<this body>) (its catch-all after 400).
-            return web.json_response({"Message": "The Durable HTTP API is unavailable (devhost fault switch)."},
-                                     status=503, headers={"Retry-After": "1"})
+            return web.json_response(
+                {"Message": "The Durable HTTP API is unavailable (devhost fault switch)."},
+                status=503,
+                headers={"Retry-After": "1"},
+            )
+
         return guarded
 
 

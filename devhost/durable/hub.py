@@ -74,8 +74,7 @@ def process_alive(member: Member) -> bool:
     return process_running(member.pid, member.started)
 
 
-def plan_for(owner: str, alive: Callable[[Member], bool]) -> Callable[[list[Member], dict[int, str | None]],
-                                                                        Rebalance]:
+def plan_for(owner: str, alive: Callable[[Member], bool]) -> Callable[[list[Member], dict[int, str | None]], Rebalance]:
     """The rebalancing rule for `owner` (see the module docstring), as a function of what the store holds."""
 
     def plan(members: list[Member], partitions: dict[int, str | None]) -> Rebalance:

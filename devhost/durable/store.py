@@ -86,8 +86,15 @@ class StoreStats:
     bytes_by_table: dict[str, int] = field(default_factory=dict)
 
     def snapshot(self) -> StoreStats:
-        return StoreStats(self.write_transactions, self.commits, self.rollbacks, self.idle_writes, self.conflicts,
-                          self.bytes_written, dict(self.bytes_by_table))
+        return StoreStats(
+            self.write_transactions,
+            self.commits,
+            self.rollbacks,
+            self.idle_writes,
+            self.conflicts,
+            self.bytes_written,
+            dict(self.bytes_by_table),
+        )
 
 
 class _Writer:
@@ -230,32 +237,41 @@ class Store:
         if existing:
             return int(existing)
         with self._tx() as db:
-            db.executemany("INSERT OR IGNORE INTO partitions(partition, owner) VALUES (?, NULL)",
-                           [(p,) for p in range(count)])
+            db.executemany(
+                "INSERT OR IGNORE INTO partitions(partition, owner) VALUES (?, NULL)", [(p,) for p in range(count)]
+            )
         return int(self._db.execute("SELECT COUNT(*) FROM partitions").fetchone()[0])
 
     def join(self, member: Member) -> None:
         with self._tx() as db:
-            db.execute("INSERT OR REPLACE INTO hosts(owner, pid, started, socket) VALUES (?,?,?,?)",
-                       (member.owner, member.pid, member.started, member.socket))
+            db.execute(
+                "INSERT OR REPLACE INTO hosts(owner, pid, started, socket) VALUES (?,?,?,?)",
+                (member.owner, member.pid, member.started, member.socket),
+            )
 
     def leave(self, owner: str, episodes: int, activities: int) -> None:
         """An orderly stop: the member's partitions are free at once, its work items go to whoever adopts them."""
         with self._tx() as db:
             db.execute("UPDATE partitions SET owner=NULL WHERE owner=?", (owner,))
-            db.execute("UPDATE hosts SET gone=1, episodes=?, activities=? WHERE owner=?",
-                       (episodes, activities, owner))
+            db.execute("UPDATE hosts SET gone=1, episodes=?, activities=? WHERE owner=?", (episodes, activities, owner))
 
-    def rebalance(self, owner: str, plan: Callable[[list[Member], dict[int, str | None]], Rebalance],
-                  counts: tuple[int, int] | None) -> tuple[Rebalance, list[WorkItem]]:
+    def rebalance(
+        self,
+        owner: str,
+        plan: Callable[[list[Member], dict[int, str | None]], Rebalance],
+        counts: tuple[int, int] | None,
+    ) -> tuple[Rebalance, list[WorkItem]]:
         """Apply `plan` (computed on the members and partitions read inside the transaction) in one transaction:
         members found dead leave and free their partitions, free partitions are taken, extra ones released, and
         the work items of members no longer alive (or of none) are adopted by `owner`. No write when the plan
         changes nothing and `counts` (episodes, activities to record for `owner`) is None."""
         first = plan(self.members(), self.partition_owners())
         orphans, live = _orphans(first.live)
-        if first.is_empty() and counts is None and not self._db.execute(
-                f"SELECT 1 FROM work WHERE {orphans} LIMIT 1", live).fetchone():
+        if (
+            first.is_empty()
+            and counts is None
+            and not self._db.execute(f"SELECT 1 FROM work WHERE {orphans} LIMIT 1", live).fetchone()
+        ):
             return first, []
         with self._tx() as db:  # the reads below run on the same connection, inside the write transaction
             change = plan(self.members(), self.partition_owners())
@@ -263,8 +279,13 @@ class Store:
                 db.execute("UPDATE hosts SET gone=1 WHERE owner=?", (dead,))
                 db.execute("UPDATE partitions SET owner=NULL WHERE owner=?", (dead,))
             held = self.partition_owners()
-            change.acquired = [p for p in change.acquire if db.execute(
-                "UPDATE partitions SET owner=? WHERE partition=? AND owner IS ?", (owner, p, held[p])).rowcount]
+            change.acquired = [
+                p
+                for p in change.acquire
+                if db.execute(
+                    "UPDATE partitions SET owner=? WHERE partition=? AND owner IS ?", (owner, p, held[p])
+                ).rowcount
+            ]
             for p in change.release:
                 db.execute("UPDATE partitions SET owner=NULL WHERE partition=? AND owner=?", (p, owner))
             orphans, live = _orphans(change.live)
@@ -274,21 +295,21 @@ class Store:
                 db.execute("UPDATE hosts SET episodes=?, activities=? WHERE owner=?", (*counts, owner))
         return change, adopted
 
-
     def pending_timers(self) -> list[TimerItem]:
         rows = self._db.execute("SELECT instance_id, execution_id, timer_id, fire_at FROM timers")
         return [TimerItem(*r) for r in rows.fetchall()]
-
-
 
     def work_exists(self, work_id: int) -> bool:
         return self._db.execute("SELECT 1 FROM work WHERE id=?", (work_id,)).fetchone() is not None
 
     def timer_exists(self, timer: TimerItem) -> bool:
-        return self._db.execute(
-            "SELECT 1 FROM timers WHERE instance_id=? AND execution_id=? AND timer_id=?",
-            (timer.instance_id, timer.execution_id, timer.timer_id),
-        ).fetchone() is not None
+        return (
+            self._db.execute(
+                "SELECT 1 FROM timers WHERE instance_id=? AND execution_id=? AND timer_id=?",
+                (timer.instance_id, timer.execution_id, timer.timer_id),
+            ).fetchone()
+            is not None
+        )
 
     def timeline(self, instance_id: str, execution_id: str) -> Timeline:
         """The execution's timeline: from memory, else rebuilt from the history, the base and the journal."""
@@ -443,9 +464,11 @@ class Store:
                 written=len(values),
             ).rowcount
         else:
-            found = len(db.execute(
-                "SELECT 1 FROM instances WHERE instance_id=? AND execution_id=?", (instance_id, base.execution_id)
-            ).fetchall())
+            found = len(
+                db.execute(
+                    "SELECT 1 FROM instances WHERE instance_id=? AND execution_id=?", (instance_id, base.execution_id)
+                ).fetchall()
+            )
         if found != 1:
             raise Conflict(f"it is no longer execution {base.execution_id}")
         if change.reset_history or change.drop_pending:
@@ -455,8 +478,10 @@ class Store:
             db.execute("DELETE FROM history WHERE instance_id=?", (instance_id,))
             db.execute("DELETE FROM journal WHERE instance_id=?", (instance_id,))
         if texts:
-            start = timeline.next_seq if timeline is not None and not change.reset_history else _next(
-                db, "history", instance_id
+            start = (
+                timeline.next_seq
+                if timeline is not None and not change.reset_history
+                else _next(db, "history", instance_id)
             )
             db.executemany(
                 "INSERT INTO history VALUES (?,?,?)", [(instance_id, start + i, t) for i, t in enumerate(texts)]

@@ -63,13 +63,17 @@ class Bookkeeping:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {"next_seq": self.next_seq, "recorded": self.recorded, "groups": self.groups, "tasks": self.tasks,
-                "attempts": self.attempts}
+        return {
+            "next_seq": self.next_seq,
+            "recorded": self.recorded,
+            "groups": self.groups,
+            "tasks": self.tasks,
+            "attempts": self.attempts,
+        }
 
     def fork(self) -> Bookkeeping:
         """A copy an episode may change (entries are replaced or added, never changed in place)."""
-        return Bookkeeping(self.next_seq, list(self.recorded), dict(self.groups), dict(self.tasks),
-                           dict(self.attempts))
+        return Bookkeeping(self.next_seq, list(self.recorded), dict(self.groups), dict(self.tasks), dict(self.attempts))
 
     def delta(self, base: Bookkeeping) -> dict[str, Any] | None:
         """The journal entry that turns `base` into this (None when nothing changed); `recorded` only grows."""
@@ -78,8 +82,11 @@ class Bookkeeping:
             entry["n"] = self.next_seq
         if len(self.recorded) > len(base.recorded):
             entry["r"] = self.recorded[len(base.recorded) :]
-        for key, mine, theirs in (("g", self.groups, base.groups), ("t", self.tasks, base.tasks),
-                                  ("a", self.attempts, base.attempts)):
+        for key, mine, theirs in (
+            ("g", self.groups, base.groups),
+            ("t", self.tasks, base.tasks),
+            ("a", self.attempts, base.attempts),
+        ):
             changed = {k: v for k, v in mine.items() if theirs.get(k) != v}
             if changed:
                 entry[key] = changed

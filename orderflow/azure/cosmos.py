@@ -88,10 +88,14 @@ STATE_INDEXING_POLICY: dict[str, Any] = {
     "compositeIndexes": [
         [{"path": "/retryAt", "order": "ascending"}, {"path": "/createdAt", "order": "ascending"}],
         [{"path": "/completeBy", "order": "ascending"}, {"path": "/id", "order": "ascending"}],
-        [{"path": "/processState", "order": "ascending"}, {"path": "/updatedAt", "order": "ascending"},
-         {"path": "/id", "order": "ascending"}],
+        [
+            {"path": "/processState", "order": "ascending"},
+            {"path": "/updatedAt", "order": "ascending"},
+            {"path": "/id", "order": "ascending"},
+        ],
     ],
 }
+
 
 def _in_states(name: str, states: tuple[ProcessState, ...]) -> tuple[str, list[dict[str, object]]]:
     """`(c.processState = @name0 OR ...)` and its parameters (an OR of equalities: what every Cosmos query engine,
@@ -102,8 +106,10 @@ def _in_states(name: str, states: tuple[ProcessState, ...]) -> tuple[str, list[d
 
 def _claimable_sql(states: tuple[ProcessState, ...]) -> tuple[str, list[dict[str, object]]]:
     where, params = _in_states("claimable", states)
-    return (f"SELECT TOP @limit * FROM c WHERE {where} AND IS_NULL(c.lockedBy)"
-            " AND (IS_NULL(c.retryAt) OR c.retryAt <= @now) ORDER BY c.retryAt ASC, c.createdAt ASC"), params
+    return (
+        f"SELECT TOP @limit * FROM c WHERE {where} AND IS_NULL(c.lockedBy)"
+        " AND (IS_NULL(c.retryAt) OR c.retryAt <= @now) ORDER BY c.retryAt ASC, c.createdAt ASC"
+    ), params
 
 
 _TERMINAL_IN, _TERMINAL_PARAMS = _in_states("terminal", TERMINAL_STATES)
@@ -140,8 +146,7 @@ def _in_state_sql(after: bool, before: bool) -> str:
         where += ["c.updatedAt >= @afterAt", "(c.updatedAt > @afterAt OR (c.updatedAt = @afterAt AND c.id > @afterId))"]
     if before:
         where.append("c.updatedAt < @before")
-    return (f"SELECT TOP @n * FROM c WHERE {' AND '.join(where)}"
-            " ORDER BY c.processState ASC, c.updatedAt ASC, c.id ASC")
+    return f"SELECT TOP @n * FROM c WHERE {' AND '.join(where)} ORDER BY c.processState ASC, c.updatedAt ASC, c.id ASC"
 
 
 @dataclass(frozen=True)
@@ -219,9 +224,7 @@ async def read_doc(container: ContainerProxy, item_id: str, partition: str) -> d
         raise translate(exc) from exc
 
 
-async def create_or_read(
-    container: ContainerProxy, doc: dict[str, Any], partition: str
-) -> tuple[dict[str, Any], bool]:
+async def create_or_read(container: ContainerProxy, doc: dict[str, Any], partition: str) -> tuple[dict[str, Any], bool]:
     """create_item; on 409 return the stored item instead (idempotent create)."""
     try:
         return dict(await container.create_item(doc)), True
@@ -236,9 +239,7 @@ async def create_or_read(
 
 async def replace_if_match(container: ContainerProxy, doc: dict[str, Any], etag: str) -> str:
     try:
-        stored = await container.replace_item(
-            doc["id"], doc, etag=etag, match_condition=MatchConditions.IfNotModified
-        )
+        stored = await container.replace_item(doc["id"], doc, etag=etag, match_condition=MatchConditions.IfNotModified)
     except CosmosHttpResponseError as exc:
         raise translate(exc) from exc
     return str(stored["_etag"])
@@ -306,9 +307,7 @@ def _versioned(doc: Mapping[str, Any]) -> Versioned:
 
 
 class CosmosStateStore(UpdateWithRetry):
-    def __init__(
-        self, connection: CosmosConnection, container: ContainerProxy, checkpoints: ContainerProxy
-    ) -> None:
+    def __init__(self, connection: CosmosConnection, container: ContainerProxy, checkpoints: ContainerProxy) -> None:
         self._connection = connection
         self._container = container
         self._checkpoints = checkpoints
@@ -331,8 +330,9 @@ class CosmosStateStore(UpdateWithRetry):
         except CosmosHttpResponseError as exc:
             raise translate(exc) from exc
 
-    async def query_claimable(self, now: datetime, limit: int,
-                              states: tuple[ProcessState, ...] = CLAIMABLE_STATES) -> list[Versioned]:
+    async def query_claimable(
+        self, now: datetime, limit: int, states: tuple[ProcessState, ...] = CLAIMABLE_STATES
+    ) -> list[Versioned]:
         sql, in_states = _claimable_sql(states)
         params: list[dict[str, object]] = [
             {"name": "@limit", "value": int(limit)},
@@ -372,9 +372,7 @@ class CosmosStateStore(UpdateWithRetry):
         except CosmosHttpResponseError as exc:
             raise translate(exc) from exc
         items = rows[:page_size]
-        return Page(
-            items=items, continuation=next_cursor(items, len(rows) > page_size), request_charge=meter.total
-        )
+        return Page(items=items, continuation=next_cursor(items, len(rows) > page_size), request_charge=meter.total)
 
     async def _count(self, sql: str, params: list[dict[str, object]]) -> int:
         try:
@@ -394,8 +392,13 @@ class CosmosStateStore(UpdateWithRetry):
         # in SQLite.
         return await self._count(_EXPIRED_COUNT_SQL, [*_SUPERVISED_PARAMS, {"name": "@now", "value": format_utc(now)}])
 
-    async def query_in_state(self, state: ProcessState, page_size: int, continuation: str | None = None,
-                             updated_before: datetime | None = None) -> Page:
+    async def query_in_state(
+        self,
+        state: ProcessState,
+        page_size: int,
+        continuation: str | None = None,
+        updated_before: datetime | None = None,
+    ) -> Page:
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
         after = None if continuation is None else KeysetCursor.decode(continuation)
@@ -409,8 +412,10 @@ class CosmosStateStore(UpdateWithRetry):
             params.append({"name": "@before", "value": format_utc(updated_before)})
         meter = ChargeMeter()
         query = self._container.query_items(
-            _in_state_sql(after is not None, updated_before is not None), parameters=params,
-            max_item_count=page_size + 1, response_hook=meter,
+            _in_state_sql(after is not None, updated_before is not None),
+            parameters=params,
+            max_item_count=page_size + 1,
+            response_hook=meter,
         )
         try:
             rows = [_versioned(d) async for d in query]
@@ -418,8 +423,9 @@ class CosmosStateStore(UpdateWithRetry):
             raise translate(exc) from exc
         items = rows[:page_size]
         more = len(rows) > page_size
-        return Page(items=items, continuation=next_cursor(items, more, lambda r: r.updated_at),
-                    request_charge=meter.total)
+        return Page(
+            items=items, continuation=next_cursor(items, more, lambda r: r.updated_at), request_charge=meter.total
+        )
 
     async def oldest_in_state(self, state: ProcessState) -> OrderStateRecord | None:
         page = await self.query_in_state(state, 1)
@@ -454,7 +460,8 @@ async def ensure_containers(client: CosmosClient, names: CosmosNames) -> None:
         names.breaker_container, partition_key=PartitionKey(CHECKPOINT_PARTITION_PATH)
     )
     await state_db.create_container_if_not_exists(
-        names.recovery_index_container, partition_key=PartitionKey(INDEX_PARTITION_PATH),
+        names.recovery_index_container,
+        partition_key=PartitionKey(INDEX_PARTITION_PATH),
         indexing_policy=INDEX_INDEXING_POLICY,
     )
 
@@ -504,8 +511,13 @@ class CosmosRecoveryIndex:
         self.bucket_seconds = bucket_seconds
 
     def _doc(self, entry: IndexEntry) -> dict[str, Any]:
-        return {"id": entry.id, "bucket": format_utc(bucket_of(entry.complete_by, self.bucket_seconds)),
-                "orderId": entry.order_id, "completeBy": format_utc(entry.complete_by), "lockedBy": entry.locked_by}
+        return {
+            "id": entry.id,
+            "bucket": format_utc(bucket_of(entry.complete_by, self.bucket_seconds)),
+            "orderId": entry.order_id,
+            "completeBy": format_utc(entry.complete_by),
+            "lockedBy": entry.locked_by,
+        }
 
     async def add(self, entry: IndexEntry) -> None:
         try:
@@ -513,8 +525,9 @@ class CosmosRecoveryIndex:
         except CosmosHttpResponseError as exc:
             raise translate(exc) from exc
 
-    async def page(self, bucket: datetime, window_start: datetime, window_end: datetime, after: ExpiredCursor,
-                   limit: int) -> tuple[list[IndexEntry], float]:
+    async def page(
+        self, bucket: datetime, window_start: datetime, window_end: datetime, after: ExpiredCursor, limit: int
+    ) -> tuple[list[IndexEntry], float]:
         params: list[dict[str, object]] = [
             {"name": "@n", "value": int(limit)},
             {"name": "@start", "value": format_utc(window_start)},
@@ -524,28 +537,36 @@ class CosmosRecoveryIndex:
         ]
         meter = ChargeMeter()
         try:
-            docs = [d async for d in self._container.query_items(
-                _INDEX_PAGE_SQL, parameters=params, partition_key=format_utc(bucket), response_hook=meter)]
+            docs = [
+                d
+                async for d in self._container.query_items(
+                    _INDEX_PAGE_SQL, parameters=params, partition_key=format_utc(bucket), response_hook=meter
+                )
+            ]
         except CosmosHttpResponseError as exc:
             raise translate(exc) from exc
         return [IndexEntry(d["orderId"], parse_utc(d["completeBy"]), d.get("lockedBy")) for d in docs], meter.total
 
     async def first_at_or_after(self, start: datetime, end: datetime) -> tuple[datetime | None, float]:
-        params: list[dict[str, object]] = [{"name": "@start", "value": format_utc(start)},
-                                           {"name": "@end", "value": format_utc(end)}]
+        params: list[dict[str, object]] = [
+            {"name": "@start", "value": format_utc(start)},
+            {"name": "@end", "value": format_utc(end)},
+        ]
         meter = ChargeMeter()
         try:
             # Cross-partition, but over the index only (live entries), and only to jump over an empty stretch.
-            found = [d async for d in self._container.query_items(_INDEX_FIRST_SQL, parameters=params,
-                                                                    response_hook=meter)]
+            found = [
+                d async for d in self._container.query_items(_INDEX_FIRST_SQL, parameters=params, response_hook=meter)
+            ]
         except CosmosHttpResponseError as exc:
             raise translate(exc) from exc
         return (parse_utc(found[0]["completeBy"]) if found else None), meter.total
 
     async def remove(self, entry: IndexEntry) -> None:
         try:
-            await self._container.delete_item(entry.id, partition_key=format_utc(
-                bucket_of(entry.complete_by, self.bucket_seconds)))
+            await self._container.delete_item(
+                entry.id, partition_key=format_utc(bucket_of(entry.complete_by, self.bucket_seconds))
+            )
         except CosmosResourceNotFoundError:
             return
         except CosmosHttpResponseError as exc:
@@ -555,15 +576,16 @@ class CosmosRecoveryIndex:
         await self._connection.aclose()
 
 
-def cosmos_recovery_index(client: CosmosClient, names: CosmosNames, bucket_seconds: int,
-                          credential: AsyncClosable | None = None) -> CosmosRecoveryIndex:
-    container = client.get_database_client(names.state_database).get_container_client(
-        names.recovery_index_container)
+def cosmos_recovery_index(
+    client: CosmosClient, names: CosmosNames, bucket_seconds: int, credential: AsyncClosable | None = None
+) -> CosmosRecoveryIndex:
+    container = client.get_database_client(names.state_database).get_container_client(names.recovery_index_container)
     return CosmosRecoveryIndex(CosmosConnection(client, credential), container, bucket_seconds)
 
 
-def cosmos_breaker_documents(client: CosmosClient, names: CosmosNames,
-                             credential: AsyncClosable | None = None) -> CosmosDocuments:
+def cosmos_breaker_documents(
+    client: CosmosClient, names: CosmosNames, credential: AsyncClosable | None = None
+) -> CosmosDocuments:
     """The breaker container only: all the Agent's identity may touch (infra: a custom role on that container)."""
     container = client.get_database_client(names.state_database).get_container_client(names.breaker_container)
     return CosmosDocuments(CosmosConnection(client, credential), container)

@@ -67,8 +67,9 @@ class ArmQueueCounts:
             reason = f"not read: no token for Azure Resource Manager ({type(exc).__name__}: {_line(exc)})"
             return {q: {"error": reason} for q in queues}
         headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_SECONDS),
-                                         headers=headers) as session:
+        async with aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=TIMEOUT_SECONDS), headers=headers
+        ) as session:
             found = await asyncio.gather(*(self._one(session, q) for q in queues))
         return dict(zip(queues, found, strict=True))
 
@@ -100,8 +101,10 @@ def dead_letter_count(body: Any, queue: str) -> int:
     details = body.get("properties", {}).get("countDetails", {}) if isinstance(body, dict) else {}
     count = details.get("deadLetterMessageCount") if isinstance(details, dict) else None
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        raise Unreadable(f"not read: Azure Resource Manager answered queue {queue} without "
-                         "properties.countDetails.deadLetterMessageCount")
+        raise Unreadable(
+            f"not read: Azure Resource Manager answered queue {queue} without "
+            "properties.countDetails.deadLetterMessageCount"
+        )
     return count
 
 
@@ -110,8 +113,10 @@ def _refusal(status: int, body: Any, queue: str) -> str:
     code = error.get("code") if isinstance(error, dict) else None
     said = f"{status}{' ' + str(code) if code else ''}"
     if status == 403:
-        return (f"not read: Azure Resource Manager refused ({said}): this identity needs Reader on queue {queue} "
-                "(Microsoft.ServiceBus/namespaces/queues/read; infra/app/rbac.bicep)")
+        return (
+            f"not read: Azure Resource Manager refused ({said}): this identity needs Reader on queue {queue} "
+            "(Microsoft.ServiceBus/namespaces/queues/read; infra/app/rbac.bicep)"
+        )
     if status == 404:
         return f"not read: no queue {queue} in the namespace {RESOURCE_ID_SETTING} names ({said})"
     if status == 401:

@@ -61,16 +61,24 @@ COLUMNS = (
 def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
     """show, open and close under `sub` (this module's parser, and `orderflow breaker`); the parsers made."""
     show = sub.add_parser("show", help="print the breaker(s)")
-    show.add_argument("--service", action="append", default=None, metavar="NAME",
-                      help="remote service (repeatable; default: RemoteServiceName)")
+    show.add_argument(
+        "--service",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="remote service (repeatable; default: RemoteServiceName)",
+    )
     made = [show]
-    for name, text in (("open", "hold the breaker open until an operator closes it"),
-                       ("close", "close the breaker and reset its counts")):
+    for name, text in (
+        ("open", "hold the breaker open until an operator closes it"),
+        ("close", "close the breaker and reset its counts"),
+    ):
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("--service", default=None, metavar="NAME", help="remote service (default: RemoteServiceName)")
         cmd.add_argument("--by", default=None, metavar="WHO", help="operator named in the reason (default: $USER)")
-        cmd.add_argument("--new", action="store_true",
-                         help="allow a service that is not RemoteServiceName and has no breaker yet")
+        cmd.add_argument(
+            "--new", action="store_true", help="allow a service that is not RemoteServiceName and has no breaker yet"
+        )
         made.append(cmd)
     for cmd in made:
         cmd.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -79,9 +87,14 @@ def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, description="Show, force open or force closed the shared circuit breaker of a remote service.")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS,
-                        help=f"give up after this many seconds (default {DEFAULT_TIMEOUT_SECONDS:g})")
+        prog=PROG, description="Show, force open or force closed the shared circuit breaker of a remote service."
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_SECONDS,
+        help=f"give up after this many seconds (default {DEFAULT_TIMEOUT_SECONDS:g})",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the store and bus clients do")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{show,open,close}")
     add_commands(sub)
@@ -99,8 +112,7 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
     table = [[title for _, title in COLUMNS]] + [[cell(row, key) for key, _ in COLUMNS] for row in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
-    lines = ["  ".join(text.ljust(width) for text, width in zip(line, widths, strict=True)).rstrip()
-             for line in table]
+    lines = ["  ".join(text.ljust(width) for text, width in zip(line, widths, strict=True)).rstrip() for line in table]
     if any(not row["enabled"] for row in rows):
         lines.append("(the breaker is off: CircuitBreakerFailureThreshold is 0)")
     return "\n".join(lines)
@@ -132,8 +144,16 @@ def _open_bus(env: Mapping[str, str]) -> BusClient:
         raise CliError(f"cannot open the Service Bus client: {one_line(exc)}") from exc
 
 
-async def force(service: str, state: BreakerState, by: str, documents: Any, bus: BusClient, alerts_queue: str,
-                config: BreakerConfig, clock: Clock) -> dict[str, Any]:
+async def force(
+    service: str,
+    state: BreakerState,
+    by: str,
+    documents: Any,
+    bus: BusClient,
+    alerts_queue: str,
+    config: BreakerConfig,
+    clock: Clock,
+) -> dict[str, Any]:
     """Force the breaker, then raise the operator alert; the breaker's row and the alert sent."""
     from orderflow.outbound import raise_alert
 
@@ -150,17 +170,27 @@ async def force(service: str, state: BreakerState, by: str, documents: Any, bus:
     before = seen[0].before if seen else written.state  # no transition: it already was in that state
     changed_at = written.changed_at or clock.now()
     kind = AlertKind.CIRCUIT_OPENED if state is BreakerState.OPEN else AlertKind.CIRCUIT_CLOSED
-    details = {"service": service, "before": before.value, "after": written.state.value,
-               "changedAt": format_utc(changed_at), "source": "operator", "by": by}
+    details = {
+        "service": service,
+        "before": before.value,
+        "after": written.state.value,
+        "changedAt": format_utc(changed_at),
+        "source": "operator",
+        "by": by,
+    }
     try:
-        alert = await raise_alert(bus, alerts_queue, kind=kind, order_id=None, reason=written.reason or "",
-                                  now=clock.now(), details=details)
+        alert = await raise_alert(
+            bus, alerts_queue, kind=kind, order_id=None, reason=written.reason or "", now=clock.now(), details=details
+        )
     except Exception as exc:
-        raise CliError(f"breaker {service!r} is {written.state.value} ({written.reason}) but the operator alert "
-                       f"could not be sent to {alerts_queue}: {one_line(exc)}") from exc
-    return {"breaker": breaker_row(service, written, config, clock.now()),
-            "alert": {"kind": kind.value, "queue": alerts_queue, "messageId": alert.message_id(),
-                      "details": details}}
+        raise CliError(
+            f"breaker {service!r} is {written.state.value} ({written.reason}) but the operator alert "
+            f"could not be sent to {alerts_queue}: {one_line(exc)}"
+        ) from exc
+    return {
+        "breaker": breaker_row(service, written, config, clock.now()),
+        "alert": {"kind": kind.value, "queue": alerts_queue, "messageId": alert.message_id(), "details": details},
+    }
 
 
 async def _known(services: Sequence[str], configured: str, documents: Any, new: bool) -> None:
@@ -169,8 +199,10 @@ async def _known(services: Sequence[str], configured: str, documents: Any, new: 
     open and close (a service whose Agents are configured but have not written yet)."""
     unknown = [s for s in services if s != configured and await documents.get(s) is None]
     if unknown and not new:
-        raise CliError(f"no breaker for service {unknown[0]!r} (RemoteServiceName is {configured!r}); "
-                       "check the name, or pass --new to open or close a breaker that does not exist yet")
+        raise CliError(
+            f"no breaker for service {unknown[0]!r} (RemoteServiceName is {configured!r}); "
+            "check the name, or pass --new to open or close a breaker that does not exist yet"
+        )
 
 
 async def run(args: argparse.Namespace, env: Mapping[str, str], clock: Clock) -> str:
@@ -198,8 +230,9 @@ async def run(args: argparse.Namespace, env: Mapping[str, str], clock: Clock) ->
         try:
             service = args.service or default_service
             await _known([service], default_service, documents, new=getattr(args, "new", False))
-            result = await force(service, state, operator_name(args.by, env), documents, bus, alerts_queue, config,
-                                 clock)
+            result = await force(
+                service, state, operator_name(args.by, env), documents, bus, alerts_queue, config, clock
+            )
         finally:
             await documents.aclose()
     finally:
@@ -218,13 +251,13 @@ async def _run_with_timeout(args: argparse.Namespace, env: Mapping[str, str], cl
         raise CliError(f"gave up after {args.timeout:g} s: the store or the bus did not answer") from exc
 
 
-def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
-         clock: Clock | None = None) -> int:
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, clock: Clock | None = None) -> int:
     args = build_parser().parse_args(argv)
     source = os.environ if env is None else env
     # Quiet unless asked: the alert and the transition are logged by the library (at ERROR/WARNING) and printed here.
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.CRITICAL + 1,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.CRITICAL + 1, format="%(levelname)s %(name)s: %(message)s"
+    )
     try:
         output = asyncio.run(_run_with_timeout(args, source, clock or SystemClock()))
     except KeyboardInterrupt:

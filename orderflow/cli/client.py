@@ -42,24 +42,30 @@ from orderflow.operations import CANCELLABLE, cancel_message
 from orderflow.text import shown
 
 SAMPLE_ORDER: dict[str, Any] = {
-    "schemaVersion": 1, "type": "SubmitOrder", "replyTo": "app-status",
+    "schemaVersion": 1,
+    "type": "SubmitOrder",
+    "replyTo": "app-status",
     "customer": {"id": "c-1", "name": "Contoso"},
-    "items": [{"sku": "SKU-1", "quantity": 2, "unitPrice": "9.99"}], "currency": "EUR",
+    "items": [{"sku": "SKU-1", "quantity": 2, "unitPrice": "9.99"}],
+    "currency": "EUR",
 }
 
 
 def add_commands(sub: Any, prog: str, names: tuple[str, ...] = ("submit", "watch", "cancel", "queues")) -> None:
     """The client-app commands under `prog` (`orderflow`, or `python -m devhost` for its aliases)."""
     if "submit" in names:
-        s = sub.add_parser("submit", help="send orders and follow their statuses (a client app)",
-                           description="Send a SubmitOrder to the orders queue (SessionId = orderId, MessageId = "
-                                       "<orderId>:<hash of the body>, so an identical resend is absorbed by duplicate "
-                                       "detection and a changed one reaches the conflict check), then print the "
-                                       "statuses from the reply queue until a terminal one or --wait seconds. With "
-                                       "--count N, N orders (generated ids) and one line each when it ends. Exit 0 "
-                                       "when the order completed (with --count: when every order ended), 1 when it "
-                                       "ended otherwise (failed, compensated, cancelled), was rejected or "
-                                       "dead-lettered, or no final status came within --wait.")
+        s = sub.add_parser(
+            "submit",
+            help="send orders and follow their statuses (a client app)",
+            description="Send a SubmitOrder to the orders queue (SessionId = orderId, MessageId = "
+            "<orderId>:<hash of the body>, so an identical resend is absorbed by duplicate "
+            "detection and a changed one reaches the conflict check), then print the "
+            "statuses from the reply queue until a terminal one or --wait seconds. With "
+            "--count N, N orders (generated ids) and one line each when it ends. Exit 0 "
+            "when the order completed (with --count: when every order ended), 1 when it "
+            "ended otherwise (failed, compensated, cancelled), was rejected or "
+            "dead-lettered, or no final status came within --wait.",
+        )
         _connection_options(s)
         s.add_argument("--order-id", default=None, help="orderId (default: a new random one)")
         s.add_argument("--file", type=Path, default=None, help="JSON file with the order (default: a sample order)")
@@ -67,47 +73,71 @@ def add_commands(sub: Any, prog: str, names: tuple[str, ...] = ("submit", "watch
         s.add_argument("--reply-to", default=None, help="reply queue (default: the order's, else app-status)")
         s.add_argument("--wait", type=float, default=30.0, help="seconds to wait for terminal statuses (default 30)")
         s.add_argument("--json", action="store_true", help="--count: print one JSON object per order")
-        s.add_argument("--host-port", type=int, default=None,
-                       help="devhost's HTTP port, checked when no terminal status comes (default: the one "
-                            "`devhost up` recorded, else 7071)")
+        s.add_argument(
+            "--host-port",
+            type=int,
+            default=None,
+            help="devhost's HTTP port, checked when no terminal status comes (default: the one "
+            "`devhost up` recorded, else 7071)",
+        )
         s.set_defaults(prog=f"{prog} submit", handler=submit)
     if "watch" in names:
-        w = sub.add_parser("watch", help="follow an application's reply queue (consumes its statuses, as the app)",
-                           description="Receive the statuses on REPLY_QUEUE, session after session, completing each "
-                                       "(this is what the submitting app does), and print them as they come.")
+        w = sub.add_parser(
+            "watch",
+            help="follow an application's reply queue (consumes its statuses, as the app)",
+            description="Receive the statuses on REPLY_QUEUE, session after session, completing each "
+            "(this is what the submitting app does), and print them as they come.",
+        )
         _connection_options(w)
-        w.add_argument("queue", metavar="REPLY_QUEUE", nargs="?", default="app-status",
-                       help="the app's reply queue (default app-status)")
+        w.add_argument(
+            "queue",
+            metavar="REPLY_QUEUE",
+            nargs="?",
+            default="app-status",
+            help="the app's reply queue (default app-status)",
+        )
         w.add_argument("--order", default=None, metavar="ORDER_ID", help="only this order's session")
-        w.add_argument("--for", dest="duration", type=float, default=30.0,
-                       help="stop after this many seconds (default 30)")
+        w.add_argument(
+            "--for", dest="duration", type=float, default=30.0, help="stop after this many seconds (default 30)"
+        )
         w.add_argument("--max", type=int, default=None, help="stop after this many statuses")
         w.add_argument("--json", action="store_true", help="print one JSON status per line")
         w.set_defaults(prog=f"{prog} watch", handler=watch)
     if "cancel" in names:
-        c = sub.add_parser("cancel", help="cancel one order and follow what the cancel did",
-                           description="Send a CancelOrder for ORDER_ID to the orders queue in the order's session "
-                                       "(SessionId = orderId, so it is processed after the order's SubmitOrder), "
-                                       "with the order's replyTo, then print the statuses that follow it: cancelled "
-                                       "(nothing was sent), compensated (what was done is undone), rejected (too "
-                                       "late). First checks the state store: an unknown order, or one that is not "
-                                       "Pending or Processing, is refused and nothing is sent (--no-check sends it "
-                                       "as any client app would). A repeated cancel changes nothing.")
+        c = sub.add_parser(
+            "cancel",
+            help="cancel one order and follow what the cancel did",
+            description="Send a CancelOrder for ORDER_ID to the orders queue in the order's session "
+            "(SessionId = orderId, so it is processed after the order's SubmitOrder), "
+            "with the order's replyTo, then print the statuses that follow it: cancelled "
+            "(nothing was sent), compensated (what was done is undone), rejected (too "
+            "late). First checks the state store: an unknown order, or one that is not "
+            "Pending or Processing, is refused and nothing is sent (--no-check sends it "
+            "as any client app would). A repeated cancel changes nothing.",
+        )
         _connection_options(c)
         c.add_argument("order_id", metavar="ORDER_ID", help="the order to cancel")
         c.add_argument("--reason", default=None, help="why: the CancelOrder's reason (at most 256 characters)")
-        c.add_argument("--reply-to", default=None,
-                       help="reply queue (default: the order's replyTo from the state store, else app-status)")
-        c.add_argument("--wait", type=float, default=30.0,
-                       help="seconds to wait for the answer (default 30; 0: send and exit)")
-        c.add_argument("--no-check", action="store_true",
-                       help="do not read the state store first (the client app's cancel)")
+        c.add_argument(
+            "--reply-to",
+            default=None,
+            help="reply queue (default: the order's replyTo from the state store, else app-status)",
+        )
+        c.add_argument(
+            "--wait", type=float, default=30.0, help="seconds to wait for the answer (default 30; 0: send and exit)"
+        )
+        c.add_argument(
+            "--no-check", action="store_true", help="do not read the state store first (the client app's cancel)"
+        )
         c.set_defaults(prog=f"{prog} cancel", handler=cancel, no_check=prog != "orderflow")
     if "queues" in names:
-        q = sub.add_parser("queues", help="queue counts, dead-letter reasons and operator alerts (embedded broker)",
-                           description="For every queue: active, scheduled and dead-lettered messages and sessions "
-                                       "with backlog; then the dead-lettered messages with their reasons and the "
-                                       "operator alerts (peeked, nothing is removed).")
+        q = sub.add_parser(
+            "queues",
+            help="queue counts, dead-letter reasons and operator alerts (embedded broker)",
+            description="For every queue: active, scheduled and dead-lettered messages and sessions "
+            "with backlog; then the dead-lettered messages with their reasons and the "
+            "operator alerts (peeked, nothing is removed).",
+        )
         _connection_options(q)
         q.add_argument("--peek", type=int, default=20, help="most messages to list per queue (default 20)")
         q.add_argument("--json", action="store_true", help="print JSON")
@@ -115,11 +145,18 @@ def add_commands(sub: Any, prog: str, names: tuple[str, ...] = ("submit", "watch
 
 
 def _connection_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--app-dir", type=Path, default=Path("."),
-                   help="app folder whose local.settings.json names the connection (default: .)")
-    p.add_argument("--connection", default=None,
-                   help="Service Bus connection string (default: ServiceBusConnection from the environment or the "
-                        "app's local.settings.json)")
+    p.add_argument(
+        "--app-dir",
+        type=Path,
+        default=Path("."),
+        help="app folder whose local.settings.json names the connection (default: .)",
+    )
+    p.add_argument(
+        "--connection",
+        default=None,
+        help="Service Bus connection string (default: ServiceBusConnection from the environment or the "
+        "app's local.settings.json)",
+    )
 
 
 def _client(args: argparse.Namespace) -> Any:
@@ -133,9 +170,11 @@ def _client(args: argparse.Namespace) -> Any:
         from orderflow.adapters import bus_from_settings
 
         return bus_from_settings(values)
-    raise CliError("no connection: pass --connection or set ServiceBusConnection (or "
-                   "ServiceBusConnection__fullyQualifiedNamespace on Azure); locally: cp local.settings.sample.json "
-                   "local.settings.json")
+    raise CliError(
+        "no connection: pass --connection or set ServiceBusConnection (or "
+        "ServiceBusConnection__fullyQualifiedNamespace on Azure); locally: cp local.settings.sample.json "
+        "local.settings.json"
+    )
 
 
 def _read_order_file(path: Path, prog: str) -> dict[str, Any]:
@@ -178,13 +217,17 @@ def submit(args: argparse.Namespace) -> int:
     orders_queue = os.environ.get("OrdersQueueName", "orders-inbound")
     with _client(args) as client:
         with client.get_queue_sender(orders_queue) as sender:
-            sender.send_messages(ServiceBusMessage(body, session_id=order_id, message_id=message_id,
-                                                   content_type="application/json"))
-        console.print(f"sent order [bold]{safe(order_id)}[/] (MessageId {safe(message_id)}); statuses from "
-                      f"{safe(reply_to)}:")
+            sender.send_messages(
+                ServiceBusMessage(body, session_id=order_id, message_id=message_id, content_type="application/json")
+            )
+        console.print(
+            f"sent order [bold]{safe(order_id)}[/] (MessageId {safe(message_id)}); statuses from {safe(reply_to)}:"
+        )
         if known_rejection is not None:  # no status will come: the rejection is known, say it and stop
-            console.print(f"[red]rejected: {safe(known_rejection.reason)}: the order is dead-lettered on "
-                          f"{safe(orders_queue)}, no status follows (orderflow queues)[/]")
+            console.print(
+                f"[red]rejected: {safe(known_rejection.reason)}: the order is dead-lettered on "
+                f"{safe(orders_queue)}, no status follows (orderflow queues)[/]"
+            )
             return 1
         watch = _Watch(client, orders_queue, message_id)
         code, statuses = _follow(client, reply_to, order_id, args.wait, console, watch)
@@ -221,33 +264,39 @@ def submit_many(args: argparse.Namespace) -> int:
         with client.get_queue_sender(orders_queue) as sender:
             for order_id in ids:
                 body, message_id = _order_body(template, order_id, args.reply_to)
-                sender.send_messages(ServiceBusMessage(body, session_id=order_id, message_id=message_id,
-                                                       content_type="application/json"))
+                sender.send_messages(
+                    ServiceBusMessage(body, session_id=order_id, message_id=message_id, content_type="application/json")
+                )
         if not args.json:
             console.print(f"sent {len(ids)} orders ({ids[0]} … {ids[-1]}); statuses from {safe(reply_to)}:")
         pending = set(ids)
         ended: dict[str, StatusMessage] = {}
         for status in _all_statuses(client, reply_to, args.wait, lambda: not pending):
-            if status.order_id in pending and (status.state in TERMINAL_STATUSES
-                                               or status.state is OrderStatus.REJECTED):
+            if status.order_id in pending and (
+                status.state in TERMINAL_STATUSES or status.state is OrderStatus.REJECTED
+            ):
                 pending.discard(status.order_id)
                 ended[status.order_id] = status
                 if args.json:
                     print(status.to_json(), flush=True)
                 else:
-                    console.print(f"  {status.order_id}  {status.state.value:<19} attempt {status.attempt}  "
-                                  f"{safe(status.reason)}")
+                    console.print(
+                        f"  {status.order_id}  {status.state.value:<19} attempt {status.attempt}  {safe(status.reason)}"
+                    )
         counts: dict[str, int] = {}
         for status in ended.values():
             counts[status.state.value] = counts.get(status.state.value, 0) + 1
         if not args.json:
-            console.print(f"{len(ended)} of {len(ids)} ended within {args.wait:g} s: "
-                          + (", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "none"))
+            console.print(
+                f"{len(ended)} of {len(ids)} ended within {args.wait:g} s: "
+                + (", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "none")
+            )
         return 0 if not pending else 1
 
 
-def _all_statuses(client: Any, queue: str, wait: float, done: Any = lambda: False,
-                  session: str | None = None) -> Iterator[StatusMessage]:
+def _all_statuses(
+    client: Any, queue: str, wait: float, done: Any = lambda: False, session: str | None = None
+) -> Iterator[StatusMessage]:
     """Statuses on `queue` (every session, or one), each completed as it is read, for at most `wait` seconds or
     until `done()`. A body that is not a status is reported on stderr and left in the queue."""
     from azure.servicebus import NEXT_AVAILABLE_SESSION
@@ -255,8 +304,9 @@ def _all_statuses(client: Any, queue: str, wait: float, done: Any = lambda: Fals
     deadline = time.monotonic() + wait
     while not done() and (remaining := deadline - time.monotonic()) > 0:
         try:
-            with client.get_queue_receiver(queue, session_id=session or NEXT_AVAILABLE_SESSION,
-                                           max_wait_time=min(remaining, 5.0)) as receiver:
+            with client.get_queue_receiver(
+                queue, session_id=session or NEXT_AVAILABLE_SESSION, max_wait_time=min(remaining, 5.0)
+            ) as receiver:
                 while not done() and (left := deadline - time.monotonic()) > 0:
                     batch = receiver.receive_messages(max_message_count=50, max_wait_time=min(left, 1.0))
                     if not batch:
@@ -265,8 +315,11 @@ def _all_statuses(client: Any, queue: str, wait: float, done: Any = lambda: Fals
                         try:
                             status = StatusMessage.model_validate_json(b"".join(message.body))
                         except ValueError as exc:
-                            print(f"not a status (left on {queue}): {shown(message.message_id)}: "
-                                  f"{shown(str(exc).splitlines()[0])}", file=sys.stderr)
+                            print(
+                                f"not a status (left on {queue}): {shown(message.message_id)}: "
+                                f"{shown(str(exc).splitlines()[0])}",
+                                file=sys.stderr,
+                            )
                             continue
                         receiver.complete_message(message)
                         yield status
@@ -280,17 +333,23 @@ def watch(args: argparse.Namespace) -> int:
     seen = [0]
     with _client(args) as client:
         if not args.json:
-            console.print(f"watching {safe(args.queue)}" + (f" (order {safe(args.order)})" if args.order else "")
-                          + f" for {args.duration:g} s")
+            console.print(
+                f"watching {safe(args.queue)}"
+                + (f" (order {safe(args.order)})" if args.order else "")
+                + f" for {args.duration:g} s"
+            )
         try:
-            for status in _all_statuses(client, args.queue, args.duration,
-                                        lambda: args.max is not None and seen[0] >= args.max, args.order):
+            for status in _all_statuses(
+                client, args.queue, args.duration, lambda: args.max is not None and seen[0] >= args.max, args.order
+            ):
                 seen[0] += 1
                 if args.json:
                     print(status.to_json(), flush=True)
                 else:
-                    console.print(f"  {status.timestamp.isoformat()}  {status.order_id}  {status.state.value:<19} "
-                                  f"attempt {status.attempt}  {safe(status.reason)}")
+                    console.print(
+                        f"  {status.timestamp.isoformat()}  {status.order_id}  {status.state.value:<19} "
+                        f"attempt {status.attempt}  {safe(status.reason)}"
+                    )
         except MessagingEntityNotFoundError as exc:
             raise CliError(f"there is no queue {args.queue!r}") from exc
     return 0
@@ -305,8 +364,10 @@ def _stored_record(order_id: str) -> Any:
 
     env = load_settings(Path("."))
     if not env.get("CosmosDb__accountEndpoint"):
-        raise CliError("app setting CosmosDb__accountEndpoint is not set: cannot check the order (--no-check sends "
-                       "the cancel as a client app would)")
+        raise CliError(
+            "app setting CosmosDb__accountEndpoint is not set: cannot check the order (--no-check sends "
+            "the cancel as a client app would)"
+        )
 
     async def read() -> Any:
         async with open_stores(env) as stores:
@@ -334,8 +395,10 @@ def cancel(args: argparse.Namespace) -> int:
             if record is None:
                 raise CliError(f"no order {order_id!r} in the state store")
             if record.process_state not in CANCELLABLE:
-                raise CliError(f"order {order_id} is {record.process_state.value}: only a Pending or Processing "
-                               "order can be cancelled")
+                raise CliError(
+                    f"order {order_id} is {record.process_state.value}: only a Pending or Processing "
+                    "order can be cancelled"
+                )
             reply_to = reply_to or record.reply_to
         reply_to = reply_to or "app-status"
         try:
@@ -346,8 +409,10 @@ def cancel(args: argparse.Namespace) -> int:
         sent_at = datetime.now(UTC)
         with client.get_queue_sender(orders_queue) as sender:
             sender.send_messages(message)
-        console.print(f"sent cancel of [bold]{safe(order_id)}[/] (MessageId {safe(message.message_id)}); statuses "
-                      f"from {safe(reply_to)}:")
+        console.print(
+            f"sent cancel of [bold]{safe(order_id)}[/] (MessageId {safe(message.message_id)}); statuses "
+            f"from {safe(reply_to)}:"
+        )
         if args.wait <= 0:
             return 0
         watch = _Watch(client, orders_queue, str(message.message_id))
@@ -359,8 +424,9 @@ CANCEL_DONE = frozenset({OrderStatus.CANCELLED, OrderStatus.COMPENSATED})
 CANCEL_ANSWERS = TERMINAL_STATUSES | {OrderStatus.REJECTED}
 
 
-def _follow_cancel(client: Any, reply_to: str, order_id: str, sent_at: datetime, wait: float, console: Console,
-                   watch: _Watch) -> int:
+def _follow_cancel(
+    client: Any, reply_to: str, order_id: str, sent_at: datetime, wait: float, console: Console, watch: _Watch
+) -> int:
     """Print the order's statuses until the cancel's answer: a terminal status or `rejected` stamped after the cancel
     was sent (the order's earlier statuses, if still queued, are shown as such and do not end the wait)."""
     since = sent_at.timestamp() - 1.0  # the system's clock may trail this one a little
@@ -371,11 +437,18 @@ def _follow_cancel(client: Any, reply_to: str, order_id: str, sent_at: datetime,
                     return 1
                 continue
             earlier = status.timestamp.timestamp() < since
-            effects = "" if status.effects is None else (
-                f"  applied {[s.value for s in status.effects.applied]} undone "
-                f"{[s.value for s in status.effects.undone]}")
-            console.print(f"  {status.timestamp.isoformat()}  {status.state.value:<19} attempt {status.attempt}  "
-                          f"{safe(status.reason)}{effects}" + ("  (before the cancel)" if earlier else ""))
+            effects = (
+                ""
+                if status.effects is None
+                else (
+                    f"  applied {[s.value for s in status.effects.applied]} undone "
+                    f"{[s.value for s in status.effects.undone]}"
+                )
+            )
+            console.print(
+                f"  {status.timestamp.isoformat()}  {status.state.value:<19} attempt {status.attempt}  "
+                f"{safe(status.reason)}{effects}" + ("  (before the cancel)" if earlier else "")
+            )
             if not earlier and status.state in CANCEL_ANSWERS:
                 return 0 if status.state in CANCEL_DONE else 1
     except OperationTimeoutError:
@@ -383,8 +456,10 @@ def _follow_cancel(client: Any, reply_to: str, order_id: str, sent_at: datetime,
     except MessagingEntityNotFoundError:
         console.print(f"[yellow]there is no reply queue {safe(repr(reply_to))}[/]")
         return 1
-    console.print(f"[yellow]no answer within {wait:g} s: an order whose step is running is cancelled at once or at "
-                  f"its next step (wait longer); a repeated cancel changes nothing and is not answered again[/]")
+    console.print(
+        f"[yellow]no answer within {wait:g} s: an order whose step is running is cancelled at once or at "
+        f"its next step (wait longer); a repeated cancel changes nothing and is not answered again[/]"
+    )
     return 1
 
 
@@ -398,9 +473,11 @@ class _Watch:
         dead = self.dead_lettered()
         if dead is None:
             return False
-        console.print(f"[red]rejected: {safe(dead.dead_letter_reason)}: "
-                      f"{safe(dead.dead_letter_error_description or '')} "
-                      f"(dead-lettered on {safe(self.orders_queue)}; orderflow queues)[/]")
+        console.print(
+            f"[red]rejected: {safe(dead.dead_letter_reason)}: "
+            f"{safe(dead.dead_letter_error_description or '')} "
+            f"(dead-lettered on {safe(self.orders_queue)}; orderflow queues)[/]"
+        )
         return True
 
     def __init__(self, client: Any, orders_queue: str, message_id: str) -> None:
@@ -447,8 +524,9 @@ def _statuses(client: Any, reply_to: str, order_id: str, wait: float) -> Iterato
             yield None
 
 
-def _follow(client: Any, reply_to: str, order_id: str, wait: float, console: Console,
-            watch: _Watch) -> tuple[int | None, list[StatusMessage]]:
+def _follow(
+    client: Any, reply_to: str, order_id: str, wait: float, console: Console, watch: _Watch
+) -> tuple[int | None, list[StatusMessage]]:
     """Print the order's statuses until a terminal one (0) or a known rejection (1); None when `wait` ran out."""
     statuses: list[StatusMessage] = []
     try:
@@ -458,8 +536,10 @@ def _follow(client: Any, reply_to: str, order_id: str, wait: float, console: Con
                     return 1, statuses
                 continue
             statuses.append(status)
-            console.print(f"  {status.timestamp.isoformat()}  {status.state.value:<10} attempt "
-                          f"{status.attempt}  {safe(status.reason)}")
+            console.print(
+                f"  {status.timestamp.isoformat()}  {status.state.value:<10} attempt "
+                f"{status.attempt}  {safe(status.reason)}"
+            )
             if status.state in TERMINAL_STATUSES:  # 0: completed; 1: it ended otherwise (failed, compensated...)
                 return (0 if status.state is OrderStatus.COMPLETED else 1), statuses
             if status.state is OrderStatus.REJECTED:  # admission control: nothing was stored
@@ -468,8 +548,10 @@ def _follow(client: Any, reply_to: str, order_id: str, wait: float, console: Con
     except OperationTimeoutError:
         pass
     except MessagingEntityNotFoundError:
-        console.print(f"[yellow]there is no reply queue {safe(repr(reply_to))}: the system cannot answer this order "
-                      f"(replyTo must be an existing, allowed reply queue)[/]")
+        console.print(
+            f"[yellow]there is no reply queue {safe(repr(reply_to))}: the system cannot answer this order "
+            f"(replyTo must be an existing, allowed reply queue)[/]"
+        )
         return 1, statuses
     return None, statuses
 
@@ -496,44 +578,68 @@ def _diagnose(args: argparse.Namespace, watch: _Watch, statuses: list[StatusMess
     """Why a terminal status may not have come, from what the client can check; never a rejection it did not see."""
     found: list[str] = []
     if any(s.state is OrderStatus.RECEIVED for s in statuses):
-        found.append("the order was accepted (status received), so it was not rejected: it is being processed "
-                     "or waiting for a retry")
+        found.append(
+            "the order was accepted (status received), so it was not rejected: it is being processed "
+            "or waiting for a retry"
+        )
     elif watch.checked:
         found.append(f"no status at all, and the message is not dead-lettered on {watch.orders_queue}")
     else:
         found.append("no status at all")
     inbound = watch._active(watch.orders_queue)
     if inbound:
-        found.append(f"{watch.orders_queue} holds {inbound} message(s) nobody has taken: is devhost "
-                     f"(python -m devhost start) running?")
+        found.append(
+            f"{watch.orders_queue} holds {inbound} message(s) nobody has taken: is devhost "
+            f"(python -m devhost start) running?"
+        )
     started = started_by_up(args.app_dir)  # `python -m devhost up` records URLs and pids in .devhost/up.json
     host_url = urlsplit(str(started.get("devhost", {}).get("url") or ""))
     host = host_url.hostname if args.host_port is None and host_url.hostname else "127.0.0.1"
     host_port = args.host_port or (host_url.port if host_url.hostname else None) or 7071
-    found.append(f"devhost on {host}:{host_port}: "
-                 + ("reachable" if _reachable(host, host_port) else
-                    "not reachable (python -m devhost up, or start; or --host-port)"))
+    found.append(
+        f"devhost on {host}:{host_port}: "
+        + (
+            "reachable"
+            if _reachable(host, host_port)
+            else "not reachable (python -m devhost up, or start; or --host-port)"
+        )
+    )
     agent = started.get("agent", {})
     if isinstance(agent.get("pid"), int):
-        found.append(f"the Agent (pid {agent['pid']}, started by devhost up): "
-                     + ("running" if _alive(agent["pid"]) else "not running")
-                     + (f"; its log: {agent['log']}" if agent.get("log") else ""))
+        found.append(
+            f"the Agent (pid {agent['pid']}, started by devhost up): "
+            + ("running" if _alive(agent["pid"]) else "not running")
+            + (f"; its log: {agent['log']}" if agent.get("log") else "")
+        )
     values = load_settings(args.app_dir.resolve()) if args.app_dir.exists() else dict(os.environ)
-    remote = (str(started.get("simulator", {}).get("url") or "") or values.get("AGENT_REMOTE_URL") or "http://127.0.0.1:8765")
+    remote = (
+        str(started.get("simulator", {}).get("url") or "") or values.get("AGENT_REMOTE_URL") or "http://127.0.0.1:8765"
+    )
     url = urlsplit(remote)
     if url.hostname:
         port = url.port or (443 if url.scheme == "https" else 80)
-        found.append(f"the remote service (simulator) at {remote}, the Agent's AGENT_REMOTE_URL: "
-                     + ("reachable" if _reachable(url.hostname, port) else
-                        "not reachable: start it (python -m lab.simulator --port "
-                        f"{port}) or set AGENT_REMOTE_URL; the Agent retries, then the order fails"))
+        found.append(
+            f"the remote service (simulator) at {remote}, the Agent's AGENT_REMOTE_URL: "
+            + (
+                "reachable"
+                if _reachable(url.hostname, port)
+                else "not reachable: start it (python -m lab.simulator --port "
+                f"{port}) or set AGENT_REMOTE_URL; the Agent retries, then the order fails"
+            )
+        )
     backlog = watch._active(watch.agent_queue)
     if backlog:
         draining = watch.agent_backlog_before is not None and backlog < watch.agent_backlog_before
-        found.append(f"{watch.agent_queue} holds {backlog} request(s)"
-                     + (" (draining)" if draining else " and is not draining: if the Agent is not running, start "
-                        "it (python -m agent); if it is, a call may be held (a hang), or the circuit breaker open: "
-                        "orderflow breaker show, orderflow order ORDER_ID"))
+        found.append(
+            f"{watch.agent_queue} holds {backlog} request(s)"
+            + (
+                " (draining)"
+                if draining
+                else " and is not draining: if the Agent is not running, start "
+                "it (python -m agent); if it is, a call may be held (a hang), or the circuit breaker open: "
+                "orderflow breaker show, orderflow order ORDER_ID"
+            )
+        )
     elif backlog == 0:
         found.append(f"{watch.agent_queue} is empty: the Agent has taken every request (or none was sent yet)")
     return found
@@ -546,8 +652,10 @@ def queues(args: argparse.Namespace) -> int:
     with _client(args) as client:
         broker = getattr(client, "broker", None)
         if broker is None:
-            raise CliError("queues needs the embedded broker's counts; on Azure: orderflow summary (dead-letter "
-                           "depths) and orderflow dlq list QUEUE")
+            raise CliError(
+                "queues needs the embedded broker's counts; on Azure: orderflow summary (dead-letter "
+                "depths) and orderflow dlq list QUEUE"
+            )
         names = broker.queue_names()
         counts = {name: broker.counts(name) for name in names}
         dead: dict[str, list[dict[str, Any]]] = {}
@@ -558,13 +666,29 @@ def queues(args: argparse.Namespace) -> int:
         alerts_queue = os.environ.get("OperatorAlertsQueueName", "operator-alerts")
         if alerts_queue in names:
             with client.get_queue_receiver(alerts_queue) as receiver:
-                alerts = [OperatorAlert.model_validate_json(b"".join(m.body))
-                          for m in receiver.peek_messages(max_message_count=args.peek)]
+                alerts = [
+                    OperatorAlert.model_validate_json(b"".join(m.body))
+                    for m in receiver.peek_messages(max_message_count=args.peek)
+                ]
     if args.json:
-        print(json.dumps({
-            "queues": {name: {"active": c.active, "scheduled": c.scheduled, "deadLettered": c.dead_lettered,
-                              "sessionsWithBacklog": c.sessions_with_backlog} for name, c in counts.items()},
-            "deadLetters": dead, "alerts": [json.loads(a.to_json()) for a in alerts]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "queues": {
+                        name: {
+                            "active": c.active,
+                            "scheduled": c.scheduled,
+                            "deadLettered": c.dead_lettered,
+                            "sessionsWithBacklog": c.sessions_with_backlog,
+                        }
+                        for name, c in counts.items()
+                    },
+                    "deadLetters": dead,
+                    "alerts": [json.loads(a.to_json()) for a in alerts],
+                },
+                indent=2,
+            )
+        )
         return 0
     console = Console(emoji=False)
     table = Table(title="queues")
@@ -575,9 +699,13 @@ def queues(args: argparse.Namespace) -> int:
     console.print(table)
     for name, rows in dead.items():
         for r in rows:
-            console.print(f"dead-lettered on {safe(name)}: {safe(r['messageId'])}  "
-                          f"[bold]{safe(r['deadLetterReason'])}[/]  {safe(r['deadLetterErrorDescription'] or '')}")
+            console.print(
+                f"dead-lettered on {safe(name)}: {safe(r['messageId'])}  "
+                f"[bold]{safe(r['deadLetterReason'])}[/]  {safe(r['deadLetterErrorDescription'] or '')}"
+            )
     for alert in alerts:
-        console.print(f"alert {alert.kind.value}: order {safe(alert.order_id)}  {safe(alert.reason)}  "
-                      f"{safe(json.dumps(alert.details))}")
+        console.print(
+            f"alert {alert.kind.value}: order {safe(alert.order_id)}  {safe(alert.reason)}  "
+            f"{safe(json.dumps(alert.details))}"
+        )
     return 0

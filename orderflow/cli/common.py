@@ -113,8 +113,10 @@ class DurableHttpStatuses:
         if self.key:
             params["code"] = self.key
         url = f"{self.base_url}/instances/{quote(instance, safe='')}"
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout)) as session, \
-                session.get(url, params=params) as response:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout)) as session,
+            session.get(url, params=params) as response,
+        ):
             if response.status == 404:
                 return None
             if response.status >= 400:
@@ -124,8 +126,9 @@ class DurableHttpStatuses:
 
 
 @asynccontextmanager
-async def operations(app_dir: Path, env: Mapping[str, str], clock: Clock | None = None,
-                     need_durable: bool = False) -> AsyncIterator[Operations]:
+async def operations(
+    app_dir: Path, env: Mapping[str, str], clock: Clock | None = None, need_durable: bool = False
+) -> AsyncIterator[Operations]:
     """The app's ports, opened from `env` (identity-based on Azure), as one `Operations`; closed on exit."""
     from orderflow.adapters import (
         aio_bus_from_settings,  # the SDKs are heavy; only when needed
@@ -138,18 +141,25 @@ async def operations(app_dir: Path, env: Mapping[str, str], clock: Clock | None 
     except (ValueError, KeyError, AssertionError) as exc:
         raise CliError(f"invalid app settings: {one_line(exc)}") from exc
     if not env.get("CosmosDb__accountEndpoint"):
-        raise CliError("app setting CosmosDb__accountEndpoint is not set: run in the app folder or pass --app-dir "
-                       "(locally: cp local.settings.sample.json local.settings.json), or set it in the environment")
+        raise CliError(
+            "app setting CosmosDb__accountEndpoint is not set: run in the app folder or pass --app-dir "
+            "(locally: cp local.settings.sample.json local.settings.json), or set it in the environment"
+        )
     try:
         stores = open_stores(env)
         breakers = open_breaker_documents(env)
         bus = aio_bus_from_settings(env)
     except Exception as exc:
         raise CliError(f"cannot open the app's stores or bus: {one_line(exc)}") from exc
-    durable = DurableHttpStatuses(durable_api_url(app_dir, env), env.get("DurableTaskApiKey")) if need_durable \
-        else None
-    services = Services(orders=stores.orders, state=stores.state, bus=bus, tunables=tunables,
-                        clock=clock or SystemClock(), breakers=breakers)
+    durable = DurableHttpStatuses(durable_api_url(app_dir, env), env.get("DurableTaskApiKey")) if need_durable else None
+    services = Services(
+        orders=stores.orders,
+        state=stores.state,
+        bus=bus,
+        tunables=tunables,
+        clock=clock or SystemClock(),
+        breakers=breakers,
+    )
     try:
         yield Operations(services, durable)
     finally:

@@ -37,11 +37,17 @@ DEFAULT_TIMEOUT_SECONDS = 60.0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="Operate orderflow: find, inspect and repair orders, "
-                                                            "dead letters and the circuit breaker.")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS,
-                        help=f"give up after this many seconds (default {DEFAULT_TIMEOUT_SECONDS:g}; not for "
-                             "submit, watch, cancel and top, which have their own waits)")
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Operate orderflow: find, inspect and repair orders, dead letters and the circuit breaker.",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_SECONDS,
+        help=f"give up after this many seconds (default {DEFAULT_TIMEOUT_SECONDS:g}; not for "
+        "submit, watch, cancel and top, which have their own waits)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the SDK clients do")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     client.add_commands(sub, PROG)
@@ -54,8 +60,9 @@ async def _with_timeout(args: argparse.Namespace, env: Mapping[str, str], clock:
         async with asyncio.timeout(args.timeout):
             return await ops.run(args, env, clock)
     except TimeoutError as exc:
-        raise CliError(f"gave up after {args.timeout:g} s: the store, the bus or the Durable API did not "
-                       "answer") from exc
+        raise CliError(
+            f"gave up after {args.timeout:g} s: the store, the bus or the Durable API did not answer"
+        ) from exc
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, clock: Clock | None = None) -> int:
@@ -63,8 +70,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     args = parser.parse_args(argv)
     if args.timeout <= 0:
         parser.error(f"--timeout must be positive, got {args.timeout:g}")
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.CRITICAL + 1,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.CRITICAL + 1, format="%(levelname)s %(name)s: %(message)s"
+    )
     try:
         if hasattr(args, "handler"):  # the client-app commands (sync azure-servicebus)
             code: int = args.handler(args)

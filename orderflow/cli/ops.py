@@ -31,41 +31,56 @@ HISTORY_SHOWN = 12  # newest history events `order` prints per attempt (all of t
 def add_commands(sub: Any) -> None:
     def command(name: str, text: str, description: str | None = None, read: bool = True) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(name, help=text, description=description or text)
-        p.add_argument("--app-dir", type=Path, default=Path("."),
-                       help="app folder whose local.settings.json holds the settings (default: .)")
+        p.add_argument(
+            "--app-dir",
+            type=Path,
+            default=Path("."),
+            help="app folder whose local.settings.json holds the settings (default: .)",
+        )
         if read:
             p.add_argument("--json", action="store_true", help="print JSON")
         p.set_defaults(prog=f"orderflow {name}")
         return p
 
-    o = command("order", "one order: its state record, steps, compensation log and every attempt's orchestration",
-                "The state record (ProcessState, LockedBy, CompleteBy, FailureCount, errors), the steps and the "
-                "compensation log, the resubmit audit, the stored order, and each attempt's orchestration status "
-                "and history from the Durable HTTP API (DurableTaskApiUrl, else devhost's; DurableTaskApiKey on "
-                "Azure).")
+    o = command(
+        "order",
+        "one order: its state record, steps, compensation log and every attempt's orchestration",
+        "The state record (ProcessState, LockedBy, CompleteBy, FailureCount, errors), the steps and the "
+        "compensation log, the resubmit audit, the stored order, and each attempt's orchestration status "
+        "and history from the Durable HTTP API (DurableTaskApiUrl, else devhost's; DurableTaskApiKey on "
+        "Azure).",
+    )
     o.add_argument("order_id", metavar="ORDER_ID")
     o.set_defaults(run=_order)
 
     ls = command("orders", "orders in one state, a page at a time (oldest change first)")
     ls.add_argument("--state", required=True, help="ProcessState: Pending, Processing, Error, ...")
-    ls.add_argument("--older-than", default=None, metavar="D",
-                    help="only orders unchanged for at least D (90s, 15m, 2h, 3d)")
+    ls.add_argument(
+        "--older-than", default=None, metavar="D", help="only orders unchanged for at least D (90s, 15m, 2h, 3d)"
+    )
     ls.add_argument("--page-size", type=int, default=50, help=f"1..{PAGE_SIZE_MAX} (default 50)")
     ls.add_argument("--continuation", default=None, help="the token the previous page printed")
     ls.set_defaults(run=_orders)
 
-    r = command("resubmit", "run a failed order again with a fresh failure budget (Error or CompensationFailed)",
-                "Error → Pending (the Starter claims it as a new attempt), CompensationFailed → "
-                "CompensationInProgress (its compensation is tried again); FailureCount (compensationFailures) back "
-                "to 0; audited on the record: who, when, why. Any other state is refused.")
+    r = command(
+        "resubmit",
+        "run a failed order again with a fresh failure budget (Error or CompensationFailed)",
+        "Error → Pending (the Starter claims it as a new attempt), CompensationFailed → "
+        "CompensationInProgress (its compensation is tried again); FailureCount (compensationFailures) back "
+        "to 0; audited on the record: who, when, why. Any other state is refused.",
+    )
     r.add_argument("order_id", metavar="ORDER_ID")
     r.add_argument("--reason", required=True, help="why (kept on the record)")
     r.add_argument("--by", default=None, help="who (default: $USER)")
     r.set_defaults(run=_resubmit)
 
     s = command("summary", "counts per state, oldest Pending, expired work, dead letters, breakers, Supervisor")
-    s.add_argument("--dead-letter-cap", type=int, default=1000,
-                   help="on Azure, count at most this many dead letters per queue by peeking (default 1000)")
+    s.add_argument(
+        "--dead-letter-cap",
+        type=int,
+        default=1000,
+        help="on Azure, count at most this many dead letters per queue by peeking (default 1000)",
+    )
     s.set_defaults(run=_summary)
 
     t = command("top", "a live dashboard of the summary plus throughput (Ctrl-C to stop)", read=False)
@@ -73,8 +88,11 @@ def add_commands(sub: Any) -> None:
     t.add_argument("--iterations", type=int, default=None, help="stop after this many refreshes")
     t.set_defaults(run=None, top=True)
 
-    d = sub.add_parser("dlq", help="dead-letter queues: list, show, replay",
-                       description="Dead-lettered messages of one queue, with the reasons the app gave.")
+    d = sub.add_parser(
+        "dlq",
+        help="dead-letter queues: list, show, replay",
+        description="Dead-lettered messages of one queue, with the reasons the app gave.",
+    )
     dsub = d.add_subparsers(dest="dlq_command", required=True, metavar="{list,show,replay}")
     dl = dsub.add_parser("list", help="the dead-lettered messages (peeked: nothing is removed)")
     dl.add_argument("queue", metavar="QUEUE")
@@ -82,31 +100,51 @@ def add_commands(sub: Any) -> None:
     ds = dsub.add_parser("show", help="one dead-lettered message whole (body and properties)")
     ds.add_argument("queue", metavar="QUEUE")
     ds.add_argument("sequence_number", metavar="SEQ", type=int, help="its sequence number (from `dlq list`)")
-    dr = dsub.add_parser("replay", help="send dead-lettered messages back to their queue, then remove them",
-                         description="Resend each with its original body and properties plus a replay marker "
-                                     "(orderflowReplayOf ...) and MessageId <original>:replay:<seq>, then complete "
-                                     "it on the dead-letter queue. Safe at least once: a repeat is absorbed by "
-                                     "duplicate detection and by the consumer's idempotency.")
+    dr = dsub.add_parser(
+        "replay",
+        help="send dead-lettered messages back to their queue, then remove them",
+        description="Resend each with its original body and properties plus a replay marker "
+        "(orderflowReplayOf ...) and MessageId <original>:replay:<seq>, then complete "
+        "it on the dead-letter queue. Safe at least once: a repeat is absorbed by "
+        "duplicate detection and by the consumer's idempotency.",
+    )
     dr.add_argument("queue", metavar="QUEUE")
     which = dr.add_mutually_exclusive_group(required=True)
-    which.add_argument("--seq", type=int, action="append", default=None, metavar="SEQ",
-                       help="the message's sequence number (repeatable)")
+    which.add_argument(
+        "--seq",
+        type=int,
+        action="append",
+        default=None,
+        metavar="SEQ",
+        help="the message's sequence number (repeatable)",
+    )
     which.add_argument("--all", action="store_true", help="every dead-lettered message (at most --max)")
     dr.add_argument("--max", type=int, default=500, help="with --all, at most this many (default 500)")
     dr.add_argument("--by", default=None, help="who (default: $USER), kept in the replay marker")
     for p in (dl, ds, dr):
-        p.add_argument("--app-dir", type=Path, default=Path("."),
-                       help="app folder whose local.settings.json holds the settings (default: .)")
+        p.add_argument(
+            "--app-dir",
+            type=Path,
+            default=Path("."),
+            help="app folder whose local.settings.json holds the settings (default: .)",
+        )
         p.add_argument("--json", action="store_true", help="print JSON")
     d.set_defaults(prog="orderflow dlq", run=_dlq)
 
-    b = sub.add_parser("breaker", help="the shared circuit breaker: show, force open, force closed",
-                       description="show prints each breaker; open holds it open until an operator closes it; close "
-                                   "closes it and resets its counts. Both raise the operator alert.")
+    b = sub.add_parser(
+        "breaker",
+        help="the shared circuit breaker: show, force open, force closed",
+        description="show prints each breaker; open holds it open until an operator closes it; close "
+        "closes it and resets its counts. Both raise the operator alert.",
+    )
     bsub = b.add_subparsers(dest="breaker_command", required=True, metavar="{show,open,close}")
     for p in breaker_command.add_commands(bsub):
-        p.add_argument("--app-dir", type=Path, default=Path("."),
-                       help="app folder whose local.settings.json holds the settings (default: .)")
+        p.add_argument(
+            "--app-dir",
+            type=Path,
+            default=Path("."),
+            help="app folder whose local.settings.json holds the settings (default: .)",
+        )
     b.set_defaults(prog="orderflow breaker", run=None, breaker=True)
 
 
@@ -122,12 +160,21 @@ async def _orders(ops: Operations, args: argparse.Namespace, env: Mapping[str, s
     page = await ops.orders(args.state, args.older_than, args.page_size, args.continuation)
     if args.json:
         return dumps(page)
-    table = _table(f"{page['state']} orders", ("order", "attempt", "failures", "locked by", "complete by",
-                                                "since", "age", "last error"))
+    table = _table(
+        f"{page['state']} orders",
+        ("order", "attempt", "failures", "locked by", "complete by", "since", "age", "last error"),
+    )
     for row in page["items"]:
-        table.add_row(row["orderId"], str(row["attempt"]), str(row["failureCount"]), row["lockedBy"] or "-",
-                      row["completeBy"] or "-", row["updatedAt"], _duration(row["ageSeconds"]),
-                      row["lastError"] or "-")
+        table.add_row(
+            row["orderId"],
+            str(row["attempt"]),
+            str(row["failureCount"]),
+            row["lockedBy"] or "-",
+            row["completeBy"] or "-",
+            row["updatedAt"],
+            _duration(row["ageSeconds"]),
+            row["lastError"] or "-",
+        )
     more = f"\nnext page: --continuation {page['continuation']}" if page["continuation"] else ""
     return _render(table) + f"{len(page['items'])} order(s){more}"
 
@@ -137,8 +184,10 @@ async def _resubmit(ops: Operations, args: argparse.Namespace, env: Mapping[str,
     if args.json:
         return dumps(result)
     audit = result["resubmission"]
-    return (f"order {result['orderId']} resubmitted: {audit['fromState']} → {result['processState']} "
-            f"(FailureCount was {audit['failureCount']}, now 0) by {audit['by']}: {audit['reason']}")
+    return (
+        f"order {result['orderId']} resubmitted: {audit['fromState']} → {result['processState']} "
+        f"(FailureCount was {audit['failureCount']}, now 0) by {audit['by']}: {audit['reason']}"
+    )
 
 
 async def _summary(ops: Operations, args: argparse.Namespace, env: Mapping[str, str]) -> str:
@@ -153,31 +202,42 @@ async def _dlq(bus: BusClient, args: argparse.Namespace, env: Mapping[str, str],
             rows = [deadletters.row(m) for m in await deadletters.peek(bus, args.queue, args.max)]
             if args.json:
                 return dumps(rows)
-            table = _table(f"dead letters of {args.queue}", ("seq", "message id", "session", "enqueued",
-                                                              "deliveries", "reason", "description"))
+            table = _table(
+                f"dead letters of {args.queue}",
+                ("seq", "message id", "session", "enqueued", "deliveries", "reason", "description"),
+            )
             for r in rows:
-                table.add_row(str(r["sequenceNumber"]), r["messageId"] or "-", r["sessionId"] or "-",
-                              r["enqueuedTime"] or "-", str(r["deliveryCount"]), r["deadLetterReason"] or "-",
-                              r["deadLetterErrorDescription"] or "-")
+                table.add_row(
+                    str(r["sequenceNumber"]),
+                    r["messageId"] or "-",
+                    r["sessionId"] or "-",
+                    r["enqueuedTime"] or "-",
+                    str(r["deliveryCount"]),
+                    r["deadLetterReason"] or "-",
+                    r["deadLetterErrorDescription"] or "-",
+                )
             return _render(table) + f"{len(rows)} message(s)"
         if args.dlq_command == "show":
             return dumps(await deadletters.show(bus, args.queue, args.sequence_number))
-        done = await deadletters.replay(bus, args.queue, None if args.all else args.seq,
-                                        operator_name(args.by, env), now, limit=args.max)
+        done = await deadletters.replay(
+            bus, args.queue, None if args.all else args.seq, operator_name(args.by, env), now, limit=args.max
+        )
     except deadletters.DeadLetterNotFound as exc:
         raise CliError(str(exc)) from exc
     if args.json:
         return dumps(done)
-    lines = [f"replayed {r['sequenceNumber']} ({r['messageId']}, {r['deadLetterReason']}) as {r['replayedAs']}"
-             for r in done]
+    lines = [
+        f"replayed {r['sequenceNumber']} ({r['messageId']}, {r['deadLetterReason']}) as {r['replayedAs']}" for r in done
+    ]
     return "\n".join(lines + [f"{len(done)} message(s) replayed to {args.queue}"])
 
 
 async def run(args: argparse.Namespace, env: Mapping[str, str], clock: Clock | None) -> str:
     """The command's output (raises OpsError, CliError or another exception on failure)."""
     if getattr(args, "breaker", False):
-        return await breaker_command.run(argparse.Namespace(**{**vars(args), "command": args.breaker_command}), env,
-                                     clock or SystemClock())
+        return await breaker_command.run(
+            argparse.Namespace(**{**vars(args), "command": args.breaker_command}), env, clock or SystemClock()
+        )
     if args.run is _dlq:
         from orderflow.adapters import aio_bus_from_settings
 
@@ -197,8 +257,9 @@ async def run(args: argparse.Namespace, env: Mapping[str, str], clock: Clock | N
         return result
 
 
-async def top(args: argparse.Namespace, env: Mapping[str, str], clock: Clock | None,
-              console: Console | None = None) -> None:
+async def top(
+    args: argparse.Namespace, env: Mapping[str, str], clock: Clock | None, console: Console | None = None
+) -> None:
     """Refresh the summary every --interval seconds; throughput is the terminal orders per second since the
     previous refresh."""
     console = console or Console()
@@ -212,9 +273,17 @@ async def top(args: argparse.Namespace, env: Mapping[str, str], clock: Clock | N
                 now = time.monotonic()
                 rate = None if previous is None else (done - previous[1]) / max(now - previous[0], 1e-9)
                 previous = (now, done)
-                live.update(Group(Text(f"orderflow top: {data['generatedAt']}   throughput "
-                                       + ("-" if rate is None else f"{rate:.2f} orders/s"), style="bold"),
-                                  summary_view(data)), refresh=True)
+                live.update(
+                    Group(
+                        Text(
+                            f"orderflow top: {data['generatedAt']}   throughput "
+                            + ("-" if rate is None else f"{rate:.2f} orders/s"),
+                            style="bold",
+                        ),
+                        summary_view(data),
+                    ),
+                    refresh=True,
+                )
                 n += 1
                 if args.iterations is None or n < args.iterations:
                     await asyncio.sleep(args.interval)
@@ -230,8 +299,9 @@ class _Table(Table):
     """A table of sender-chosen text: each string cell is a plain `Text` (never markup) with its control characters
     escaped, so a MessageId `[/]`, a newline or an ANSI escape prints as itself."""
 
-    def add_row(self, *renderables: RenderableType | None, style: StyleType | None = None,
-                end_section: bool = False) -> None:
+    def add_row(
+        self, *renderables: RenderableType | None, style: StyleType | None = None, end_section: bool = False
+    ) -> None:
         cells = [Text(printable(r)) if isinstance(r, str) else r for r in renderables]
         super().add_row(*cells, style=style, end_section=end_section)
 
@@ -267,40 +337,73 @@ def summary_view(data: Mapping[str, Any]) -> Group:
         states.add_row(state, str(count))
     oldest = data["oldestPending"]
     facts = _table("stuck work", ("figure", "value"))
-    facts.add_row("oldest Pending", "-" if oldest is None else
-                  f"{oldest['orderId']} for {_duration(oldest['ageSeconds'])} (since {oldest['since']})")
+    facts.add_row(
+        "oldest Pending",
+        "-"
+        if oldest is None
+        else f"{oldest['orderId']} for {_duration(oldest['ageSeconds'])} (since {oldest['since']})",
+    )
     facts.add_row("expired Processing / CompensationInProgress", str(data["expiredSupervised"]))
     sup = data["supervisor"]
     last = None if sup is None else sup["lastRun"]
-    facts.add_row("Supervisor's last run", "never" if not last else (
-        f"{_duration(sup['lastRunAgeSeconds'])} ago: {last['scanned']} expired, {last['recovered']} recovered, "
-        f"{last['escalated']} escalated, {last['restarted']} restarted; {last['requestCharge']:.2f} RU, "
-        f"{last['queries']} queries, {last['documents']} documents"))
+    facts.add_row(
+        "Supervisor's last run",
+        "never"
+        if not last
+        else (
+            f"{_duration(sup['lastRunAgeSeconds'])} ago: {last['scanned']} expired, {last['recovered']} recovered, "
+            f"{last['escalated']} escalated, {last['restarted']} restarted; {last['requestCharge']:.2f} RU, "
+            f"{last['queries']} queries, {last['documents']} documents"
+        ),
+    )
     dead = _table("dead letters", ("queue", "messages"))
     for queue, depth in data["deadLetters"].items():
-        dead.add_row(queue, depth["error"] if "error" in depth else
-                     f"{'≥' if depth['capped'] else ''}{depth['count']}")
+        dead.add_row(queue, depth["error"] if "error" in depth else f"{'≥' if depth['capped'] else ''}{depth['count']}")
     breakers = _table("circuit breakers", ("service", "state", "now", "failures in window", "open until", "reason"))
     for row in data["breakers"]:
-        breakers.add_row(row["service"], row["state"] + (" (forced)" if row["forced"] else ""),
-                         row["effectiveState"], f"{row['failuresInWindow']}/{row['failureThreshold']}",
-                         row["openUntil"] or "-", row["reason"] or "-")
+        breakers.add_row(
+            row["service"],
+            row["state"] + (" (forced)" if row["forced"] else ""),
+            row["effectiveState"],
+            f"{row['failuresInWindow']}/{row['failureThreshold']}",
+            row["openUntil"] or "-",
+            row["reason"] or "-",
+        )
     return Group(states, facts, dead, breakers)
 
 
 def render_order(view: Mapping[str, Any]) -> str:
     rec = view["state"]
     head = _table(f"order {view['orderId']}", ("field", "value"))
-    for key in ("processState", "attempt", "failureCount", "lockedBy", "completeBy", "retryAt", "lastError",
-                "previousErrors", "compensationCause", "cancelRequestedAt", "cancelReason", "workflowVersion",
-                "createdAt", "updatedAt", "notifiedAt"):
+    for key in (
+        "processState",
+        "attempt",
+        "failureCount",
+        "lockedBy",
+        "completeBy",
+        "retryAt",
+        "lastError",
+        "previousErrors",
+        "compensationCause",
+        "cancelRequestedAt",
+        "cancelReason",
+        "workflowVersion",
+        "createdAt",
+        "updatedAt",
+        "notifiedAt",
+    ):
         value = rec.get(key)
         if value not in (None, [], ()):
             head.add_row(key, ", ".join(map(str, value)) if isinstance(value, list) else str(value))
     steps = _table("steps", ("step", "status", "attempt", "started", "completed"))
     for step in rec.get("steps", []):
-        steps.add_row(step["name"], step["status"], str(step["attempt"]), step.get("startedAt") or "-",
-                      step.get("completedAt") or "-")
+        steps.add_row(
+            step["name"],
+            step["status"],
+            str(step["attempt"]),
+            step.get("startedAt") or "-",
+            step.get("completedAt") or "-",
+        )
     parts: list[Any] = [head, steps]
     if rec.get("compensations"):
         comp = _table("compensation log", ("compensation", "of step", "status", "attempt", "undone"))
@@ -319,15 +422,18 @@ def render_order(view: Mapping[str, Any]) -> str:
             parts.append(Text(printable(f"{title}: {attempt.get('orchestrationError', 'no status')}")))
             continue
         history = orch.get("historyEvents") or []
-        events = _table(f"{title}: {orch.get('runtimeStatus')} (created {orch.get('createdTime')}, last update "
-                        f"{orch.get('lastUpdatedTime')}); {len(history)} history events"
-                        + (f", the last {HISTORY_SHOWN}" if len(history) > HISTORY_SHOWN else ""),
-                        ("timestamp", "event", "name", "detail"))
+        events = _table(
+            f"{title}: {orch.get('runtimeStatus')} (created {orch.get('createdTime')}, last update "
+            f"{orch.get('lastUpdatedTime')}); {len(history)} history events"
+            + (f", the last {HISTORY_SHOWN}" if len(history) > HISTORY_SHOWN else ""),
+            ("timestamp", "event", "name", "detail"),
+        )
         for event in history[-HISTORY_SHOWN:]:
-            events.add_row(str(event.get("Timestamp") or event.get("timestamp") or "-"),
-                           str(event.get("EventType") or event.get("eventType") or "-"),
-                           str(event.get("Name") or event.get("FunctionName") or event.get("name") or "-"),
-                           str(event.get("Reason") or event.get("FireAt") or event.get("ScheduledTime") or "")[:80])
+            events.add_row(
+                str(event.get("Timestamp") or event.get("timestamp") or "-"),
+                str(event.get("EventType") or event.get("eventType") or "-"),
+                str(event.get("Name") or event.get("FunctionName") or event.get("name") or "-"),
+                str(event.get("Reason") or event.get("FireAt") or event.get("ScheduledTime") or "")[:80],
+            )
         parts.append(events)
     return _render(*parts)
-

@@ -76,14 +76,16 @@ def parse_embedded(conn_str: str) -> EmbeddedConnection:
     duplicate = parts.get("duplicatedelivery", "false").lower()
     if duplicate not in ("true", "false"):
         raise ValueError(f"DuplicateDelivery must be true or false, got {duplicate!r}")
-    return EmbeddedConnection(os.path.abspath(path), os.path.abspath(config) if config else None,
-                              duplicate_delivery=duplicate == "true")
+    return EmbeddedConnection(
+        os.path.abspath(path), os.path.abspath(config) if config else None, duplicate_delivery=duplicate == "true"
+    )
 
 
 def broker_from_connection_string(conn_str: str, **kwargs: Any) -> EmbeddedBroker:
     connection = parse_embedded(conn_str)
-    return EmbeddedBroker(connection.db_path, config=connection.config_file,
-                          duplicate_delivery=connection.duplicate_delivery, **kwargs)
+    return EmbeddedBroker(
+        connection.db_path, config=connection.config_file, duplicate_delivery=connection.duplicate_delivery, **kwargs
+    )
 
 
 # -- sending -------------------------------------------------------------------------------------------------
@@ -127,9 +129,7 @@ def envelopes_of(message: Any, schedule_time_utc: datetime | None = None) -> lis
         if len(env.body) > MAX_MESSAGE_SIZE_BYTES:
             raise MessageSizeExceededError(message=f"message of {len(env.body)} bytes exceeds the size limit")
     if schedule_time_utc is not None:
-        envelopes = [
-            dataclasses.replace(env, scheduled_enqueue_time_utc=schedule_time_utc) for env in envelopes
-        ]
+        envelopes = [dataclasses.replace(env, scheduled_enqueue_time_utc=schedule_time_utc) for env in envelopes]
     return envelopes
 
 
@@ -299,8 +299,10 @@ class ReceiverCore:
         now = broker.now_ts()
         wake_at, sleep = now + remaining, remaining
         due = broker.due_at(self.queue, self.lock if self._holder else None)
-        if due is not None and due < wake_at and (
-            self._holder or not notify.covered(broker.notify_dir, self._key, due)
+        if (
+            due is not None
+            and due < wake_at
+            and (self._holder or not notify.covered(broker.notify_dir, self._key, due))
         ):
             wake_at, sleep = due, max(due - now, _MIN_WAIT)
         if not self.waiter.set_wake_at(wake_at, epoch):
@@ -348,9 +350,7 @@ class ReceiverCore:
     def peek(self, max_message_count: int, sequence_number: int) -> list[ServiceBusReceivedMessage]:
         self.check_live()
         start = sequence_number or self._last_peeked + 1
-        stored = self.broker.peek(
-            self.queue, start, max_message_count, sub_queue=self.sub, session_id=self.session_id
-        )
+        stored = self.broker.peek(self.queue, start, max_message_count, sub_queue=self.sub, session_id=self.session_id)
         if stored:
             self._last_peeked = stored[-1].sequence_number
         return [ServiceBusReceivedMessage(s, receiver=self.owner, peeked=True) for s in stored]
@@ -402,9 +402,7 @@ class ReceiverCore:
         return self.broker.get_session_state(self.queue, self._held())
 
     def set_state(self, state: str | bytes | bytearray | None) -> None:
-        data = (
-            state.encode("utf-8") if isinstance(state, str) else (bytes(state) if state is not None else None)
-        )
+        data = state.encode("utf-8") if isinstance(state, str) else (bytes(state) if state is not None else None)
         self.broker.set_session_state(self.queue, self._held(), data)
 
     def _held(self) -> SessionLock:
@@ -481,8 +479,13 @@ class ClientBase:
         **kwargs: Any,
     ) -> Any:
         receiver = self.receiver_class(
-            self.broker, queue_name, session_id=session_id, sub_queue=sub_queue, receive_mode=receive_mode,
-            max_wait_time=max_wait_time, prefetch_count=prefetch_count,
+            self.broker,
+            queue_name,
+            session_id=session_id,
+            sub_queue=sub_queue,
+            receive_mode=receive_mode,
+            max_wait_time=max_wait_time,
+            prefetch_count=prefetch_count,
         )
         self._handlers.add(receiver)
         return receiver

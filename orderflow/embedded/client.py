@@ -39,6 +39,7 @@ T = TypeVar("T")
 
 class ServiceBusClient(ClientBase):
     """Entry point, like `azure.servicebus.ServiceBusClient`, over an `EmbeddedBroker`."""
+
     # sender_class / receiver_class are set at the end of this module, once those classes exist.
 
     def close(self) -> None:
@@ -107,9 +108,7 @@ class ServiceBusSession:
         self._receiver._open()
         return self._receiver._core.get_state()
 
-    def set_state(
-        self, state: str | bytes | bytearray | None, *, timeout: float | None = None, **kwargs: Any
-    ) -> None:
+    def set_state(self, state: str | bytes | bytearray | None, *, timeout: float | None = None, **kwargs: Any) -> None:
         self._receiver._open()
         self._receiver._core.set_state(state)
 
@@ -164,8 +163,7 @@ class ServiceBusReceiver:
         if count == 0:
             return []
         return (
-            self._wait_for(lambda: self._core.try_receive(count), time.monotonic() + wait, self._core.expect_idle)
-            or []
+            self._wait_for(lambda: self._core.try_receive(count), time.monotonic() + wait, self._core.expect_idle) or []
         )
 
     def receive_deferred_messages(

@@ -42,6 +42,7 @@ def _run(func: Callable[..., T], *args: Any, **kwargs: Any) -> Awaitable[T]:
 
 class ServiceBusClient(ClientBase):
     """Entry point, like `azure.servicebus.aio.ServiceBusClient`, over an `EmbeddedBroker`."""
+
     # sender_class / receiver_class are set at the end of this module, once those classes exist.
 
     async def close(self) -> None:
@@ -211,9 +212,7 @@ class ServiceBusReceiver:
         reason: str | None = None,
         error_description: str | None = None,
     ) -> None:
-        await _run(
-            self._core.settle, message, "dead_letter", reason=reason, error_description=error_description
-        )
+        await _run(self._core.settle, message, "dead_letter", reason=reason, error_description=error_description)
 
     async def renew_message_lock(self, message: ServiceBusReceivedMessage, **kwargs: Any) -> datetime:
         return await _run(self._core.renew_message_lock, message)

@@ -29,9 +29,7 @@ _CONFIG_NAMES: dict[str, str] = {
 }
 # Emulator properties we accept but do not implement (forwarding); an empty value is the only legal one.
 _IGNORED_IF_EMPTY = frozenset({"ForwardTo", "ForwardDeadLetteredMessagesTo"})
-_DURATIONS = frozenset(
-    {"duplicate_detection_history_time_window", "lock_duration", "default_message_time_to_live"}
-)
+_DURATIONS = frozenset({"duplicate_detection_history_time_window", "lock_duration", "default_message_time_to_live"})
 # Service Bus expresses "never expires" as TimeSpan.MaxValue; anything this long is treated as no TTL.
 _NO_EXPIRY = timedelta(days=3650)
 

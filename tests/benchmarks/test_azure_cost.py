@@ -20,10 +20,16 @@ T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 def _order(order_id: str) -> SubmitOrder:
-    return SubmitOrder.model_validate({
-        "orderId": order_id, "replyTo": "app-status", "customer": {"id": "c1", "name": "Ada"},
-        "items": [{"sku": "SKU-1", "quantity": 1, "unitPrice": "9.99"}], "currency": "EUR",
-        "submittedAt": "2026-11-30T12:00:00+00:00"})
+    return SubmitOrder.model_validate(
+        {
+            "orderId": order_id,
+            "replyTo": "app-status",
+            "customer": {"id": "c1", "name": "Ada"},
+            "items": [{"sku": "SKU-1", "quantity": 1, "unitPrice": "9.99"}],
+            "currency": "EUR",
+            "submittedAt": "2026-11-30T12:00:00+00:00",
+        }
+    )
 
 
 # --- arithmetic, hand-checked ----------------------------------------------------------------------------------
@@ -56,10 +62,18 @@ def test_tiered_operations_price() -> None:
 def test_monthly_figures_at_ten_orders_per_second() -> None:
     order = {
         "cosmos": {"ru_by_container": {"orders": 5.5, "state": 40.0}, "ru_by_database": {"orders": 5.5, "state": 40.0}},
-        "servicebus": {"operations": 50.0, "credits_messages": 15.0,
-                       "client": {"operations": 10.0, "credits_messages": 3.0}},
-        "durable": {"episodes": 8.0, "activities": 4.0, "history_events": 32.0, "dts_actions": 12.0,
-                    "azure_storage_transactions_model": 60.0},
+        "servicebus": {
+            "operations": 50.0,
+            "credits_messages": 15.0,
+            "client": {"operations": 10.0, "credits_messages": 3.0},
+        },
+        "durable": {
+            "episodes": 8.0,
+            "activities": 4.0,
+            "history_events": 32.0,
+            "dts_actions": 12.0,
+            "azure_storage_transactions_model": 60.0,
+        },
         "functions": {"executions": 16.0},
     }
     background = {"cosmos_ru_per_s_by_database": {"state": 2.0}, "executions_per_s": 0.5}
@@ -87,19 +101,29 @@ def test_durable_task_scheduler_actions_and_storage_model_from_history() -> None
     # the published example: an orchestration calling three activities uses 7 actions
     assert ac.dts_actions({"EXECUTION_STARTED": 1, "TASK_SCHEDULED": 3, "TASK_COMPLETED": 3}) == 7
     assert ac.dts_actions({"EXECUTION_STARTED": 1, "TASK_SCHEDULED": 4, "EVENT_RAISED": 3, "TIMER_FIRED": 1}) == 13
-    assert ac.storage_model({"EXECUTION_STARTED": 1, "ORCHESTRATOR_STARTED": 8, "TASK_SCHEDULED": 4,
-                             "EVENT_RAISED": 3}) == 2 + 40 + 16 + 3
+    assert (
+        ac.storage_model({"EXECUTION_STARTED": 1, "ORCHESTRATOR_STARTED": 8, "TASK_SCHEDULED": 4, "EVENT_RAISED": 3})
+        == 2 + 40 + 16 + 3
+    )
 
 
 def test_background_is_subtracted_per_tick_for_timers_and_per_second_otherwise() -> None:
-    delta = {"cosmos|supervisor|state|query_cross": 12, "sb|-|agent-requests|take": 40,
-             "cosmos|advance_order|state|get": 6}
+    delta = {
+        "cosmos|supervisor|state|query_cross": 12,
+        "sb|-|agent-requests|take": 40,
+        "cosmos|advance_order|state|get": 6,
+    }
     idle = {"cosmos|supervisor|state|query_cross": 4, "sb|-|agent-requests|take": 10}
     # supervisor: 4 per 2 idle ticks = 2 per tick, 3 ticks in the window -> 12 - 6 = 6; polling: 10 per 10 s,
     # 5 s window -> 40 - 5 = 35; nothing idle under advance_order -> 6; all over 3 orders
     out = ac.per_order(delta, idle, 10.0, {"supervisor": 2}, 5.0, {"supervisor": 3}, 3)
-    assert out == pytest.approx({"cosmos|supervisor|state|query_cross": 2.0, "sb|-|agent-requests|take": 35 / 3,
-                                 "cosmos|advance_order|state|get": 2.0})
+    assert out == pytest.approx(
+        {
+            "cosmos|supervisor|state|query_cross": 2.0,
+            "sb|-|agent-requests|take": 35 / 3,
+            "cosmos|advance_order|state|get": 2.0,
+        }
+    )
     assert ac.per_order({"sb|-|q|take": 1}, {"sb|-|q|take": 10}, 1.0, {}, 1.0, {}, 1) == {}  # never below 0
 
 
@@ -127,7 +151,8 @@ async def test_store_calls_count_as_cosmos_operations(tmp_path: Path) -> None:
             ac.SCOPE.reset(token)
         assert created is False
         rec, etag = await state.update_with_retry(
-            "o-1", lambda r: r.model_copy(update={"process_state": ProcessState.PROCESSING, "complete_by": T0}))
+            "o-1", lambda r: r.model_copy(update={"process_state": ProcessState.PROCESSING, "complete_by": T0})
+        )
         await state.query_expired(T0 - timedelta(hours=1), T0 + timedelta(hours=1), 10)
         etag = await state.put_checkpoint("supervisor", {"at": 1}, None)
         await state.put_checkpoint("supervisor", {"at": 2}, etag)
@@ -171,18 +196,36 @@ def test_broker_calls_count_by_queue_outermost_only(tmp_path: Path) -> None:
         assert broker.receive("q", 5) == []
         broker.close()
         counts = meter.snapshot()
-    assert counts == {"sb|-|q|send": 1, "sb_msgs|-|q|sent": 2, "sb|-|q|receive": 2, "sb_msgs|-|q|received": 2,
-                      "sb_empty|-|q|receive": 1, "sb|-|q|complete": 2}
+    assert counts == {
+        "sb|-|q|send": 1,
+        "sb_msgs|-|q|sent": 2,
+        "sb|-|q|receive": 2,
+        "sb_msgs|-|q|received": 2,
+        "sb_empty|-|q|receive": 1,
+        "sb|-|q|complete": 2,
+    }
 
 
 def test_summary_of_counts_per_order() -> None:
-    per_role = {"devhost": {"cosmos|advance_order|state|replace": 2.0, "cosmos|submission|orders|create": 1.0,
-                            "sb|-|agent-replies|receive": 3.0, "sb_msgs|-|agent-replies|received": 3.0,
-                            "fn|submission|submission|exec": 1.0, "fn|agent_replies|agent_replies|exec": 3.0,
-                            "fn|supervisor|supervisor|exec": 0.5},
-                "client": {"sb|-|app-status|receive": 4.0, "sb_empty|-|app-status|receive": 2.0}}
-    durable = {"instances": 1.0, "activities": 4.0, "episodes": 8.0, "history_events": 32.0,
-               "history_events_by_type": {"EXECUTION_STARTED": 1.0, "TASK_SCHEDULED": 4.0, "EVENT_RAISED": 3.0}}
+    per_role = {
+        "devhost": {
+            "cosmos|advance_order|state|replace": 2.0,
+            "cosmos|submission|orders|create": 1.0,
+            "sb|-|agent-replies|receive": 3.0,
+            "sb_msgs|-|agent-replies|received": 3.0,
+            "fn|submission|submission|exec": 1.0,
+            "fn|agent_replies|agent_replies|exec": 3.0,
+            "fn|supervisor|supervisor|exec": 0.5,
+        },
+        "client": {"sb|-|app-status|receive": 4.0, "sb_empty|-|app-status|receive": 2.0},
+    }
+    durable = {
+        "instances": 1.0,
+        "activities": 4.0,
+        "episodes": 8.0,
+        "history_events": 32.0,
+        "history_events_by_type": {"EXECUTION_STARTED": 1.0, "TASK_SCHEDULED": 4.0, "EVENT_RAISED": 3.0},
+    }
     s = ac.summarize(per_role, durable)
     assert s["cosmos"]["ru"] == 27.5 and s["cosmos"]["ru_by_database"] == {"orders": 5.5, "state": 22.0}
     assert s["servicebus"]["operations"] == 3 and s["servicebus"]["client"]["operations"] == 4
@@ -192,8 +235,14 @@ def test_summary_of_counts_per_order() -> None:
 
 
 def test_orders_per_second_one_namespace_carries() -> None:
-    order = {"servicebus": {"operations": 50.0, "empty": {"take": 10.0}, "credits_messages": 15.0,
-                            "client": {"operations": 10.0, "empty": {"accept_session": 4.0}, "credits_messages": 3.0}}}
+    order = {
+        "servicebus": {
+            "operations": 50.0,
+            "empty": {"take": 10.0},
+            "credits_messages": 15.0,
+            "client": {"operations": 10.0, "empty": {"accept_session": 4.0}, "credits_messages": 3.0},
+        }
+    }
     cap = ac.namespace_capacity(order)
     assert cap["credits_per_order"] == {"messages_only": 18, "calls_without_empty": 46, "all_calls": 60}
     # 1,000 credits/s: 1000/18, 1000/46, 1000/60

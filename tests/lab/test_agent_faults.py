@@ -118,13 +118,16 @@ async def test_without_the_switch_the_reply_is_sent_before_the_request_is_comple
     assert _settled_order(bus, request.message_id()) == ["send", "complete"]
 
 
-@pytest.mark.parametrize(("env", "message"), [
-    ({"AGENT_REPLY_DELAY_SHARE": "1.5"}, "within \\[0, 1\\]"),
-    ({"AGENT_REPLY_DELAY_MS": "100", "AGENT_REPLY_DELAY_MIN_MS": "200"}, "must not exceed"),
-    ({"AGENT_REPLY_DELAY_MS": "-1"}, "must not be negative"),
-    ({"AGENT_CLOCK_SKEW_SECONDS": "soon"}, "must be a number"),
-    ({"AGENT_CLOCK_SKEW_SECONDS": "nan"}, "finite"),
-])
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"AGENT_REPLY_DELAY_SHARE": "1.5"}, "within \\[0, 1\\]"),
+        ({"AGENT_REPLY_DELAY_MS": "100", "AGENT_REPLY_DELAY_MIN_MS": "200"}, "must not exceed"),
+        ({"AGENT_REPLY_DELAY_MS": "-1"}, "must not be negative"),
+        ({"AGENT_CLOCK_SKEW_SECONDS": "soon"}, "must be a number"),
+        ({"AGENT_CLOCK_SKEW_SECONDS": "nan"}, "finite"),
+    ],
+)
 def test_invalid_switch_settings_are_refused(env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         faults_from_env(env)
@@ -208,8 +211,7 @@ async def test_a_skewed_clock_moves_now_but_not_waiting() -> None:
 async def test_an_agent_clock_ahead_sees_the_deadline_passed_and_does_not_call(bus: FakeBus) -> None:
     """Deadline 3 s away on the wall clock; the Agent's clock is 10 s ahead: deadline exceeded, remote not called,
     and the reply's completedAt is the Agent's (skewed) time."""
-    await bus.send(REQUESTS, request_message(make_request(
-        "o-1", deadline=datetime.now(UTC) + timedelta(seconds=3))))
+    await bus.send(REQUESTS, request_message(make_request("o-1", deadline=datetime.now(UTC) + timedelta(seconds=3))))
     reply = await _serve_one(bus, clock_skew_seconds=10.0)
     assert reply.error_code == ErrorCode.DEADLINE_EXCEEDED and "remote not called" in (reply.error or "")
     assert reply.completed_at > datetime.now(UTC) + timedelta(seconds=8)
@@ -218,8 +220,7 @@ async def test_an_agent_clock_ahead_sees_the_deadline_passed_and_does_not_call(b
 async def test_an_agent_clock_behind_calls_past_the_deadline(bus: FakeBus) -> None:
     """Deadline 1 s ago on the wall clock; the Agent's clock is 1.5 s behind: it still calls (and retries: the remote
     at port 9 refuses every connection) until its own clock reaches the deadline."""
-    await bus.send(REQUESTS, request_message(make_request(
-        "o-1", deadline=datetime.now(UTC) - timedelta(seconds=1))))
+    await bus.send(REQUESTS, request_message(make_request("o-1", deadline=datetime.now(UTC) - timedelta(seconds=1))))
     reply = await _serve_one(bus, clock_skew_seconds=-1.5)
     assert reply.error_code in (ErrorCode.RETRIES_EXHAUSTED, ErrorCode.DEADLINE_EXCEEDED)
     assert "remote not called" not in (reply.error or "")

@@ -22,9 +22,7 @@ def call(order_id: str = "o-1", step: str = "charge-payment") -> dict[str, Any]:
 async def post(
     http: aiohttp.ClientSession, sim: Simulator, body: Any, step: str = "charge-payment", timeout: float = 5.0
 ) -> tuple[int, dict[str, Any], dict[str, str]]:
-    async with http.post(
-        f"{sim.url}/steps/{step}", json=body, timeout=aiohttp.ClientTimeout(total=timeout)
-    ) as r:
+    async with http.post(f"{sim.url}/steps/{step}", json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
         return r.status, await r.json(), dict(r.headers)
 
 
@@ -41,9 +39,7 @@ def test_decisions_are_a_pure_function_of_seed_key_and_call_number() -> None:
     again = [decide(FaultConfig(**config.__dict__), key, n) for key in KEYS[:300] for n in (1, 2, 3)]
     assert first == again
     other_seed = [
-        decide(FaultConfig(**{**config.__dict__, "seed": 12}), key, n)
-        for key in KEYS[:300]
-        for n in (1, 2, 3)
+        decide(FaultConfig(**{**config.__dict__, "seed": 12}), key, n) for key in KEYS[:300] for n in (1, 2, 3)
     ]
     assert other_seed != first
 
@@ -55,9 +51,7 @@ def test_fault_rates_follow_the_configuration() -> None:
     # transient and hang are drawn among the non-permanent keys
     assert kinds[Fault.TRANSIENT] / len(KEYS) == pytest.approx(0.9 * 0.3, abs=0.03)
     assert kinds[Fault.HANG] / len(KEYS) == pytest.approx(0.9 * 0.05, abs=0.02)
-    statuses = Counter(
-        decide(config, key, 1).status for key in KEYS if decide(config, key, 1).fault is Fault.TRANSIENT
-    )
+    statuses = Counter(decide(config, key, 1).status for key in KEYS if decide(config, key, 1).fault is Fault.TRANSIENT)
     assert set(statuses) == {429, 503}
 
 
@@ -162,9 +156,7 @@ async def test_hang_applies_the_effect_but_the_caller_times_out(tmp_path: Path) 
         with pytest.raises(TimeoutError):
             await post(http, sim, call(), timeout=0.2)
         report = await effects(http, sim)
-    assert (
-        report["totalApplied"] == 1
-    )  # the effect happened; the answer never came: retry must not duplicate it
+    assert report["totalApplied"] == 1  # the effect happened; the answer never came: retry must not duplicate it
 
 
 @pytest.mark.parametrize(
@@ -176,9 +168,7 @@ async def test_hang_applies_the_effect_but_the_caller_times_out(tmp_path: Path) 
         ("charge-payment", [1, 2], 400, "InvalidRequest"),
     ],
 )
-async def test_invalid_calls_are_rejected(
-    tmp_path: Path, step: str, body: Any, status: int, code: str
-) -> None:
+async def test_invalid_calls_are_rejected(tmp_path: Path, step: str, body: Any, status: int, code: str) -> None:
     async with Simulator(FaultConfig(), tmp_path / "db") as sim, aiohttp.ClientSession() as http:
         got_status, got, _ = await post(http, sim, body, step=step)
     assert (got_status, got["errorCode"]) == (status, code)
@@ -198,9 +188,7 @@ async def test_effects_survive_a_restart(tmp_path: Path) -> None:
     async with Simulator(FaultConfig(), db) as sim, aiohttp.ClientSession() as http:
         second = (await post(http, sim, call()))[1]
         report = await effects(http, sim)
-    assert (
-        second["replayed"] and second["confirmation"] == first["confirmation"] and report["totalApplied"] == 1
-    )
+    assert second["replayed"] and second["confirmation"] == first["confirmation"] and report["totalApplied"] == 1
 
 
 def test_effect_store_applies_once_across_connections(tmp_path: Path) -> None:
@@ -236,9 +224,7 @@ def test_script_overrides_the_seeded_decision_per_call_then_falls_back() -> None
     script = parse_script({"o-1": ["transient", "hang", "ok"]})
     faults = [decide_call(config, script, "o-1:charge-payment", "o-1", n).fault for n in (1, 2, 3, 4)]
     assert faults == [Fault.TRANSIENT, Fault.HANG, Fault.NONE, Fault.PERMANENT]
-    assert decide_call(config, script, "o-2:charge-payment", "o-2", 1) == decide(
-        config, "o-2:charge-payment", 1
-    )
+    assert decide_call(config, script, "o-2:charge-payment", "o-2", 1) == decide(config, "o-2:charge-payment", 1)
     assert decide_call(config, script, "o-1:x", "o-1", 1).status in (429, 503)
     again = [decide_call(config, script, "o-1:charge-payment", "o-1", n) for n in (1, 2, 3, 4)]
     assert again == [decide_call(config, script, "o-1:charge-payment", "o-1", n) for n in (1, 2, 3, 4)]

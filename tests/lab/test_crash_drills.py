@@ -31,14 +31,34 @@ from orderflow.records import ProcessState
 # 1 s per call (3 per order) keeps the burst in flight across every kill (with gaps of 1-2 s, 25 orders drained before
 # the 4th kill under load; 40 orders kept one in its 60 s orders-inbound lock after a kill, near the 75 s timeout).
 DRILLS = {
-    ("host-crash", "local"): DrillOptions("host-crash", orders=25, kills=4, min_gap=0.5, max_gap=1.0, seed=3,
-                                          timeout=75, latency_ms=1000),
-    ("agent-crash", "local"): DrillOptions("agent-crash", orders=25, kills=3, min_gap=0.5, max_gap=1.0, seed=3,
-                                           timeout=75, latency_ms=1000),
-    ("host-crash", "sample"): DrillOptions("host-crash", orders=25, kills=4, min_gap=0.5, max_gap=1.0, seed=3,
-                                           settings="sample", timeout=150, latency_ms=1000),
-    ("agent-crash", "sample"): DrillOptions("agent-crash", orders=25, kills=3, min_gap=0.5, max_gap=1.0, seed=3,
-                                            settings="sample", timeout=150, latency_ms=1000),
+    ("host-crash", "local"): DrillOptions(
+        "host-crash", orders=25, kills=4, min_gap=0.5, max_gap=1.0, seed=3, timeout=75, latency_ms=1000
+    ),
+    ("agent-crash", "local"): DrillOptions(
+        "agent-crash", orders=25, kills=3, min_gap=0.5, max_gap=1.0, seed=3, timeout=75, latency_ms=1000
+    ),
+    ("host-crash", "sample"): DrillOptions(
+        "host-crash",
+        orders=25,
+        kills=4,
+        min_gap=0.5,
+        max_gap=1.0,
+        seed=3,
+        settings="sample",
+        timeout=150,
+        latency_ms=1000,
+    ),
+    ("agent-crash", "sample"): DrillOptions(
+        "agent-crash",
+        orders=25,
+        kills=3,
+        min_gap=0.5,
+        max_gap=1.0,
+        seed=3,
+        settings="sample",
+        timeout=150,
+        latency_ms=1000,
+    ),
 }
 
 

@@ -32,17 +32,39 @@ def test_the_drill_is_registered_and_in_both_report_runs() -> None:
 
 
 def test_a_single_order_is_refused_as_a_usage_error(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "devhost", "drill", DRILL, "--orders", "1", "--work-dir",
-                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "devhost", "drill", DRILL, "--orders", "1", "--work-dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "at least 2 orders" in proc.stderr
 
 
 @pytest.mark.slow
 def test_durable_api_outage_drill_strands_no_order(tmp_path: Path) -> None:
     work = tmp_path / "drill"
-    proc = subprocess.run([sys.executable, "-m", "devhost", "drill", DRILL, "--json", "--orders", "6",
-                           "--outage-for", "8", "--work-dir", str(work)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=170)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "devhost",
+            "drill",
+            DRILL,
+            "--json",
+            "--orders",
+            "6",
+            "--outage-for",
+            "8",
+            "--work-dir",
+            str(work),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
     verdict: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     text = json.dumps(verdict)
     assert proc.returncode == 0 and verdict["passed"] and all(verdict["checks"].values()), text

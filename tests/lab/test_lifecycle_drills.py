@@ -48,8 +48,13 @@ def test_the_lifecycle_drills_are_drills_with_their_own_settings(tmp_path: Path)
     assert upgrade.settings[DEFAULT_VERSION_SETTING] == "1.0" and upgrade.latency_ms_mean == 300
     assert DEFAULT_VERSION_SETTING not in lifecycle_config(tmp_path, LifecycleOptions("compensation")).settings
     # None changes a setting of the crash budget (tests/product/infra/test_crash_budget.py checks LOCAL_DEFAULTS).
-    budget = {"StepTimeoutSeconds", "ClaimLeaseSeconds", "FailureThreshold", "RetryBackoffBaseSeconds",
-              "RetryBackoffMaxSeconds"}
+    budget = {
+        "StepTimeoutSeconds",
+        "ClaimLeaseSeconds",
+        "FailureThreshold",
+        "RetryBackoffBaseSeconds",
+        "RetryBackoffMaxSeconds",
+    }
     assert not any(budget & set(values) for values in LIFECYCLE_SETTINGS.values())
     with pytest.raises(ValueError, match="does not apply"):
         LifecycleOptions("cancel-in-flight", orders=7)
@@ -60,36 +65,60 @@ def test_the_lifecycle_drills_are_drills_with_their_own_settings(tmp_path: Path)
 
 
 def test_compensation_roles_keep_at_least_one_order_each() -> None:
-    assert compensation_roles(["a", "b", "c"]) == {"compensation-failed": ["a"], "control": ["c"],
-                                                   "compensated": ["b"]}
+    assert compensation_roles(["a", "b", "c"]) == {"compensation-failed": ["a"], "control": ["c"], "compensated": ["b"]}
     roles = compensation_roles([str(i) for i in range(8)])
     assert [len(roles[r]) for r in ("compensation-failed", "compensated", "control")] == [2, 4, 2]
 
 
 def test_the_ledger_reads_steps_in_step_order_and_calls_in_arrival_order() -> None:
     ledger = Ledger(
-        {"effects": [{"orderId": "o", "step": "charge-payment", "applied": 1},
-                     {"orderId": "o", "step": "reserve-inventory", "applied": 1}],
-         "undone": [{"orderId": "o", "step": "charge-payment", "compensation": "refund-payment"},
-                    {"orderId": "o", "step": "reserve-inventory", "compensation": "release-inventory"}],
-         "callsByKey": {"o:refund-payment": 2, "p:refund-payment": 1}, "duplicates": 0},
-        [{"at": 3.0, "key": "o:release-inventory", "status": 200}, {"at": 1.0, "key": "o:refund-payment",
-                                                                     "status": 503},
-         {"at": 2.0, "key": "o:refund-payment", "status": 200}])
+        {
+            "effects": [
+                {"orderId": "o", "step": "charge-payment", "applied": 1},
+                {"orderId": "o", "step": "reserve-inventory", "applied": 1},
+            ],
+            "undone": [
+                {"orderId": "o", "step": "charge-payment", "compensation": "refund-payment"},
+                {"orderId": "o", "step": "reserve-inventory", "compensation": "release-inventory"},
+            ],
+            "callsByKey": {"o:refund-payment": 2, "p:refund-payment": 1},
+            "duplicates": 0,
+        },
+        [
+            {"at": 3.0, "key": "o:release-inventory", "status": 200},
+            {"at": 1.0, "key": "o:refund-payment", "status": 503},
+            {"at": 2.0, "key": "o:refund-payment", "status": 200},
+        ],
+    )
     assert ledger.applied("o") == ledger.undone("o") == ["reserve-inventory", "charge-payment"]
     assert ledger.keys_called("o") == {"refund-payment": 2}
     assert ledger.first_call("o", "refund-payment") == 1.0 and ledger.first_call("o", "refund-payment", 200) == 2.0
-    assert ledger.call_order("o", ["release-inventory", "refund-payment"]) == ["refund-payment",
-                                                                               "release-inventory"]
+    assert ledger.call_order("o", ["release-inventory", "refund-payment"]) == ["refund-payment", "release-inventory"]
 
 
 # --- the drills, end to end -------------------------------------------------------------------------------------
 
 
 def _cli(drill: str, work_dir: Path, *extra: str) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-m", "devhost", "drill", drill, "--json", "--timeout", "120",
-                           "--work-dir", str(work_dir), *extra], cwd=ROOT, capture_output=True, text=True,
-                          timeout=170)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "devhost",
+            "drill",
+            drill,
+            "--json",
+            "--timeout",
+            "120",
+            "--work-dir",
+            str(work_dir),
+            *extra,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
     verdict: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert proc.returncode == 0, (verdict, proc.stderr[-3000:])
     return verdict
@@ -132,8 +161,9 @@ def test_compensation_drill_undoes_newest_first_once_and_reports_failed_compensa
     assert not any(k.endswith(":cancel-shipment") for k in report["callsByKey"])
     records = _records(tmp_path)
     failed = [r for r in records.values() if r["processState"] == "CompensationFailed"]
-    assert len(failed) == 2 and all([c["status"] for c in r["compensations"]] == ["failed", "pending"]
-                                    for r in failed), failed
+    assert len(failed) == 2 and all(
+        [c["status"] for c in r["compensations"]] == ["failed", "pending"] for r in failed
+    ), failed
     assert all(verdict["checks"][name] for name in verdict["checks"] if name.startswith("invariant: "))
     _the_invariants_catch_what_is_planted(tmp_path, sorted(records))
 
@@ -151,19 +181,30 @@ def _the_invariants_catch_what_is_planted(work_dir: Path, order_ids: list[str]) 
 
     assert all(judged().checks.values()), judged().figures
     duplicate, lost = order_ids[0], order_ids[-1]
-    processed = next(o for o, r in sorted(_records(work_dir).items()) if r["processState"] == "Processed"
-                     and o not in (duplicate, lost))
+    processed = next(
+        o
+        for o, r in sorted(_records(work_dir).items())
+        if r["processState"] == "Processed" and o not in (duplicate, lost)
+    )
     with sqlite3.connect(work_dir / "simulator.db") as db:
-        db.execute("UPDATE applied_effects SET count = count + 1 WHERE order_id = ? AND step = ?",
-                   (duplicate, STEPS[0].value))
+        db.execute(
+            "UPDATE applied_effects SET count = count + 1 WHERE order_id = ? AND step = ?", (duplicate, STEPS[0].value)
+        )
     with sqlite3.connect(work_dir / "store.db") as db:
         db.execute("DELETE FROM order_state WHERE id = ?", (lost,))
-        db.execute("UPDATE order_state SET process_state = 'Pending', doc = json_set(doc, '$.processState', "
-                   "'Pending') WHERE id = ?", (processed,))
+        db.execute(
+            "UPDATE order_state SET process_state = 'Pending', doc = json_set(doc, '$.processState', "
+            "'Pending') WHERE id = ?",
+            (processed,),
+        )
     found = judged()
     failed = {name for name, ok in found.checks.items() if not ok}
-    assert failed == {"invariant: at most one side effect per order step", "invariant: no order lost",
-                      "invariant: none stuck", "invariant: no transition outside the state machine"}, found.figures
+    assert failed == {
+        "invariant: at most one side effect per order step",
+        "invariant: no order lost",
+        "invariant: none stuck",
+        "invariant: no transition outside the state machine",
+    }, found.figures
     invariants = found.figures["invariants"]
     assert invariants["lost"] == [lost] and invariants["duplicate_side_effects"] == 1
     assert invariants["illegal_transitions"] == [f"{processed}: Processed → Pending"]
@@ -177,22 +218,48 @@ def test_cancel_in_flight_drill_and_the_cancel_command(tmp_path: Path) -> None:
         _assert_passed(verdict, 5)
         stages = verdict["figures"]["stages"]
         text = json.dumps(verdict)
-        assert [stages[s]["final"] for s in stages] == ["cancelled", "compensated", "compensated", "compensated",
-                                                        "completed"], text
+        assert [stages[s]["final"] for s in stages] == [
+            "cancelled",
+            "compensated",
+            "compensated",
+            "compensated",
+            "completed",
+        ], text
         assert stages["before-claim"]["calls"] == 0 and stages["before-claim"]["attempt"] == 0, text
         assert stages["in arrange-shipping"]["compensation_order"] == [
-            "cancel-shipment", "refund-payment", "release-inventory"], text
+            "cancel-shipment",
+            "refund-payment",
+            "release-inventory",
+        ], text
         assert stages["in charge-payment"]["undone"] == ["reserve-inventory", "charge-payment"], text
         assert "already processed" in verdict["figures"]["rejected_reason"], text
-        _the_cancel_command(client, tmp_path, processed=next(
-            o for o, r in _records(tmp_path).items() if r["processState"] == "Processed"))
+        _the_cancel_command(
+            client,
+            tmp_path,
+            processed=next(o for o, r in _records(tmp_path).items() if r["processState"] == "Processed"),
+        )
 
 
 def _cancel_cli(client: Client, order_id: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "devhost", "cancel", order_id, "--connection",
-                           client.system.config.bus_connection, "--wait", "30", *extra],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          env={**client.system.env(), "COLUMNS": "200"})
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "devhost",
+            "cancel",
+            order_id,
+            "--connection",
+            client.system.config.bus_connection,
+            "--wait",
+            "30",
+            *extra,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**client.system.env(), "COLUMNS": "200"},
+    )
 
 
 def _the_cancel_command(client: Client, work_dir: Path, processed: str) -> None:
@@ -230,7 +297,11 @@ def test_poison_in_session_drill_dead_letters_the_poison_and_processes_the_next_
         cases = verdict["figures"]["cases"]
         text = json.dumps(verdict)
         assert [c["reason"] for c in cases.values()] == [
-            "InvalidJson", "InvalidField:items.0.quantity", "InvalidField:requestedAt", "InvalidField:replyTo"], text
+            "InvalidJson",
+            "InvalidField:items.0.quantity",
+            "InvalidField:requestedAt",
+            "InvalidField:replyTo",
+        ], text
         assert all(c["poison_to_good_ms"] >= 0 for c in cases.values()), text
         assert [c["final"] for c in cases.values()][:2] == ["completed", "completed"], text
         # Independently: the dead-letter sub-queue holds exactly the four poisons, nothing else.
@@ -242,9 +313,11 @@ def test_poison_in_session_drill_dead_letters_the_poison_and_processes_the_next_
 @pytest.mark.slow
 @pytest.mark.parametrize(("before", "orders"), [(WORKFLOW_V1, 6), (WORKFLOW_V2, 4)])
 def test_upgrade_in_flight_drill_finishes_old_version_orders_after_the_restart_on_the_current(
-        tmp_path: Path, before: str, orders: int) -> None:
-    verdict = _cli("upgrade-in-flight", tmp_path, "--orders", str(orders), "--latency-ms", "600",
-                   "--from-version", before)
+    tmp_path: Path, before: str, orders: int
+) -> None:
+    verdict = _cli(
+        "upgrade-in-flight", tmp_path, "--orders", str(orders), "--latency-ms", "600", "--from-version", before
+    )
     later = orders // 2
     _assert_passed(verdict, orders + later)
     figures = verdict["figures"]
@@ -254,13 +327,15 @@ def test_upgrade_in_flight_drill_finishes_old_version_orders_after_the_restart_o
     assert figures["versions"] == {before: orders, current: later} and figures["failed_instances"] == [], text
     assert figures["workflow_versions"] == {str(recorded): orders, current: later}, text
     assert figures["attempts"] == {"1": orders + later}, text
-    assert figures["in_flight_at_restart"] >= 2 and figures["completed_after_restart"] == figures[
-        "in_flight_at_restart"], text
+    assert (
+        figures["in_flight_at_restart"] >= 2 and figures["completed_after_restart"] == figures["in_flight_at_restart"]
+    ), text
     # Independently, from devhost's durable.db: each order's one instance, its ExecutionStarted.Version, Completed.
     instances = durable_instances(tmp_path / "devhost" / "durable.db")
     assert {i: v["version"] for i, v in instances.items()} == {
         **{f"upgrade-v1-1-{i:05d}:1": before for i in range(orders)},
-        **{f"upgrade-v2-1-{i:05d}:1": current for i in range(later)}}
+        **{f"upgrade-v2-1-{i:05d}:1": current for i in range(later)},
+    }
     assert {v["status"] for v in instances.values()} == {"Completed"}
     records = _records(tmp_path)
     assert all(records[i.split(":")[0]]["processState"] == "Processed" for i in instances)

@@ -101,15 +101,36 @@ def test_the_outage_switch_answers_503_with_no_effect_and_counts_the_calls(tmp_p
     (window,) = seen["outage"]["outages"]
     assert seen["outage"]["down"] is False and window["start"] < window["end"]
     calls = seen["calls"]
-    assert [(c["status"], c["down"]) for c in calls] == [(200, False), (503, True), (503, True), (503, True),
-                                                         (200, False)]
+    assert [(c["status"], c["down"]) for c in calls] == [
+        (200, False),
+        (503, True),
+        (503, True),
+        (503, True),
+        (200, False),
+    ]
     assert [c["at"] for c in calls] == sorted(c["at"] for c in calls)
     assert all(window["start"] <= c["at"] < window["end"] for c in calls if c["down"])
 
 
 def test_the_outage_can_be_scheduled_from_the_command_line(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "lab.simulator", "--port", "0", "--db", str(tmp_path / "s.db"),
-                             "--down-after", "0", "--down-for", "30"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lab.simulator",
+            "--port",
+            "0",
+            "--db",
+            str(tmp_path / "s.db"),
+            "--down-after",
+            "0",
+            "--down-for",
+            "30",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         url = proc.stdout.readline().split("listening on ")[1].strip()
@@ -146,31 +167,55 @@ def _ts(seconds: float) -> float:
 
 
 def _open(opened: float, cooldown: float, reason: str = "5 failed requests within 10 s") -> BreakerDoc:
-    return BreakerDoc(service="fulfilment", state=BreakerState.OPEN, opened_at=_at(opened),
-                      open_until=_at(opened + cooldown), cooldown_seconds=cooldown, changed_at=_at(opened),
-                      reason=reason)
+    return BreakerDoc(
+        service="fulfilment",
+        state=BreakerState.OPEN,
+        opened_at=_at(opened),
+        open_until=_at(opened + cooldown),
+        cooldown_seconds=cooldown,
+        changed_at=_at(opened),
+        reason=reason,
+    )
 
 
 def _outage_history() -> list[tuple[float, BreakerDoc]]:
     """Open at 10 s (3 s), a probe fails at 13.2 s (re-open, 6 s), a probe succeeds at 19.5 s (closed)."""
     first = _open(10.0, 3.0)
-    half_open = first.model_copy(update={"state": BreakerState.HALF_OPEN, "probes_started": 1,
-                                         "half_open_since": _at(13.1), "reason": "cool-down over"})
+    half_open = first.model_copy(
+        update={
+            "state": BreakerState.HALF_OPEN,
+            "probes_started": 1,
+            "half_open_since": _at(13.1),
+            "reason": "cool-down over",
+        }
+    )
     second = _open(13.2, 6.0, "a probe failed")
-    closed = BreakerDoc(service="fulfilment", state=BreakerState.CLOSED, changed_at=_at(19.5),
-                        reason="a probe succeeded")
-    return [(_ts(9.0), BreakerDoc(service="fulfilment")), (_ts(10.03), first), (_ts(13.15), half_open),
-            (_ts(13.25), second), (_ts(19.55), closed)]
+    closed = BreakerDoc(
+        service="fulfilment", state=BreakerState.CLOSED, changed_at=_at(19.5), reason="a probe succeeded"
+    )
+    return [
+        (_ts(9.0), BreakerDoc(service="fulfilment")),
+        (_ts(10.03), first),
+        (_ts(13.15), half_open),
+        (_ts(13.25), second),
+        (_ts(19.55), closed),
+    ]
 
 
 def test_the_history_gives_each_open_round_and_the_half_open_rounds_between_them() -> None:
     history = BreakerHistory.from_docs(_outage_history())
     assert [(r.opened_at, r.open_until, r.seen_at) for r in history.rounds] == [
-        (_ts(10.0), _ts(13.0), _ts(10.03)), (_ts(13.2), _ts(19.2), _ts(13.25))]
+        (_ts(10.0), _ts(13.0), _ts(10.03)),
+        (_ts(13.2), _ts(19.2), _ts(13.25)),
+    ]
     assert [r.reason for r in history.rounds] == ["5 failed requests within 10 s", "a probe failed"]
     (episode,) = history.episodes(end=_ts(60))
     assert (episode.opened_at, episode.seen_at, episode.closed_at, episode.half_open_rounds) == (
-        _ts(10.0), _ts(10.03), _ts(19.5), 2)
+        _ts(10.0),
+        _ts(10.03),
+        _ts(19.5),
+        2,
+    )
 
 
 def test_calls_while_open_are_the_probes_and_calls_in_flight_at_the_opening_are_apart() -> None:
@@ -199,8 +244,13 @@ def test_a_breaker_still_open_at_the_end_has_no_closing() -> None:
 def test_drill_settings_leave_the_crash_budget_to_the_local_defaults() -> None:
     # The drills that kill change no setting of the crash budget (orderflow/session_locks.py):
     # tests/product/infra/test_crash_budget.py proves it for LOCAL_DEFAULTS, so it holds in every such drill.
-    budget_settings = {"StepTimeoutSeconds", "ClaimLeaseSeconds", "FailureThreshold", "RetryBackoffBaseSeconds",
-                       "RetryBackoffMaxSeconds"}
+    budget_settings = {
+        "StepTimeoutSeconds",
+        "ClaimLeaseSeconds",
+        "FailureThreshold",
+        "RetryBackoffBaseSeconds",
+        "RetryBackoffMaxSeconds",
+    }
     assert set(CrashBudget.__dataclass_fields__) >= {"step_timeout_s", "claim_lease_s", "failure_threshold"}
     # retry-budget and remote-outage kill nothing (the budget guards against kills): they shorten the step and the
     # claim lease only.
@@ -226,8 +276,15 @@ def test_settings_are_the_base_then_the_drill_then_set() -> None:
 def test_the_verdict_passes_only_when_every_check_holds() -> None:
     verdict = Verdict("retry-budget", 3, 0, 0, 0, {"a": True, "b": True}, {"budget": 75})
     assert verdict.passed and verdict.to_json() == {
-        "drill": "retry-budget", "passed": True, "orders": 3, "lost": 0, "duplicate_side_effects": 0, "stuck": 0,
-        "checks": {"a": True, "b": True}, "figures": {"budget": 75}}
+        "drill": "retry-budget",
+        "passed": True,
+        "orders": 3,
+        "lost": 0,
+        "duplicate_side_effects": 0,
+        "stuck": 0,
+        "checks": {"a": True, "b": True},
+        "figures": {"budget": 75},
+    }
     verdict.checks["b"] = False
     assert not verdict.passed and verdict.failed_checks() == ["b"]
 
@@ -249,9 +306,26 @@ def _assert_common(verdict: dict[str, Any], orders: int) -> None:
 @pytest.mark.slow
 def test_retry_budget_drill_keeps_every_step_within_the_budget(tmp_path: Path) -> None:
     orders = 6
-    proc = subprocess.run([sys.executable, "-m", "devhost", "drill", "retry-budget", "--orders", str(orders),
-                           "--json", "--timeout", "150", "--work-dir", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "devhost",
+            "drill",
+            "retry-budget",
+            "--orders",
+            str(orders),
+            "--json",
+            "--timeout",
+            "150",
+            "--work-dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     verdict = json.loads(proc.stdout.strip().splitlines()[-1])
     assert proc.returncode == 0, (verdict, proc.stderr[-3000:])
     _assert_common(verdict, orders)
@@ -276,8 +350,12 @@ def test_retry_budget_drill_keeps_every_step_within_the_budget(tmp_path: Path) -
     # At the threshold the sent step is compensated (the drill lets the compensation through: a no-op, one call).
     assert {k: v for k, v in by_key.items() if k not in steps} == {f"{o}:release-inventory": 1 for o in ids}
     records = [_state(tmp_path, o) for o in ids]
-    assert all(r["processState"] == "Compensated" and r["lastError"].startswith("FailureThresholdReached")
-               and r["failureCount"] == budget.failure_threshold for r in records), records
+    assert all(
+        r["processState"] == "Compensated"
+        and r["lastError"].startswith("FailureThresholdReached")
+        and r["failureCount"] == budget.failure_threshold
+        for r in records
+    ), records
 
 
 def _state(work_dir: Path, order_id: str) -> dict[str, Any]:
@@ -290,10 +368,13 @@ def _state(work_dir: Path, order_id: str) -> dict[str, Any]:
 
 
 def _breaker_alerts(client: Client) -> list[OperatorAlert]:
-    with client.bus.get_queue_receiver("operator-alerts",
-                                       receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver:
-        alerts = [OperatorAlert.model_validate_json(b"".join(m.body))
-                  for m in receiver.receive_messages(max_message_count=200, max_wait_time=1)]
+    with client.bus.get_queue_receiver(
+        "operator-alerts", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
+    ) as receiver:
+        alerts = [
+            OperatorAlert.model_validate_json(b"".join(m.body))
+            for m in receiver.receive_messages(max_message_count=200, max_wait_time=1)
+        ]
     return [a for a in alerts if a.kind in (AlertKind.CIRCUIT_OPENED, AlertKind.CIRCUIT_CLOSED)]
 
 
@@ -327,8 +408,12 @@ def test_remote_outage_drill_keeps_every_order_out_of_error(tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_backlog_flood_drill_rejects_past_the_bound_and_writes_nothing(tmp_path: Path) -> None:
-    options = ResilienceOptions("backlog-flood", orders=120, timeout=150,
-                                overrides=(("MaxPendingOrders", "30"), ("MaxOrdersInProcessing", "10")))
+    options = ResilienceOptions(
+        "backlog-flood",
+        orders=120,
+        timeout=150,
+        overrides=(("MaxPendingOrders", "30"), ("MaxOrdersInProcessing", "10")),
+    )
     with running_client(resilience_config(tmp_path, options)) as client:
         verdict = _drill(client, options).to_json()
         _assert_common(verdict, 120)

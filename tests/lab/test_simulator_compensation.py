@@ -29,8 +29,9 @@ def call(order_id: str, name: str, key: str | None = None) -> dict[str, Any]:
     return {"orderId": order_id, "idempotencyKey": key or idempotency_key(order_id, name), "payload": {}}
 
 
-async def post(http: aiohttp.ClientSession, sim: Simulator, order_id: str, name: str,
-               key: str | None = None) -> tuple[int, dict[str, Any]]:
+async def post(
+    http: aiohttp.ClientSession, sim: Simulator, order_id: str, name: str, key: str | None = None
+) -> tuple[int, dict[str, Any]]:
     async with http.post(f"{sim.url}/steps/{name}", json=call(order_id, name, key)) as r:
         return r.status, await r.json()
 
@@ -142,8 +143,9 @@ async def test_a_compensation_key_reused_elsewhere_is_a_conflict(
 
 
 async def test_scripted_faults_on_a_compensation(simulator: Simulator, http: aiohttp.ClientSession) -> None:
-    async with http.post(f"{simulator.url}/script", json={"o-1:refund-payment": ["permanent"],
-                                                           "o-2:refund-payment": ["transient", "ok"]}) as r:
+    async with http.post(
+        f"{simulator.url}/script", json={"o-1:refund-payment": ["permanent"], "o-2:refund-payment": ["transient", "ok"]}
+    ) as r:
         assert r.status == 200
     for order_id in ("o-1", "o-2"):
         await post(http, simulator, order_id, CHARGE)
@@ -169,8 +171,11 @@ async def test_a_refused_compensation_does_not_block_the_step(
 
 @pytest.mark.parametrize(
     ("compensation", "code"),
-    [("release-inventory", "ReleaseRefused"), ("refund-payment", "RefundRefused"),
-     ("cancel-shipment", "CancellationRefused")],
+    [
+        ("release-inventory", "ReleaseRefused"),
+        ("refund-payment", "RefundRefused"),
+        ("cancel-shipment", "CancellationRefused"),
+    ],
 )
 async def test_seeded_permanent_failures_spare_compensations_and_a_script_still_fails_them(
     tmp_path: Path, http: aiohttp.ClientSession, compensation: str, code: str
@@ -224,8 +229,19 @@ async def test_effects_report_of_compensated_and_happy_orders(
     assert report["tombstones"] == [
         {"orderId": "rolled-back", "step": "arrange-shipping", "compensation": "cancel-shipment"}
     ]
-    assert set(report) == {"effects", "totalApplied", "duplicates", "compensations", "totalCompensations", "undone",
-                           "tombstones", "calls", "callsByKey", "callsWhileDown", "callsWhileDownByKey"}
+    assert set(report) == {
+        "effects",
+        "totalApplied",
+        "duplicates",
+        "compensations",
+        "totalCompensations",
+        "undone",
+        "tombstones",
+        "calls",
+        "callsByKey",
+        "callsWhileDown",
+        "callsWhileDownByKey",
+    }
 
 
 def test_duplicates_count_a_compensation_effect_applied_twice(tmp_path: Path) -> None:
@@ -265,8 +281,11 @@ def test_forward_and_compensation_race_across_connections(tmp_path: Path) -> Non
         store = EffectStore(db)
         try:
             barriers[order_id].wait()
-            return bool(store.compensate(idempotency_key(order_id, REFUND), order_id,
-                                         CompensationName.REFUND_PAYMENT)[0]["undone"])
+            return bool(
+                store.compensate(idempotency_key(order_id, REFUND), order_id, CompensationName.REFUND_PAYMENT)[0][
+                    "undone"
+                ]
+            )
         finally:
             store.close()
 

@@ -31,15 +31,30 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 def _record(state: Path, *procs: tuple[str, int, float]) -> Path:
     state.mkdir(parents=True, exist_ok=True)
     pid_file = state / "up.json"
-    pid_file.write_text(json.dumps({"processes": [
-        {"name": name, "pid": pid, "create_time": created, "started": "2026-01-01T00:00:00+0000",
-         "argv": ["python", "-m", name], "log": str(state / "logs" / f"{name}.log"), "url": None}
-        for name, pid, created in procs]}))
+    pid_file.write_text(
+        json.dumps(
+            {
+                "processes": [
+                    {
+                        "name": name,
+                        "pid": pid,
+                        "create_time": created,
+                        "started": "2026-01-01T00:00:00+0000",
+                        "argv": ["python", "-m", name],
+                        "log": str(state / "logs" / f"{name}.log"),
+                        "url": None,
+                    }
+                    for name, pid, created in procs
+                ]
+            }
+        )
+    )
     return pid_file
 
 
-def test_up_refuses_to_start_twice(tmp_path: Path, sleeper: subprocess.Popen[bytes],
-                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_up_refuses_to_start_twice(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes], capsys: pytest.CaptureFixture[str]
+) -> None:
     state = tmp_path / "state"
     pid_file = _record(state, ("simulator", sleeper.pid, psutil.Process(sleeper.pid).create_time()))
     assert main(["up", "--app-dir", str(tmp_path), "--state-dir", str(state)]) == 1
@@ -52,8 +67,7 @@ def test_up_refuses_to_start_twice(tmp_path: Path, sleeper: subprocess.Popen[byt
     assert sleeper.poll() is None
 
 
-def test_down_with_a_stale_pid_file_cleans_up_and_says_so(tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_down_with_a_stale_pid_file_cleans_up_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     created = psutil.Process(gone.pid).create_time()
     gone.wait()
@@ -67,8 +81,9 @@ def test_down_with_a_stale_pid_file_cleans_up_and_says_so(tmp_path: Path,
     assert "nothing is running" in capsys.readouterr().out
 
 
-def test_down_leaves_a_reused_pid_alone(tmp_path: Path, sleeper: subprocess.Popen[bytes],
-                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_down_leaves_a_reused_pid_alone(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes], capsys: pytest.CaptureFixture[str]
+) -> None:
     # The recorded process had this pid but started earlier: the pid now belongs to another process.
     pid_file = _record(tmp_path, ("devhost", sleeper.pid, psutil.Process(sleeper.pid).create_time() - 100))
     assert main(["down", "--state-dir", str(tmp_path), "--timeout", "2"]) == 0
@@ -78,8 +93,9 @@ def test_down_leaves_a_reused_pid_alone(tmp_path: Path, sleeper: subprocess.Pope
     assert not pid_file.exists()
 
 
-def test_down_stops_a_recorded_process_group(tmp_path: Path, sleeper: subprocess.Popen[bytes],
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_down_stops_a_recorded_process_group(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes], capsys: pytest.CaptureFixture[str]
+) -> None:
     _record(tmp_path, ("simulator", sleeper.pid, psutil.Process(sleeper.pid).create_time()))
     assert main(["down", "--state-dir", str(tmp_path), "--timeout", "5"]) == 0
     assert f"pid {sleeper.pid}: stopped" in capsys.readouterr().out

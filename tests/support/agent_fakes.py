@@ -187,9 +187,7 @@ class FakeBus:
     async def take(self, queue_name: str, session: str, count: int, wait: float) -> list[FakeMessage]:
         async with self._changed:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._changed.wait_for(lambda: self._available(queue_name, session)), wait
-                )
+                await asyncio.wait_for(self._changed.wait_for(lambda: self._available(queue_name, session)), wait)
             batch = self._available(queue_name, session)[:count]
             q = self.queue(queue_name)
             for m in batch:
@@ -319,9 +317,7 @@ def request_message(request: AgentRequest) -> ServiceBusMessage:
     return ServiceBusMessage(request.to_json(), session_id=request.order_id, message_id=request.message_id())
 
 
-def raw_message(
-    body: str | bytes, session_id: str = "order-1", message_id: str = "poison-1"
-) -> ServiceBusMessage:
+def raw_message(body: str | bytes, session_id: str = "order-1", message_id: str = "poison-1") -> ServiceBusMessage:
     return ServiceBusMessage(body, session_id=session_id, message_id=message_id)
 
 

@@ -21,8 +21,9 @@ from typing import Any
 from aiohttp import web
 
 SUBSCRIPTION, GROUP, NAMESPACE = "00000000-0000-0000-0000-000000000001", "rg-orderflow", "sb-orderflow"
-NAMESPACE_ID = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{GROUP}/providers/Microsoft.ServiceBus/namespaces/" \
-               f"{NAMESPACE}"
+NAMESPACE_ID = (
+    f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{GROUP}/providers/Microsoft.ServiceBus/namespaces/{NAMESPACE}"
+)
 TOKEN = "arm-token-for-tests"
 
 
@@ -48,8 +49,9 @@ class FakeArm:
         return [s.path.rsplit("/", 1)[-1] for s in self.seen]
 
     async def handle(self, request: web.Request) -> web.Response:
-        self.seen.append(Seen(request.method, request.path, request.query.get("api-version"),
-                              request.headers.get("Authorization")))
+        self.seen.append(
+            Seen(request.method, request.path, request.query.get("api-version"), request.headers.get("Authorization"))
+        )
         if request.headers.get("Authorization") != f"Bearer {TOKEN}":
             return _error(401, "InvalidAuthenticationToken", "The access token is invalid.")
         if request.query.get("api-version") != "2024-01-01":
@@ -61,8 +63,12 @@ class FakeArm:
         if queue in self.failing:
             return _error(self.failing[queue], "ServiceUnavailable", "The server is busy.")
         if queue in self.refused:
-            return _error(403, "AuthorizationFailed", "The client does not have authorization to perform action "
-                          "'Microsoft.ServiceBus/namespaces/queues/read'.")
+            return _error(
+                403,
+                "AuthorizationFailed",
+                "The client does not have authorization to perform action "
+                "'Microsoft.ServiceBus/namespaces/queues/read'.",
+            )
         if queue not in self.dead_letters:
             return _error(404, "NotFound", f"The messaging entity '{queue}' could not be found.")
         return web.json_response(sb_queue(queue, self.dead_letters[queue]))
@@ -71,14 +77,26 @@ class FakeArm:
 def sb_queue(queue: str, dead_lettered: int) -> dict[str, Any]:
     """An SBQueue as Queues - Get answers it (the fields the reference lists; readOnly counts included)."""
     return {
-        "id": f"{NAMESPACE_ID}/queues/{queue}", "name": queue, "type": "Microsoft.ServiceBus/Namespaces/Queues",
+        "id": f"{NAMESPACE_ID}/queues/{queue}",
+        "name": queue,
+        "type": "Microsoft.ServiceBus/Namespaces/Queues",
         "properties": {
-            "countDetails": {"activeMessageCount": 7, "deadLetterMessageCount": dead_lettered,
-                             "scheduledMessageCount": 0, "transferMessageCount": 0,
-                             "transferDeadLetterMessageCount": 0},
-            "messageCount": 7 + dead_lettered, "sizeInBytes": 0, "status": "Active", "maxDeliveryCount": 10,
-            "lockDuration": "PT1M", "createdAt": "2024-01-01T00:00:00Z", "updatedAt": "2024-01-01T00:00:00Z",
-            "accessedAt": "2024-01-01T00:00:00Z"},
+            "countDetails": {
+                "activeMessageCount": 7,
+                "deadLetterMessageCount": dead_lettered,
+                "scheduledMessageCount": 0,
+                "transferMessageCount": 0,
+                "transferDeadLetterMessageCount": 0,
+            },
+            "messageCount": 7 + dead_lettered,
+            "sizeInBytes": 0,
+            "status": "Active",
+            "maxDeliveryCount": 10,
+            "lockDuration": "PT1M",
+            "createdAt": "2024-01-01T00:00:00Z",
+            "updatedAt": "2024-01-01T00:00:00Z",
+            "accessedAt": "2024-01-01T00:00:00Z",
+        },
     }
 
 
@@ -100,9 +118,12 @@ class FakeCredential:
 
 
 @asynccontextmanager
-async def run_fake_arm(dead_letters: dict[str, int], refused: set[str] | None = None,
-                       failing: dict[str, int] | None = None,
-                       stalled: set[str] | None = None) -> AsyncIterator[FakeArm]:
+async def run_fake_arm(
+    dead_letters: dict[str, int],
+    refused: set[str] | None = None,
+    failing: dict[str, int] | None = None,
+    stalled: set[str] | None = None,
+) -> AsyncIterator[FakeArm]:
     arm = FakeArm(dict(dead_letters), set(refused or ()), dict(failing or {}), set(stalled or ()))
     app = web.Application()
     app.router.add_get(f"{NAMESPACE_ID}/queues/{{queue}}", arm.handle)

@@ -48,7 +48,8 @@ def _first_strings(methods: set[str] | frozenset[str], keyword: str) -> set[str]
     return {
         value
         for call in _calls()
-        if isinstance(call.func, ast.Attribute) and call.func.attr in methods
+        if isinstance(call.func, ast.Attribute)
+        and call.func.attr in methods
         and (value := _first_string(call, keyword)) is not None
     }
 

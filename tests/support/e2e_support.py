@@ -88,15 +88,11 @@ class Client:
     def send(self, body: str | bytes, *, message_id: str, session_id: str) -> None:
         with self.bus.get_queue_sender(ORDERS_QUEUE) as sender:
             sender.send_messages(
-                ServiceBusMessage(
-                    body, message_id=message_id, session_id=session_id, content_type="application/json"
-                )
+                ServiceBusMessage(body, message_id=message_id, session_id=session_id, content_type="application/json")
             )
 
     def submit(self, order: SubmitOrder, message_id: str | None = None) -> None:
-        self.send(
-            order.to_json(), message_id=message_id or f"submit:{order.order_id}", session_id=order.order_id
-        )
+        self.send(order.to_json(), message_id=message_id or f"submit:{order.order_id}", session_id=order.order_id)
 
     def cancel(self, order_id: str, reason: str | None = None, *, reply_to: str = REPLY_QUEUE) -> str:
         """A client's CancelOrder on orders-inbound in the order's session (`devhost.client.cancel_message`: each
@@ -117,9 +113,7 @@ class Client:
 
     # --- reading queues (non-blocking polls, accumulated) ---------------------------------------------------
     def statuses(self, order_id: str) -> list[StatusMessage]:
-        with self.bus.get_queue_receiver(
-            REPLY_QUEUE, session_id=order_id, receive_mode=RECEIVE_AND_DELETE
-        ) as r:
+        with self.bus.get_queue_receiver(REPLY_QUEUE, session_id=order_id, receive_mode=RECEIVE_AND_DELETE) as r:
             for msg in r.receive_messages(max_message_count=50, max_wait_time=POLL_WAIT):
                 self._statuses[order_id].append(StatusMessage.model_validate_json(b"".join(msg.body)))
         return list(self._statuses[order_id])
@@ -151,9 +145,7 @@ class Client:
         return status
 
     def wait_dead_letter(self, message_id: str, timeout: float = 20.0) -> DeadLetter:
-        dead: DeadLetter = wait_until(
-            lambda: self.dead_letter(message_id), timeout, f"dead-letter {message_id}"
-        )
+        dead: DeadLetter = wait_until(lambda: self.dead_letter(message_id), timeout, f"dead-letter {message_id}")
         return dead
 
     # --- stores, simulator, Durable API, logs ---------------------------------------------------------------
@@ -194,9 +186,7 @@ class Client:
         """GET {devhost}/runtime/webhooks/durabletask/instances/<id> (the Durable extension's HTTP API)."""
         assert self.system.devhost is not None and self.system.devhost.url
         try:
-            return self._http(
-                "GET", f"{self.system.devhost.url}/runtime/webhooks/durabletask/instances/{instance_id}"
-            )
+            return self._http("GET", f"{self.system.devhost.url}/runtime/webhooks/durabletask/instances/{instance_id}")
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None
@@ -213,9 +203,7 @@ class Client:
     @staticmethod
     def _http(method: str, url: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            url, data=data, method=method, headers={"Content-Type": "application/json"}
-        )
+        request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.loads(response.read() or b"null")
 

@@ -25,11 +25,32 @@ class HostedSample:
         self.out.touch()
         self.connection = f"Endpoint=embedded://{tmp / 'bus.db'};ConfigFile={SAMPLE / 'servicebus.config.json'}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-        env.update({"SAMPLE_OUT": str(self.out), "ServiceBusConnection": self.connection, "PYTHONUNBUFFERED": "1",
-                    "TickSchedule": "0 0 0 1 1 *", **overrides})
-        self.process = Process("devhost", [sys.executable, "-m", "devhost", "start", "--app-dir", str(SAMPLE),
-                                           "--port", "0", "--state-dir", str(tmp / "state")], env,
-                               tmp / "devhost.log")
+        env.update(
+            {
+                "SAMPLE_OUT": str(self.out),
+                "ServiceBusConnection": self.connection,
+                "PYTHONUNBUFFERED": "1",
+                "TickSchedule": "0 0 0 1 1 *",
+                **overrides,
+            }
+        )
+        self.process = Process(
+            "devhost",
+            [
+                sys.executable,
+                "-m",
+                "devhost",
+                "start",
+                "--app-dir",
+                str(SAMPLE),
+                "--port",
+                "0",
+                "--state-dir",
+                str(tmp / "state"),
+            ],
+            env,
+            tmp / "devhost.log",
+        )
         self.bus = bus_from_connection_string(self.connection)
 
     @property
@@ -62,5 +83,3 @@ def wait_until(condition: Callable[[], Any], timeout: float = 30.0, what: str = 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.05)
-
-

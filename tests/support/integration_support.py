@@ -43,9 +43,7 @@ def tunables(**overrides: Any) -> Tunables:
     return replace(base, **overrides)
 
 
-def order_body(
-    order_id: str, *, reply_to: str = REPLY_QUEUE, quantity: Any = 2, **fields: Any
-) -> dict[str, Any]:
+def order_body(order_id: str, *, reply_to: str = REPLY_QUEUE, quantity: Any = 2, **fields: Any) -> dict[str, Any]:
     """A valid SubmitOrder as the client sends it (JSON-ready), with fields overridable."""
     order = SubmitOrder.model_validate(
         {
@@ -192,6 +190,7 @@ def count_state_writes(p: Pipeline, *methods: str) -> list[str]:
         async def run(*args: Any, **kwargs: Any) -> Any:
             writes.append(name)
             return await call(*args, **kwargs)
+
         return run
 
     for name in methods or ("replace", "put_checkpoint"):
@@ -201,11 +200,7 @@ def count_state_writes(p: Pipeline, *methods: str) -> list[str]:
 
 def counter_value(points: MetricPoints, name: str, **attributes: Any) -> float:
     """The cumulative value of counter `name` over the data points whose attributes match."""
-    return sum(
-        p.value
-        for p in points().get(name, [])
-        if all(p.attributes.get(k) == v for k, v in attributes.items())
-    )
+    return sum(p.value for p in points().get(name, []) if all(p.attributes.get(k) == v for k, v in attributes.items()))
 
 
 def histogram_count(points: MetricPoints, name: str) -> int:
@@ -215,6 +210,7 @@ def histogram_count(points: MetricPoints, name: str) -> int:
 
 # ---- compensation and cancel (tests/product/integration/test_compensation.py, test_cancel.py) ---------------------
 
+
 def state_activity(name: str) -> Callable[..., Any]:
     """A Scheduler activity (activities/) as the worker calls it, from its blueprint (the activities read
     their services with get_services(): install the pipeline's with `orderflow.runtime.use_services` first)."""
@@ -223,8 +219,17 @@ def state_activity(name: str) -> Callable[..., Any]:
     return user_function(name)
 
 
-async def run_action(p: Pipeline, order_id: str, instance: str, action: str, status: str | None = "succeeded", *,
-                     undone: bool | None = None, honours_cancel: bool = True, error: str | None = None) -> Any:
+async def run_action(
+    p: Pipeline,
+    order_id: str,
+    instance: str,
+    action: str,
+    status: str | None = "succeeded",
+    *,
+    undone: bool | None = None,
+    honours_cancel: bool = True,
+    error: str | None = None,
+) -> Any:
     """What the version-2 Scheduler does for one step or compensation, through the real activities: SET_STEP_DEADLINE
     (CompleteBy = now + StepTimeout), then, unless `status` is None (the request is in flight) or the deadline call
     did not answer True, RECORD_STEP_RESULT. Returns SET_STEP_DEADLINE's answer."""
@@ -233,12 +238,28 @@ async def run_action(p: Pipeline, order_id: str, instance: str, action: str, sta
     from orderflow.workflow import WORKFLOW_VERSION
 
     complete_by = p.clock.now() + p.services.tunables.step_timeout
-    fenced = await state_activity(fn.SET_STEP_DEADLINE)({
-        "orderId": order_id, "instanceId": instance, "step": action, "completeBy": format_utc(complete_by),
-        "workflowVersion": WORKFLOW_VERSION, "honoursCancel": honours_cancel})
+    fenced = await state_activity(fn.SET_STEP_DEADLINE)(
+        {
+            "orderId": order_id,
+            "instanceId": instance,
+            "step": action,
+            "completeBy": format_utc(complete_by),
+            "workflowVersion": WORKFLOW_VERSION,
+            "honoursCancel": honours_cancel,
+        }
+    )
     if fenced is True and status is not None:
-        assert await state_activity(fn.RECORD_STEP_RESULT)({
-            "orderId": order_id, "instanceId": instance, "step": action, "status": status, "error": error,
-            "undone": undone}) is True
+        assert (
+            await state_activity(fn.RECORD_STEP_RESULT)(
+                {
+                    "orderId": order_id,
+                    "instanceId": instance,
+                    "step": action,
+                    "status": status,
+                    "error": error,
+                    "undone": undone,
+                }
+            )
+            is True
+        )
     return fenced
-

@@ -13,8 +13,12 @@ from orderflow.supervisor import CHECKPOINT, SupervisorRun, last_run
 from support.e2e_support import make_order
 
 NEVER = "0 0 0 1 1 *"  # once a year: the Starter and the Supervisor leave the seeded records alone
-SETTINGS = {"StarterSchedule": NEVER, "SupervisorSchedule": NEVER, "StepTimeoutSeconds": "600",
-            "ClaimLeaseSeconds": "600"}
+SETTINGS = {
+    "StarterSchedule": NEVER,
+    "SupervisorSchedule": NEVER,
+    "StepTimeoutSeconds": "600",
+    "ClaimLeaseSeconds": "600",
+}
 EPOCH = datetime.now(UTC).replace(microsecond=0)
 
 
@@ -28,26 +32,58 @@ async def seed(endpoint: str, ids: dict[str, Any]) -> None:
     now = EPOCH
     terminal = {"notified_at": now}
     records = [
-        *(_record(i, ProcessState.PROCESSED, now - timedelta(days=k, hours=1), attempt=1, **terminal)
-          for k, i in enumerate(ids["processed"])),
-        _record(ids["error"], ProcessState.ERROR, now - timedelta(hours=3), attempt=3, failure_count=3,
-                last_error="step reserve-inventory: no reply before CompleteBy", **terminal),
-        _record(ids["error_kept"], ProcessState.ERROR, now - timedelta(hours=2), attempt=3, failure_count=3,
-                last_error="remote refused", **terminal),
-        _record(ids["compensation_failed"], ProcessState.COMPENSATION_FAILED, now - timedelta(hours=1), attempt=2,
-                compensation_failures=3, **terminal),
+        *(
+            _record(i, ProcessState.PROCESSED, now - timedelta(days=k, hours=1), attempt=1, **terminal)
+            for k, i in enumerate(ids["processed"])
+        ),
+        _record(
+            ids["error"],
+            ProcessState.ERROR,
+            now - timedelta(hours=3),
+            attempt=3,
+            failure_count=3,
+            last_error="step reserve-inventory: no reply before CompleteBy",
+            **terminal,
+        ),
+        _record(
+            ids["error_kept"],
+            ProcessState.ERROR,
+            now - timedelta(hours=2),
+            attempt=3,
+            failure_count=3,
+            last_error="remote refused",
+            **terminal,
+        ),
+        _record(
+            ids["compensation_failed"],
+            ProcessState.COMPENSATION_FAILED,
+            now - timedelta(hours=1),
+            attempt=2,
+            compensation_failures=3,
+            **terminal,
+        ),
         _record(ids["pending_oldest"], ProcessState.PENDING, now - timedelta(hours=5)),
         _record(ids["pending_cancel"], ProcessState.PENDING, now - timedelta(hours=4)),
         # An expired attempt the Supervisor has not recovered yet, with a cancel already recorded: attempt 2 of 2, and
         # no orchestration behind either attempt.
-        _record(ids["processing_expired"], ProcessState.PROCESSING, now - timedelta(hours=1), attempt=2,
-                failure_count=1, locked_by=f"{ids['processing_expired']}:2",
-                complete_by=now - timedelta(minutes=30), cancel_requested_at=now - timedelta(minutes=40)),
+        _record(
+            ids["processing_expired"],
+            ProcessState.PROCESSING,
+            now - timedelta(hours=1),
+            attempt=2,
+            failure_count=1,
+            locked_by=f"{ids['processing_expired']}:2",
+            complete_by=now - timedelta(minutes=30),
+            cancel_requested_at=now - timedelta(minutes=40),
+        ),
     ]
     async with open_stores({"CosmosDb__accountEndpoint": endpoint}) as stores:
         for rec in records:
             await stores.orders.create_if_absent(OrderRecord.from_order(make_order(rec.order_id), rec.created_at))
             _, created = await stores.state.create_if_absent(rec)
             assert created
-        await stores.state.put_checkpoint(CHECKPOINT, {"position": format_utc(now - timedelta(minutes=5)),
-                                                       "lastRun": last_run(SupervisorRun(), now)}, None)
+        await stores.state.put_checkpoint(
+            CHECKPOINT,
+            {"position": format_utc(now - timedelta(minutes=5)), "lastRun": last_run(SupervisorRun(), now)},
+            None,
+        )

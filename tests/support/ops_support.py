@@ -33,10 +33,16 @@ def app_dir(tmp_path: Path, **values: str) -> Path:
 
 
 def order(order_id: str, reply_to: str = "app-status") -> SubmitOrder:
-    return SubmitOrder.model_validate({
-        "orderId": order_id, "replyTo": reply_to, "customer": {"id": "c-1", "name": "Ada"},
-        "items": [{"sku": "SKU-1", "quantity": 1, "unitPrice": "9.99"}], "currency": "EUR",
-        "submittedAt": "2024-01-01T00:00:00+00:00"})
+    return SubmitOrder.model_validate(
+        {
+            "orderId": order_id,
+            "replyTo": reply_to,
+            "customer": {"id": "c-1", "name": "Ada"},
+            "items": [{"sku": "SKU-1", "quantity": 1, "unitPrice": "9.99"}],
+            "currency": "EUR",
+            "submittedAt": "2024-01-01T00:00:00+00:00",
+        }
+    )
 
 
 def in_state(order_id: str, state: ProcessState, at: datetime) -> OrderStateRecord:
@@ -61,8 +67,9 @@ def in_state(order_id: str, state: ProcessState, at: datetime) -> OrderStateReco
     raise ValueError(state)
 
 
-async def seed(orders: OrdersDb, states: StateStore, order_id: str, state: ProcessState,
-               at: datetime) -> OrderStateRecord:
+async def seed(
+    orders: OrdersDb, states: StateStore, order_id: str, state: ProcessState, at: datetime
+) -> OrderStateRecord:
     rec = in_state(order_id, state, at)
     await orders.create_if_absent(OrderRecord.from_order(order(order_id), at))
     stored, created = await states.create_if_absent(rec)

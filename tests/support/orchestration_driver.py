@@ -32,8 +32,13 @@ class Driver:
         self._started = False
 
     def _event(self, kind: H, **fields: Any) -> dict[str, Any]:
-        return {"EventType": int(kind), "EventId": fields.pop("EventId", -1), "IsPlayed": False,
-                "Timestamp": self.now.isoformat(), **fields}
+        return {
+            "EventType": int(kind),
+            "EventId": fields.pop("EventId", -1),
+            "IsPlayed": False,
+            "Timestamp": self.now.isoformat(),
+            **fields,
+        }
 
     def episode(self, *new_events: dict[str, Any]) -> list[dict[str, Any]]:
         """Run one episode with the new events; return the actions scheduled by it."""
@@ -41,16 +46,21 @@ class Driver:
             e["IsPlayed"] = True
         self.history.append(self._event(H.ORCHESTRATOR_STARTED))
         if not self._started:
-            self.history.append(self._event(H.EXECUTION_STARTED, Input=self._input, Name="orchestrator",
-                                            Version=""))
+            self.history.append(self._event(H.EXECUTION_STARTED, Input=self._input, Name="orchestrator", Version=""))
             self._started = True
         self.history.extend(new_events)
-        context = {"history": self.history, "input": self._input, "instanceId": self.instance_id, "isReplaying": False,
-                   "parentInstanceId": None, "upperSchemaVersion": 0}
+        context = {
+            "history": self.history,
+            "input": self._input,
+            "instanceId": self.instance_id,
+            "isReplaying": False,
+            "parentInstanceId": None,
+            "upperSchemaVersion": 0,
+        }
         state = json.loads(self.handle(json.dumps(context)))
         self.result = state
         flat = [a for group in state["actions"] for a in group]
-        new = flat[self.actions_seen:]
+        new = flat[self.actions_seen :]
         self.actions_seen = len(flat)
         out: list[dict[str, Any]] = []
         for action in new:
@@ -64,8 +74,9 @@ class Driver:
             if action["actionType"] == ActionType.CREATE_TIMER:
                 self.history.append(self._event(H.TIMER_CREATED, EventId=action["taskId"], FireAt=action["fireAt"]))
             elif action["actionType"] in (ActionType.CALL_ACTIVITY, ActionType.CALL_ACTIVITY_WITH_RETRY):
-                self.history.append(self._event(H.TASK_SCHEDULED, EventId=action["taskId"],
-                                                Name=action["functionName"]))
+                self.history.append(
+                    self._event(H.TASK_SCHEDULED, EventId=action["taskId"], Name=action["functionName"])
+                )
         self.history.append(self._event(H.ORCHESTRATOR_COMPLETED))
         return out
 

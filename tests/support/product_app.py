@@ -10,9 +10,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-BLUEPRINT_MODULES = ("orchestrators.order_workflow", "activities.state", "activities.frozen_versions",
-                     "triggers.submission", "triggers.starter", "triggers.agent_replies", "triggers.supervisor",
-                     "triggers.ops_api")
+BLUEPRINT_MODULES = (
+    "orchestrators.order_workflow",
+    "activities.state",
+    "activities.frozen_versions",
+    "triggers.submission",
+    "triggers.starter",
+    "triggers.agent_replies",
+    "triggers.supervisor",
+    "triggers.ops_api",
+)
 
 
 def user_function(name: str) -> Any:

@@ -35,23 +35,45 @@ class ScriptedDurableApi:
         middleware turns it into the real DurableOrchestrationClient."""
         base = f"{self.base}/runtime/webhooks/durabletask"
         instance = f"{base}/instances/INSTANCEID"
-        return json.dumps({
-            "taskHubName": "hub",
-            "creationUrls": {"createNewInstancePostUri": f"{base}/orchestrators/{{functionName}}",
-                             "createAndWaitOnNewInstancePostUri": f"{base}/orchestrators/{{functionName}}"},
-            "managementUrls": {"id": "INSTANCEID", "statusQueryGetUri": instance,
-                               "sendEventPostUri": f"{instance}/raiseEvent/{{eventName}}",
-                               "terminatePostUri": f"{instance}/terminate", "rewindPostUri": f"{instance}/rewind",
-                               "purgeHistoryDeleteUri": instance, "restartPostUri": f"{instance}/restart",
-                               "suspendPostUri": f"{instance}/suspend", "resumePostUri": f"{instance}/resume"},
-            "rpcBaseUrl": f"{base}/",
-        })
+        return json.dumps(
+            {
+                "taskHubName": "hub",
+                "creationUrls": {
+                    "createNewInstancePostUri": f"{base}/orchestrators/{{functionName}}",
+                    "createAndWaitOnNewInstancePostUri": f"{base}/orchestrators/{{functionName}}",
+                },
+                "managementUrls": {
+                    "id": "INSTANCEID",
+                    "statusQueryGetUri": instance,
+                    "sendEventPostUri": f"{instance}/raiseEvent/{{eventName}}",
+                    "terminatePostUri": f"{instance}/terminate",
+                    "rewindPostUri": f"{instance}/rewind",
+                    "purgeHistoryDeleteUri": instance,
+                    "restartPostUri": f"{instance}/restart",
+                    "suspendPostUri": f"{instance}/suspend",
+                    "resumePostUri": f"{instance}/resume",
+                },
+                "rpcBaseUrl": f"{base}/",
+            }
+        )
 
 
 def reply_body(instance_id: str, order_id: str, attempt: int = 1, **overrides: Any) -> dict[str, Any]:
-    return {"schemaVersion": 1, "type": "AgentReply", "instanceId": instance_id, "orderId": order_id,
-            "attempt": attempt, "step": "reserve-inventory", "outcome": "succeeded", "permanent": False,
-            "errorCode": None, "error": None, "result": {}, "completedAt": "2026-01-01T00:00:01Z", **overrides}
+    return {
+        "schemaVersion": 1,
+        "type": "AgentReply",
+        "instanceId": instance_id,
+        "orderId": order_id,
+        "attempt": attempt,
+        "step": "reserve-inventory",
+        "outcome": "succeeded",
+        "permanent": False,
+        "errorCode": None,
+        "error": None,
+        "result": {},
+        "completedAt": "2026-01-01T00:00:01Z",
+        **overrides,
+    }
 
 
 async def deliver(p: Pipeline, body: bytes, *, session_id: str, message_id: str) -> func.ServiceBusMessage:

@@ -30,9 +30,7 @@ class BrokerMessage:
     subject: str | None = "order.submitted"
     content_type: str | None = "application/json"
     to: str | None = None
-    application_properties: dict[Any, Any] | None = field(
-        default_factory=lambda: {"tenant": "contoso", "n": 7}
-    )
+    application_properties: dict[Any, Any] | None = field(default_factory=lambda: {"tenant": "contoso", "n": 7})
     delivery_count: int = 2
     enqueued_time_utc: datetime | None = NOW
     sequence_number: int | None = 42

@@ -60,8 +60,9 @@ async def run_submission_trigger(p: Pipeline, body: bytes, session_id: str, mess
     runtime.use_services(p.services)
     try:
         handler = submission_trigger.submission._function.get_user_function()  # type: ignore[attr-defined]
-        await handler(message=sdk_message, message_actions=actions,
-                      client=ScriptedDurableApi(base="http://127.0.0.1:9").binding())
+        await handler(
+            message=sdk_message, message_actions=actions, client=ScriptedDurableApi(base="http://127.0.0.1:9").binding()
+        )
     finally:
         runtime.reset_services()
     return Delivered(received, sdk_message, actions)

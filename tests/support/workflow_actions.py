@@ -16,15 +16,32 @@ INSTANCE = f"{ORDER}:1"
 CALLS = (ActionType.CALL_ACTIVITY, ActionType.CALL_ACTIVITY_WITH_RETRY)
 
 
-def reply(step: str, outcome: str = "succeeded", *, instance: str = INSTANCE, permanent: bool = False,
-          error: str | None = None, error_code: str | None = None,
-          result: dict[str, Any] | None = None) -> dict[str, Any]:
+def reply(
+    step: str,
+    outcome: str = "succeeded",
+    *,
+    instance: str = INSTANCE,
+    permanent: bool = False,
+    error: str | None = None,
+    error_code: str | None = None,
+    result: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The Agent's reply event, built through the model so that it states the schemaVersion its content needs."""
-    return AgentReply.model_validate({
-        "type": "AgentReply", "instanceId": instance, "orderId": ORDER, "attempt": int(instance.rsplit(":", 1)[1]),
-        "step": step, "outcome": outcome, "permanent": permanent,
-        "errorCode": error_code or ("Declined" if error else None), "error": error, "result": result or {},
-        "completedAt": "2026-01-01T00:00:01Z"}).to_dict()
+    return AgentReply.model_validate(
+        {
+            "type": "AgentReply",
+            "instanceId": instance,
+            "orderId": ORDER,
+            "attempt": int(instance.rsplit(":", 1)[1]),
+            "step": step,
+            "outcome": outcome,
+            "permanent": permanent,
+            "errorCode": error_code or ("Declined" if error else None),
+            "error": error,
+            "result": result or {},
+            "completedAt": "2026-01-01T00:00:01Z",
+        }
+    ).to_dict()
 
 
 def activity(actions: list[dict[str, Any]], name: str) -> dict[str, Any]:

@@ -250,9 +250,7 @@ class BrokerBase:
 
     # -- entities -------------------------------------------------------------------------------------------
 
-    def declare_queue(
-        self, name: str, properties: QueueProperties | None = None, **kwargs: Any
-    ) -> QueueProperties:
+    def declare_queue(self, name: str, properties: QueueProperties | None = None, **kwargs: Any) -> QueueProperties:
         """Create or update a queue (idempotent). Keywords are QueueProperties fields (snake_case)."""
         props = properties or QueueProperties.create(**kwargs)
         with self._tx() as tx:
@@ -276,9 +274,7 @@ class BrokerBase:
         if props is None:
             row = self._conn().execute("SELECT properties FROM queues WHERE name = ?", (name,)).fetchone()
             if row is None:
-                raise MessagingEntityNotFoundError(
-                    message=f"The messaging entity '{name}' could not be found."
-                )
+                raise MessagingEntityNotFoundError(message=f"The messaging entity '{name}' could not be found.")
             props = self._properties[name] = QueueProperties.from_json(row[0])
         return props
 
@@ -307,8 +303,7 @@ class BrokerBase:
         expired = [
             row[0]
             for row in tx.conn.execute(
-                "SELECT seq FROM messages WHERE queue = ? AND sub = '' AND expires_at <= ? "
-                "AND lock_token IS NULL",
+                "SELECT seq FROM messages WHERE queue = ? AND sub = '' AND expires_at <= ? AND lock_token IS NULL",
                 (queue, tx.now),
             )
         ]
@@ -352,9 +347,7 @@ class BrokerBase:
         tx.wakes[notify.queue_key(queue, DEAD_LETTER)] += 1
         tx.watches.add(notify.watch_key(queue, DEAD_LETTER))
 
-    def _release_session(
-        self, tx: _Tx, queue: str, props: QueueProperties, session_id: str, token: str
-    ) -> None:
+    def _release_session(self, tx: _Tx, queue: str, props: QueueProperties, session_id: str, token: str) -> None:
         """The session lock ends (expiry or close): its unsettled messages count as failed deliveries.
 
         Only the holder of `token` may end it: a receiver whose lock already expired (and was taken by another

@@ -22,7 +22,6 @@ from ._schema import _COLUMNS, _READY, ACTIVE, DEAD_LETTER, SessionLock, Taken, 
 class Receiving(Faults):
     """receive, take, receive_deferred, peek and the settlements."""
 
-
     def receive(
         self,
         queue: str,
@@ -111,8 +110,7 @@ class Receiving(Faults):
             taken = []
             for seq in sequence_numbers:
                 row = tx.conn.execute(
-                    f"SELECT {_COLUMNS} FROM messages WHERE queue = ? AND seq = ? AND state = 1 "
-                    "AND lock_token IS NULL",
+                    f"SELECT {_COLUMNS} FROM messages WHERE queue = ? AND seq = ? AND state = 1 AND lock_token IS NULL",
                     (queue, seq),
                 ).fetchone()
                 if row is None:

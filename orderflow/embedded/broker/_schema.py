@@ -178,9 +178,7 @@ def _encode_meta(env: Envelope) -> str:
             "to": env.to,
             "partition_key": env.partition_key,
             "application_properties": encode_properties(env.application_properties),
-            "scheduled": env.scheduled_enqueue_time_utc.isoformat()
-            if env.scheduled_enqueue_time_utc
-            else None,
+            "scheduled": env.scheduled_enqueue_time_utc.isoformat() if env.scheduled_enqueue_time_utc else None,
             "ttl": env.time_to_live.total_seconds() if env.time_to_live is not None else None,
         }
     )

@@ -17,7 +17,6 @@ from ._schema import _NO_SESSION_ID, ACTIVE, DEAD_LETTER, _encode_meta, _Tx
 class Sending(BrokerBase):
     """send, cancel_scheduled."""
 
-
     def send(self, queue: str, envelopes: Sequence[Envelope]) -> list[int | None]:
         """Enqueue atomically; returns sequence numbers (None for a duplicate dropped by detection)."""
         props = self.queue_properties(queue)

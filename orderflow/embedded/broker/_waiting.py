@@ -37,7 +37,6 @@ class Waiting(BrokerBase):
         ).fetchone()
         return None if row is None else row[0]
 
-
     def counts(self, queue: str) -> QueueCounts:
         """Message counts (read-only: expired messages are purged lazily by receivers, as in Service Bus)."""
         self.queue_properties(queue)
@@ -89,10 +88,15 @@ class Waiting(BrokerBase):
         a session: a ready message of that session; otherwise as `has_ready` (which counts due expiries)."""
         if session is None:
             return self.has_ready(queue, sub_queue)
-        row = self._conn().execute(
-            f"SELECT 1 FROM messages WHERE queue = :queue AND sub = :sub AND session_id = :sid AND {_READY} LIMIT 1",
-            {"queue": queue, "sub": sub_queue, "sid": session.session_id, "now": self._now()},
-        ).fetchone()
+        row = (
+            self._conn()
+            .execute(
+                "SELECT 1 FROM messages WHERE queue = :queue AND sub = :sub AND session_id = :sid "
+                f"AND {_READY} LIMIT 1",
+                {"queue": queue, "sub": sub_queue, "sid": session.session_id, "now": self._now()},
+            )
+            .fetchone()
+        )
         if row is not None:
             return True
         due = self.next_due(queue)

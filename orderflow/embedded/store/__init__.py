@@ -76,6 +76,7 @@ __all__ = [
     "split_endpoint_path",
 ]
 
+
 class SqliteOrdersDb:
     """The orders DB (immutable orders) in the embedded store."""
 
@@ -127,12 +128,16 @@ class SqliteStateStore(UpdateWithRetry):
     async def replace(self, rec: OrderStateRecord, etag: str) -> str:
         row = _state_row(rec, new_etag())
         row.pop("id")
-        await self._db.write(lambda conn: _conditional_update(conn, "order_state", rec.id, etag, row),
-                             "state.replace", ("order_state", {"id": rec.id}, etag))
+        await self._db.write(
+            lambda conn: _conditional_update(conn, "order_state", rec.id, etag, row),
+            "state.replace",
+            ("order_state", {"id": rec.id}, etag),
+        )
         return str(row["etag"])
 
-    async def query_claimable(self, now: datetime, limit: int,
-                              states: tuple[ProcessState, ...] = CLAIMABLE_STATES) -> list[Versioned]:
+    async def query_claimable(
+        self, now: datetime, limit: int, states: tuple[ProcessState, ...] = CLAIMABLE_STATES
+    ) -> list[Versioned]:
         sql = (
             f"SELECT doc, etag FROM order_state WHERE process_state IN {_marks(states)} AND locked_by IS NULL"
             " AND (retry_at IS NULL OR retry_at <= ?) ORDER BY retry_at, created_at, id LIMIT ?"
@@ -179,8 +184,13 @@ class SqliteStateStore(UpdateWithRetry):
         row = await self._db.read(lambda conn: conn.execute(sql, (state.value,)).fetchone(), "state.count_in_state")
         return int(row[0])
 
-    async def query_in_state(self, state: ProcessState, page_size: int, continuation: str | None = None,
-                             updated_before: datetime | None = None) -> Page:
+    async def query_in_state(
+        self,
+        state: ProcessState,
+        page_size: int,
+        continuation: str | None = None,
+        updated_before: datetime | None = None,
+    ) -> Page:
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
         where: list[str] = ["process_state = ?"]
@@ -227,8 +237,7 @@ async def _get_data(db: SqliteFile, table: str, name: str, **key: str) -> tuple[
     return None if row is None else (json.loads(row[0])["data"], row[1])
 
 
-async def _put_data(db: SqliteFile, table: str, name: str, data: dict[str, Any], etag: str | None,
-                    **key: str) -> str:
+async def _put_data(db: SqliteFile, table: str, name: str, data: dict[str, Any], etag: str | None, **key: str) -> str:
     """Create-if-absent (etag None; Conflict) or If-Match replace (PreconditionFailed/NotFound) of {id, data}."""
     new = new_etag()
     doc = _dumps({"id": name, "data": data})
@@ -240,8 +249,10 @@ async def _put_data(db: SqliteFile, table: str, name: str, data: dict[str, Any],
             if not _insert_if_absent(conn, table, {**ids, "etag": new, "doc": doc}):
                 raise Conflict(f"{table} {name!r} already exists")
             return
-        cur = conn.execute(f"UPDATE {table} SET etag = :_new, doc = :_doc WHERE {where} AND etag = :_etag",
-                           {**ids, "_new": new, "_doc": doc, "_etag": etag})
+        cur = conn.execute(
+            f"UPDATE {table} SET etag = :_new, doc = :_doc WHERE {where} AND etag = :_etag",
+            {**ids, "_new": new, "_doc": doc, "_etag": etag},
+        )
         if cur.rowcount == 1:
             return
         if conn.execute(f"SELECT 1 FROM {table} WHERE {where}", ids).fetchone() is None:
@@ -279,30 +290,44 @@ class SqliteRecoveryIndex:
     async def add(self, entry: IndexEntry) -> None:
         bucket = format_utc(bucket_of(entry.complete_by, self.bucket_seconds))
         row = (bucket, entry.id, format_utc(entry.complete_by), entry.order_id, entry.locked_by)
-        sql = ("INSERT OR REPLACE INTO recovery_index (bucket, id, complete_by, order_id, locked_by)"
-               " VALUES (?, ?, ?, ?, ?)")
+        sql = (
+            "INSERT OR REPLACE INTO recovery_index (bucket, id, complete_by, order_id, locked_by)"
+            " VALUES (?, ?, ?, ?, ?)"
+        )
         await self._db.write(lambda conn: conn.execute(sql, row), "recovery_index.add")
 
-    async def page(self, bucket: datetime, window_start: datetime, window_end: datetime, after: ExpiredCursor,
-                   limit: int) -> tuple[list[IndexEntry], float]:
-        sql = ("SELECT order_id, complete_by, locked_by FROM recovery_index WHERE bucket = ?"
-               " AND complete_by >= ? AND complete_by < ? AND (complete_by, order_id) > (?, ?)"
-               " ORDER BY complete_by, order_id LIMIT ?")
-        args = (format_utc(bucket), format_utc(window_start), format_utc(window_end), after.complete_by, after.id,
-                limit)
+    async def page(
+        self, bucket: datetime, window_start: datetime, window_end: datetime, after: ExpiredCursor, limit: int
+    ) -> tuple[list[IndexEntry], float]:
+        sql = (
+            "SELECT order_id, complete_by, locked_by FROM recovery_index WHERE bucket = ?"
+            " AND complete_by >= ? AND complete_by < ? AND (complete_by, order_id) > (?, ?)"
+            " ORDER BY complete_by, order_id LIMIT ?"
+        )
+        args = (
+            format_utc(bucket),
+            format_utc(window_start),
+            format_utc(window_end),
+            after.complete_by,
+            after.id,
+            limit,
+        )
         rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall(), "recovery_index.page")
         return [IndexEntry(r[0], parse_utc(r[1]), r[2]) for r in rows], 0.0
 
     async def first_at_or_after(self, start: datetime, end: datetime) -> tuple[datetime | None, float]:
         sql = "SELECT MIN(complete_by) FROM recovery_index WHERE complete_by >= ? AND complete_by < ?"
-        row = await self._db.read(lambda conn: conn.execute(sql, (format_utc(start), format_utc(end))).fetchone(),
-                                  "recovery_index.first")
+        row = await self._db.read(
+            lambda conn: conn.execute(sql, (format_utc(start), format_utc(end))).fetchone(), "recovery_index.first"
+        )
         return (None if row is None or row[0] is None else parse_utc(row[0])), 0.0
 
     async def remove(self, entry: IndexEntry) -> None:
         bucket = format_utc(bucket_of(entry.complete_by, self.bucket_seconds))
-        await self._db.write(lambda conn: conn.execute(
-            "DELETE FROM recovery_index WHERE bucket = ? AND id = ?", (bucket, entry.id)), "recovery_index.remove")
+        await self._db.write(
+            lambda conn: conn.execute("DELETE FROM recovery_index WHERE bucket = ? AND id = ?", (bucket, entry.id)),
+            "recovery_index.remove",
+        )
 
     async def aclose(self) -> None:
         await self._db.aclose()

@@ -79,8 +79,10 @@ class StoreFaults:
                     raise ValueError(f"embedded store option {name} needs a path")
                 values["outage_file" if name == "outageFile" else "ledger"] = Path(value)
             else:
-                raise ValueError(f"unknown embedded store option {name!r} (known: conflictRate, throttleRate, "
-                                 "throttleRetryAfterMs, seed, outageFile, ledger)")
+                raise ValueError(
+                    f"unknown embedded store option {name!r} (known: conflictRate, throttleRate, "
+                    "throttleRetryAfterMs, seed, outageFile, ledger)"
+                )
         values.setdefault("ledger", store.with_name(store.name + ".faults.jsonl"))
         return cls(**values)
 
@@ -100,9 +102,14 @@ class FaultInjector:
     """Answers each request as the faulty service would (`StoreFaults`) and retries as azure-cosmos would: one per
     open store file. `sleep` and `monotonic` are injectable (tests never wait)."""
 
-    def __init__(self, faults: StoreFaults, store: Path, *,
-                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        faults: StoreFaults,
+        store: Path,
+        *,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.faults = faults
         # A seeded stream per file this process opens (the n-th opening of the same path gets the same stream).
         key = str(store.resolve())
@@ -135,8 +142,10 @@ class FaultInjector:
         if self._ledger_fd is None:
             self.faults.ledger.parent.mkdir(parents=True, exist_ok=True)
             self._ledger_fd = os.open(self.faults.ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        line = json.dumps({"at": round(time.time(), 3), "pid": os.getpid(), "op": op, "status": status,
-                           "retried": retried}, separators=(",", ":"))
+        line = json.dumps(
+            {"at": round(time.time(), 3), "pid": os.getpid(), "op": op, "status": status, "retried": retried},
+            separators=(",", ":"),
+        )
         os.write(self._ledger_fd, (line + "\n").encode())
 
     async def call(self, op: str, run: Callable[[bool], Awaitable[T]], if_match: bool = False) -> T:

@@ -69,8 +69,9 @@ IfMatch = tuple[str, dict[str, str], str]
 def _rival_write(conn: sqlite3.Connection, target: IfMatch) -> None:
     table, key, etag = target
     where = " AND ".join(f"{k} = :{k}" for k in key)
-    conn.execute(f"UPDATE {table} SET etag = :_new WHERE {where} AND etag = :_etag",
-                 {**key, "_new": new_etag(), "_etag": etag})
+    conn.execute(
+        f"UPDATE {table} SET etag = :_new WHERE {where} AND etag = :_etag", {**key, "_new": new_etag(), "_etag": etag}
+    )
 
 
 class SqliteFile:
@@ -95,15 +96,18 @@ class SqliteFile:
             return await asyncio.to_thread(self._locked, fn, False)
         return await self.faults.call(op, lambda _conflict: asyncio.to_thread(self._locked, fn, False))
 
-    async def write(self, fn: Callable[[sqlite3.Connection], T], op: str = "write",
-                    if_match: IfMatch | None = None) -> T:
+    async def write(
+        self, fn: Callable[[sqlite3.Connection], T], op: str = "write", if_match: IfMatch | None = None
+    ) -> T:
         """Run `fn` in `BEGIN IMMEDIATE` (write lock taken up front: no lock-upgrade deadlock). `if_match`: the
         row an If-Match write expects unchanged (only read when a conflict is injected)."""
         if self.faults is None:
             return await asyncio.to_thread(self._locked, fn, True)
         return await self.faults.call(
-            op, lambda conflict: asyncio.to_thread(self._locked, fn, True, if_match if conflict else None),
-            if_match is not None)
+            op,
+            lambda conflict: asyncio.to_thread(self._locked, fn, True, if_match if conflict else None),
+            if_match is not None,
+        )
 
     def _locked(self, fn: Callable[[sqlite3.Connection], T], write: bool, rival: IfMatch | None = None) -> T:
         with self._lock:
@@ -153,9 +157,7 @@ def _select_doc(conn: sqlite3.Connection, table: str, key: str) -> tuple[dict[st
     return None if row is None else (json.loads(row[0]), row[1])
 
 
-def _conditional_update(
-    conn: sqlite3.Connection, table: str, key: str, etag: str, row: dict[str, Any]
-) -> None:
+def _conditional_update(conn: sqlite3.Connection, table: str, key: str, etag: str, row: dict[str, Any]) -> None:
     """UPDATE ... WHERE id AND etag; NotFound or PreconditionFailed when it changes nothing."""
     sets = ", ".join(f"{k} = :{k}" for k in row)
     cur = conn.execute(

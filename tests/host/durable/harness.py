@@ -38,9 +38,7 @@ class Hub:
     invoker: Invoker
 
     async def wait(self, instance_id: str, *statuses: str) -> dict[str, Any]:
-        return await self.engine.wait_for_status(
-            instance_id, statuses or ("Completed", "Failed", "Terminated"), WAIT
-        )
+        return await self.engine.wait_for_status(instance_id, statuses or ("Completed", "Failed", "Terminated"), WAIT)
 
 
 class ManualClock:
@@ -67,8 +65,12 @@ class HubFactory:
     async def start(self, functions: list[Any] | None = None, **engine_options: Any) -> Hub:
         """An engine serving `functions` (default: tests/host/sample_app's), behind the HTTP API on 127.0.0.1."""
         invoker = Invoker()
-        engine = DurableEngine(db_path=self.db_path, functions=FUNCTIONS if functions is None else functions,
-                               invoke=invoker, **engine_options)
+        engine = DurableEngine(
+            db_path=self.db_path,
+            functions=FUNCTIONS if functions is None else functions,
+            invoke=invoker,
+            **engine_options,
+        )
         web_app = web.Application()
         add_routes(web_app, engine)
         runner = web.AppRunner(web_app, access_log=None)

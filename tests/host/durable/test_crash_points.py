@@ -53,8 +53,16 @@ CASES = [
 
 async def run_child(db: Path, point: str, nth: int, orchestrator: str, instance_id: str, data: Any) -> int:
     child = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.host.durable.crash_child",
-        str(db), point, str(nth), orchestrator, instance_id, json.dumps(data), cwd=ROOT,
+        sys.executable,
+        "-m",
+        "tests.host.durable.crash_child",
+        str(db),
+        point,
+        str(nth),
+        orchestrator,
+        instance_id,
+        json.dumps(data),
+        cwd=ROOT,
     )
     return await asyncio.wait_for(child.wait(), 60)
 
@@ -128,8 +136,15 @@ async def test_a_retry_after_kill_9_repeats_the_call_from_the_history_on_disk(tm
     assert status["output"] == {"key": key, "attempts": 2}
     kinds = assert_intact(db, instance_id)
     assert [k for k in kinds if k not in (T.ORCHESTRATOR_STARTED, T.ORCHESTRATOR_COMPLETED)] == [
-        T.EXECUTION_STARTED, T.TASK_SCHEDULED, T.TASK_FAILED, T.TIMER_CREATED, T.TIMER_FIRED, T.TASK_SCHEDULED,
-        T.TASK_COMPLETED, T.EXECUTION_COMPLETED]
+        T.EXECUTION_STARTED,
+        T.TASK_SCHEDULED,
+        T.TASK_FAILED,
+        T.TIMER_CREATED,
+        T.TIMER_FIRED,
+        T.TASK_SCHEDULED,
+        T.TASK_COMPLETED,
+        T.EXECUTION_COMPLETED,
+    ]
     events, _, _ = recorded(db, instance_id)
     first, retried = (e for e in events if e["EventType"] == T.TASK_SCHEDULED)
     assert (retried["Name"], retried["Input"]) == (first["Name"], first["Input"]) == ("flaky", json.dumps(spec))

@@ -30,8 +30,9 @@ def count(history: list[dict], event_type: T) -> int:
 
 def retry_delays(history: list[dict]) -> list[timedelta]:
     """FireAt minus creation time of each timer the parent created."""
-    return [h.parse_time(e["FireAt"]) - h.parse_time(e["Timestamp"]) for e in history
-            if e["EventType"] == T.TIMER_CREATED]
+    return [
+        h.parse_time(e["FireAt"]) - h.parse_time(e["Timestamp"]) for e in history if e["EventType"] == T.TIMER_CREATED
+    ]
 
 
 async def test_a_failing_sub_orchestration_is_retried_until_it_succeeds(hub: Hub) -> None:

@@ -45,7 +45,10 @@ async def test_with_the_switch_on_start_and_status_answer_503_and_nothing_is_sta
     assert (await hub.client.get_status(running)).runtime_status is not None
     lines = [json.loads(line) for line in ledger_of(down).read_text().splitlines()]
     assert [(line["route"], line["instanceId"]) for line in lines] == [
-        ("status", running), ("status", running), ("start", refused)]
+        ("status", running),
+        ("status", running),
+        ("start", refused),
+    ]
 
 
 async def test_without_the_setting_there_is_no_switch(

@@ -26,9 +26,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-async def start_http(
-    hub: Hub, name: str, instance_id: str | None = None, body: str = ""
-) -> tuple[int, dict, dict]:
+async def start_http(hub: Hub, name: str, instance_id: str | None = None, body: str = "") -> tuple[int, dict, dict]:
     path = f"{hub.base}/orchestrators/{name}" + (f"/{quote(instance_id, safe='')}" if instance_id else "")
     url = URL(path, encoded=True)
     async with hub.http.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
@@ -121,9 +119,7 @@ async def test_status_codes_follow_the_runtime_status(hub: Hub) -> None:
         assert response.status == 202 and "Location" in response.headers
     await hub.client.raise_event(instance_id, "Approval", 1)
     await hub.wait(instance_id)
-    async with hub.http.get(
-        f"{hub.base}/instances/{instance_id}?showHistory=true&showHistoryOutput=true"
-    ) as resp:
+    async with hub.http.get(f"{hub.base}/instances/{instance_id}?showHistory=true&showHistoryOutput=true") as resp:
         body = await resp.json()
         assert resp.status == 200 and body["runtimeStatus"] == "Completed"
         kinds = [e["EventType"] for e in body["historyEvents"]]
@@ -135,9 +131,7 @@ async def test_status_codes_follow_the_runtime_status(hub: Hub) -> None:
 async def test_failed_status_can_be_500_on_request(hub: Hub) -> None:
     instance_id = await hub.client.start_new("exploding", new_id("f"))
     await hub.wait(instance_id)
-    async with hub.http.get(
-        f"{hub.base}/instances/{instance_id}?returnInternalServerErrorOnFailure=true"
-    ) as resp:
+    async with hub.http.get(f"{hub.base}/instances/{instance_id}?returnInternalServerErrorOnFailure=true") as resp:
         assert resp.status == 500
 
 

@@ -51,8 +51,9 @@ def raise_event_url(hub: Hub, instance_id: str, event: str = "E") -> str:
 
 @pytest.mark.parametrize("instance_id", list(UNROUTABLE_IDS), ids=list(UNROUTABLE_IDS.values()))
 async def test_an_unroutable_instance_id_answers_404_with_no_body(hub: Hub, instance_id: str) -> None:
-    async with hub.http.post(raise_event_url(hub, instance_id), data=json.dumps("{}"),
-                             headers={"Content-Type": "application/json"}) as response:
+    async with hub.http.post(
+        raise_event_url(hub, instance_id), data=json.dumps("{}"), headers={"Content-Type": "application/json"}
+    ) as response:
         assert response.status == 404
         assert await response.read() == b""
 
@@ -71,15 +72,18 @@ async def test_an_unknown_instance_answers_404_with_no_body(hub: Hub) -> None:
         assert (response.status, await response.read()) == (404, b"")
 
 
-@pytest.mark.parametrize(("method", "path"), [
-    ("POST", "/instances/some-id"),  # an id with no operation
-    ("PUT", "/instances/some-id"),
-    ("POST", "/instances/some-id/unknownOperation"),  # the Post branch has no else: falls through to NotFound
-    ("GET", "/instances/some-id/raiseEvent/E"),  # raiseEvent serves POST only
-    ("POST", "/instances/a/b/c/d/e"),
-    ("POST", "/nothing-here"),
-    ("GET", "/orchestrators/hello_sequence"),  # start serves POST only
-])
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/instances/some-id"),  # an id with no operation
+        ("PUT", "/instances/some-id"),
+        ("POST", "/instances/some-id/unknownOperation"),  # the Post branch has no else: falls through to NotFound
+        ("GET", "/instances/some-id/raiseEvent/E"),  # raiseEvent serves POST only
+        ("POST", "/instances/a/b/c/d/e"),
+        ("POST", "/nothing-here"),
+        ("GET", "/orchestrators/hello_sequence"),  # start serves POST only
+    ],
+)
 async def test_a_path_or_method_no_route_takes_answers_404_with_no_body(hub: Hub, method: str, path: str) -> None:
     async with hub.http.request(method, f"{hub.base}{path}") as response:
         assert (response.status, await response.read()) == (404, b"")
@@ -95,13 +99,15 @@ async def test_a_finished_instance_answers_410_with_no_body(hub: Hub) -> None:
 
 async def test_raise_event_400_bodies(hub: Hub) -> None:
     iid = await hub.client.start_new("approval", f"re-{uuid.uuid4().hex[:6]}", {"timeout": 30})
-    async with hub.http.post(raise_event_url(hub, iid, "Approval"), data="x",
-                             headers={"Content-Type": "text/plain"}) as response:
+    async with hub.http.post(
+        raise_event_url(hub, iid, "Approval"), data="x", headers={"Content-Type": "text/plain"}
+    ) as response:
         assert response.status == 400
         # CreateErrorResponse(BadRequest, message): no exception, so Message only.
         assert await response.json() == {"Message": "Only application/json request content is supported"}
-    async with hub.http.post(raise_event_url(hub, iid, "Approval"), data="{not json",
-                             headers={"Content-Type": "application/json"}) as response:
+    async with hub.http.post(
+        raise_event_url(hub, iid, "Approval"), data="{not json", headers={"Content-Type": "application/json"}
+    ) as response:
         assert response.status == 400
         body = await response.json()
         assert set(body) == {"Message", "ExceptionMessage", "ExceptionType", "StackTrace"}

@@ -62,11 +62,14 @@ async def test_event_before_timer_wins_through_http(hub: Hub) -> None:
     assert status["output"] == "approved:yes"
 
 
-@pytest.mark.parametrize(("body", "received"), [
-    ('{"by": "ann"}', "approved:{'by': 'ann'}"),  # an object token stays an object: the orchestrator gets a dict
-    ('"{\\"by\\": \\"ann\\"}"', 'approved:{"by": "ann"}'),  # a string token stays a string, JSON inside or not
-    ("[1, 2]", "approved:[1, 2]"),
-])
+@pytest.mark.parametrize(
+    ("body", "received"),
+    [
+        ('{"by": "ann"}', "approved:{'by': 'ann'}"),  # an object token stays an object: the orchestrator gets a dict
+        ('"{\\"by\\": \\"ann\\"}"', 'approved:{"by": "ann"}'),  # a string token stays a string, JSON inside or not
+        ("[1, 2]", "approved:[1, 2]"),
+    ],
+)
 async def test_a_raised_event_is_the_posted_json_token_as_it_is(hub: Hub, body: str, received: str) -> None:
     """Conformance: HttpApiHandler.HandleRaiseEventRequestAsync (Azure/azure-functions-durable-extension) parses the
     body with `JToken.Parse` and raises that token; nothing unwraps a string that holds JSON. The Python client's
@@ -137,9 +140,7 @@ async def test_retries_exhausted_fail_the_task_after_the_final_timer(hub: Hub) -
         "retrying", new_id("retry"), {"key": key, "fail_times": 9, "interval_ms": 50, "max_attempts": 3}
     )
     status = await hub.wait(instance_id)
-    assert status["output"] == {
-        "failed": f"Activity function 'flaky' failed: RuntimeError: flaky failure 3 for {key} "
-    }
+    assert status["output"] == {"failed": f"Activity function 'flaky' failed: RuntimeError: flaky failure 3 for {key} "}
     history = hub.engine.store.history(instance_id)
     assert count(history, T.TASK_SCHEDULED) == 3
     assert count(history, T.TASK_FAILED) == 3
@@ -209,8 +210,11 @@ async def test_event_raised_while_a_continue_as_new_episode_runs_reaches_the_new
     release.set()
     await second
     # The execution that received 10 continued as new with 11 (history of the current execution only).
-    await hub.engine.wait_for_history(iid, lambda events: any(
-        e.get("EventType") == T.EXECUTION_STARTED and e.get("Input") == "11" for e in events), WAIT)
+    await hub.engine.wait_for_history(
+        iid,
+        lambda events: any(e.get("EventType") == T.EXECUTION_STARTED and e.get("Input") == "11" for e in events),
+        WAIT,
+    )
     # "stop" through the client would arrive as the JSON text '"stop"' (#295); the raw HTTP body "stop" is the str.
     assert await raise_http(hub, iid, "add", '"stop"') == 202
     status = await hub.wait(iid)

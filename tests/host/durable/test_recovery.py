@@ -59,14 +59,24 @@ async def test_an_instance_recorded_before_the_journal_continues(hubs: HubFactor
     await first.engine.wait_for_history(instance_id, lambda h: any(e["EventType"] == T.TIMER_CREATED for e in h), WAIT)
     await hubs.stop(first)
     with sqlite3.connect(hubs.db_path) as db:
-        (call,) = [json.loads(e) for (e,) in db.execute("SELECT event FROM history WHERE instance_id=?", (instance_id,))
-                   if json.loads(e)["EventType"] == T.TASK_SCHEDULED]
+        (call,) = [
+            json.loads(e)
+            for (e,) in db.execute("SELECT event FROM history WHERE instance_id=?", (instance_id,))
+            if json.loads(e)["EventType"] == T.TASK_SCHEDULED
+        ]
         old_state = {
             "next_seq": 2,
             "recorded": [{"kind": int(A.CALL_ACTIVITY_WITH_RETRY), "name": "flaky"}],
-            "groups": {"0": {"kind": int(A.CALL_ACTIVITY_WITH_RETRY), "name": call["Name"], "input": call["Input"],
-                             "instance_id": f"{instance_id}:0000", "attempt": 1,
-                             "retry": {"firstRetryIntervalInMilliseconds": 100, "maxNumberOfAttempts": 3}}},
+            "groups": {
+                "0": {
+                    "kind": int(A.CALL_ACTIVITY_WITH_RETRY),
+                    "name": call["Name"],
+                    "input": call["Input"],
+                    "instance_id": f"{instance_id}:0000",
+                    "attempt": 1,
+                    "retry": {"firstRetryIntervalInMilliseconds": 100, "maxNumberOfAttempts": 3},
+                }
+            },
             "tasks": {"0": {"group": "0", "role": "call"}, "1": {"group": "0", "role": "timer"}},
         }
         db.execute("UPDATE instances SET state=? WHERE instance_id=?", (json.dumps(old_state), instance_id))
@@ -78,4 +88,6 @@ async def test_an_instance_recorded_before_the_journal_continues(hubs: HubFactor
     assert status["output"] == {"key": key, "attempts": 2}
     scheduled = [e for e in second.engine.store.history(instance_id) if e["EventType"] == T.TASK_SCHEDULED]
     assert [(e["EventId"], e["Name"], e["Input"]) for e in scheduled] == [
-        (0, "flaky", json.dumps(spec)), (2, "flaky", json.dumps(spec))]
+        (0, "flaky", json.dumps(spec)),
+        (2, "flaky", json.dumps(spec)),
+    ]

@@ -107,8 +107,9 @@ async def test_a_start_and_an_event_through_one_host_wake_the_host_that_holds_th
     await until(lambda: len(second.engine.hub.mine) == 2)  # type: ignore[union-attr]
     [instance_id] = ids_in(first, 1, held_by=second, prefix="woken")
     await first.client.start_new("approval", instance_id, {"timeout": 60})
-    await second.engine.wait_for_history(instance_id, lambda events: any(
-        e.get("Name") == "Approval" for e in events) or len(events) >= 3, WAIT)
+    await second.engine.wait_for_history(
+        instance_id, lambda events: any(e.get("Name") == "Approval" for e in events) or len(events) >= 3, WAIT
+    )
     await first.client.raise_event(instance_id, "Approval", "yes")
     # The first host waits on a status the second host's episode writes: the holder wakes it when the instance ends.
     status = await first.wait(instance_id)

@@ -101,9 +101,12 @@ class Hub:
 
     async def until(self, instance_id: str, what: str, predicate: Any) -> list[dict[str, Any]]:
         """Wait (event-driven, bounded) for a history condition; stop early if the instance ended."""
+
         def done(events: list[dict[str, Any]]) -> bool:
-            return bool(predicate(events)) or any(e["EventType"] in (H.EXECUTION_COMPLETED, H.EXECUTION_FAILED)
-                                                  for e in events)
+            return bool(predicate(events)) or any(
+                e["EventType"] in (H.EXECUTION_COMPLETED, H.EXECUTION_FAILED) for e in events
+            )
+
         try:
             events = await self.engine.wait_for_history(instance_id, done, WAIT)
         except TimeoutError:
@@ -127,9 +130,21 @@ async def hub(tmp_path: Path) -> AsyncIterator[Hub]:
 def reply(instance_id: str, step: str, **overrides: Any) -> dict[str, Any]:
     """A reply as the Agent sends it and agent_replies raises it (`AgentReply.to_dict()`)."""
     order_id, attempt = instance_id.rsplit(":", 1)
-    return {"schemaVersion": 1, "type": "AgentReply", "instanceId": instance_id, "orderId": order_id,
-            "attempt": int(attempt), "step": step, "outcome": "succeeded", "permanent": False, "errorCode": None,
-            "error": None, "result": {"ok": True}, "completedAt": "2026-01-01T00:00:01Z", **overrides}
+    return {
+        "schemaVersion": 1,
+        "type": "AgentReply",
+        "instanceId": instance_id,
+        "orderId": order_id,
+        "attempt": int(attempt),
+        "step": step,
+        "outcome": "succeeded",
+        "permanent": False,
+        "errorCode": None,
+        "error": None,
+        "result": {"ok": True},
+        "completedAt": "2026-01-01T00:00:01Z",
+        **overrides,
+    }
 
 
 def bad_replies(instance_id: str, step: str) -> dict[str, Any]:
@@ -150,16 +165,20 @@ async def start(hub: Hub, gate_first_send: bool) -> str:
     if gate_first_send:
         SEND_GATES[f"{instance_id}:{STEPS[0].value}"] = asyncio.Event()
     SENDING[f"{instance_id}:{STEPS[0].value}"] = asyncio.Event()
-    await hub.client.start_new(fn.ORDER_WORKFLOW, instance_id, {
-        "orderId": instance_id.rsplit(":", 1)[0], "attempt": 1, "stepTimeoutSeconds": STEP_TIMEOUT_SECONDS})
+    await hub.client.start_new(
+        fn.ORDER_WORKFLOW,
+        instance_id,
+        {"orderId": instance_id.rsplit(":", 1)[0], "attempt": 1, "stepTimeoutSeconds": STEP_TIMEOUT_SECONDS},
+    )
     return instance_id
 
 
 async def finish_remaining_steps(hub: Hub, instance_id: str) -> dict[str, Any]:
     """Steps 2 and 3: a valid reply each, raised once the Scheduler waits for it (its timer is in the history)."""
     for index, step in enumerate(STEPS[1:], start=2):
-        await hub.until(instance_id, f"the wait of step {step.value}",
-                        lambda events, n=index: count(events, H.TIMER_CREATED) >= n)
+        await hub.until(
+            instance_id, f"the wait of step {step.value}", lambda events, n=index: count(events, H.TIMER_CREATED) >= n
+        )
         await hub.client.raise_event(instance_id, reply_event_name(step.value), reply(instance_id, step.value))
     status = await hub.engine.wait_for_status(instance_id, ("Completed", "Failed", "Terminated"), WAIT)
     return status
@@ -170,7 +189,9 @@ def assert_completed_with_every_valid_reply(status: dict[str, Any], instance_id:
     assert status["output"] == {"outcome": "completed"}
     recorded = RECORDED[instance_id]
     assert [(r["activity"], r.get("step"), r.get("status")) for r in recorded] == [
-        *((fn.RECORD_STEP_RESULT, s.value, "succeeded") for s in STEPS), (fn.FINISH_ORDER, None, None)]
+        *((fn.RECORD_STEP_RESULT, s.value, "succeeded") for s in STEPS),
+        (fn.FINISH_ORDER, None, None),
+    ]
 
 
 def replies_taken_in_a_full_replay(instance_id: str, events: list[dict[str, Any]]) -> list[object]:
@@ -188,8 +209,14 @@ def replies_taken_in_a_full_replay(instance_id: str, events: list[dict[str, Any]
         return original.__func__(cls, value)  # type: ignore[no-any-return]
 
     started = next(e for e in events if e["EventType"] == H.EXECUTION_STARTED)
-    context = {"history": [{**e, "IsPlayed": True} for e in events], "input": started.get("Input"),
-               "instanceId": instance_id, "isReplaying": True, "parentInstanceId": None, "upperSchemaVersion": 0}
+    context = {
+        "history": [{**e, "IsPlayed": True} for e in events],
+        "input": started.get("Input"),
+        "instanceId": instance_id,
+        "isReplaying": True,
+        "parentInstanceId": None,
+        "upperSchemaVersion": 0,
+    }
     AgentReply.from_event = classmethod(recording)  # type: ignore[method-assign, assignment]
     try:
         state = json.loads(handle(json.dumps(context)))
@@ -217,14 +244,16 @@ def assert_bounded(instance_id: str, events: list[dict[str, Any]], ignorable: in
 
 @pytest.mark.parametrize("bad", [("malformed", "mismatched"), ("mismatched", "malformed"), ("wrong-step",)])
 async def test_bad_replies_buffered_before_the_wait_neither_spin_nor_hide_the_valid_reply(
-        hub: Hub, bad: tuple[str, ...]) -> None:
+    hub: Hub, bad: tuple[str, ...]
+) -> None:
     step = STEPS[0].value
     instance_id = await start(hub, gate_first_send=True)
     await asyncio.wait_for(SENDING[f"{instance_id}:{step}"].wait(), WAIT)  # the Scheduler is not waiting yet
     for kind in bad:
         await hub.client.raise_event(instance_id, reply_event_name(step), bad_replies(instance_id, step)[kind])
-    before_wait = await hub.until(instance_id, "the bad replies in the history",
-                                  lambda events: count(events, H.EVENT_RAISED) == len(bad))
+    before_wait = await hub.until(
+        instance_id, "the bad replies in the history", lambda events: count(events, H.EVENT_RAISED) == len(bad)
+    )
     assert count(before_wait, H.TIMER_CREATED) == 0  # buffered: raised before the Scheduler waits
 
     SEND_GATES[f"{instance_id}:{step}"].set()
@@ -237,16 +266,16 @@ async def test_bad_replies_buffered_before_the_wait_neither_spin_nor_hide_the_va
     assert_bounded(instance_id, hub.history(instance_id), ignorable=len(bad))
 
 
-async def test_bad_and_valid_replies_all_buffered_before_the_wait_complete_the_step(
-        hub: Hub) -> None:
+async def test_bad_and_valid_replies_all_buffered_before_the_wait_complete_the_step(hub: Hub) -> None:
     step = STEPS[0].value
     instance_id = await start(hub, gate_first_send=True)
     await asyncio.wait_for(SENDING[f"{instance_id}:{step}"].wait(), WAIT)
     bad = bad_replies(instance_id, step)
     for body in (bad["malformed"], bad["mismatched"], reply(instance_id, step)):
         await hub.client.raise_event(instance_id, reply_event_name(step), body)
-    before_wait = await hub.until(instance_id, "all three replies in the history",
-                                  lambda events: count(events, H.EVENT_RAISED) == 3)
+    before_wait = await hub.until(
+        instance_id, "all three replies in the history", lambda events: count(events, H.EVENT_RAISED) == 3
+    )
     assert count(before_wait, H.TIMER_CREATED) == 0
 
     SEND_GATES[f"{instance_id}:{step}"].set()

@@ -162,15 +162,17 @@ async def test_the_context_is_the_recorded_history_as_replayed_byte_for_byte(hub
             past = sum(1 for e in sent if e["IsPlayed"])
             new = len(sent) - past
             started = next(e for e in recorded if e["EventType"] == T.EXECUTION_STARTED)
-            expected = json.dumps({
-                "history": h.as_replayed(recorded[:past]) + recorded[past : past + new],
-                "instanceId": iid,
-                "isReplaying": past > 0,
-                "parentInstanceId": None,
-                "input": started.get("Input"),
-                "upperSchemaVersion": 2,
-                "upperSchemaVersionNew": 2,
-            })
+            expected = json.dumps(
+                {
+                    "history": h.as_replayed(recorded[:past]) + recorded[past : past + new],
+                    "instanceId": iid,
+                    "isReplaying": past > 0,
+                    "parentInstanceId": None,
+                    "input": started.get("Input"),
+                    "upperSchemaVersion": 2,
+                    "upperSchemaVersionNew": 2,
+                }
+            )
             assert text == expected
 
 
@@ -209,8 +211,13 @@ async def test_an_episode_whose_inbox_was_consumed_meanwhile_writes_nothing(hub:
 async def test_messages_of_an_older_execution_go_in_the_next_episodes_commit(hub: Hub) -> None:
     instance_id = await waiting_on_approval(hub)
     store = hub.engine.store
-    store.send(Message(instance_id, "an-older-execution", h.event_raised(h.parse_time("2030-01-01T00:00:00Z"),
-                                                                           "Approval", '"stale"')))
+    store.send(
+        Message(
+            instance_id,
+            "an-older-execution",
+            h.event_raised(h.parse_time("2030-01-01T00:00:00Z"), "Approval", '"stale"'),
+        )
+    )
     before = store.stats.snapshot()
     await hub.client.raise_event(instance_id, "Approval", "ok")
     assert (await hub.wait(instance_id))["output"] == 'approved:"ok"'
@@ -225,7 +232,11 @@ async def test_an_activity_result_whose_work_item_went_meanwhile_is_not_recorded
     store = hub.engine.store
     before = store.stats.snapshot()
     store.work_exists = lambda work_id: True  # type: ignore[method-assign]  # the read saw it
-    assert store.complete_work(12345, Message(instance_id, "x", h.task_completed(h.parse_time("2030-01-01T00:00:00Z"),
-                                                                                 0, "1"))) is False
+    assert (
+        store.complete_work(
+            12345, Message(instance_id, "x", h.task_completed(h.parse_time("2030-01-01T00:00:00Z"), 0, "1"))
+        )
+        is False
+    )
     assert store.stats.rollbacks == before.rollbacks + 1 and store.stats.commits == before.commits
     assert store.pending(instance_id, "x").messages == []

@@ -57,10 +57,7 @@ def test_nondeterminism_names_expected_and_actual() -> None:
     message = nondeterminism(recorded, replay, finished=True)
     assert message is not None and "CallActivity 'A'" in message and "CallActivity 'B'" in message
     assert (
-        nondeterminism(
-            recorded, flatten([{"actionType": A.CALL_ACTIVITY, "functionName": "A"}]), finished=True
-        )
-        is None
+        nondeterminism(recorded, flatten([{"actionType": A.CALL_ACTIVITY, "functionName": "A"}]), finished=True) is None
     )
     assert "nothing" in (nondeterminism(recorded, [], finished=True) or "")
 

@@ -22,8 +22,9 @@ MESSAGES = [f"burst-{i:03d}" for i in range(60)]
 async def _start_all(host: HostedSample) -> None:
     async with aiohttp.ClientSession() as s:
         for instance in INSTANCES:
-            async with s.post(f"{host.url}/api/orchestrators/slow_chain/{instance}?code={host.function_key()}",
-                              json=0.4) as r:
+            async with s.post(
+                f"{host.url}/api/orchestrators/slow_chain/{instance}?code={host.function_key()}", json=0.4
+            ) as r:
                 assert r.status == 202
 
 
@@ -56,8 +57,11 @@ async def test_kill_9_mid_flight_loses_no_instance_and_no_message(make_host) -> 
             break
         time.sleep(0.2)
     assert statuses == {i: "Completed" for i in INSTANCES}
-    worked = wait_until(lambda: {r["id"] for r in host.records("work")} >= set(MESSAGES) and
-                        {r["id"] for r in host.records("work")}, timeout=60, what="every message processed")
+    worked = wait_until(
+        lambda: {r["id"] for r in host.records("work")} >= set(MESSAGES) and {r["id"] for r in host.records("work")},
+        timeout=60,
+        what="every message processed",
+    )
     assert worked == set(MESSAGES)
     # At-least-once: every activity of every instance ran, some possibly twice (interrupted by the kill).
     for instance in INSTANCES:

@@ -23,15 +23,48 @@ from lab.system import ROOT
 # Every command of `python -m devhost` and the options each one documents (docs/devhost.md shows the same synopsis).
 COMMANDS = {
     "start": {"--app-dir", "--port", "--state-dir", "--log-level"},
-    "demo": {"--orders", "--seed", "--transient-failure-rate", "--permanent-failure-rate", "--hang-rate", "--timeout",
-             "--work-dir", "--hosts", "--json"},
-    "submit": {"--app-dir", "--connection", "--order-id", "--file", "--count", "--reply-to", "--wait", "--json",
-               "--host-port"},
+    "demo": {
+        "--orders",
+        "--seed",
+        "--transient-failure-rate",
+        "--permanent-failure-rate",
+        "--hang-rate",
+        "--timeout",
+        "--work-dir",
+        "--hosts",
+        "--json",
+    },
+    "submit": {
+        "--app-dir",
+        "--connection",
+        "--order-id",
+        "--file",
+        "--count",
+        "--reply-to",
+        "--wait",
+        "--json",
+        "--host-port",
+    },
     "queues": {"--app-dir", "--connection", "--peek", "--json"},
     "cancel": {"--app-dir", "--connection", "--reason", "--reply-to", "--wait", "--no-check"},
-    "drill": {"--orders", "--kills", "--min-gap", "--max-gap", "--seed", "--settings", "--servicebus-config",
-              "--timeout", "--work-dir", "--json", "--outage-after", "--outage-for", "--set", "--hang-seconds",
-              "--latency-ms", "--restart"},
+    "drill": {
+        "--orders",
+        "--kills",
+        "--min-gap",
+        "--max-gap",
+        "--seed",
+        "--settings",
+        "--servicebus-config",
+        "--timeout",
+        "--work-dir",
+        "--json",
+        "--outage-after",
+        "--outage-for",
+        "--set",
+        "--hang-seconds",
+        "--latency-ms",
+        "--restart",
+    },
     "drills": {"--quick", "--only", "--out", "--timeout"},
     "up": {"--app-dir", "--state-dir", "--port", "--simulator-port", "--timeout"},
     "down": {"--app-dir", "--state-dir", "--timeout"},
@@ -42,8 +75,14 @@ def _help(*command: str) -> str:
     """`python -m devhost [COMMAND] --help`: the top level as a subprocess (the command as a user runs it), each
     command in-process from the same parser (a subprocess each cost a second of imports)."""
     if not command:
-        return subprocess.run([sys.executable, "-m", "devhost", "--help"], capture_output=True, text=True,
-                              cwd=ROOT, check=True, env={**os.environ, "COLUMNS": "200"}).stdout
+        return subprocess.run(
+            [sys.executable, "-m", "devhost", "--help"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=True,
+            env={**os.environ, "COLUMNS": "200"},
+        ).stdout
     from devhost.__main__ import _parser
 
     out = io.StringIO()
@@ -80,8 +119,11 @@ def test_help_documents_every_command_and_option() -> None:
         described = _described_options(_help(command))
         assert set(described) == options | {"--help"}, command
         assert all(text.strip() for text in described.values()), command
-        documented = set(re.findall(r"--[\w-]+", synopsis.split(f"python -m devhost {command} ", 1)[1].split(
-            "python -m devhost ", 1)[0]))
+        documented = set(
+            re.findall(
+                r"--[\w-]+", synopsis.split(f"python -m devhost {command} ", 1)[1].split("python -m devhost ", 1)[0]
+            )
+        )
         assert documented == options, f"docs/devhost.md synopsis of {command}"
 
 
@@ -90,8 +132,12 @@ def test_prints_the_function_list_like_func_start(host: HostedSample) -> None:
     # Core Tools prints "Functions:" then one line per function, http ones with methods and URL.
     assert "Functions:" in log
     assert f"http_start: [POST] {host.url}/api/orchestrators/{{functionName}}/{{instanceId?}}" in log
-    for name, trigger in (("tick", "timerTrigger"), ("work", "serviceBusTrigger"),
-                          ("slow_chain", "orchestrationTrigger"), ("slow_step", "activityTrigger")):
+    for name, trigger in (
+        ("tick", "timerTrigger"),
+        ("work", "serviceBusTrigger"),
+        ("slow_chain", "orchestrationTrigger"),
+        ("slow_step", "activityTrigger"),
+    ):
         assert f"{name}: {trigger}" in log
 
 
@@ -117,8 +163,9 @@ async def test_http_trigger_routes_methods_and_auth_levels(host: HostedSample) -
 
 async def test_orchestration_started_over_http_completes(host: HostedSample) -> None:
     async with aiohttp.ClientSession() as s:
-        async with s.post(f"{host.url}/api/orchestrators/slow_chain/chain-1?code={host.function_key()}",
-                          json=0.05) as r:
+        async with s.post(
+            f"{host.url}/api/orchestrators/slow_chain/chain-1?code={host.function_key()}", json=0.05
+        ) as r:
             assert r.status == 202
             payload = await r.json()
         assert payload["id"] == "chain-1"
@@ -134,8 +181,11 @@ async def test_orchestration_started_over_http_completes(host: HostedSample) -> 
 
 def test_service_bus_trigger_passes_message_properties(host: HostedSample) -> None:
     with host.bus.get_queue_sender("work") as sender:
-        sender.send_messages(ServiceBusMessage("hello", message_id="m-1", application_properties={"k": "v"},
-                                               reply_to="replies", correlation_id="c-1"))
+        sender.send_messages(
+            ServiceBusMessage(
+                "hello", message_id="m-1", application_properties={"k": "v"}, reply_to="replies", correlation_id="c-1"
+            )
+        )
     rec = wait_until(lambda: host.records("work"), what="work record")[0]
     assert rec["id"] == "m-1" and rec["body"] == "hello" and rec["delivery"] == 1
     assert rec["props"] == {"k": "v"} and rec["reply_to"] == "replies" and rec["correlation_id"] == "c-1"
@@ -179,8 +229,9 @@ def test_failing_function_abandons_until_max_delivery_count_then_dead_letters(ho
 def test_sessions_are_fifo_and_exclusive(host: HostedSample) -> None:
     with host.bus.get_queue_sender("work-sessions") as sender:
         for seq in range(10):
-            sender.send_messages([ServiceBusMessage(str(seq), session_id=f"s{n}", message_id=f"s{n}-{seq}")
-                                  for n in range(4)])
+            sender.send_messages(
+                [ServiceBusMessage(str(seq), session_id=f"s{n}", message_id=f"s{n}-{seq}") for n in range(4)]
+            )
     records = wait_until(lambda: len(host.records("session")) >= 40 and host.records("session"), what="40 records")
     by_session: dict[str, list[int]] = defaultdict(list)
     for r in records:
@@ -204,8 +255,13 @@ def test_concurrency_is_bounded_by_host_json(host: HostedSample) -> None:
     with host.bus.get_queue_sender("work") as sender:
         sender.send_messages([ServiceBusMessage(f"slow {i}", message_id=f"c-{i}") for i in range(16)])
     with host.bus.get_queue_sender("work-sessions") as sender:
-        sender.send_messages([ServiceBusMessage(str(seq), session_id=f"p{n}", message_id=f"p{n}-{seq}")
-                              for n in range(8) for seq in range(3)])
+        sender.send_messages(
+            [
+                ServiceBusMessage(str(seq), session_id=f"p{n}", message_id=f"p{n}-{seq}")
+                for n in range(8)
+                for seq in range(3)
+            ]
+        )
     work = wait_until(lambda: len(host.records("work")) >= 16 and host.records("work"), what="16 messages")
     sessions = wait_until(lambda: len(host.records("session")) >= 24 and host.records("session"), what="24 msgs")
     assert 2 <= _peak_overlap(work) <= 4
@@ -215,8 +271,9 @@ def test_concurrency_is_bounded_by_host_json(host: HostedSample) -> None:
 
 def test_sdk_type_binding_settles_from_the_function(host: HostedSample) -> None:
     with host.bus.get_queue_sender("sdk") as sender:
-        sender.send_messages([ServiceBusMessage("fine", message_id="ok-1"),
-                              ServiceBusMessage("poison!", message_id="poison-1")])
+        sender.send_messages(
+            [ServiceBusMessage("fine", message_id="ok-1"), ServiceBusMessage("poison!", message_id="poison-1")]
+        )
     wait_until(lambda: len(host.records("sdk")) >= 2, what="two sdk records")
     with host.bus.get_queue_receiver("sdk", sub_queue=ServiceBusSubQueue.DEAD_LETTER) as r:
         dlq = wait_until(lambda: list(r.peek_messages(max_message_count=10)), what="dlq")
@@ -266,7 +323,8 @@ def test_idle_devhost_uses_almost_no_cpu(host: HostedSample) -> None:
 
 
 def test_demo_refuses_fewer_than_one_host_in_one_line() -> None:
-    done = subprocess.run([sys.executable, "-m", "devhost", "demo", "--hosts", "0"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "devhost", "demo", "--hosts", "0"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2
     assert done.stderr.strip() == "devhost demo: --hosts must be at least 1"

@@ -59,12 +59,15 @@ def test_keys_compare_case_insensitively_and_keep_host_jsons_spelling(tmp_path: 
 
 def test_a_key_host_json_lacks_is_added_as_text_and_bound_as_the_option_reads_it(tmp_path: Path) -> None:
     app_dir = _app(tmp_path, {"version": "2.0"})
-    config = HostConfig.load(app_dir, environ={
-        DEFAULT_VERSION: "3.0",
-        "AzureFunctionsJobHost__extensions__serviceBus__maxConcurrentCalls": "3",
-        "AzureFunctionsJobHost__extensions__serviceBus__sessionIdleTimeout": "00:00:05",
-        "AzureFunctionsJobHost__extensions__durableTask__versionMatchStrategy": "strict",
-    })
+    config = HostConfig.load(
+        app_dir,
+        environ={
+            DEFAULT_VERSION: "3.0",
+            "AzureFunctionsJobHost__extensions__serviceBus__maxConcurrentCalls": "3",
+            "AzureFunctionsJobHost__extensions__serviceBus__sessionIdleTimeout": "00:00:05",
+            "AzureFunctionsJobHost__extensions__durableTask__versionMatchStrategy": "strict",
+        },
+    )
     assert config.durable_options().default_version == "3.0"
     assert config.durable_options().version_match_strategy == "Strict"
     options = config.service_bus_options()
@@ -82,12 +85,15 @@ def test_local_settings_values_override_and_the_environment_wins_over_them(tmp_p
 
 def test_other_settings_and_settings_naming_an_object_change_nothing() -> None:
     host_json = {"extensions": {"durableTask": {"defaultVersion": "2.0"}}, "functions": ["a", "b"]}
-    result, applied = apply_host_json_overrides(host_json, {
-        "extensions__durableTask__defaultVersion": "9.0",  # no prefix
-        "AzureFunctionsJobHost__extensions": "x",  # an object: the binder binds its children
-        "AzureFunctionsJobHost__extensions____defaultVersion": "x",  # an empty segment
-        "AzureFunctionsJobHost__functions__1": "c",  # a list element by its index
-    })
+    result, applied = apply_host_json_overrides(
+        host_json,
+        {
+            "extensions__durableTask__defaultVersion": "9.0",  # no prefix
+            "AzureFunctionsJobHost__extensions": "x",  # an object: the binder binds its children
+            "AzureFunctionsJobHost__extensions____defaultVersion": "x",  # an empty segment
+            "AzureFunctionsJobHost__functions__1": "c",  # a list element by its index
+        },
+    )
     assert result == {"extensions": {"durableTask": {"defaultVersion": "2.0"}}, "functions": ["a", "c"]}
     assert applied == {"functions.1": "c"}
     assert host_json["functions"] == ["a", "b"]  # the input is not changed
@@ -106,8 +112,8 @@ def test_a_real_devhost_starts_instances_with_the_overridden_default_version(
     # tests/host/sample_host_app's host.json has no defaultVersion: the app setting alone gives its instances "7.0".
     host = make_host(**{DEFAULT_VERSION: "7.0"}).start()
     request = urllib.request.Request(
-        f"{host.url}/api/orchestrators/slow_chain/override-1?code={host.function_key()}", data=b"0.01",
-        method="POST")
+        f"{host.url}/api/orchestrators/slow_chain/override-1?code={host.function_key()}", data=b"0.01", method="POST"
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         status_uri = json.loads(response.read())["statusQueryGetUri"]
 

@@ -55,8 +55,16 @@ async def test_a_timer_whose_lock_another_host_holds_does_not_run_until_it_gets_
 
     holder = ListenerLock(tmp_path, "Starter", process=other_live_process())
     assert holder.try_acquire()
-    runner = TimerRunner("Starter", "*/1 * * * * *", run_on_startup=True, use_monitor=False, state_dir=tmp_path,
-                         invoke=invoke, lock=ListenerLock(tmp_path, "Starter"), recovery_poll=0.2)
+    runner = TimerRunner(
+        "Starter",
+        "*/1 * * * * *",
+        run_on_startup=True,
+        use_monitor=False,
+        state_dir=tmp_path,
+        invoke=invoke,
+        lock=ListenerLock(tmp_path, "Starter"),
+        recovery_poll=0.2,
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(runner.run(stop))
     await asyncio.sleep(0.5)
@@ -79,8 +87,11 @@ def _config(tmp_path: Path, host_json: str) -> HostConfig:
 
 
 def test_partition_count_and_the_recovery_poll_come_from_host_json(tmp_path: Path) -> None:
-    config = _config(tmp_path, '{"version": "2.0", "singleton": {"listenerLockRecoveryPollingInterval": "00:00:02"},'
-                               ' "extensions": {"durableTask": {"storageProvider": {"partitionCount": 8}}}}')
+    config = _config(
+        tmp_path,
+        '{"version": "2.0", "singleton": {"listenerLockRecoveryPollingInterval": "00:00:02"},'
+        ' "extensions": {"durableTask": {"storageProvider": {"partitionCount": 8}}}}',
+    )
     assert config.durable_options().partition_count == 8
     assert config.listener_lock_recovery_seconds() == 2.0
     defaults = _config(tmp_path, '{"version": "2.0"}')
@@ -91,8 +102,11 @@ def test_partition_count_and_the_recovery_poll_come_from_host_json(tmp_path: Pat
 @pytest.mark.parametrize("count", [0, 17, "many"])
 def test_a_partition_count_outside_1_to_16_stops_the_host(tmp_path: Path, count: object) -> None:
     # AzureStorageOrchestrationService: "The number of partitions must be a positive integer and no greater than 16."
-    config = _config(tmp_path, '{"version": "2.0", "extensions": {"durableTask": {"storageProvider": '
-                               f'{{"partitionCount": {count!r}}}}}}}}}'.replace("'", '"'))
+    config = _config(
+        tmp_path,
+        '{"version": "2.0", "extensions": {"durableTask": {"storageProvider": '
+        f'{{"partitionCount": {count!r}}}}}}}}}'.replace("'", '"'),
+    )
     with pytest.raises(ConfigError, match="no greater than 16"):
         config.durable_options()
 

@@ -39,8 +39,9 @@ class ManualClock:
         return self.now
 
 
-async def _run_once(tmp_path: Path, clock: ManualClock, function: Callable[[func.ServiceBusMessage], None],
-                    body: str) -> tuple[EmbeddedBroker, list[func.ServiceBusMessage]]:
+async def _run_once(
+    tmp_path: Path, clock: ManualClock, function: Callable[[func.ServiceBusMessage], None], body: str
+) -> tuple[EmbeddedBroker, list[func.ServiceBusMessage]]:
     """Send one message, let a plain auto-completing trigger runner handle exactly one delivery of it, stop the
     runner once that delivery is settled (on_done runs after the settlement); return a view of the broker."""
     client = aio_bus_from_connection_string(f"Endpoint=embedded://{tmp_path / 'bus.db'}", clock=clock)
@@ -56,9 +57,16 @@ async def _run_once(tmp_path: Path, clock: ManualClock, function: Callable[[func
         function(message)
 
     options = HostConfig(app_dir=tmp_path, host_json={"extensions": {"serviceBus": {"maxConcurrentCalls": 1}}})
-    runner = ServiceBusTriggerRunner("plain_fn", QUEUE, client=client, sessions=False, auto_complete=True,
-                                     options=options.service_bus_options(), invoke=invoke,
-                                     on_done=lambda delivery: stop.set())
+    runner = ServiceBusTriggerRunner(
+        "plain_fn",
+        QUEUE,
+        client=client,
+        sessions=False,
+        auto_complete=True,
+        options=options.service_bus_options(),
+        invoke=invoke,
+        on_done=lambda delivery: stop.set(),
+    )
     try:
         await asyncio.wait_for(runner.run(stop), WAIT)
     finally:

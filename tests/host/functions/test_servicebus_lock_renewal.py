@@ -71,17 +71,23 @@ class Running:
             await self.clock.advance(1, settle_timeout)
 
 
-async def _running(tmp_path: Path, *, queue: str, sessions: bool, function: Function,
-                   max_renewal_s: float = 300.0) -> AsyncIterator[Running]:
+async def _running(
+    tmp_path: Path, *, queue: str, sessions: bool, function: Function, max_renewal_s: float = 300.0
+) -> AsyncIterator[Running]:
     clock = SteppedClock()
     conn = f"Endpoint=embedded://{tmp_path / 'bus.db'};ConfigFile={REPO / 'servicebus.config.json'}"
     client = aio_bus_from_connection_string(conn, clock=clock)
     client.broker.declare_queue(PLAIN, lock_duration=LOCK, max_delivery_count=5)
     # sessionIdleTimeout long enough that the session stays held while the test moves the clock between messages.
-    options = ServiceBusOptions(max_concurrent_calls=1, max_concurrent_sessions=1, session_idle_timeout_s=WAIT,
-                                max_auto_lock_renewal_s=max_renewal_s)
-    runner = ServiceBusTriggerRunner("fn", queue, client=client, sessions=sessions, auto_complete=True,
-                                     options=options, invoke=function, clock=clock)
+    options = ServiceBusOptions(
+        max_concurrent_calls=1,
+        max_concurrent_sessions=1,
+        session_idle_timeout_s=WAIT,
+        max_auto_lock_renewal_s=max_renewal_s,
+    )
+    runner = ServiceBusTriggerRunner(
+        "fn", queue, client=client, sessions=sessions, auto_complete=True, options=options, invoke=function, clock=clock
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(runner.run(stop))
     try:

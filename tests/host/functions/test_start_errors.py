@@ -25,12 +25,22 @@ from lab.system import ROOT
 
 def start(app_dir: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    env.update({"SAMPLE_OUT": str(tmp / "out.jsonl"), "TickSchedule": "0 0 0 1 1 *",
-                "ServiceBusConnection": f"Endpoint=embedded://{tmp / 'bus.db'};ConfigFile="
-                                        f"{SAMPLE / 'servicebus.config.json'}"})
-    return subprocess.run([sys.executable, "-m", "devhost", "start", "--app-dir", str(app_dir),
-                           "--state-dir", str(tmp / "state"), *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    env.update(
+        {
+            "SAMPLE_OUT": str(tmp / "out.jsonl"),
+            "TickSchedule": "0 0 0 1 1 *",
+            "ServiceBusConnection": f"Endpoint=embedded://{tmp / 'bus.db'};ConfigFile="
+            f"{SAMPLE / 'servicebus.config.json'}",
+        }
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "devhost", "start", "--app-dir", str(app_dir), "--state-dir", str(tmp / "state"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture()

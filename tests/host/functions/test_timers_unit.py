@@ -29,8 +29,10 @@ def test_invalid_schedules_are_refused(bad: str) -> None:
         parse_schedule(bad)
 
 
-@pytest.mark.parametrize(("schedule", "monitor"), [("*/10 * * * * *", False), ("*/30 * * * * *", False),
-                                                   ("0 * * * * *", True), ("0 0 */2 * * *", True)])
+@pytest.mark.parametrize(
+    ("schedule", "monitor"),
+    [("*/10 * * * * *", False), ("*/30 * * * * *", False), ("0 * * * * *", True), ("0 0 */2 * * *", True)],
+)
 def test_use_monitor_defaults_to_true_only_for_intervals_of_a_minute_or_more(schedule: str, monitor: bool) -> None:
     assert default_use_monitor(schedule, T0) is monitor
 
@@ -43,10 +45,18 @@ def test_use_monitor_defaults_to_true_only_for_intervals_of_a_minute_or_more(sch
 # (AutoReset = false) timer only after the invocation, from `Next = GetNextOccurrence(invocation time)`, and
 # GetNextTimerInterval turns an interval that is already negative into one tick.
 
-def _runner(expression: str, clock: Callable[[], datetime], invoke: Callable[[dict[str, Any]], Awaitable[None]],
-            tmp_path: Path, *, run_on_startup: bool = False) -> TimerRunner:
-    return TimerRunner("t", expression, run_on_startup=run_on_startup, use_monitor=False, state_dir=tmp_path,
-                       invoke=invoke, now=clock)
+
+def _runner(
+    expression: str,
+    clock: Callable[[], datetime],
+    invoke: Callable[[dict[str, Any]], Awaitable[None]],
+    tmp_path: Path,
+    *,
+    run_on_startup: bool = False,
+) -> TimerRunner:
+    return TimerRunner(
+        "t", expression, run_on_startup=run_on_startup, use_monitor=False, state_dir=tmp_path, invoke=invoke, now=clock
+    )
 
 
 async def test_run_on_startup_invokes_once_at_start_though_nothing_is_due(tmp_path: Path) -> None:
@@ -100,7 +110,8 @@ async def test_an_execution_that_outlasts_its_period_never_overlaps_the_next(tmp
 
 
 async def test_missed_occurrences_during_a_long_execution_collapse_into_one_immediate_invocation(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     # Real time plus an offset that an execution moves forward to say how long it "took".
     base, started = datetime(2026, 1, 1, 0, 0, 9, 950000, tzinfo=UTC), time.monotonic()
     offset = timedelta()

@@ -132,9 +132,7 @@ def retrying(context: df.DurableOrchestrationContext):
 def retrying_pair(context: df.DurableOrchestrationContext):
     """Two with-retry calls in parallel plus a plain call: retry timers interleave with other tasks."""
     spec = context.get_input()
-    options = df.RetryOptions(
-        first_retry_interval_in_milliseconds=spec["interval_ms"], max_number_of_attempts=4
-    )
+    options = df.RetryOptions(first_retry_interval_in_milliseconds=spec["interval_ms"], max_number_of_attempts=4)
     first = context.call_activity_with_retry("flaky", options, {"key": spec["a"], "fail_times": 2})
     second = context.call_activity_with_retry("flaky", options, {"key": spec["b"], "fail_times": 1})
     plain = context.call_activity("say_hello", "pair")

@@ -25,8 +25,9 @@ def record(kind: str, **data: object) -> None:
 @app.route(route="orchestrators/{functionName}/{instanceId?}", methods=["POST"])
 @app.durable_client_input(client_name="client")
 async def http_start(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
-    instance_id = await client.start_new(req.route_params["functionName"], req.route_params.get("instanceId"),
-                                         req.get_json() if req.get_body() else None)
+    instance_id = await client.start_new(
+        req.route_params["functionName"], req.route_params.get("instanceId"), req.get_json() if req.get_body() else None
+    )
     return client.create_check_status_response(req, instance_id)
 
 
@@ -46,8 +47,9 @@ def slow_chain(context: df.DurableOrchestrationContext):  # type: ignore[no-unty
     seconds = float(context.get_input() or 0.3)
     results = []
     for i in range(3):
-        results.append((yield context.call_activity("slow_step", {"i": i, "seconds": seconds,
-                                                                   "instance": context.instance_id})))
+        results.append(
+            (yield context.call_activity("slow_step", {"i": i, "seconds": seconds, "instance": context.instance_id}))
+        )
         if i == 1:
             yield context.create_timer(context.current_utc_datetime + timedelta(seconds=seconds))
     return results
@@ -79,26 +81,41 @@ def work(msg: func.ServiceBusMessage) -> None:
         raise RuntimeError("asked to fail")
     if body.startswith("slow"):
         time.sleep(0.2)
-    record("work", id=msg.message_id, start=started, delivery=msg.delivery_count, body=body,
-           props=msg.application_properties, reply_to=msg.reply_to, correlation_id=msg.correlation_id)
+    record(
+        "work",
+        id=msg.message_id,
+        start=started,
+        delivery=msg.delivery_count,
+        body=body,
+        props=msg.application_properties,
+        reply_to=msg.reply_to,
+        correlation_id=msg.correlation_id,
+    )
 
 
-@app.service_bus_queue_trigger(arg_name="msg", queue_name="%SessionQueue%", connection="ServiceBusConnection",
-                               is_sessions_enabled=True)
+@app.service_bus_queue_trigger(
+    arg_name="msg", queue_name="%SessionQueue%", connection="ServiceBusConnection", is_sessions_enabled=True
+)
 async def ordered(msg: func.ServiceBusMessage) -> None:
     started = time.time()
     await asyncio.sleep(0.05)
     record("session", session=msg.session_id, seq=int(msg.get_body().decode()), id=msg.message_id, start=started)
 
 
-@app.service_bus_queue_trigger(arg_name="msg", queue_name="%SdkQueue%", connection="ServiceBusConnection",
-                               auto_complete_messages=False)
-async def settle_yourself(msg: servicebus.ServiceBusReceivedMessage,
-                          message_actions: servicebus.ServiceBusMessageActions) -> None:
+@app.service_bus_queue_trigger(
+    arg_name="msg", queue_name="%SdkQueue%", connection="ServiceBusConnection", auto_complete_messages=False
+)
+async def settle_yourself(
+    msg: servicebus.ServiceBusReceivedMessage, message_actions: servicebus.ServiceBusMessageActions
+) -> None:
     body = b"".join(msg.body).decode()
     if body.startswith("poison"):
-        await asyncio.to_thread(message_actions.deadletter, msg, deadletter_reason="InvalidField:body",
-                                deadletter_error_description="body says poison")
+        await asyncio.to_thread(
+            message_actions.deadletter,
+            msg,
+            deadletter_reason="InvalidField:body",
+            deadletter_error_description="body says poison",
+        )
     else:
         await asyncio.to_thread(message_actions.complete, msg)
     record("sdk", id=msg.message_id, body=body)

@@ -40,9 +40,7 @@ def registry() -> DeliveryRegistry:
 
 
 @pytest.fixture
-def settlement(
-    host_loop: HostLoop, registry: DeliveryRegistry, isolated_argv: list[str]
-) -> Iterator[SettlementServer]:
+def settlement(host_loop: HostLoop, registry: DeliveryRegistry, isolated_argv: list[str]) -> Iterator[SettlementServer]:
     """A running Settlement server, with ServiceBusMessageActions.get_instance() pointed at it."""
     server = SettlementServer(
         registry.lookup, host_loop.loop, lookup_session=registry.lookup_session, settle_timeout_s=10.0

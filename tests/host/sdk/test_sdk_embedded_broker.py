@@ -69,9 +69,7 @@ def _serve_one(
 
     async def main() -> None:
         async with client.get_queue_sender(queue) as sender:
-            await sender.send_messages(
-                ServiceBusMessage('{"orderId": "o-1"}', message_id="o-1", session_id=session_id)
-            )
+            await sender.send_messages(ServiceBusMessage('{"orderId": "o-1"}', message_id="o-1", session_id=session_id))
         runner = ServiceBusTriggerRunner(
             "submit",
             queue,
@@ -90,9 +88,7 @@ def _serve_one(
     return done[0]
 
 
-async def _drain(
-    client: ServiceBusClient, queue: str, sub_queue: ServiceBusSubQueue | None = None
-) -> list[Any]:
+async def _drain(client: ServiceBusClient, queue: str, sub_queue: ServiceBusSubQueue | None = None) -> list[Any]:
     async with client.get_queue_receiver(queue, sub_queue=sub_queue) as receiver:
         return await receiver.receive_messages(max_message_count=10, max_wait_time=0.2)
 
@@ -171,9 +167,7 @@ def test_session_state_set_by_the_function_is_stored_on_the_session(
         states.append(await delivery.receiver.session.get_state())
 
     try:
-        delivery = _serve_one(
-            host_loop, client, queue, registry, function, session_id="o-1", inspect=session_state
-        )
+        delivery = _serve_one(host_loop, client, queue, registry, function, session_id="o-1", inspect=session_state)
     finally:
         host_loop.run(client.close())
         broker.close()

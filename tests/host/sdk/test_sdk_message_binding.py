@@ -90,9 +90,7 @@ def test_model_binding_data_has_the_host_layout() -> None:
         "AzureServiceBusReceivedMessage",
         "application/octet-stream",
     )
-    assert (
-        mbd.content[:16] == token.bytes_le
-    )  # .NET Guid.ToByteArray() order; utils.get_lock_token reads bytes_le
+    assert mbd.content[:16] == token.bytes_le  # .NET Guid.ToByteArray() order; utils.get_lock_token reads bytes_le
     amqp = mbd.content[16:]
     assert amqp.startswith(b"\x00Sp")  # header section first (AMQP 1.0 §3.2), as in the host-captured sample
     annotations_at = amqp.index(b"\x00Sq")  # then delivery annotations holding the lock token as an AMQP uuid

@@ -51,9 +51,7 @@ def test_abandon_and_defer(
     assert delivery.settled
 
 
-def test_deadletter_passes_reason_and_description(
-    settlement: SettlementServer, registry: DeliveryRegistry
-) -> None:
+def test_deadletter_passes_reason_and_description(settlement: SettlementServer, registry: DeliveryRegistry) -> None:
     delivery = in_flight(registry)
     ServiceBusMessageActions.get_instance().deadletter(
         to_sdk_message(delivery.message),
@@ -70,9 +68,7 @@ def test_deadletter_passes_reason_and_description(
     assert delivery.settled
 
 
-def test_deadletter_without_reason_sends_none(
-    settlement: SettlementServer, registry: DeliveryRegistry
-) -> None:
+def test_deadletter_without_reason_sends_none(settlement: SettlementServer, registry: DeliveryRegistry) -> None:
     # The client leaves the StringValue wrappers unset when no reason is given (serviceBusMessageActions.py).
     delivery = in_flight(registry)
     ServiceBusMessageActions.get_instance().deadletter(to_sdk_message(delivery.message))
@@ -93,9 +89,7 @@ def test_unknown_lock_token_is_not_found(settlement: SettlementServer, registry:
     assert _status(info.value) == grpc.StatusCode.NOT_FOUND
 
 
-def test_finished_delivery_is_no_longer_found(
-    settlement: SettlementServer, registry: DeliveryRegistry
-) -> None:
+def test_finished_delivery_is_no_longer_found(settlement: SettlementServer, registry: DeliveryRegistry) -> None:
     delivery = in_flight(registry)
     registry.remove(delivery)  # the runner's on_done hook
     with pytest.raises(SettlementError) as info:
@@ -114,9 +108,7 @@ def test_second_settlement_is_refused(settlement: SettlementServer, registry: De
     assert [c[0] for c in delivery.receiver.calls] == ["complete"]
 
 
-def test_lock_lost_surfaces_as_settlement_error(
-    settlement: SettlementServer, registry: DeliveryRegistry
-) -> None:
+def test_lock_lost_surfaces_as_settlement_error(settlement: SettlementServer, registry: DeliveryRegistry) -> None:
     receiver = RecordingReceiver()
     receiver.fail_with = MessageLockLostError(message="lock expired")
     delivery = in_flight(registry, receiver=receiver)
@@ -174,9 +166,7 @@ def test_concurrent_settlements_each_reach_their_delivery(
 ) -> None:
     deliveries = [in_flight(registry) for _ in range(16)]
     actions = ServiceBusMessageActions.get_instance()
-    threads = [
-        threading.Thread(target=actions.complete, args=(to_sdk_message(d.message),)) for d in deliveries
-    ]
+    threads = [threading.Thread(target=actions.complete, args=(to_sdk_message(d.message),)) for d in deliveries]
     for t in threads:
         t.start()
     for t in threads:
@@ -184,9 +174,7 @@ def test_concurrent_settlements_each_reach_their_delivery(
     assert all(d.settled and d.receiver.calls == [("complete", d.message, {})] for d in deliveries)
 
 
-def test_stopped_loop_fails_the_call_instead_of_hanging(
-    registry: DeliveryRegistry, isolated_argv: list[str]
-) -> None:
+def test_stopped_loop_fails_the_call_instead_of_hanging(registry: DeliveryRegistry, isolated_argv: list[str]) -> None:
     with HostLoop() as hl:
         loop = hl.loop
     delivery = in_flight(registry)

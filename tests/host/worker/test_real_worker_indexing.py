@@ -29,8 +29,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 CORPUS = Path(__file__).resolve().parent / "apps"
 WORKER_PYTHON = Path(os.environ.get("ORDERFLOW_WORKER_PYTHON", ROOT / ".venv-worker" / "bin" / "python"))
-APPS = {"product": ROOT, "sample_app": ROOT / "tests" / "host" / "sample_app",
-        "sample_host_app": ROOT / "tests" / "host" / "sample_host_app"}
+APPS = {
+    "product": ROOT,
+    "sample_app": ROOT / "tests" / "host" / "sample_app",
+    "sample_host_app": ROOT / "tests" / "host" / "sample_host_app",
+}
 BROKEN = sorted(p.name for p in CORPUS.iterdir() if p.is_dir() and not p.name.startswith(("good_", "_")))
 GOOD = sorted(p.name for p in CORPUS.iterdir() if p.is_dir() and p.name.startswith("good_"))
 # The host reads a binding's enum values (direction, authLevel, ...) case-insensitively; azure-functions 2.x on
@@ -44,8 +47,10 @@ def _run(args: list[str], cwd: Path = ROOT, timeout: float = 120) -> subprocess.
 
 def real_worker(app_dir: Path) -> dict[str, Any]:
     if not WORKER_PYTHON.exists():
-        pytest.fail(f"{WORKER_PYTHON} is missing: `make worker-env` (part of `make test`) builds the Python 3.13 "
-                    "environment with azure-functions-runtime")
+        pytest.fail(
+            f"{WORKER_PYTHON} is missing: `make worker-env` (part of `make test`) builds the Python 3.13 "
+            "environment with azure-functions-runtime"
+        )
     done = _run([str(WORKER_PYTHON), str(ROOT / "devhost" / "worker_probe.py"), str(app_dir)], cwd=app_dir)
     assert done.returncode == 0, done.stderr
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -77,11 +82,23 @@ def devhost_index(app_dir: Path) -> dict[str, Any]:
 def devhost_start(app_dir: Path, state_dir: Path) -> subprocess.CompletedProcess[str]:
     """`python -m devhost start` on an app it must refuse: it exits at once instead of serving. If it serves
     instead (it prints "devhost listening"), it is stopped and the result says so (returncode None)."""
-    args = [sys.executable, "-m", "devhost", "start", "--app-dir", str(app_dir), "--port", "0",
-            "--state-dir", str(state_dir)]
+    args = [
+        sys.executable,
+        "-m",
+        "devhost",
+        "start",
+        "--app-dir",
+        str(app_dir),
+        "--port",
+        "0",
+        "--state-dir",
+        str(state_dir),
+    ]
     state_dir.mkdir(parents=True, exist_ok=True)
-    with (state_dir / "stderr.log").open("w+") as err, \
-            subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True) as proc:
+    with (
+        (state_dir / "stderr.log").open("w+") as err,
+        subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True) as proc,
+    ):
         assert proc.stdout is not None
         lines, served = [], False
         for line in proc.stdout:  # ends at exit, or at the line that says it serves
@@ -96,8 +113,9 @@ def devhost_start(app_dir: Path, state_dir: Path) -> subprocess.CompletedProcess
 
 
 def normalized(binding: dict[str, Any]) -> dict[str, Any]:
-    return {k: (v.lower() if k in ENUM_KEYS and isinstance(v, str) else v)
-            for k, v in binding.items() if k != "properties"}
+    return {
+        k: (v.lower() if k in ENUM_KEYS and isinstance(v, str) else v) for k, v in binding.items() if k != "properties"
+    }
 
 
 @pytest.fixture(scope="module")
@@ -120,22 +138,41 @@ def test_binding_metadata_equals_what_devhost_reads(indexed: dict[str, Any], app
     worker, devhost = indexed[app]
     for function in worker["functions"]:
         ours = devhost[function["name"]]
-        assert [normalized(b) for b in function["rawBindings"]] == [normalized(b) for b in ours["bindings"]], \
-            function["name"]
+        assert [normalized(b) for b in function["rawBindings"]] == [normalized(b) for b in ours["bindings"]], function[
+            "name"
+        ]
         # The worker marks the bindings it passes as SDK types (deferred bindings, azurefunctions-extensions-base);
         # devhost must bind exactly those as SDK types too.
-        deferred = sorted(b["name"] for b in function["rawBindings"]
-                          if b.get("properties", {}).get("SupportsDeferredBinding"))
+        deferred = sorted(
+            b["name"] for b in function["rawBindings"] if b.get("properties", {}).get("SupportsDeferredBinding")
+        )
         assert deferred == ours["sdkType"], function["name"]
 
 
 def test_the_product_app_has_the_functions_the_pattern_needs(indexed: dict[str, Any]) -> None:
     worker, _ = indexed["product"]
     names = {f["name"] for f in worker["functions"]}
-    assert {"submission", "starter_timer", "agent_replies", "supervisor", "order_workflow", "load_order",
-            "set_step_deadline", "record_step_result", "finish_order", "send_agent_request", "defer_order",
-            "begin_compensation", "advance_order", "ops_order", "ops_orders", "ops_resubmit", "ops_cancel",
-            "ops_summary", "ops_openapi"} <= names
+    assert {
+        "submission",
+        "starter_timer",
+        "agent_replies",
+        "supervisor",
+        "order_workflow",
+        "load_order",
+        "set_step_deadline",
+        "record_step_result",
+        "finish_order",
+        "send_agent_request",
+        "defer_order",
+        "begin_compensation",
+        "advance_order",
+        "ops_order",
+        "ops_orders",
+        "ops_resubmit",
+        "ops_cancel",
+        "ops_summary",
+        "ops_openapi",
+    } <= names
 
 
 @pytest.fixture(scope="module")

@@ -91,8 +91,9 @@ class Settled:
     async def complete_message(self, message: Any) -> None:
         self.completed.append(message)
 
-    async def dead_letter_message(self, message: Any, reason: str | None = None,
-                                  error_description: str | None = None) -> None:
+    async def dead_letter_message(
+        self, message: Any, reason: str | None = None, error_description: str | None = None
+    ) -> None:
         raise AssertionError(f"unexpected dead-letter: {reason}")
 
 
@@ -129,8 +130,9 @@ def documents(path: Path, opened: list[SqliteDocuments]) -> SqliteDocuments:
     return docs
 
 
-def an_agent(bus: FakeBus, clock: FakeClock, docs: Any, remote: Remote, **env: str) -> tuple[RequestHandler,
-                                                                                              SharedBreaker]:
+def an_agent(
+    bus: FakeBus, clock: FakeClock, docs: Any, remote: Remote, **env: str
+) -> tuple[RequestHandler, SharedBreaker]:
     """One Agent instance: its own breaker object over the shared document, alerting on the bus."""
     breaker = shared_breaker(docs, clock, {**ENV, **env}, circuit_alerter(bus.get_queue_sender(ALERTS), clock))
     outbox = Outbox(bus.get_queue_sender(REPLIES), bus.get_queue_sender(ALERTS), REPLIES, REQUESTS)
@@ -284,8 +286,10 @@ async def test_a_breaker_opening_mid_retries_is_an_ordinary_transient_failure(
     assert remote.calls == ["o-1"]
     assert (reply.outcome, reply.permanent, reply.error_code) == ("failed", False, ErrorCode.RETRIES_EXHAUSTED)
     assert reply.result == {}
-    assert reply.error == "1 attempt(s) failed transiently, then the circuit of fulfilment opened; last: HTTP 503 " \
-                          "unavailable"
+    assert (
+        reply.error == "1 attempt(s) failed transiently, then the circuit of fulfilment opened; last: HTTP 503 "
+        "unavailable"
+    )
 
 
 async def test_a_permanent_failure_counts_as_a_healthy_remote(
@@ -317,8 +321,13 @@ async def test_alerts_on_open_and_close_only(
     first, second = alerts(bus)
     assert first == opened_alert and first.kind is AlertKind.CIRCUIT_OPENED and first.order_id is None
     assert first.reason == "3 failed requests within 30 s"
-    assert first.details == {"service": "fulfilment", "before": "closed", "after": "open",
-                             "changedAt": first.details["changedAt"], "source": "agent"}
+    assert first.details == {
+        "service": "fulfilment",
+        "before": "closed",
+        "after": "open",
+        "changedAt": first.details["changedAt"],
+        "source": "agent",
+    }
     assert first.details["changedAt"].endswith("Z")
     assert second.kind is AlertKind.CIRCUIT_CLOSED and second.reason == "a probe succeeded"
     assert (second.details["before"], second.details["after"]) == ("half-open", "closed")
@@ -378,9 +387,13 @@ async def test_the_worker_calls_through_the_breaker_and_alerts_on_its_alerts_que
     bus: FakeBus, store: Path, opened: list[SqliteDocuments]
 ) -> None:
     remote = Remote(DOWN)
-    worker = AgentWorker(bus, remote, agent_config(max_concurrent_sessions=1), None,
-                         breaker_factory(documents(store, opened), SystemClock(),
-                                         {**ENV, "CircuitBreakerFailureThreshold": "1"}))
+    worker = AgentWorker(
+        bus,
+        remote,
+        agent_config(max_concurrent_sessions=1),
+        None,
+        breaker_factory(documents(store, opened), SystemClock(), {**ENV, "CircuitBreakerFailureThreshold": "1"}),
+    )
     await bus.send(REQUESTS, request_message(make_request("o-1", deadline=far())))
     await bus.send(REQUESTS, request_message(make_request("o-2", deadline=far())))
     await run_worker(worker, bus, 2)

@@ -53,9 +53,7 @@ def queue_config(path: Path) -> Path:
 
 @pytest.fixture
 def conn_str(tmp_path: Path) -> str:
-    return (
-        f"Endpoint=embedded://{tmp_path / 'bus.sqlite'};ConfigFile={queue_config(tmp_path / 'queues.json')}"
-    )
+    return f"Endpoint=embedded://{tmp_path / 'bus.sqlite'};ConfigFile={queue_config(tmp_path / 'queues.json')}"
 
 
 @pytest.fixture
@@ -106,9 +104,7 @@ async def test_agent_through_the_embedded_broker(client: Any, tmp_path: Path) ->
     async with Simulator(faults, tmp_path / "effects.sqlite") as sim:
         await send_requests(client, 6)
         async with client.get_queue_sender(REQUESTS) as sender:
-            await sender.send_messages(
-                raw_message('{"type": "AgentRequest"}', session_id="e-bad", message_id="bad")
-            )
+            await sender.send_messages(raw_message('{"type": "AgentRequest"}', session_id="e-bad", message_id="bad"))
         stop = asyncio.Event()
         # Seed 5 fails more than 10 calls transiently within 30 s: a threshold above that keeps this test about the
         # fault mix, not the breaker (test_agent_breaker covers it).
@@ -126,9 +122,7 @@ async def test_agent_through_the_embedded_broker(client: Any, tmp_path: Path) ->
     assert report["duplicates"] == 0
     assert report["totalApplied"] == sum(r.outcome == "succeeded" for _, r in replies)
     assert stats["succeeded"] + stats["failed"] == 18 and stats["dead-lettered"] == 1
-    async with client.get_queue_receiver(
-        REQUESTS, sub_queue=ServiceBusSubQueue.DEAD_LETTER, max_wait_time=1
-    ) as dlq:
+    async with client.get_queue_receiver(REQUESTS, sub_queue=ServiceBusSubQueue.DEAD_LETTER, max_wait_time=1) as dlq:
         [dead] = await dlq.receive_messages(max_message_count=5, max_wait_time=1)
     assert dead.message_id == "bad" and dead.dead_letter_reason == "UnsupportedSchemaVersion"
     async with client.get_queue_receiver(ALERTS, max_wait_time=1) as alerts:
@@ -193,18 +187,14 @@ async def test_agent_process_serves_and_stops_on_sigterm(client: Any, conn_str: 
     assert sim.returncode == 0
 
 
-async def test_hang_past_the_deadline_then_a_new_attempt_replays_the_effect(
-    client: Any, tmp_path: Path
-) -> None:
+async def test_hang_past_the_deadline_then_a_new_attempt_replays_the_effect(client: Any, tmp_path: Path) -> None:
     """Seed 000/001: the agent stops at its deadline, work in flight may still land; the Supervisor's next
     attempt carries the same idempotency key: the service returns the stored result, no second effect."""
     db = tmp_path / "effects.sqlite"
     async with Simulator(FaultConfig(seed=1, hang_rate=1.0, hang_seconds=30), db) as sim:
         stop = asyncio.Event()
         worker = asyncio.create_task(
-            serve(
-                client, agent_config(remote_url=sim.url, max_concurrent_sessions=1), stop, env=store_env(tmp_path)
-            )
+            serve(client, agent_config(remote_url=sim.url, max_concurrent_sessions=1), stop, env=store_env(tmp_path))
         )
         async with client.get_queue_sender(REQUESTS) as sender:
             await sender.send_messages(request_message(make_request("h-1", deadline=deadline(0.4))))

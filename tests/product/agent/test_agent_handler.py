@@ -92,9 +92,7 @@ async def test_deadline_already_passed_replies_failed_without_calling(bus: FakeB
     assert await handler_for(bus, clock, caller).handle(receiver, msg) is Disposition.FAILED
     reply = AgentReply.model_validate_json(bus.queue(REPLIES).active[0].raw)
     assert caller.calls == []
-    assert (
-        reply.outcome == "failed" and reply.error_code == ErrorCode.DEADLINE_EXCEEDED and not reply.permanent
-    )
+    assert reply.outcome == "failed" and reply.error_code == ErrorCode.DEADLINE_EXCEEDED and not reply.permanent
     assert bus.queue(REQUESTS).completed == [msg]
 
 
@@ -162,16 +160,15 @@ async def test_two_poison_requests_of_one_order_raise_two_alerts(bus: FakeBus, c
     first, second = bus.queue(ALERTS).active
     assert first.message_id != second.message_id
     assert [OperatorAlert.model_validate_json(m.raw).details["messageId"] for m in (first, second)] == [
-        "poison-1", "poison-2"]
+        "poison-1",
+        "poison-2",
+    ]
 
 
 async def test_request_in_another_session_is_poison(bus: FakeBus, clock: FakeClock) -> None:
     message = raw_message(make_request(order_id="order-2").to_json(), session_id="order-1")
     receiver, msg = await received(bus, message)
-    assert (
-        await handler_for(bus, clock, RecordingCaller([OK])).handle(receiver, msg)
-        is Disposition.DEAD_LETTERED
-    )
+    assert await handler_for(bus, clock, RecordingCaller([OK])).handle(receiver, msg) is Disposition.DEAD_LETTERED
     assert msg.dead_letter_reason == "InvalidField:orderId"
 
 

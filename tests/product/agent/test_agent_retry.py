@@ -40,9 +40,7 @@ class ScriptedCaller:
 
 
 def policy(**overrides: Any) -> RetryPolicy:
-    return RetryPolicy(
-        **{"max_retries": 50, "backoff_base": 0.1, "backoff_max": 1.0, "call_timeout": 5.0, **overrides}
-    )
+    return RetryPolicy(**{"max_retries": 50, "backoff_base": 0.1, "backoff_max": 1.0, "call_timeout": 5.0, **overrides})
 
 
 async def test_retries_stop_at_the_deadline(clock: FakeClock) -> None:
@@ -61,9 +59,7 @@ async def test_retries_stop_at_the_deadline(clock: FakeClock) -> None:
 async def test_call_timeout_is_the_time_left_when_shorter(clock: FakeClock) -> None:
     deadline = START + timedelta(seconds=1.5)
     caller = ScriptedCaller(clock, [TRANSIENT], duration=10.0)  # every call hangs until its timeout
-    outcome = await call_with_retries(
-        caller, "charge-payment", BODY, deadline, policy(call_timeout=1.0), clock
-    )
+    outcome = await call_with_retries(caller, "charge-payment", BODY, deadline, policy(call_timeout=1.0), clock)
     assert caller.calls[0][1] == pytest.approx(1.0)  # capped by call_timeout
     assert caller.calls[1][1] < 0.5  # then by what is left to the deadline
     assert outcome.error_code == ErrorCode.DEADLINE_EXCEEDED
@@ -72,18 +68,14 @@ async def test_call_timeout_is_the_time_left_when_shorter(clock: FakeClock) -> N
 
 async def test_same_idempotency_key_on_every_retry(clock: FakeClock) -> None:
     caller = ScriptedCaller(clock, [TRANSIENT, TRANSIENT, TRANSIENT, OK])
-    outcome = await call_with_retries(
-        caller, "charge-payment", BODY, START + timedelta(seconds=30), policy(), clock
-    )
+    outcome = await call_with_retries(caller, "charge-payment", BODY, START + timedelta(seconds=30), policy(), clock)
     assert outcome.succeeded and outcome.attempts == 4 and outcome.result == {"confirmation": "c-1"}
     assert [body for _, _, body in caller.calls] == [BODY] * 4
 
 
 async def test_retries_exhausted_before_the_deadline(clock: FakeClock) -> None:
     caller = ScriptedCaller(clock, [TRANSIENT])
-    outcome = await call_with_retries(
-        caller, "s", BODY, START + timedelta(minutes=5), policy(max_retries=3), clock
-    )
+    outcome = await call_with_retries(caller, "s", BODY, START + timedelta(minutes=5), policy(max_retries=3), clock)
     assert len(caller.calls) == 4
     assert outcome.error_code == ErrorCode.RETRIES_EXHAUSTED and not outcome.permanent
     assert "HTTP 503" in (outcome.error or "")
@@ -131,8 +123,6 @@ def test_backoff_is_exponential_jittered_capped_and_seeded() -> None:
         ceiling = min(1.0, 0.1 * 2 ** (n - 1))
         assert ceiling / 2 <= delay <= ceiling  # equal jitter: between half and the full ceiling
     assert delays == [backoff_delay(p, "k", n) for n in range(1, 8)]  # a pure function of (seed, key, n)
-    other_seed = [
-        backoff_delay(policy(backoff_base=0.1, backoff_max=1.0, jitter_seed=43), "k", n) for n in range(1, 8)
-    ]
+    other_seed = [backoff_delay(policy(backoff_base=0.1, backoff_max=1.0, jitter_seed=43), "k", n) for n in range(1, 8)]
     assert other_seed != delays
     assert len({backoff_delay(p, f"k{i}", 3) for i in range(20)}) > 15  # keys do not retry in lockstep

@@ -134,9 +134,7 @@ async def test_failed_reply_send_abandons_and_redelivers_once_replied(bus: FakeB
     first = "o-1:1:reserve-inventory"
     assert bus.events.index(f"abandon:{REQUESTS}:{first}") < bus.events.index(f"complete:{REQUESTS}:{first}")
     assert [r.step for r in replies(bus)] == [STEPS[0], STEPS[1]]  # order kept across the redelivery
-    assert (
-        report["calls"] == 3 and report["totalApplied"] == 2 and report["duplicates"] == 0
-    )  # retried call replayed
+    assert report["calls"] == 3 and report["totalApplied"] == 2 and report["duplicates"] == 0  # retried call replayed
     assert worker.stats["abandoned"] == 1
 
 
@@ -206,9 +204,7 @@ async def test_stop_lets_the_request_in_flight_finish(bus: FakeBus) -> None:
     await asyncio.wait_for(task, 5)
     assert [r.step for r in replies(bus)] == [STEPS[0]]  # finished and replied
     assert [m.message_id for m in bus.queue(REQUESTS).completed] == ["o-1:1:reserve-inventory"]
-    assert [m.message_id for m in bus.queue(REQUESTS).active] == [
-        "o-1:1:charge-payment"
-    ]  # abandoned, not lost
+    assert [m.message_id for m in bus.queue(REQUESTS).active] == ["o-1:1:charge-payment"]  # abandoned, not lost
     assert bus.locked_sessions == set()
 
 

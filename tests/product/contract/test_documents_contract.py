@@ -58,8 +58,9 @@ def _sqlite_documents(tmp_path: Path) -> DocumentsBackend:
 
 async def _cosmos_documents(endpoint: str) -> DocumentsBackend:
     tag = uuid.uuid4().hex[:12]
-    names = CosmosNames(f"orders-{tag}", "orders", f"state-{tag}", "orderState", "supervisorCheckpoints",
-                        "circuitBreakers")
+    names = CosmosNames(
+        f"orders-{tag}", "orders", f"state-{tag}", "orderState", "supervisorCheckpoints", "circuitBreakers"
+    )
     created = Stores(*await open_cosmos_with_key(endpoint, ANY_KEY, names))  # creates every container
     await created.aclose()
 
@@ -134,8 +135,14 @@ async def test_if_match_on_a_missing_document_is_not_found(documents: DocumentSt
 
 
 async def test_the_data_round_trips_exactly(documents: DocumentStore) -> None:
-    doc = BreakerDoc(service="svc-é", state=BreakerState.OPEN, failures=(T0, T0 + timedelta(microseconds=1)),
-                     open_until=T0 + timedelta(seconds=15), cooldown_seconds=15.5, reason="3 failed calls «ü»")
+    doc = BreakerDoc(
+        service="svc-é",
+        state=BreakerState.OPEN,
+        failures=(T0, T0 + timedelta(microseconds=1)),
+        open_until=T0 + timedelta(seconds=15),
+        cooldown_seconds=15.5,
+        reason="3 failed calls «ü»",
+    )
     data = doc.to_data()
     etag = await documents.put("svc-é", data, None)
     assert await documents.get("svc-é") == (data, etag)
@@ -267,10 +274,16 @@ async def test_two_breakers_racing_open_it_exactly_once(
 
 
 def _state(order_id: str, state: ProcessState) -> OrderStateRecord:
-    order = SubmitOrder.model_validate({
-        "orderId": order_id, "replyTo": "app-status", "customer": {"id": "c1", "name": "Ada"},
-        "items": [{"sku": "SKU-1", "quantity": 1, "unitPrice": "9.99"}], "currency": "EUR",
-        "submittedAt": "2024-05-01T12:00:00+00:00"})
+    order = SubmitOrder.model_validate(
+        {
+            "orderId": order_id,
+            "replyTo": "app-status",
+            "customer": {"id": "c1", "name": "Ada"},
+            "items": [{"sku": "SKU-1", "quantity": 1, "unitPrice": "9.99"}],
+            "currency": "EUR",
+            "submittedAt": "2024-05-01T12:00:00+00:00",
+        }
+    )
     return OrderStateRecord.new(order, T0).model_copy(update={"process_state": state})
 
 

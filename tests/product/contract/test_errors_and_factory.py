@@ -59,9 +59,7 @@ def cosmos_error(status: int) -> CosmosHttpResponseError:
         (503, TransientStoreError, True),
     ],
 )
-def test_cosmos_errors_translate_to_the_taxonomy(
-    status: int, kind: type[StoreError], transient: bool
-) -> None:
+def test_cosmos_errors_translate_to_the_taxonomy(status: int, kind: type[StoreError], transient: bool) -> None:
     error = translate(cosmos_error(status))
     assert type(error) is kind and error.status_code == status
     assert is_transient(error) is transient
@@ -130,6 +128,7 @@ def test_missing_endpoint_is_a_clear_error() -> None:
 
 # ---- azure-servicebus errors: the SDK's own classes, classified as the SDK itself retries them --------------------
 
+
 def _bus_error_classes() -> list[type[ServiceBusError]]:
     return [c for c in vars(bus_exceptions).values() if isinstance(c, type) and issubclass(c, ServiceBusError)]
 
@@ -154,14 +153,20 @@ def test_bus_errors_are_transient_exactly_when_the_sdk_retries_them(cls: type[Se
     assert (cls in BUS_TRANSIENT) is expected  # the classifier's list is the SDK's, nothing hand-picked beside it
 
 
-@pytest.mark.parametrize("cls", [ServiceBusConnectionError, OperationTimeoutError, ServiceBusServerBusyError,
-                                 ServiceBusCommunicationError], ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "cls",
+    [ServiceBusConnectionError, OperationTimeoutError, ServiceBusServerBusyError, ServiceBusCommunicationError],
+    ids=lambda c: c.__name__,
+)
 def test_bus_outages_and_throttling_are_transient(cls: type[ServiceBusError]) -> None:
     assert is_transient(_raise_bus_error(cls))
 
 
-@pytest.mark.parametrize("cls", [MessageLockLostError, SessionLockLostError, SessionCannotBeLockedError,
-                                 MessageSizeExceededError], ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "cls",
+    [MessageLockLostError, SessionLockLostError, SessionCannotBeLockedError, MessageSizeExceededError],
+    ids=lambda c: c.__name__,
+)
 def test_lock_and_size_errors_are_permanent(cls: type[ServiceBusError]) -> None:
     assert not is_transient(_raise_bus_error(cls))
 

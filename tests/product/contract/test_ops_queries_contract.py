@@ -35,17 +35,23 @@ PENDING, PROCESSING = ProcessState.PENDING, ProcessState.PROCESSING
 
 
 def new_state(order_id: str, updated: datetime = T0, **changes: object) -> OrderStateRecord:
-    order = SubmitOrder.model_validate({
-        "orderId": order_id, "replyTo": "app-status", "customer": {"id": "c1", "name": "Ada"},
-        "items": [{"sku": "SKU-1", "quantity": 1, "unitPrice": "9.99"}], "currency": "EUR",
-        "submittedAt": "2024-05-01T12:00:00+00:00",
-    })
+    order = SubmitOrder.model_validate(
+        {
+            "orderId": order_id,
+            "replyTo": "app-status",
+            "customer": {"id": "c1", "name": "Ada"},
+            "items": [{"sku": "SKU-1", "quantity": 1, "unitPrice": "9.99"}],
+            "currency": "EUR",
+            "submittedAt": "2024-05-01T12:00:00+00:00",
+        }
+    )
     return OrderStateRecord.new(order, T0 - timedelta(days=1)).model_copy(update={"updated_at": updated, **changes})
 
 
 def processing(order_id: str, complete_by: datetime, state: ProcessState = PROCESSING) -> OrderStateRecord:
-    return new_state(order_id, process_state=state, locked_by=instance_id(order_id, 1), attempt=1,
-                     complete_by=complete_by)
+    return new_state(
+        order_id, process_state=state, locked_by=instance_id(order_id, 1), attempt=1, complete_by=complete_by
+    )
 
 
 async def seed(stores: Stores, *records: OrderStateRecord) -> None:
@@ -58,8 +64,13 @@ def ids(page: Page) -> list[str]:
     return [rec.order_id for rec, _ in page.items]
 
 
-async def list_all(stores: Stores, state: ProcessState, page_size: int, updated_before: datetime | None = None,
-                   between_pages: list[str] | None = None) -> tuple[list[str], int]:
+async def list_all(
+    stores: Stores,
+    state: ProcessState,
+    page_size: int,
+    updated_before: datetime | None = None,
+    between_pages: list[str] | None = None,
+) -> tuple[list[str], int]:
     """Every page of the listing, with each item's etag checked against a point read; (ids in order, page count).
     `between_pages`: ids to move out of `state` (claimed: Pending → Processing) right after the first page."""
     seen: list[str] = []
@@ -75,7 +86,8 @@ async def list_all(stores: Stores, state: ProcessState, page_size: int, updated_
         if pages == 1:
             for order_id in between_pages or []:
                 await stores.state.update_with_retry(
-                    order_id, lambda r: claim(r, instance_id(r.order_id, 1), T0 + LEASE, T0 + timedelta(hours=1)))
+                    order_id, lambda r: claim(r, instance_id(r.order_id, 1), T0 + LEASE, T0 + timedelta(hours=1))
+                )
         token = page.continuation
         if token is None:
             return seen, pages
@@ -121,7 +133,10 @@ async def test_query_in_state_updated_before_is_exclusive(stores: Stores) -> Non
     older = await stores.state.query_in_state(PENDING, 100, updated_before=cut)
     assert ids(older) == ["long-ago", "just-before"] and older.continuation is None
     assert ids(await stores.state.query_in_state(PENDING, 100, updated_before=cut + US)) == [
-        "long-ago", "just-before", "at-cut"]
+        "long-ago",
+        "just-before",
+        "at-cut",
+    ]
     assert ids(await stores.state.query_in_state(PENDING, 100, updated_before=cut - timedelta(days=3))) == []
     # The filter holds on every page, not only the first.
     seen, pages = await list_all(stores, PENDING, 1, updated_before=cut + US)
@@ -159,19 +174,25 @@ async def test_query_in_state_paging_while_records_leave_the_state_skips_nothing
     assert ids(moved) == ["o-01", "o-08"]
 
 
-@pytest.mark.parametrize("token", [
-    pytest.param("", id="empty"),
-    pytest.param("not a token!", id="not-base64"),
-    pytest.param(base64.urlsafe_b64encode(b"\xff\xfe").decode(), id="not-utf8"),
-    pytest.param(base64.urlsafe_b64encode(b"{}").decode(), id="object"),
-    pytest.param(base64.urlsafe_b64encode(b'{"a": 1, "b": 2}').decode(), id="two-key-object"),
-    pytest.param(base64.urlsafe_b64encode(b"[1, 2]").decode(), id="numbers"),
-    pytest.param(base64.urlsafe_b64encode(json.dumps(["2024-05-01T12:00:00.000000Z"]).encode()).decode(),
-                 id="one-element"),
-    pytest.param(base64.urlsafe_b64encode(json.dumps(["yesterday", "o-1"]).encode()).decode(), id="not-a-time"),
-    pytest.param(base64.urlsafe_b64encode(json.dumps(["2024-05-01T12:00:00Z", "o-1"]).encode()).decode(),
-                 id="not-the-stored-format"),
-])
+@pytest.mark.parametrize(
+    "token",
+    [
+        pytest.param("", id="empty"),
+        pytest.param("not a token!", id="not-base64"),
+        pytest.param(base64.urlsafe_b64encode(b"\xff\xfe").decode(), id="not-utf8"),
+        pytest.param(base64.urlsafe_b64encode(b"{}").decode(), id="object"),
+        pytest.param(base64.urlsafe_b64encode(b'{"a": 1, "b": 2}').decode(), id="two-key-object"),
+        pytest.param(base64.urlsafe_b64encode(b"[1, 2]").decode(), id="numbers"),
+        pytest.param(
+            base64.urlsafe_b64encode(json.dumps(["2024-05-01T12:00:00.000000Z"]).encode()).decode(), id="one-element"
+        ),
+        pytest.param(base64.urlsafe_b64encode(json.dumps(["yesterday", "o-1"]).encode()).decode(), id="not-a-time"),
+        pytest.param(
+            base64.urlsafe_b64encode(json.dumps(["2024-05-01T12:00:00Z", "o-1"]).encode()).decode(),
+            id="not-the-stored-format",
+        ),
+    ],
+)
 async def test_query_in_state_malformed_continuation_is_a_value_error(stores: Stores, token: str) -> None:
     await seed(stores, new_state("o-1"), new_state("o-2", T0 + US))
     with pytest.raises(ValueError, match="malformed continuation token"):
@@ -212,7 +233,8 @@ async def test_oldest_in_state(stores: Stores) -> None:
     got = await stores.state.get("tie-a")
     assert got is not None and got[0] == oldest
     await stores.state.update_with_retry(
-        "tie-a", lambda r: claim(r, instance_id("tie-a", 1), T0 + LEASE, T0 + timedelta(hours=1)))
+        "tie-a", lambda r: claim(r, instance_id("tie-a", 1), T0 + LEASE, T0 + timedelta(hours=1))
+    )
     oldest = await stores.state.oldest_in_state(PENDING)
     assert oldest is not None and oldest.order_id == "tie-b"
     done = await stores.state.oldest_in_state(ProcessState.PROCESSED)
@@ -268,7 +290,8 @@ async def test_sqlite_listing_seeks_the_updated_at_index(tmp_path: Path) -> None
             assert "USING INDEX ix_state_updated (process_state=?" in plan, (sql, plan)
             assert "TEMP B-TREE" not in plan, (sql, plan)
         deep = listings[1:3]
-        assert all("<expr>>?" in " ".join(r[3] for r in state._db._conn.execute("EXPLAIN QUERY PLAN " + s))
-                   for s in deep), deep
+        assert all(
+            "<expr>>?" in " ".join(r[3] for r in state._db._conn.execute("EXPLAIN QUERY PLAN " + s)) for s in deep
+        ), deep
     finally:
         await state.aclose()

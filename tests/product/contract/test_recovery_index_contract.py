@@ -63,8 +63,15 @@ def _sqlite_index(tmp_path: Path) -> IndexBackend:
 
 async def _cosmos_index(endpoint: str) -> IndexBackend:
     tag = uuid.uuid4().hex[:12]
-    names = CosmosNames(f"orders-{tag}", "orders", f"state-{tag}", "orderState", "supervisorCheckpoints",
-                        "circuitBreakers", f"recoveryIndex-{tag}")
+    names = CosmosNames(
+        f"orders-{tag}",
+        "orders",
+        f"state-{tag}",
+        "orderState",
+        "supervisorCheckpoints",
+        "circuitBreakers",
+        f"recoveryIndex-{tag}",
+    )
     client = CosmosClient(endpoint, credential=ANY_KEY)
     try:
         await ensure_containers(client, names)  # creates the index container with the others
@@ -177,9 +184,15 @@ async def test_a_peer_connection_sees_the_entries(index_backend: IndexBackend, i
 
 async def test_page_orders_by_complete_by_then_order_id(index: RecoveryIndex) -> None:
     same = B0 + timedelta(seconds=100)
-    entries = [entry("o-b", same), entry("o-a", same), entry("o-c", same),
-               entry("o-z", B0 + timedelta(seconds=5)), entry("o-a", B0 + timedelta(seconds=250)),
-               entry("o-m", same + US), entry("o-n", same - US)]
+    entries = [
+        entry("o-b", same),
+        entry("o-a", same),
+        entry("o-c", same),
+        entry("o-z", B0 + timedelta(seconds=5)),
+        entry("o-a", B0 + timedelta(seconds=250)),
+        entry("o-m", same + US),
+        entry("o-n", same - US),
+    ]
     for e in random.Random(7).sample(entries, len(entries)):
         await index.add(e)
     assert await whole_bucket(index, B0) == ordered(entries)
@@ -199,8 +212,9 @@ async def test_page_is_after_the_cursor_and_at_most_limit(index: RecoveryIndex) 
     """Keyset paging: limit 2 at a time, each page after the last one's (completeBy, orderId), reads every entry once,
     in order, including ties on CompleteBy split across pages."""
     tie = B0 + timedelta(seconds=90)
-    entries = [entry(f"o-{i}", tie) for i in range(5)] + [entry(f"p-{i}", B0 + timedelta(seconds=10 * i + 1))
-                                                          for i in range(6)]
+    entries = [entry(f"o-{i}", tie) for i in range(5)] + [
+        entry(f"p-{i}", B0 + timedelta(seconds=10 * i + 1)) for i in range(6)
+    ]
     for e in entries:
         await index.add(e)
     seen: list[IndexEntry] = []
@@ -236,8 +250,10 @@ async def test_page_returns_only_the_buckets_entries(
     """A window spanning three buckets, read bucket by bucket: each page holds its own bucket's entries only."""
     if index_backend.name == "cosmos":
         request.applymarker(pytest.mark.xfail(reason=PARTITION_SCOPE_UNSUPPORTED, strict=True))
-    by_bucket = {b: [entry(f"o-{i}-{k}", b + timedelta(seconds=k * 70)) for k in range(3)]
-                 for i, b in enumerate((B0, B0 + WIDTH, B0 + 2 * WIDTH))}
+    by_bucket = {
+        b: [entry(f"o-{i}-{k}", b + timedelta(seconds=k * 70)) for k in range(3)]
+        for i, b in enumerate((B0, B0 + WIDTH, B0 + 2 * WIDTH))
+    }
     for entries in by_bucket.values():
         for e in entries:
             await index.add(e)
@@ -272,8 +288,13 @@ async def test_page_and_first_report_the_request_charge(index_backend: IndexBack
 
 
 async def test_first_at_or_after_finds_the_earliest_across_buckets(index: RecoveryIndex) -> None:
-    times = [B0 + timedelta(days=400, seconds=7), B0 + timedelta(days=2, minutes=13), B0 + timedelta(minutes=1),
-             B0 + timedelta(days=30), B0 - timedelta(days=5)]
+    times = [
+        B0 + timedelta(days=400, seconds=7),
+        B0 + timedelta(days=2, minutes=13),
+        B0 + timedelta(minutes=1),
+        B0 + timedelta(days=30),
+        B0 - timedelta(days=5),
+    ]
     for i, at in enumerate(times):
         await index.add(entry(f"o-{i}", at))
     assert await _first(index, B0 - timedelta(days=3650), FAR) == B0 - timedelta(days=5)
@@ -341,8 +362,9 @@ async def test_remove_ignores_the_lock(index: RecoveryIndex) -> None:
 
 
 async def test_open_recovery_index_on_an_embedded_endpoint(tmp_path: Path) -> None:
-    index = open_recovery_index({"CosmosDb__accountEndpoint": f"embedded://{tmp_path / 'store.db'}",
-                                 "RecoveryIndexBucketSeconds": "60"})
+    index = open_recovery_index(
+        {"CosmosDb__accountEndpoint": f"embedded://{tmp_path / 'store.db'}", "RecoveryIndexBucketSeconds": "60"}
+    )
     try:
         assert isinstance(index, SqliteRecoveryIndex) and index.bucket_seconds == 60
         at = B0 + timedelta(seconds=61)

@@ -198,9 +198,7 @@ async def test_update_with_retry_rereads_after_a_lost_race(
         calls += 1
         found = await real_get(order_id)
         if calls == 1:  # someone else writes between our read and our If-Match replace
-            await peer.state.update_with_retry(
-                order_id, lambda r: r.model_copy(update={"last_error": "peer"})
-            )
+            await peer.state.update_with_retry(order_id, lambda r: r.model_copy(update={"last_error": "peer"}))
         return found
 
     monkeypatch.setattr(stores.state, "get", racing_get)
@@ -220,9 +218,7 @@ async def test_update_with_retry_gives_up_after_its_attempts(
         nonlocal calls
         calls += 1
         found = await real_get(order_id)
-        await peer.state.update_with_retry(
-            order_id, lambda r: r.model_copy(update={"last_error": f"w{calls}"})
-        )
+        await peer.state.update_with_retry(order_id, lambda r: r.model_copy(update={"last_error": f"w{calls}"}))
         return found
 
     monkeypatch.setattr(stores.state, "get", always_raced)
@@ -270,7 +266,10 @@ async def test_query_unnotified_finds_terminal_records_still_owed_a_notification
     assert found == {"owed-processed", "owed-error"}
     assert len(await stores.state.query_unnotified(T0 - US, 1)) == 1
     assert {r.order_id for r, _ in await stores.state.query_unnotified(T0 + US, 10)} == {
-        "owed-processed", "owed-error", "too-recent"}
+        "owed-processed",
+        "owed-error",
+        "too-recent",
+    }
 
 
 async def test_query_expired_window_bounds(stores: Stores) -> None:
@@ -313,9 +312,7 @@ async def _scan(
         assert pages < 100, "paging does not terminate"
 
 
-async def test_query_expired_paging_covers_every_record_exactly_once(
-    stores: Stores, backend: Backend
-) -> None:
+async def test_query_expired_paging_covers_every_record_exactly_once(stores: Stores, backend: Backend) -> None:
     # Inserted out of order, with ties on CompleteBy (i and i+11 share one) that straddle page boundaries.
     records = [processing(f"o-{i:02d}", T0 + timedelta(seconds=(i * 7) % 11)) for i in range(23)]
     await seed(stores, *records)
@@ -341,9 +338,7 @@ async def test_paging_while_recovering_skips_nothing(stores: Stores) -> None:
 
     seen, _, _ = await _scan(stores, T0, now, page_size=5, on_page=recover_all)
     assert seen == [r.order_id for r in records]
-    assert [
-        r.order_id for r, _ in await stores.state.query_claimable(now + timedelta(seconds=2), 100)
-    ] == seen
+    assert [r.order_id for r, _ in await stores.state.query_claimable(now + timedelta(seconds=2), 100)] == seen
 
 
 # --- checkpoints ----------------------------------------------------------------------------------

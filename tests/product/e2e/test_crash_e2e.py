@@ -58,10 +58,18 @@ def _short_locks(work: Path) -> Path:
 @pytest.fixture()
 def crash_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
     work = tmp_path_factory.mktemp("crash")
-    config = SystemConfig(work_dir=work, seed=11, latency_ms_mean=40.0, servicebus_config=_short_locks(work),
-                          settings={**FAST_SETTINGS, "FailureThreshold": "10",
-                                    "StepTimeoutSeconds": CRASH_TIMEOUT_SECONDS,
-                                    "ClaimLeaseSeconds": CRASH_TIMEOUT_SECONDS})
+    config = SystemConfig(
+        work_dir=work,
+        seed=11,
+        latency_ms_mean=40.0,
+        servicebus_config=_short_locks(work),
+        settings={
+            **FAST_SETTINGS,
+            "FailureThreshold": "10",
+            "StepTimeoutSeconds": CRASH_TIMEOUT_SECONDS,
+            "ClaimLeaseSeconds": CRASH_TIMEOUT_SECONDS,
+        },
+    )
     with running_client(config) as client:
         yield client
 
@@ -91,8 +99,11 @@ def test_kill_9_of_devhost_and_agent_mid_burst_loses_and_duplicates_nothing(cras
         client.submit(make_order(order_id))
     # Kill once some remote side effects happened (one cheap read of the simulator's ledger), far from all 90, and
     # while devhost holds unfinished activity work items: those instances can only go on through resumption.
-    wait_until(lambda: _applied(client) >= 10 and len(_unfinished_activities(client)) >= 3, timeout=60,
-               what="work under way, with activities in flight")
+    wait_until(
+        lambda: _applied(client) >= 10 and len(_unfinished_activities(client)) >= 3,
+        timeout=60,
+        what="work under way, with activities in flight",
+    )
     assert system.devhost and system.agent
     system.devhost.kill()
     system.agent.kill()

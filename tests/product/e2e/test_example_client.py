@@ -24,7 +24,11 @@ def run_client(client: Client, *args: str, timeout: float = 30.0) -> subprocess.
     env.pop("PYTHONPATH", None)  # the script must find orderflow on its own, as when a user runs it
     return subprocess.run(
         [sys.executable, str(SCRIPT), "--timeout", str(timeout), *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout + 60,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout + 60,
     )
 
 

@@ -31,9 +31,17 @@ ORDERS = 2
 
 @pytest.fixture(scope="module")
 def no_poll_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
-    config = SystemConfig(work_dir=tmp_path_factory.mktemp("fastpath"), seed=3, latency_ms_mean=2.0,
-                          settings={**FAST_SETTINGS, "StarterSchedule": POLL_NEVER, "StepTimeoutSeconds": "20",
-                                    "ClaimLeaseSeconds": "20"})
+    config = SystemConfig(
+        work_dir=tmp_path_factory.mktemp("fastpath"),
+        seed=3,
+        latency_ms_mean=2.0,
+        settings={
+            **FAST_SETTINGS,
+            "StarterSchedule": POLL_NEVER,
+            "StepTimeoutSeconds": "20",
+            "ClaimLeaseSeconds": "20",
+        },
+    )
     with running_client(config) as client:
         yield client
 
@@ -46,8 +54,11 @@ def test_orders_start_promptly_after_submission_without_the_timer_poll(no_poll_c
     for order_id in order_ids:
         submitted = time.monotonic()
         client.submit(make_order(order_id))
-        wait_until(lambda o=order_id: client.instance(f"{o}:1"), timeout=START_BOUND_SECONDS,
-                   what=f"the Scheduler of {order_id} to start (fast path; the timer poll is off)")
+        wait_until(
+            lambda o=order_id: client.instance(f"{o}:1"),
+            timeout=START_BOUND_SECONDS,
+            what=f"the Scheduler of {order_id} to start (fast path; the timer poll is off)",
+        )
         latencies[order_id] = time.monotonic() - submitted
     assert all(latency < START_BOUND_SECONDS for latency in latencies.values()), latencies
 

@@ -41,9 +41,18 @@ class Api:
         self.doc = document()
         self.validated: set[tuple[str, str, int]] = set()
 
-    def call(self, method: str, path: str, template: str, *, query: dict[str, str] | None = None,
-             body: Any = None, raw: bytes | None = None, key: str | None = "default",
-             headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    def call(
+        self,
+        method: str,
+        path: str,
+        template: str,
+        *,
+        query: dict[str, str] | None = None,
+        body: Any = None,
+        raw: bytes | None = None,
+        key: str | None = "default",
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any]:
         """One request; the response is checked against the document's schema for (template, method, status)."""
         assert self.system.devhost is not None and self.system.devhost.url
         url = f"{self.system.devhost.url}/api/{path}"
@@ -73,7 +82,8 @@ class Api:
         schema = {**content["application/json"]["schema"], "components": self.doc["components"]}
         errors = sorted(Draft202012Validator(schema, format_checker=FormatChecker()).iter_errors(body), key=str)
         assert not errors, f"{method} /{template} {status}: " + "; ".join(
-            f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors[:5])
+            f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors[:5]
+        )
         return body
 
     def state(self, order_id: str) -> OrderStateRecord:
@@ -84,9 +94,18 @@ class Api:
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
-    ids: dict[str, Any] = {name: new_order_id(name.replace("_", "-")) for name in (
-        "error", "error_kept", "compensation_failed", "pending_oldest", "pending_cancel", "processing_expired",
-        "running")}
+    ids: dict[str, Any] = {
+        name: new_order_id(name.replace("_", "-"))
+        for name in (
+            "error",
+            "error_kept",
+            "compensation_failed",
+            "pending_oldest",
+            "pending_cancel",
+            "processing_expired",
+            "running",
+        )
+    }
     ids["processed"] = [new_order_id(f"processed{k}") for k in range(5)]
     config = SystemConfig(work_dir=tmp_path_factory.mktemp("ops-api"), settings=dict(SETTINGS))
     asyncio.run(seed(config.store_endpoint, ids))
@@ -145,7 +164,9 @@ def test_order_without_orchestrations_says_why_for_each_attempt(api: Api) -> Non
     status, body = api.call("GET", f"orders/{order_id}", "orders/{id}")
     assert status == 200
     assert [(a["attempt"], a["instanceId"], a["orchestration"]) for a in body["attempts"]] == [
-        (1, f"{order_id}:1", None), (2, f"{order_id}:2", None)]
+        (1, f"{order_id}:1", None),
+        (2, f"{order_id}:2", None),
+    ]
     assert all("no such instance" in a["orchestrationError"] for a in body["attempts"])
 
 
@@ -181,16 +202,19 @@ def test_orders_older_than_keeps_only_records_unchanged_for_that_long(api: Api) 
     assert all(row["ageSeconds"] > 2 * 86400 for row in page["items"])
 
 
-@pytest.mark.parametrize(("query", "says"), [
-    ({}, "state is required"),
-    ({"state": "Stuck"}, "not one of"),
-    ({"state": "Pending", "pageSize": "0"}, "pageSize (--page-size) must be 1.."),
-    ({"state": "Pending", "pageSize": "many"}, "whole number"),
-    ({"state": "Pending", "olderThan": "5y"}, "not a duration"),
-    ({"state": "Pending", "olderThan": "99999999999999d"}, "at most 999999999s, 99999999m, 999999h or 99999d"),
-    ({"state": ""}, "state is required"),  # the host drops an empty value: as if left out
-    ({"state": "Pending", "continuation": "not-a-token"}, "malformed continuation"),
-])
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        ({}, "state is required"),
+        ({"state": "Stuck"}, "not one of"),
+        ({"state": "Pending", "pageSize": "0"}, "pageSize (--page-size) must be 1.."),
+        ({"state": "Pending", "pageSize": "many"}, "whole number"),
+        ({"state": "Pending", "olderThan": "5y"}, "not a duration"),
+        ({"state": "Pending", "olderThan": "99999999999999d"}, "at most 999999999s, 99999999m, 999999h or 99999d"),
+        ({"state": ""}, "state is required"),  # the host drops an empty value: as if left out
+        ({"state": "Pending", "continuation": "not-a-token"}, "malformed continuation"),
+    ],
+)
 def test_orders_refuses_bad_parameters(api: Api, query: dict[str, str], says: str) -> None:
     status, body = api.call("GET", "orders", "orders", query=query)
     assert (status, body["error"]) == (400, "BadRequest") and says in body["message"]
@@ -199,12 +223,17 @@ def test_orders_refuses_bad_parameters(api: Api, query: dict[str, str], says: st
 # --- POST /orders/{id}/resubmit --------------------------------------------------------------------------------------
 def test_resubmit_moves_error_to_pending_with_a_fresh_budget_and_the_audit_entry(api: Api) -> None:
     order_id = api.ids["error"]
-    status, body = api.call("POST", f"orders/{order_id}/resubmit", "orders/{id}/resubmit",
-                            body={"reason": "remote fixed", "by": "alice"})
+    status, body = api.call(
+        "POST", f"orders/{order_id}/resubmit", "orders/{id}/resubmit", body={"reason": "remote fixed", "by": "alice"}
+    )
     assert status == 200 and body["processState"] == "Pending"
     audit = body["resubmission"]
     assert (audit["by"], audit["reason"], audit["fromState"], audit["failureCount"]) == (
-        "alice", "remote fixed", "Error", 3)
+        "alice",
+        "remote fixed",
+        "Error",
+        3,
+    )
     rec = api.state(order_id)
     assert rec.process_state is ProcessState.PENDING and rec.failure_count == 0 and rec.locked_by is None
     assert [r.model_dump(mode="json", by_alias=True) for r in rec.resubmissions] == [audit]
@@ -214,33 +243,44 @@ def test_resubmit_moves_error_to_pending_with_a_fresh_budget_and_the_audit_entry
 def test_resubmit_of_compensation_failed_resumes_the_compensation(api: Api) -> None:
     order_id = api.ids["compensation_failed"]
     # Without Easy Auth (WEBSITE_AUTH_ENABLED unset) the principal header is anyone's to send: it is not trusted.
-    status, body = api.call("POST", f"orders/{order_id}/resubmit", "orders/{id}/resubmit",
-                            body={"reason": "refund by hand"}, headers={"x-ms-client-principal-name": "mallory"})
+    status, body = api.call(
+        "POST",
+        f"orders/{order_id}/resubmit",
+        "orders/{id}/resubmit",
+        body={"reason": "refund by hand"},
+        headers={"x-ms-client-principal-name": "mallory"},
+    )
     assert status == 200 and body["processState"] == "CompensationInProgress"
     assert body["resubmission"]["by"] == "api" and body["resubmission"]["failureCount"] == 3
     assert api.state(order_id).compensation_failures == 0
 
 
-@pytest.mark.parametrize(("order", "payload", "expected", "says"), [
-    ("processed", {"reason": "again"}, (409, "Conflict"), "only an order in Error or CompensationFailed"),
-    ("unknown", {"reason": "again"}, (404, "NotFound"), "no order"),
-    ("bad", {"reason": "again"}, (400, "BadRequest"), "not a valid order id"),
-    ("error_kept", None, (400, "BadRequest"), "must be a JSON object"),
-    ("error_kept", b"{not json", (400, "BadRequest"), "not JSON"),
-    ("error_kept", b'{"reason": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", (400, "BadRequest"), "nested too deeply"),
-    ("error_kept", {"reason": None}, (400, "BadRequest"), "needs a reason"),
-    ("error_kept", {"reason": "x", "reasom": "typo"}, (400, "BadRequest"), "unknown field(s) in the body: reasom"),
-    ("error_kept", {"reason": "  "}, (400, "BadRequest"), "needs who (by) and why (reason)"),
-    ("error_kept", {"reason": 7}, (400, "BadRequest"), "must be a string"),
-])
-def test_resubmit_refusals_change_nothing(api: Api, order: str, payload: Any, expected: tuple[int, str],
-                                          says: str) -> None:
+@pytest.mark.parametrize(
+    ("order", "payload", "expected", "says"),
+    [
+        ("processed", {"reason": "again"}, (409, "Conflict"), "only an order in Error or CompensationFailed"),
+        ("unknown", {"reason": "again"}, (404, "NotFound"), "no order"),
+        ("bad", {"reason": "again"}, (400, "BadRequest"), "not a valid order id"),
+        ("error_kept", None, (400, "BadRequest"), "must be a JSON object"),
+        ("error_kept", b"{not json", (400, "BadRequest"), "not JSON"),
+        ("error_kept", b'{"reason": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", (400, "BadRequest"), "nested too deeply"),
+        ("error_kept", {"reason": None}, (400, "BadRequest"), "needs a reason"),
+        ("error_kept", {"reason": "x", "reasom": "typo"}, (400, "BadRequest"), "unknown field(s) in the body: reasom"),
+        ("error_kept", {"reason": "  "}, (400, "BadRequest"), "needs who (by) and why (reason)"),
+        ("error_kept", {"reason": 7}, (400, "BadRequest"), "must be a string"),
+    ],
+)
+def test_resubmit_refusals_change_nothing(
+    api: Api, order: str, payload: Any, expected: tuple[int, str], says: str
+) -> None:
     order_id = {"processed": api.ids["processed"][0], "unknown": "no-such-order", "bad": "bad.id"}.get(
-        order, api.ids.get(order))
+        order, api.ids.get(order)
+    )
     before = api.client.state(order_id)
     raw = payload if isinstance(payload, bytes) else None
-    status, body = api.call("POST", f"orders/{order_id}/resubmit", "orders/{id}/resubmit",
-                            body=None if raw else payload, raw=raw)
+    status, body = api.call(
+        "POST", f"orders/{order_id}/resubmit", "orders/{id}/resubmit", body=None if raw else payload, raw=raw
+    )
     assert (status, body["error"]) == expected and says in body["message"], body
     assert api.client.state(order_id) == before
 
@@ -248,8 +288,9 @@ def test_resubmit_refusals_change_nothing(api: Api, order: str, payload: Any, ex
 # --- POST /orders/{id}/cancel ----------------------------------------------------------------------------------------
 def test_cancel_applies_the_cancel_order_use_case_at_once_and_sends_no_message(api: Api) -> None:
     order_id = api.ids["pending_cancel"]
-    status, body = api.call("POST", f"orders/{order_id}/cancel", "orders/{id}/cancel",
-                            body={"reason": "customer changed their mind"})
+    status, body = api.call(
+        "POST", f"orders/{order_id}/cancel", "orders/{id}/cancel", body={"reason": "customer changed their mind"}
+    )
     assert status == 202 and body["processState"] == "Cancelled" and body["alreadyRequested"] is False
     assert body["messageId"] is None and body["cancelRequestedAt"] is not None
     # The route runs the CancelOrder handler's use case (the function app may not send to orders-inbound): a Pending
@@ -270,13 +311,16 @@ def test_cancel_of_an_order_already_cancelling_sends_nothing(api: Api) -> None:
     assert body["cancelRequestedAt"] == format_utc(api.state(order_id).cancel_requested_at)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("order", "payload", "expected"), [
-    ("error_kept", {"reason": "stop"}, (409, "Conflict")),
-    ("unknown", None, (404, "NotFound")),
-    ("bad", None, (400, "BadRequest")),
-    ("pending_oldest", {"why": "typo"}, (400, "BadRequest")),
-    ("pending_oldest", ["not", "an", "object"], (400, "BadRequest")),
-])
+@pytest.mark.parametrize(
+    ("order", "payload", "expected"),
+    [
+        ("error_kept", {"reason": "stop"}, (409, "Conflict")),
+        ("unknown", None, (404, "NotFound")),
+        ("bad", None, (400, "BadRequest")),
+        ("pending_oldest", {"why": "typo"}, (400, "BadRequest")),
+        ("pending_oldest", ["not", "an", "object"], (400, "BadRequest")),
+    ],
+)
 def test_cancel_refusals_change_nothing(api: Api, order: str, payload: Any, expected: tuple[int, str]) -> None:
     order_id = {"unknown": "no-such-order", "bad": "bad.id"}.get(order, api.ids.get(order))
     before = api.client.state(order_id)
@@ -292,8 +336,7 @@ def test_summary_agrees_with_a_direct_count_of_the_store(api: Api) -> None:
     assert body["states"] == direct_counts(api)
     assert body["expiredSupervised"] == 1  # processing_expired; the running order's CompleteBy is 10 minutes ahead
     oldest = body["oldestPending"]
-    assert oldest["orderId"] == api.ids["pending_oldest"] and oldest["since"] == format_utc(
-        EPOCH - timedelta(hours=5))
+    assert oldest["orderId"] == api.ids["pending_oldest"] and oldest["since"] == format_utc(EPOCH - timedelta(hours=5))
     assert body["deadLetters"]["orders-inbound"] == {"count": 1, "capped": False}
     assert body["deadLetters"]["agent-replies"] == {"count": 0, "capped": False}
     # No ServiceBusNamespaceResourceId here (no ARM): the summary peeks, and only where the function app holds Listen
@@ -312,11 +355,17 @@ def test_the_served_document_is_the_valid_openapi_31_document(api: Api) -> None:
     validate_openapi(body)
 
 
-@pytest.mark.parametrize(("method", "path", "template"), [
-    ("GET", "orders/x-1", "orders/{id}"), ("GET", "orders", "orders"), ("POST", "orders/x-1/resubmit",
-                                                                        "orders/{id}/resubmit"),
-    ("POST", "orders/x-1/cancel", "orders/{id}/cancel"), ("GET", "ops/summary", "ops/summary"),
-    ("GET", "openapi.json", "openapi.json")])
+@pytest.mark.parametrize(
+    ("method", "path", "template"),
+    [
+        ("GET", "orders/x-1", "orders/{id}"),
+        ("GET", "orders", "orders"),
+        ("POST", "orders/x-1/resubmit", "orders/{id}/resubmit"),
+        ("POST", "orders/x-1/cancel", "orders/{id}/cancel"),
+        ("GET", "ops/summary", "ops/summary"),
+        ("GET", "openapi.json", "openapi.json"),
+    ],
+)
 def test_every_endpoint_needs_a_function_key(api: Api, method: str, path: str, template: str) -> None:
     assert api.call(method, path, template, key=None)[0] == 401
     assert api.call(method, path, template, key="wrong-key", query={"state": "Pending"})[0] == 401
@@ -324,6 +373,11 @@ def test_every_endpoint_needs_a_function_key(api: Api, method: str, path: str, t
 
 def test_every_documented_response_but_the_500_was_seen_and_validated(api: Api) -> None:
     """Runs last (file order): the tests above produced every documented (operation, status) but the bare 500."""
-    documented = {(path.lstrip("/"), method, int(status)) for path, item in api.doc["paths"].items()
-                  for method, op in item.items() for status in op["responses"] if status != "500"}
+    documented = {
+        (path.lstrip("/"), method, int(status))
+        for path, item in api.doc["paths"].items()
+        for method, op in item.items()
+        for status in op["responses"]
+        if status != "500"
+    }
     assert documented - api.validated == set()

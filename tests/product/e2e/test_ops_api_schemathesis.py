@@ -38,10 +38,14 @@ from orderflow.records import format_utc
 load_all_checks()
 CHECKED = [c for c in CHECKS.get_all() if c is not unsupported_method]
 # A continuation is a token a page handed out: generate real ones (any keyset position), not arbitrary strings.
-schemathesis.openapi.format(CONTINUATION_FORMAT, st.builds(
-    lambda at, key: KeysetCursor(format_utc(at), key).encode(),
-    st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)),
-    st.text(string.ascii_letters + string.digits + "-_", max_size=64)))
+schemathesis.openapi.format(
+    CONTINUATION_FORMAT,
+    st.builds(
+        lambda at, key: KeysetCursor(format_utc(at), key).encode(),
+        st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)),
+        st.text(string.ascii_letters + string.digits + "-_", max_size=64),
+    ),
+)
 
 
 class Served:
@@ -53,8 +57,17 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """The product app under devhost on a seeded store (as tests/product/e2e/test_ops_api_e2e.py seeds it)."""
-    ids: dict[str, Any] = {name: new_order_id(name.replace("_", "-")) for name in (
-        "error", "error_kept", "compensation_failed", "pending_oldest", "pending_cancel", "processing_expired")}
+    ids: dict[str, Any] = {
+        name: new_order_id(name.replace("_", "-"))
+        for name in (
+            "error",
+            "error_kept",
+            "compensation_failed",
+            "pending_oldest",
+            "pending_cancel",
+            "processing_expired",
+        )
+    }
     ids["processed"] = [new_order_id(f"processed{k}") for k in range(5)]
     config = SystemConfig(work_dir=tmp_path_factory.mktemp("ops-api-fuzz"), settings=dict(SETTINGS))
     asyncio.run(seed(config.store_endpoint, ids))
@@ -75,21 +88,30 @@ schema.config.generation.update(deterministic=True, database="none")
 
 
 @schema.parametrize()
-@settings(max_examples=30, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(max_examples=30, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 def test_the_api_accepts_what_its_document_allows_and_refuses_the_rest(case: Any, served: Served) -> None:
     case.call_and_validate(base_url=f"{served.url}/api", headers={"x-functions-key": served.key}, checks=CHECKED)
     served.sent[(case.operation.path, case.operation.method.lower())] += 1
 
 
-@pytest.mark.parametrize(("method", "path"), [("DELETE", "orders"), ("PUT", "orders/o-1"), ("GET", "orders/o-1/cancel"),
-                                              ("PATCH", "ops/summary"), ("POST", "openapi.json"), ("TRACE", "orders")])
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("DELETE", "orders"),
+        ("PUT", "orders/o-1"),
+        ("GET", "orders/o-1/cancel"),
+        ("PATCH", "ops/summary"),
+        ("POST", "openapi.json"),
+        ("TRACE", "orders"),
+    ],
+)
 @pytest.mark.parametrize("key", [True, False])
 def test_an_undeclared_method_is_a_404_as_on_azure(served: Served, method: str, path: str, key: bool) -> None:
     # Conformance: azure-functions-host routes on (template, method) and answers 404 with no body when nothing
     # matches, before authentication (WebScriptHostHttpRoutesManager.cs; Azure/azure-functions-host#10098).
-    request = urllib.request.Request(f"{served.url}/api/{path}", method=method,
-                                     headers={"x-functions-key": served.key} if key else {})
+    request = urllib.request.Request(
+        f"{served.url}/api/{path}", method=method, headers={"x-functions-key": served.key} if key else {}
+    )
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=10)
     assert refused.value.code == 404 and refused.value.read() == b"" and "Allow" not in refused.value.headers
@@ -98,8 +120,9 @@ def test_an_undeclared_method_is_a_404_as_on_azure(served: Served, method: str, 
 def test_a_repeated_query_parameter_arrives_joined_with_commas_as_on_azure(served: Served) -> None:
     # Conformance: the host passes each query name once, its values joined by StringValues.ToString() (",") and empty
     # ones dropped (azure-functions-host src/WebJobs.Script.Grpc/MessageExtensions/GrpcMessageConversionExtensions.cs).
-    request = urllib.request.Request(f"{served.url}/api/orders?state=Pending&state=Error&olderThan=",
-                                     headers={"x-functions-key": served.key})
+    request = urllib.request.Request(
+        f"{served.url}/api/orders?state=Pending&state=Error&olderThan=", headers={"x-functions-key": served.key}
+    )
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=10)
     body = json.loads(refused.value.read())

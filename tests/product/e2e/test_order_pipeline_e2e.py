@@ -65,9 +65,7 @@ def test_happy_path_received_then_completed_with_one_side_effect_per_step(client
 def test_transient_failures_are_absorbed_by_the_agent_within_attempt_1(client: Client) -> None:
     """Execution: the Agent retries inside CompleteBy with a stable idempotency key; no Supervisor at all."""
     order_id = new_order_id("transient")
-    client.script(
-        {order_id: ["transient", "transient"]}
-    )  # every step: two 429/503 answers, then the seeded ok
+    client.script({order_id: ["transient", "transient"]})  # every step: two 429/503 answers, then the seeded ok
     client.submit(make_order(order_id))
 
     client.wait_status(order_id, OrderStatus.COMPLETED)
@@ -110,8 +108,9 @@ def test_a_hang_past_complete_by_is_recovered_by_attempt_2_and_the_late_reply_is
     )
     client.send_agent_reply(late)
     wait_until(
-        lambda: f"late reply for {f'{order_id}:1'!r} ({reply_event_name(SHIP)}) ignored" in client.devhost_log(), 15,
-        "late-reply log"
+        lambda: f"late reply for {f'{order_id}:1'!r} ({reply_event_name(SHIP)}) ignored" in client.devhost_log(),
+        15,
+        "late-reply log",
     )
     assert client.state(order_id) == before
     assert [s.state for s in client.statuses(order_id)].count(OrderStatus.COMPLETED) == 1
@@ -133,7 +132,8 @@ def test_permanent_failure_compensates_the_steps_done_with_alert_and_compensated
     assert rec is not None and rec.process_state is ProcessState.COMPENSATED
     assert [s.status for s in rec.steps] == [StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.PENDING]
     assert [(c.name.value, c.status, c.undone) for c in rec.compensations] == [
-        ("release-inventory", StepStatus.SUCCEEDED, True)]
+        ("release-inventory", StepStatus.SUCCEEDED, True)
+    ]
     [alert] = wait_until(lambda: client.alerts(order_id), 10, "alert")
     assert alert.kind is AlertKind.ORDER_FAILED and "PaymentDeclined" in alert.reason
     assert (alert.details["applied"], alert.details["undone"]) == ([RESERVE], [RESERVE])
@@ -175,16 +175,11 @@ def test_duplicate_submission_makes_one_order_and_conflicting_one_is_dead_letter
     dead = client.wait_dead_letter(f"{order_id}:conflict")
 
     assert dead.reason == "OrderConflict" and order_id in (dead.description or "")
-    assert (
-        client.dead_letter(f"{order_id}:first") is None
-        and client.dead_letter(f"{order_id}:client-retry") is None
-    )
+    assert client.dead_letter(f"{order_id}:first") is None and client.dead_letter(f"{order_id}:client-retry") is None
     assert client.order(order_id) == original
     assert_processed_by(client, order_id, attempt=1, failure_count=0)
     assert [s.state for s in client.statuses(order_id)] == [OrderStatus.RECEIVED, OrderStatus.COMPLETED]
-    assert [a.kind for a in wait_until(lambda: client.alerts(order_id), 10, "alert")] == [
-        AlertKind.ORDER_CONFLICT
-    ]
+    assert [a.kind for a in wait_until(lambda: client.alerts(order_id), 10, "alert")] == [AlertKind.ORDER_CONFLICT]
 
 
 def test_invalid_inputs_are_dead_lettered_with_their_reason(client: Client) -> None:
@@ -241,7 +236,8 @@ def test_agent_replies_reach_the_scheduler_as_json_strings_and_the_order_complet
     assert all(isinstance(value, str) for value in received), [type(v).__name__ for v in received]
     replies = [AgentReply.from_event(value) for value in received]
     assert [(r.instance_id, r.step, r.outcome) for r in replies] == [
-        (f"{order_id}:1", step, AgentOutcome.SUCCEEDED) for step in STEPS]
+        (f"{order_id}:1", step, AgentOutcome.SUCCEEDED) for step in STEPS
+    ]
 
 
 # --- the operator CLI on this running system (orderflow/cli; every command and error in-process:
@@ -251,16 +247,21 @@ def test_agent_replies_reach_the_scheduler_as_json_strings_and_the_order_complet
 
 def _orderflow(client: Client, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     assert client.system.devhost is not None and client.system.devhost.url
-    env = {**client.system.env(), "COLUMNS": "200",
-           "DurableTaskApiUrl": f"{client.system.devhost.url}/runtime/webhooks/durabletask"}
-    return subprocess.run([sys.executable, "-m", "orderflow", *argv], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    env = {
+        **client.system.env(),
+        "COLUMNS": "200",
+        "DurableTaskApiUrl": f"{client.system.devhost.url}/runtime/webhooks/durabletask",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "orderflow", *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_an_order_submitted_by_the_cli_is_shown_with_its_orchestration_and_counted(client: Client) -> None:
     order_id = new_order_id("cli-op")
-    sent = _orderflow(client, "submit", "--order-id", order_id, "--wait", "45", "--connection",
-                      client.system.config.bus_connection)
+    sent = _orderflow(
+        client, "submit", "--order-id", order_id, "--wait", "45", "--connection", client.system.config.bus_connection
+    )
     assert sent.returncode == 0 and "completed" in sent.stdout, sent.stdout + sent.stderr
     shown = _orderflow(client, "order", order_id, "--json")
     assert shown.returncode == 0, shown.stderr

@@ -51,10 +51,19 @@ def captured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Captured]:
     pythonpath = os.pathsep.join(p for p in (str(CAPTURE), os.environ.get("PYTHONPATH")) if p)
     # The timer poll never fires (01-01 00:00): the order starts through the submission's fast path, so the test
     # does not wait for a poll. Long step timeouts: a slow machine must not time a step out into a second attempt.
-    config = SystemConfig(work_dir=work, seed=11, latency_ms_mean=2.0,
-                          settings={**FAST_SETTINGS, "StarterSchedule": "0 0 0 1 1 *", "StepTimeoutSeconds": "20",
-                                    "ClaimLeaseSeconds": "20", "PYTHONPATH": pythonpath,
-                                    "ORDERFLOW_OTEL_CAPTURE_DIR": str(spans_dir)})
+    config = SystemConfig(
+        work_dir=work,
+        seed=11,
+        latency_ms_mean=2.0,
+        settings={
+            **FAST_SETTINGS,
+            "StarterSchedule": "0 0 0 1 1 *",
+            "StepTimeoutSeconds": "20",
+            "ClaimLeaseSeconds": "20",
+            "PYTHONPATH": pythonpath,
+            "ORDERFLOW_OTEL_CAPTURE_DIR": str(spans_dir),
+        },
+    )
     with running_client(config) as client:
         yield Captured(client, spans_dir)
 
@@ -69,9 +78,11 @@ def _hops(spans: list[dict[str, Any]], order_id: str) -> dict[str, list[dict[str
 
 def _complete(hops: dict[str, list[dict[str, Any]]]) -> bool:
     """Every hop of a three-step order has ended (the terminal status span ends after the status was sent)."""
-    return (len(hops.get("orderflow.agent.handle", [])) >= len(STEPS)
-            and len(hops.get("orderflow.agent_reply", [])) >= len(STEPS)
-            and "orderflow.terminal_status" in hops)
+    return (
+        len(hops.get("orderflow.agent.handle", [])) >= len(STEPS)
+        and len(hops.get("orderflow.agent_reply", [])) >= len(STEPS)
+        and "orderflow.terminal_status" in hops
+    )
 
 
 @pytest.mark.slow
@@ -117,8 +128,10 @@ def test_one_orders_spans_from_every_process_form_a_single_trace_with_the_expect
     assert {h["pid"] for h in handles} != {devhost} and len({h["pid"] for h in handles}) == 1
     for handle in handles:
         sender = parent[handle["span_id"]]
-        assert sender["name"] == "orderflow.activity.advance_order" and sender["attributes"][STEP] == \
-            handle["attributes"][STEP]
+        assert (
+            sender["name"] == "orderflow.activity.advance_order"
+            and sender["attributes"][STEP] == handle["attributes"][STEP]
+        )
         assert handle["parent_remote"] is True
     for call in calls:
         assert parent[call["span_id"]]["name"] == "orderflow.agent.handle"

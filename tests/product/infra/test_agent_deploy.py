@@ -83,8 +83,12 @@ def test_the_agent_image_runs_the_agent_and_no_command_overrides_it() -> None:
 def test_a_new_environment_starts_the_placeholder_on_its_own_entrypoint() -> None:
     image, _ = _deployed_image("agent.bicep", _agent(NEW))
     assert image == PLACEHOLDER
-    assert evaluate(app("agent.bicep").resource("agent").get("properties", "template", "containers"),
-                    _agent(NEW))[0]["image"] == PLACEHOLDER
+    assert (
+        evaluate(app("agent.bicep").resource("agent").get("properties", "template", "containers"), _agent(NEW))[0][
+            "image"
+        ]
+        == PLACEHOLDER
+    )
 
 
 @pytest.mark.parametrize("file", ["agent.bicep", "simulator.bicep"])
@@ -118,8 +122,9 @@ def test_each_containerapp_service_reports_its_app_through_the_exists_pattern() 
         assert f"'azd-service-name': '{service}'" in text(deployed.get("tags"))
 
 
-@pytest.mark.parametrize(("remote", "simulated"), [("", True), ("https://remote.example.com", False)],
-                         ids=["no-remote-url", "remote-url"])
+@pytest.mark.parametrize(
+    ("remote", "simulated"), [("", True), ("https://remote.example.com", False)], ids=["no-remote-url", "remote-url"]
+)
 def test_the_simulator_is_deployed_exactly_when_agent_remote_url_is_empty(remote: str, simulated: bool) -> None:
     env = {**NEW, "AGENT_REMOTE_URL": remote}
     scope = _main_scope(env)
@@ -131,7 +136,8 @@ def test_the_simulator_is_deployed_exactly_when_agent_remote_url_is_empty(remote
         return
     # The simulator's internal ingress address (agent.bicep), with the name the simulator module deploys.
     assert isinstance(url, Opaque) and url.text == (
-        "'https://${simulatorContainerAppName}.internal.${environment.properties.defaultDomain}'")
+        "'https://${simulatorContainerAppName}.internal.${environment.properties.defaultDomain}'"
+    )
     agent_params, simulator_params = main().module("agent").params(), main().module("simulator").params()
     assert text(agent_params["simulatorContainerAppName"]) == "useSimulator ? simulatorAppName : ''"
     assert text(simulator_params["containerAppName"]) == "simulatorAppName"
@@ -147,8 +153,9 @@ def test_the_simulator_listens_where_its_internal_ingress_sends() -> None:
     command = _cmd("Dockerfile.simulator")
     assert command[:3] == ["python", "-m", "lab.simulator"]
     args = build_parser().parse_args(command[3:])
-    ingress = evaluate(app("simulator.bicep").resource("simulator").get("properties", "configuration", "ingress"),
-                       _simulator(NEW))
+    ingress = evaluate(
+        app("simulator.bicep").resource("simulator").get("properties", "configuration", "ingress"), _simulator(NEW)
+    )
     assert ingress["external"] is False and ingress["allowInsecure"] is False
     assert args.host == "0.0.0.0" and args.port == ingress["targetPort"]
     # The placeholder of a new app (containerapps-helloworld) serves on port 80: the same ingress fits both images.
@@ -157,8 +164,9 @@ def test_the_simulator_listens_where_its_internal_ingress_sends() -> None:
     container = _container("simulator.bicep", "simulator", _simulator(REPROVISION))
     assert "command" not in container and "args" not in container
     # One replica: its effects ledger is one SQLite file, which replicas would not share.
-    scale = evaluate(app("simulator.bicep").resource("simulator").get("properties", "template", "scale"),
-                     _simulator(NEW))
+    scale = evaluate(
+        app("simulator.bicep").resource("simulator").get("properties", "template", "scale"), _simulator(NEW)
+    )
     assert scale == {"minReplicas": 1, "maxReplicas": 1}
 
 
@@ -180,6 +188,6 @@ def test_azure_yaml_requires_the_azd_that_has_service_conditions() -> None:
     azure_yaml = (REPO / "azure.yaml").read_text()
     assert re.search(r'^requiredVersions:\n  azd: ">= 1\.23\.4"$', azure_yaml, re.M)
     readme = (REPO / "README.md").read_text()
-    deploy = readme[readme.index("## Deploy"):]
+    deploy = readme[readme.index("## Deploy") :]
     assert "`azd`) 1.23.4 or later" in deploy
     assert "1.23.4" in (REPO / "docs" / "deploy.md").read_text()

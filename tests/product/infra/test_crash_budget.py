@@ -72,8 +72,9 @@ CONFIGURATIONS = {
     "azure defaults": lambda: _budget({}, _bicep_locks()),
     "local defaults (demo)": lambda: _budget(LOCAL_DEFAULTS, _emulator_locks()),
     "local.settings.sample.json (devhost)": lambda: _budget(_sample("local.settings.sample.json"), _emulator_locks()),
-    "local.settings.func.sample.json (func start)":
-        lambda: _budget(_sample("local.settings.func.sample.json"), _bicep_locks()),
+    "local.settings.func.sample.json (func start)": lambda: _budget(
+        _sample("local.settings.func.sample.json"), _bicep_locks()
+    ),
 }
 
 
@@ -102,22 +103,26 @@ def test_the_old_local_defaults_break_the_budget_even_with_short_locks() -> None
     """Issue 8: the demo's 10 s step timeout broke the rule (10 s <= 5 s + 5 s + 5 s)."""
     old = {**LOCAL_DEFAULTS, "StepTimeoutSeconds": "10"}
     broken = _budget(old, _emulator_locks()).violations()
-    assert broken == ["a crash can cost an attempt: StepTimeoutSeconds must exceed LockDuration(agent-requests) + "
-                      "LockDuration(agent-replies) + headroom, but 10 s <= 15 s"]
+    assert broken == [
+        "a crash can cost an attempt: StepTimeoutSeconds must exceed LockDuration(agent-requests) + "
+        "LockDuration(agent-replies) + headroom, but 10 s <= 15 s"
+    ]
 
 
 def test_one_attempt_leaves_nothing_after_a_lost_one() -> None:
     budget = _budget({"FailureThreshold": "1"}, _emulator_locks())
     assert [v for v in budget.violations() if "attempts after a lost one" in v] == [
         "the attempts after a lost one end before the dead locks: (FailureThreshold - 1) x StepTimeoutSeconds + "
-        "backoffs must exceed the locks + headroom, but 0 s <= 15 s"]
+        "backoffs must exceed the locks + headroom, but 0 s <= 15 s"
+    ]
 
 
 def test_lock_renewal_must_outlast_the_longest_hold() -> None:
     budget = _budget({}, _emulator_locks())
     assert budget.violations(max_auto_lock_renewal_s=59) == [
         "host.json maxAutoLockRenewalDuration must cover the longest a function holds a message "
-        "(max(StepTimeoutSeconds, ClaimLeaseSeconds)), but 59 s < 60 s"]
+        "(max(StepTimeoutSeconds, ClaimLeaseSeconds)), but 59 s < 60 s"
+    ]
     assert budget.violations(max_auto_lock_renewal_s=60) == []
 
 
@@ -145,7 +150,6 @@ def test_the_readme_states_the_host_crash_rule_with_todays_arithmetic(configurat
 def test_the_readme_agent_crash_row_names_the_short_lock() -> None:
     row = _failure_row("Agent crash (kill -9)")
     assert "agent-requests" in row and "5 s" in row and "1 min" not in row
-
 
 
 # ---- the Durable backend's waits (Azure Storage provider: Azure, and `func start` on Azurite) ----------------------
@@ -178,8 +182,11 @@ class AzureStorageBackend:
         provider = dict((host_json.get("extensions") or {}).get("durableTask", {}).get("storageProvider", {}))
         # The lease and visibility defaults hold only while host.json leaves them alone.
         assert not {"workItemQueueVisibilityTimeout", "controlQueueVisibilityTimeout"} & set(provider)
-        return cls(max_queue_polling_s=HostConfig(app_dir=REPO, host_json=host_json)
-                   .durable_options().max_queue_polling_interval_s)
+        return cls(
+            max_queue_polling_s=HostConfig(app_dir=REPO, host_json=host_json)
+            .durable_options()
+            .max_queue_polling_interval_s
+        )
 
     @property
     def step_dispatch_s(self) -> float:
@@ -197,18 +204,24 @@ class AzureStorageBackend:
         """Every broken rule, with its numbers; empty when the backend fits the budget."""
         broken = []
         if not budget.step_timeout_s > budget.dead_lock_s + self.step_dispatch_s:
-            broken.append("a quiet spell can cost an attempt: StepTimeoutSeconds must exceed the locks + headroom + "
-                          f"2 x maxQueuePollingInterval, but {_s(budget.step_timeout_s)} <= "
-                          f"{_s(budget.dead_lock_s)} + {_s(self.step_dispatch_s)}")
+            broken.append(
+                "a quiet spell can cost an attempt: StepTimeoutSeconds must exceed the locks + headroom + "
+                f"2 x maxQueuePollingInterval, but {_s(budget.step_timeout_s)} <= "
+                f"{_s(budget.dead_lock_s)} + {_s(self.step_dispatch_s)}"
+            )
         if not budget.claim_lease_s > self.partition_takeover_s:
-            broken.append("a crash can cost the next attempt its start: ClaimLeaseSeconds must exceed LeaseInterval + "
-                          f"LeaseAcquireInterval + maxQueuePollingInterval, but {_s(budget.claim_lease_s)} <= "
-                          f"{_s(self.partition_takeover_s)}")
+            broken.append(
+                "a crash can cost the next attempt its start: ClaimLeaseSeconds must exceed LeaseInterval + "
+                f"LeaseAcquireInterval + maxQueuePollingInterval, but {_s(budget.claim_lease_s)} <= "
+                f"{_s(self.partition_takeover_s)}"
+            )
         if not budget.spare_attempts_s > self.partition_takeover_s + self.step_dispatch_s:
-            broken.append("the attempts after a lost one end before the dead partition is served: (FailureThreshold - "
-                          "1) x StepTimeoutSeconds + backoffs must exceed the partition takeover + one step's "
-                          f"dispatch, but {_s(budget.spare_attempts_s)} <= "
-                          f"{_s(self.partition_takeover_s + self.step_dispatch_s)}")
+            broken.append(
+                "the attempts after a lost one end before the dead partition is served: (FailureThreshold - "
+                "1) x StepTimeoutSeconds + backoffs must exceed the partition takeover + one step's "
+                f"dispatch, but {_s(budget.spare_attempts_s)} <= "
+                f"{_s(self.partition_takeover_s + self.step_dispatch_s)}"
+            )
         return broken
 
 

@@ -56,10 +56,16 @@ def test_orders_container_indexes_only_fields_its_documents_have_and_its_queries
     from orderflow.messages import SubmitOrder
     from orderflow.records import OrderRecord
 
-    order = SubmitOrder.model_validate({
-        "orderId": "o-1", "replyTo": "app-status", "customer": {"id": "c-1", "name": "Ada"},
-        "items": [{"sku": "sku-1", "quantity": 1, "unitPrice": "1.00"}], "currency": "EUR",
-        "submittedAt": "2026-01-01T00:00:00+00:00"})
+    order = SubmitOrder.model_validate(
+        {
+            "orderId": "o-1",
+            "replyTo": "app-status",
+            "customer": {"id": "c-1", "name": "Ada"},
+            "items": [{"sku": "sku-1", "quantity": 1, "unitPrice": "1.00"}],
+            "currency": "EUR",
+            "submittedAt": "2026-01-01T00:00:00+00:00",
+        }
+    )
     doc = OrderRecord.from_order(order, datetime(2026, 1, 1, tzinfo=UTC)).to_doc()
     policy = _container("ordersContainer")["indexingPolicy"]
     paths = [p["path"] for p in policy["includedPaths"]]
@@ -87,14 +93,10 @@ def test_state_indexes_serve_the_starter_and_the_supervisor() -> None:
         [(p["path"], p["order"]) for p in index]
         for index in _container("stateContainer")["indexingPolicy"]["compositeIndexes"]
     ]
-    for required in cosmos.STATE_INDEXING_POLICY[
-        "compositeIndexes"
-    ]:  # the adapter's ORDER BY needs these
+    for required in cosmos.STATE_INDEXING_POLICY["compositeIndexes"]:  # the adapter's ORDER BY needs these
         assert [(p["path"], p["order"]) for p in required] in composites
     assert [("/processState", "ascending"), ("/completeBy", "ascending")] in composites  # Supervisor
-    assert any(
-        c[:2] == [("/processState", "ascending"), ("/retryAt", "ascending")] for c in composites
-    )  # Starter
+    assert any(c[:2] == [("/processState", "ascending"), ("/retryAt", "ascending")] for c in composites)  # Starter
 
 
 def test_cosmos_capacity_is_a_parameter() -> None:
@@ -128,9 +130,7 @@ def test_function_app_is_flex_consumption_python_311_with_scale_parameters() -> 
 def test_diagnostic_settings_send_to_log_analytics(file: str, target: str) -> None:
     bicep = app(file)
     settings_ = [
-        d
-        for d in bicep.resources_of("Microsoft.Insights/diagnosticSettings")
-        if text(d.get("scope")) == target
+        d for d in bicep.resources_of("Microsoft.Insights/diagnosticSettings") if text(d.get("scope")) == target
     ]
     assert len(settings_) == 1
     assert text(settings_[0].get("properties", "workspaceId")) == "logAnalyticsWorkspaceId"
@@ -171,16 +171,23 @@ def test_dead_letter_alerts_cover_every_queue_and_no_sender_pages() -> None:
     # fills or drains (poison input on orders-inbound, an app that never reads its status queue) count towards a
     # Sev-3 threshold; only the product writes the system queues, so a dead letter there is Sev-2. Sev-1 is the
     # orders-in-Error alert alone (issue 21: anybody who can submit could page the operators).
-    names = {key: evaluate(main().module("serviceBus").params()[key], Scope(main())) for key in (
-        "ordersQueueName", "agentRequestsQueueName", "agentRepliesQueueName", "operatorAlertsQueueName")}
+    names = {
+        key: evaluate(main().module("serviceBus").params()[key], Scope(main()))
+        for key in ("ordersQueueName", "agentRequestsQueueName", "agentRepliesQueueName", "operatorAlertsQueueName")
+    }
     system, system_criterion = _dead_letter_alert("deadLetters")
     sender, sender_criterion = _dead_letter_alert("senderDeadLetters")
-    assert _queues_of(system_criterion) == {names["agentRequestsQueueName"], names["agentRepliesQueueName"],
-                                            names["operatorAlertsQueueName"]}
+    assert _queues_of(system_criterion) == {
+        names["agentRequestsQueueName"],
+        names["agentRepliesQueueName"],
+        names["operatorAlertsQueueName"],
+    }
     # The status queues are a deployment-time list (one per submitting app): the sender alert takes the very list the
     # namespace creates its status queues from, after orders-inbound.
-    bus_status, alert_queues = (text(main().module(m).params()[k]) for m, k in (
-        ("serviceBus", "statusQueueNames"), ("alerts", "senderQueueNames")))
+    bus_status, alert_queues = (
+        text(main().module(m).params()[k])
+        for m, k in (("serviceBus", "statusQueueNames"), ("alerts", "senderQueueNames"))
+    )
     assert bus_status == "statusQueueNames" and alert_queues == "concat([ordersQueueName], statusQueueNames)"
     assert text(main().module("serviceBus").params()["ordersQueueName"]) == "ordersQueueName"
     assert system["severity"] == 2 and system_criterion["threshold"] == 0
@@ -193,8 +200,11 @@ def test_severity_1_is_kept_for_what_no_sender_can_cause() -> None:
     # the Supervisor stopped running. No sender's input causes these; every alert a sender can cause is Sev-2 or lower.
     alerts = app("alerts.bicep")
     scope = module_scope(Scope(main()), main().module("alerts"))
-    severities = {r.symbol: evaluate(r.get("properties", "severity"), scope) for r in alerts.resources
-                  if r.type.startswith("Microsoft.Insights/") and r.get("properties", "severity") is not None}
+    severities = {
+        r.symbol: evaluate(r.get("properties", "severity"), scope)
+        for r in alerts.resources
+        if r.type.startswith("Microsoft.Insights/") and r.get("properties", "severity") is not None
+    }
     paging = sorted(symbol for symbol, level in severities.items() if level == 1)
     assert paging == ["circuitOpen", "ordersInError", "supervisorSilent"]
     assert severities["badInput"] == 2 and severities["deadLetters"] == 2 and severities["senderDeadLetters"] == 3
@@ -269,8 +279,16 @@ def test_the_alert_log_line_carries_the_kind_the_rules_filter_on(caplog: pytest.
             return Sender()
 
     with caplog.at_level(logging.ERROR, logger="orderflow.outbound"):
-        asyncio.run(outbound.raise_alert(Bus(), "operator-alerts", kind=AlertKind.POISON_MESSAGE, order_id=None,
-                                         reason="bad json", now=datetime(2026, 1, 1, tzinfo=UTC)))
+        asyncio.run(
+            outbound.raise_alert(
+                Bus(),
+                "operator-alerts",
+                kind=AlertKind.POISON_MESSAGE,
+                order_id=None,
+                reason="bad json",
+                now=datetime(2026, 1, 1, tzinfo=UTC),
+            )
+        )
     (record,) = [r for r in caplog.records if r.getMessage().startswith("operator alert ")]
     assert record.alert_kind == "PoisonMessage"  # type: ignore[attr-defined]
     assert len(sent) == 1  # and the alert still goes to the operator-alerts queue
@@ -279,13 +297,9 @@ def test_the_alert_log_line_carries_the_kind_the_rules_filter_on(caplog: pytest.
 def test_supervisor_silence_alert() -> None:
     alerts = app("alerts.bicep")
     assert evaluate(alerts.variables["supervisorFunctionName"], Scope(alerts)) == SUPERVISOR
-    (criterion,) = evaluate(
-        alerts.resource("supervisorSilent").get("properties", "criteria", "allOf"), Scope(alerts)
-    )
+    (criterion,) = evaluate(alerts.resource("supervisorSilent").get("properties", "criteria", "allOf"), Scope(alerts))
     assert criterion["operator"] == "LessThan" and criterion["threshold"] == 1
-    assert "supervisorSilenceMinutes" in text(
-        alerts.resource("supervisorSilent").get("properties", "windowSize")
-    )
+    assert "supervisorSilenceMinutes" in text(alerts.resource("supervisorSilent").get("properties", "windowSize"))
 
 
 def test_every_alert_is_enabled() -> None:

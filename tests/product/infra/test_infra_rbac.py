@@ -77,10 +77,7 @@ def test_conditional_grants_skip_empty_principals() -> None:
 def test_managed_identities_are_service_principals() -> None:
     for assignment in assignments():
         if text(assignment.get("properties", "principalId")) in {"appPrincipalId", "agentPrincipalId"}:
-            assert (
-                evaluate(assignment.get("properties", "principalType"), Scope(assignment.file))
-                == "ServicePrincipal"
-            )
+            assert evaluate(assignment.get("properties", "principalType"), Scope(assignment.file)) == "ServicePrincipal"
 
 
 def test_reader_is_granted_on_queues_only_never_wider() -> None:
@@ -88,21 +85,23 @@ def test_reader_is_granted_on_queues_only_never_wider() -> None:
     # would read every other resource too. No other principal gets it.
     readers = [a for a in assignments() if ROLE_NAMES[role_id(a)] == "Reader"]
     assert {text(a.get("scope")) for a in readers} == {
-        "namespace::ordersQueue", "namespace::agentRequestsQueue", "namespace::agentRepliesQueue",
-        "namespace::operatorAlertsQueue", "statusQueues[i]"}
+        "namespace::ordersQueue",
+        "namespace::agentRequestsQueue",
+        "namespace::agentRepliesQueue",
+        "namespace::operatorAlertsQueue",
+        "statusQueues[i]",
+    }
     assert {text(a.get("properties", "principalId")) for a in readers} == {"appPrincipalId"}
 
 
 def test_cosmos_grants_are_data_contributor_for_the_app_only_per_database() -> None:
     rbac = app("rbac.bicep")
     grants = [
-        g for g in rbac.resources_of("Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments")
+        g
+        for g in rbac.resources_of("Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments")
         if text(g.get("properties", "principalId")) == "appPrincipalId"
     ]
-    assert (
-        evaluate(rbac.variables["cosmosDataContributor"], Scope(rbac))
-        == "00000000-0000-0000-0000-000000000002"
-    )
+    assert evaluate(rbac.variables["cosmosDataContributor"], Scope(rbac)) == "00000000-0000-0000-0000-000000000002"
     scopes = set()
     for grant in grants:
         assert text(grant.get("properties", "roleDefinitionId")) == (
@@ -114,9 +113,7 @@ def test_cosmos_grants_are_data_contributor_for_the_app_only_per_database() -> N
         "'${cosmosAccount.id}/dbs/${stateDatabaseName}'",
     }
     every_file = [
-        r
-        for f in all_files()
-        for r in f.resources_of("Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments")
+        r for f in all_files() for r in f.resources_of("Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments")
     ]
     assert len(every_file) == 3, "the app's two grants and the Agent's circuit-breaker grant, nothing else"
 
@@ -203,7 +200,8 @@ def test_the_breaker_data_actions_are_what_the_breaker_store_calls() -> None:
 def test_the_agents_only_cosmos_grant_is_the_breaker_role_on_the_breaker_container() -> None:
     rbac = app("rbac.bicep")
     grants = [
-        g for g in rbac.resources_of("Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments")
+        g
+        for g in rbac.resources_of("Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments")
         if text(g.get("properties", "principalId")) == "agentPrincipalId"
     ]
     assert [g.symbol for g in grants] == ["agentCircuitBreakerData"]
@@ -217,7 +215,8 @@ def test_the_agents_only_cosmos_grant_is_the_breaker_role_on_the_breaker_contain
     for key in ("stateDatabaseName", "circuitBreakerContainerName"):
         assert text(params[key]) == text(main().module("cosmos").params()[key]) == key
     assert evaluate(main().params["circuitBreakerContainerName"], Scope(main())) == settings.get(
-        "CircuitBreakerContainerName", env={})
+        "CircuitBreakerContainerName", env={}
+    )
 
 
 def test_the_function_app_reaches_the_breaker_container_through_its_state_database_grant() -> None:

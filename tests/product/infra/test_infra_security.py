@@ -71,9 +71,7 @@ def test_tls_minimums() -> None:
     assert evaluate(namespace.get("properties", "minimumTlsVersion"), Scope(namespace.file)) == "1.2"
     cosmos = app("cosmos.bicep").resource("account")
     assert evaluate(cosmos.get("properties", "minimalTlsVersion"), Scope(cosmos.file)) == "Tls12"
-    assert (
-        evaluate(cosmos.get("properties", "disableKeyBasedMetadataWriteAccess"), Scope(cosmos.file)) is True
-    )
+    assert evaluate(cosmos.get("properties", "disableKeyBasedMetadataWriteAccess"), Scope(cosmos.file)) is True
 
 
 def test_no_data_owner_role_anywhere() -> None:

@@ -119,8 +119,9 @@ def test_a_submitting_apps_longest_name_still_has_a_valid_status_queue() -> None
     from orderflow.messages import valid_reply_to
 
     declared = text(type_declarations(app("types.bicep"))["submittingApp"])
-    (max_name,) = (int(n) for n in re.findall(r"@maxLength\((\d+)\)\s*@description\('[^']*'\)\s*name: string",
-                                                declared))
+    (max_name,) = (
+        int(n) for n in re.findall(r"@maxLength\((\d+)\)\s*@description\('[^']*'\)\s*name: string", declared)
+    )
     assert "'${app.name}-status'" in main().path.read_text()
     longest = "a" * max_name + "-status"
     assert valid_reply_to(longest) == longest

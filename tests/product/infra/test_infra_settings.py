@@ -159,11 +159,7 @@ def test_bicep_values_are_the_registered_defaults() -> None:
     checked = 0
     for name, node in bicep_app_settings().items():
         value: Any = evaluate(node, scope)
-        if (
-            name in settings.SETTING_NAMES
-            and not isinstance(value, Opaque)
-            and name != "CosmosDb__credential"
-        ):
+        if name in settings.SETTING_NAMES and not isinstance(value, Opaque) and name != "CosmosDb__credential":
             assert value == settings.get(name, env={}), name
             checked += 1
     # Tunables are literals; names of queues, databases and containers flow from main.bicep's parameters.
@@ -200,16 +196,17 @@ def test_host_json() -> None:
 
 
 def _dts_overrides() -> dict[str, Node]:
-    return {k: n for obj in _object_nodes(app("function.bicep").variables["durableTaskSchedulerSettings"])
-            for k, n in object_items(obj)}
+    return {
+        k: n
+        for obj in _object_nodes(app("function.bicep").variables["durableTaskSchedulerSettings"])
+        for k, n in object_items(obj)
+    }
 
 
 def test_durable_task_scheduler_switch_overrides_host_json() -> None:
     keys = _dts_overrides()
     assert (
-        evaluate(
-            keys["AzureFunctionsJobHost__extensions__durableTask__storageProvider__type"], _function_scope()
-        )
+        evaluate(keys["AzureFunctionsJobHost__extensions__durableTask__storageProvider__type"], _function_scope())
         == "azureManaged"
     )
     connection = text(keys["DURABLE_TASK_SCHEDULER_CONNECTION_STRING"])
@@ -223,7 +220,7 @@ def effective_storage_provider(host_json: dict[str, Any], overrides: dict[str, A
     Functions host.json reference)."""
     section = dict(((host_json.get("extensions") or {}).get("durableTask") or {}).get("storageProvider") or {})
     prefix = "AzureFunctionsJobHost__extensions__durableTask__storageProvider__"
-    section.update({k[len(prefix):]: v for k, v in overrides.items() if k.startswith(prefix)})
+    section.update({k[len(prefix) :]: v for k, v in overrides.items() if k.startswith(prefix)})
     return section
 
 
@@ -301,11 +298,18 @@ def test_func_start_sample_uses_azurite_and_identity_based_azure_connections() -
     assert not re.search(r"AccountKey|SharedAccessKey|embedded://", json.dumps(values))
     assert all(value != "" for value in values.values()), "an empty value would shadow a default"
     # The ops summary reads the real namespace's queue counts from ARM (orderflow/azure/queue_counts.py).
-    assert re.fullmatch(r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.ServiceBus/namespaces/[^/]+",
-                        values["ServiceBusNamespaceResourceId"])
+    assert re.fullmatch(
+        r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.ServiceBus/namespaces/[^/]+",
+        values["ServiceBusNamespaceResourceId"],
+    )
     # The two samples differ exactly in the connections; every tunable is the same.
-    connections = {"ServiceBusConnection", "ServiceBusConnection__fullyQualifiedNamespace", "CosmosDb__accountEndpoint",
-                   "CosmosDb__credential", "ServiceBusNamespaceResourceId"}
+    connections = {
+        "ServiceBusConnection",
+        "ServiceBusConnection__fullyQualifiedNamespace",
+        "CosmosDb__accountEndpoint",
+        "CosmosDb__credential",
+        "ServiceBusNamespaceResourceId",
+    }
     devhost = {k: v for k, v in SAMPLE["Values"].items() if k not in connections}
     func = {k: v for k, v in values.items() if k not in connections}
     assert devhost == func

@@ -36,8 +36,7 @@ def test_azd_layout() -> None:
 def test_resource_token_and_overridable_names() -> None:
     bicep = main()
     assert (
-        "uniqueString(subscription().id, environmentName, location)"
-        in bicep.variables["resourceToken"].text.decode()
+        "uniqueString(subscription().id, environmentName, location)" in bicep.variables["resourceToken"].text.decode()
     )
     name_params = [p for p in bicep.params if p.endswith("Name") and p != "environmentName"]
     for module in bicep.modules:
@@ -46,9 +45,7 @@ def test_resource_token_and_overridable_names() -> None:
                 # a generated name is always `!empty(<param>) ? <param> : <generated>`
                 assert value.type == "ternary_expression", f"{module.symbol}.{key} is not overridable"
                 assert value.named_children[0].text.decode().startswith("!empty(")
-    assert {"resourceGroupName", "serviceBusNamespaceName", "cosmosAccountName", "functionAppName"} <= set(
-        name_params
-    )
+    assert {"resourceGroupName", "serviceBusNamespaceName", "cosmosAccountName", "functionAppName"} <= set(name_params)
 
 
 def test_main_parameters_name_real_parameters() -> None:
@@ -84,8 +81,6 @@ def test_azure_yaml_services() -> None:
     hosts = [line.strip() for line in lines if line.strip().startswith("host:")]
     assert set(services) == {"api", "agent", "simulator"}
     assert hosts == ["host: function", "host: containerapp", "host: containerapp"]
-    dockerfile = next(
-        line.split(":", 1)[1].strip() for line in lines if line.strip().startswith("path: infra/")
-    )
+    dockerfile = next(line.split(":", 1)[1].strip() for line in lines if line.strip().startswith("path: infra/"))
     assert (REPO / dockerfile).is_file()
     assert 'CMD ["python", "-m", "agent"]' in (REPO / dockerfile).read_text()

@@ -67,8 +67,10 @@ def _segments(query: str) -> list[tuple[str, str]]:
     """(table, the query text up to the next table) for every Application Insights table the query reads."""
     tables = r"\b(customMetrics|traces|requests|customEvents|dependencies|exceptions|pageViews|availabilityResults)\b"
     found = list(re.finditer(tables, query))
-    return [(m.group(1), query[m.end(): found[i + 1].start() if i + 1 < len(found) else len(query)])
-            for i, m in enumerate(found)]
+    return [
+        (m.group(1), query[m.end() : found[i + 1].start() if i + 1 < len(found) else len(query)])
+        for i, m in enumerate(found)
+    ]
 
 
 def _trace_matches(operator: str, needle: str, fmt: str) -> bool:
@@ -122,7 +124,8 @@ def test_scheduled_query_rules_read_only_what_the_code_emits() -> None:
                 assert filters, f"{where}: traces without a message filter"
                 for operator, needle in filters:
                     assert any(_trace_matches(operator, needle, fmt) for fmt in formats), (
-                        f"{where}: no log line satisfies message {operator} {needle!r}")
+                        f"{where}: no log line satisfies message {operator} {needle!r}"
+                    )
             else:
                 names = re.findall(r'\b(?:name|operation_Name)\s*==\s*"([^"]+)"', segment)
                 assert names and set(names) <= functions, f"{where}: {names} are not registered functions"
@@ -158,8 +161,10 @@ def test_circuit_open_alert_watches_the_breaker_state_the_code_emits() -> None:
     assert 'customDimensions["service"]' in query and "by service" in query  # one alert per remote service
     values = evaluate(criterion, scope)
     # Fires when the state reached 2 (open): >= 2, or > 1 (half-open, 1, must not fire).
-    assert (values["operator"], values["threshold"]) in {("GreaterThanOrEqual", CIRCUIT_OPEN),
-                                                          ("GreaterThan", CIRCUIT_OPEN - 1)}
+    assert (values["operator"], values["threshold"]) in {
+        ("GreaterThanOrEqual", CIRCUIT_OPEN),
+        ("GreaterThan", CIRCUIT_OPEN - 1),
+    }
     assert values["timeAggregation"] == "Maximum"
     assert values["metricMeasureColumn"] in re.findall(r"summarize\s+(\w+)\s*=", query)
     assert values["dimensions"] == [{"name": "service", "operator": "Include", "values": ["*"]}]
@@ -196,11 +201,13 @@ def test_agent_identity_publishes_metrics_to_application_insights() -> None:
     rbac = app("rbac.bicep")
     publisher = evaluate(rbac.variables["roles"], Scope(rbac))["monitoringMetricsPublisher"]
     assert publisher == "3913510d-42f4-4e42-8a64-420c390055eb"  # Monitoring Metrics Publisher
+
     def source(node: Node | None) -> str:
         return text(node) if node is not None else ""
 
     grants = [
-        r for r in rbac.resources_of("Microsoft.Authorization/roleAssignments")
+        r
+        for r in rbac.resources_of("Microsoft.Authorization/roleAssignments")
         if source(r.get("properties", "principalId")) == "agentPrincipalId"
         and source(r.get("scope")) == "applicationInsights"
         and "roles.monitoringMetricsPublisher" in source(r.get("properties", "roleDefinitionId"))

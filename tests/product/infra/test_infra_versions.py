@@ -284,7 +284,8 @@ def test_the_principal_type_azd_passes_is_one_the_type_allows(azd_type: str) -> 
     # Empty: azd before 1.17.1 (the first to fill AZURE_PRINCIPAL_TYPE, azure-dev CHANGELOG #5285) or a failed lookup;
     # an empty string fails the type's allowed values, so the parameters file gives a default.
     allowed = _string_literals(
-        _property_type(main(), param_type(main(), "submittingApps").removesuffix("[]"), "principalType"))
+        _property_type(main(), param_type(main(), "submittingApps").removesuffix("[]"), "principalType")
+    )
     (entry,) = [a for a in azd_parameters({"AZURE_PRINCIPAL_TYPE": azd_type})["submittingApps"] if a["name"] == "app"]
     assert entry["principalType"] in allowed
     assert entry["principalType"] == (azd_type or "User")
@@ -301,8 +302,9 @@ COSMOS_RBAC_TYPES = (
 
 def _cosmos_rbac_writes(bicep) -> list[Resource]:
     """Role definitions and assignments of the file, in declaration order."""
-    return sorted((r for t in COSMOS_RBAC_TYPES for r in bicep.resources_of(t) if not r.existing),
-                  key=lambda r: r.body.start_byte)
+    return sorted(
+        (r for t in COSMOS_RBAC_TYPES for r in bicep.resources_of(t) if not r.existing), key=lambda r: r.body.start_byte
+    )
 
 
 def test_cosmos_role_assignments_on_one_account_are_serialised() -> None:
@@ -359,7 +361,8 @@ def test_an_implicit_dependency_counts_and_a_missing_one_is_caught() -> None:
     # The assignment names the definition's id (implicit); the definition lists appStateData (explicit).
     assert "circuitBreakerRole" in _references(rbac.resource("agentCircuitBreakerData"))
     assert {"circuitBreakerRole", "appStateData", "appOrdersData"} <= _transitive_depends_on(
-        rbac.resource("agentCircuitBreakerData"))
+        rbac.resource("agentCircuitBreakerData")
+    )
     assert "agentCircuitBreakerData" not in _transitive_depends_on(rbac.resource("circuitBreakerRole"))
 
 

@@ -55,12 +55,28 @@ OUTPUTS = {
 # which keep working for a workspace-based component; a query in the Log Analytics workspace needs the App* names;
 # a classic (non-workspace) component has no workspace, so no App* table.
 CLASSIC_TABLES = {
-    "availabilityResults", "browserTimings", "dependencies", "customEvents", "customMetrics", "pageViews",
-    "performanceCounters", "requests", "exceptions", "traces",
+    "availabilityResults",
+    "browserTimings",
+    "dependencies",
+    "customEvents",
+    "customMetrics",
+    "pageViews",
+    "performanceCounters",
+    "requests",
+    "exceptions",
+    "traces",
 }
 WORKSPACE_TABLES = {
-    "AppAvailabilityResults", "AppBrowserTimings", "AppDependencies", "AppEvents", "AppMetrics", "AppPageViews",
-    "AppPerformanceCounters", "AppRequests", "AppExceptions", "AppTraces",
+    "AppAvailabilityResults",
+    "AppBrowserTimings",
+    "AppDependencies",
+    "AppEvents",
+    "AppMetrics",
+    "AppPageViews",
+    "AppPerformanceCounters",
+    "AppRequests",
+    "AppExceptions",
+    "AppTraces",
 }
 COMPONENTS = "microsoft.insights/components"
 WORKSPACES = "microsoft.operationalinsights/workspaces"
@@ -185,8 +201,10 @@ def test_the_serialized_data_is_the_json_with_every_placeholder_replaced() -> No
     assert set(re.findall(r"__[A-Z_]+__", source)) == set(replaced) == set(PLACEHOLDERS)
     assert replaced == PLACEHOLDERS
     # Still JSON once the ids are in (they need no escaping), and the ids land where the tiles read them.
-    ids = {APP_INSIGHTS_ID: "/subscriptions/s/resourceGroups/g/providers/Microsoft.Insights/components/appi-x",
-           SERVICE_BUS_ID: "/subscriptions/s/resourceGroups/g/providers/Microsoft.ServiceBus/namespaces/sb-x"}
+    ids = {
+        APP_INSIGHTS_ID: "/subscriptions/s/resourceGroups/g/providers/Microsoft.Insights/components/appi-x",
+        SERVICE_BUS_ID: "/subscriptions/s/resourceGroups/g/providers/Microsoft.ServiceBus/namespaces/sb-x",
+    }
     for placeholder, value in ids.items():
         source = source.replace(placeholder, value)
     notebook = json.loads(source)
@@ -257,8 +275,10 @@ def test_the_tiles_show_every_figure_of_the_summary() -> None:
     missing = set(METRIC_ATTRIBUTES) - set(by_metric)
     assert not missing, f"no tile reads {missing}"
     # Orders per state, breaker per remote service: the last value per attribute.
-    assert 'by state' in by_metric["orderflow.orders.in_state"] and "arg_max(timestamp" in by_metric[
-        "orderflow.orders.in_state"]
+    assert (
+        "by state" in by_metric["orderflow.orders.in_state"]
+        and "arg_max(timestamp" in by_metric["orderflow.orders.in_state"]
+    )
     assert "by service" in by_metric["orderflow.circuit.state"]
     # Throughput: orders completed per minute by terminal state.
     assert re.search(r"bin\(timestamp,\s*1m\),\s*state", by_metric["orderflow.orders.completed"])
@@ -270,8 +290,12 @@ def test_the_tiles_show_every_figure_of_the_summary() -> None:
     scans = [q for q in queries.values() if _sources(q) == ["traces"] and SUPERVISOR_SCAN_LINE in q]
     assert len(scans) == 1 and " expired:long " in scans[0] and " requestCharge:real " in scans[0]
     # Dead-letter depth per queue: the namespace's platform metric, one series per queue.
-    dead_letters = [m for i in _of_type(10, notebook) for m in i["content"]["metrics"]
-                    if m["metric"].endswith("--DeadletteredMessages")]
+    dead_letters = [
+        m
+        for i in _of_type(10, notebook)
+        for m in i["content"]["metrics"]
+        if m["metric"].endswith("--DeadletteredMessages")
+    ]
     assert dead_letters and all(m["splitBy"] == "EntityName" for m in dead_letters)
     # Operator alerts: the OrderflowAlert events with their kind, order and reason.
     alerts = [q for q in queries.values() if _sources(q) == ["customEvents"]]
@@ -303,7 +327,7 @@ def test_the_table_check_rejects_a_workspace_table_on_the_component() -> None:
     # The check above must be able to fail: AppMetrics is the workspace's name, not the component's.
     assert _sources('AppMetrics | where Name == "x"') == ["AppMetrics"]
     assert "AppMetrics" not in CLASSIC_TABLES
-    assert _sources('let t = customMetrics | take 1;\nt | count') == ["customMetrics"]
+    assert _sources("let t = customMetrics | take 1;\nt | count") == ["customMetrics"]
 
 
 def test_queries_read_only_what_the_code_emits() -> None:
@@ -383,6 +407,15 @@ def test_deploy_docs_describe_the_workbook() -> None:
     match = re.search(r"^### Operations workbook\n(.*?)(?=^#{1,3} |\Z)", doc, re.MULTILINE | re.DOTALL)
     assert match, "docs/deploy.md has no 'Operations workbook' section"
     section = match.group(1)
-    for needle in (*OUTPUTS, *METRIC_ATTRIBUTES, "DeadletteredMessages", ALERT_EVENT, "supervisor scan",
-                   "oldest Pending", "approximate", "workspace-based", "Monitoring Reader"):
+    for needle in (
+        *OUTPUTS,
+        *METRIC_ATTRIBUTES,
+        "DeadletteredMessages",
+        ALERT_EVENT,
+        "supervisor scan",
+        "oldest Pending",
+        "approximate",
+        "workspace-based",
+        "Monitoring Reader",
+    ):
         assert needle in section, needle

@@ -48,40 +48,74 @@ APP, AGENT, SUBMITTER = "function app", "Agent", "submitting app"
 SEND, LISTEN, READ = "Send", "Listen", "Read"
 # Built-in role → the right it gives (the built-in roles pages above: .../send/action, .../receive/action, */read).
 RIGHTS = {"Service Bus Data Sender": SEND, "Service Bus Data Receiver": LISTEN, "Reader": READ}
-PRINCIPALS = {"appPrincipalId": APP, "agentPrincipalId": AGENT, "app.principalId": SUBMITTER,
-              "operatorPrincipalId": "operators"}
+PRINCIPALS = {
+    "appPrincipalId": APP,
+    "agentPrincipalId": AGENT,
+    "app.principalId": SUBMITTER,
+    "operatorPrincipalId": "operators",
+}
 # Queues by role in the system; "status" is any submitting application's status (reply) queue.
-ORDERS, REQUESTS, REPLIES, ALERTS, STATUS = "orders-inbound", "agent-requests", "agent-replies", "operator-alerts", \
-    "status"
-SCOPES = {"namespace::ordersQueue": ORDERS, "namespace::agentRequestsQueue": REQUESTS,
-          "namespace::agentRepliesQueue": REPLIES, "namespace::operatorAlertsQueue": ALERTS,
-          "statusQueues[i]": STATUS}
-QUEUE_SETTINGS = {"OrdersQueueName": ORDERS, "AgentRequestsQueueName": REQUESTS, "AgentRepliesQueueName": REPLIES,
-                  "OperatorAlertsQueueName": ALERTS}
+ORDERS, REQUESTS, REPLIES, ALERTS, STATUS = (
+    "orders-inbound",
+    "agent-requests",
+    "agent-replies",
+    "operator-alerts",
+    "status",
+)
+SCOPES = {
+    "namespace::ordersQueue": ORDERS,
+    "namespace::agentRequestsQueue": REQUESTS,
+    "namespace::agentRepliesQueue": REPLIES,
+    "namespace::operatorAlertsQueue": ALERTS,
+    "statusQueues[i]": STATUS,
+}
+QUEUE_SETTINGS = {
+    "OrdersQueueName": ORDERS,
+    "AgentRequestsQueueName": REQUESTS,
+    "AgentRepliesQueueName": REPLIES,
+    "OperatorAlertsQueueName": ALERTS,
+}
 
 # The code of each identity. orderflow/cli/ holds the operator tools run with the operator's own rights;
 # orderflow/embedded/ is the local stand-ins.
 NOT_DEPLOYED = ("orderflow/cli/", "orderflow/embedded/")
-SOURCES = {APP: ("function_app.py", "triggers", "activities", "orchestrators", "orderflow"), AGENT: ("agent",),
-           SUBMITTER: ("examples/client.py",)}
+SOURCES = {
+    APP: ("function_app.py", "triggers", "activities", "orchestrators", "orderflow"),
+    AGENT: ("agent",),
+    SUBMITTER: ("examples/client.py",),
+}
 # Queue arguments, as written at the call sites, and the queue each one names.
 QUEUE_ARGUMENTS = {
-    "services.tunables.orders_queue": ORDERS, "self.services.tunables.orders_queue": ORDERS, "orders_queue": ORDERS,
-    "services.tunables.agent_requests_queue": REQUESTS, "cfg.requests_queue": REQUESTS,
+    "services.tunables.orders_queue": ORDERS,
+    "self.services.tunables.orders_queue": ORDERS,
+    "orders_queue": ORDERS,
+    "services.tunables.agent_requests_queue": REQUESTS,
+    "cfg.requests_queue": REQUESTS,
     "self._config.requests_queue": REQUESTS,
     "cfg.replies_queue": REPLIES,
-    "services.tunables.alerts_queue": ALERTS, "cfg.alerts_queue": ALERTS,
-    "rec.reply_to": STATUS, "order.reply_to": STATUS, "request.reply_to": STATUS, "reply_queue": STATUS,
+    "services.tunables.alerts_queue": ALERTS,
+    "cfg.alerts_queue": ALERTS,
+    "rec.reply_to": STATUS,
+    "order.reply_to": STATUS,
+    "request.reply_to": STATUS,
+    "reply_queue": STATUS,
 }
 # Queue arguments known only at run time, and the test that runs them.
-RUN_TIME = {("orderflow/operations.py", "q"): "the summary's dead-letter queues, peeked: test_the_operator_routes_*",
-            ("orderflow/operations.py", "queues"): "the summary's queues, read on ARM: test_the_operator_routes_*"}
+RUN_TIME = {
+    ("orderflow/operations.py", "q"): "the summary's dead-letter queues, peeked: test_the_operator_routes_*",
+    ("orderflow/operations.py", "queues"): "the summary's queues, read on ARM: test_the_operator_routes_*",
+}
 # Operations the code performs knowing the right may be missing (it catches the refusal and says so).
-MAY_BE_REFUSED = {(SUBMITTER, ORDERS, LISTEN): "examples/client.py dead_letter_reason: peeks the orders DLQ for its "
-                                               "own rejected order, and says so when it may not (ServiceBusError)"}
+MAY_BE_REFUSED = {
+    (SUBMITTER, ORDERS, LISTEN): "examples/client.py dead_letter_reason: peeks the orders DLQ for its "
+    "own rejected order, and says so when it may not (ServiceBusError)"
+}
 # Bus and ARM calls: name → (keyword of the queue argument, at position 0; the rights it needs).
-PRIMITIVES = {"get_queue_sender": ("queue_name", {SEND}), "get_queue_receiver": ("queue_name", {LISTEN}),
-              "dead_letter_depths": ("queues", {READ})}  # orderflow/azure/queue_counts.py: GET .../queues/{queue}
+PRIMITIVES = {
+    "get_queue_sender": ("queue_name", {SEND}),
+    "get_queue_receiver": ("queue_name", {LISTEN}),
+    "dead_letter_depths": ("queues", {READ}),
+}  # orderflow/azure/queue_counts.py: GET .../queues/{queue}
 
 
 @dataclass(frozen=True)
@@ -128,12 +162,14 @@ def _queue_argument(call: ast.Call, position: int, keyword: str) -> ast.expr | N
 
 def _calls(tree: ast.AST) -> Iterator[tuple[ast.FunctionDef | ast.AsyncFunctionDef | None, ast.Call]]:
     """Every call, with the innermost function it is in."""
+
     def walk(node: ast.AST, owner: ast.FunctionDef | ast.AsyncFunctionDef | None) -> Iterator[Any]:
         for child in ast.iter_child_nodes(node):
             inner = child if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) else owner
             if isinstance(child, ast.Call):
                 yield owner, child
             yield from walk(child, inner)
+
     yield from walk(tree, None)
 
 
@@ -224,16 +260,26 @@ def trigger_operations() -> list[Operation]:
             for binding in [] if function is None else function.get_bindings():
                 if binding.type == "serviceBusTrigger":
                     setting = binding.queue_name.strip("%")
-                    found.append(Operation(APP, names[settings.get(setting, env={})], LISTEN,
-                                           f"{module_name}.{attr} ({binding.queue_name})"))
+                    found.append(
+                        Operation(
+                            APP,
+                            names[settings.get(setting, env={})],
+                            LISTEN,
+                            f"{module_name}.{attr} ({binding.queue_name})",
+                        )
+                    )
     return found
 
 
 def _missing(operations: list[Operation]) -> list[str]:
     granted = grants()
-    return sorted({f"{o.identity} needs {o.right} on {o.queue}: {o.where}" for o in operations
-                   if (o.queue, o.right) not in granted[o.identity]
-                   and (o.identity, o.queue, o.right) not in MAY_BE_REFUSED})
+    return sorted(
+        {
+            f"{o.identity} needs {o.right} on {o.queue}: {o.where}"
+            for o in operations
+            if (o.queue, o.right) not in granted[o.identity] and (o.identity, o.queue, o.right) not in MAY_BE_REFUSED
+        }
+    )
 
 
 def test_every_queue_argument_of_the_deployed_code_is_known() -> None:
@@ -244,9 +290,18 @@ def test_every_queue_argument_of_the_deployed_code_is_known() -> None:
 def test_the_scan_and_the_triggers_see_each_identitys_operations() -> None:
     operations, _ = scanned_operations()
     seen = {(o.identity, o.queue, o.right) for o in operations + trigger_operations()}
-    assert {(APP, ORDERS, LISTEN), (APP, REPLIES, LISTEN), (APP, REQUESTS, SEND), (APP, ALERTS, SEND),
-            (APP, STATUS, SEND), (AGENT, REQUESTS, LISTEN), (AGENT, REPLIES, SEND), (AGENT, ALERTS, SEND),
-            (SUBMITTER, ORDERS, SEND), (SUBMITTER, STATUS, LISTEN)} <= seen
+    assert {
+        (APP, ORDERS, LISTEN),
+        (APP, REPLIES, LISTEN),
+        (APP, REQUESTS, SEND),
+        (APP, ALERTS, SEND),
+        (APP, STATUS, SEND),
+        (AGENT, REQUESTS, LISTEN),
+        (AGENT, REPLIES, SEND),
+        (AGENT, ALERTS, SEND),
+        (SUBMITTER, ORDERS, SEND),
+        (SUBMITTER, STATUS, LISTEN),
+    } <= seen
 
 
 def test_every_operation_of_the_deployed_code_is_granted() -> None:
@@ -258,12 +313,18 @@ def test_every_service_bus_grant_to_a_deployed_identity_is_used() -> None:
     # Read (Reader) is used by the summary's ARM reads, whose queues are known at run time: the run below checks it.
     operations, _ = scanned_operations()
     used = {(o.identity, o.queue, o.right) for o in operations + trigger_operations()}
-    unused = sorted((identity, queue, right) for identity, pairs in grants().items() if identity in SOURCES
-                    for queue, right in pairs if (identity, queue, right) not in used and right != READ)
+    unused = sorted(
+        (identity, queue, right)
+        for identity, pairs in grants().items()
+        if identity in SOURCES
+        for queue, right in pairs
+        if (identity, queue, right) not in used and right != READ
+    )
     assert unused == []
 
 
 # ---- the operator routes, run on the embedded broker through a recording bus ----
+
 
 class RecordingBus:
     """The embedded broker's aio client, recording (queue, right) of every sender and receiver opened. It hides the
@@ -291,8 +352,13 @@ class RecordingBus:
 async def app_services(tmp_path: Path) -> AsyncIterator[Services]:
     conn = f"Endpoint=embedded://{tmp_path / 'bus.db'};ConfigFile={REPO / 'servicebus.config.json'}"
     orders, state = open_sqlite_stores(tmp_path / "store.db")
-    services = Services(orders=orders, state=state, bus=RecordingBus(aio_bus_from_connection_string(conn)),
-                        tunables=Tunables.from_env({}), clock=FakeClock())
+    services = Services(
+        orders=orders,
+        state=state,
+        bus=RecordingBus(aio_bus_from_connection_string(conn)),
+        tunables=Tunables.from_env({}),
+        clock=FakeClock(),
+    )
     runtime.use_services(services)
     yield services
     runtime.reset_services()
@@ -301,24 +367,39 @@ async def app_services(tmp_path: Path) -> AsyncIterator[Services]:
 
 
 def _order(order_id: str, reply_to: str) -> bytes:
-    return SubmitOrder.model_validate({
-        "orderId": order_id, "replyTo": reply_to, "customer": {"id": "c-1", "name": "Ada"},
-        "items": [{"sku": "SKU-001", "quantity": 1, "unitPrice": "9.99"}], "currency": "EUR",
-        "submittedAt": "2024-01-01T00:00:00+00:00"}).to_json().encode()
+    return (
+        SubmitOrder.model_validate(
+            {
+                "orderId": order_id,
+                "replyTo": reply_to,
+                "customer": {"id": "c-1", "name": "Ada"},
+                "items": [{"sku": "SKU-001", "quantity": 1, "unitPrice": "9.99"}],
+                "currency": "EUR",
+                "submittedAt": "2024-01-01T00:00:00+00:00",
+            }
+        )
+        .to_json()
+        .encode()
+    )
 
 
 def _as_operations(services: Services, route: str, read: list[str] | None = None) -> list[Operation]:
     """The recording bus's (queue, right) pairs as operations; with `read`, those ARM queue reads (Read) instead."""
-    queues = {services.tunables.orders_queue: ORDERS, services.tunables.agent_requests_queue: REQUESTS,
-              services.tunables.agent_replies_queue: REPLIES, services.tunables.alerts_queue: ALERTS}
+    queues = {
+        services.tunables.orders_queue: ORDERS,
+        services.tunables.agent_requests_queue: REQUESTS,
+        services.tunables.agent_replies_queue: REPLIES,
+        services.tunables.alerts_queue: ALERTS,
+    }
     pairs = services.bus.opened if read is None else [(q, READ) for q in read]
-    return [Operation(APP, queues.get(q, STATUS if q in services.tunables.allowed_reply_queues else q), right, route)
-            for q, right in pairs]
+    return [
+        Operation(APP, queues.get(q, STATUS if q in services.tunables.allowed_reply_queues else q), right, route)
+        for q, right in pairs
+    ]
 
 
 @pytest.mark.parametrize("arm", [True, False], ids=["azure-arm-counts", "no-resource-id-peek"])
-async def test_the_operator_routes_use_only_what_the_function_app_is_granted(app_services: Services,
-                                                                             arm: bool) -> None:
+async def test_the_operator_routes_use_only_what_the_function_app_is_granted(app_services: Services, arm: bool) -> None:
     """As deployed (ServiceBusNamespaceResourceId set): the summary reads every queue's counts on ARM, each read
     needs Reader there, and every Reader grant of the app is read. Without the setting it peeks, within Listen."""
     from orderflow import ops_http
@@ -342,8 +423,9 @@ async def test_the_operator_routes_use_only_what_the_function_app_is_granted(app
     async with run_fake_arm(dict.fromkeys(queues, 0)) as fake:
         if arm:
             app_services.queue_counts = ArmQueueCounts(NAMESPACE_ID, FakeCredential(), endpoint=fake.url)
-        answers = [await ops_http.serve(ops_http.cancel(o, b"", {}, {}, tell), ok=202)
-                   for o in ("pending-1", "running-1")]
+        answers = [
+            await ops_http.serve(ops_http.cancel(o, b"", {}, {}, tell), ok=202) for o in ("pending-1", "running-1")
+        ]
         summary = await ops_http.serve(ops_http.summary())
     assert [a.status for a in answers] == [202, 202], answers
     assert summary.status == 200

@@ -20,18 +20,29 @@ FIRST = f"{ORDER}:1"
 RESERVE, CHARGE, SHIP = "reserve-inventory", "charge-payment", "arrange-shipping"
 
 
-async def advance(p: Pipeline, result: dict[str, Any] | None = None, *, instance: str = FIRST,
-                  cancel: bool = False) -> Any:
+async def advance(
+    p: Pipeline, result: dict[str, Any] | None = None, *, instance: str = FIRST, cancel: bool = False
+) -> Any:
     complete_by = p.clock.now() + p.services.tunables.step_timeout
-    return await state_activity(fn.ADVANCE_ORDER)({
-        "orderId": ORDER, "instanceId": instance, "attempt": 1, "workflowVersion": WORKFLOW_VERSION,
-        "agentRetries": 4, "completeBy": format_utc(complete_by), "result": result, "cancel": cancel})
+    return await state_activity(fn.ADVANCE_ORDER)(
+        {
+            "orderId": ORDER,
+            "instanceId": instance,
+            "attempt": 1,
+            "workflowVersion": WORKFLOW_VERSION,
+            "agentRetries": 4,
+            "completeBy": format_utc(complete_by),
+            "result": result,
+            "cancel": cancel,
+        }
+    )
 
 
 async def requests(p: Pipeline) -> list[AgentRequest]:
     """The Agent requests on agent-requests (peeked, left in place)."""
-    async with p.services.bus.get_queue_receiver(p.services.tunables.agent_requests_queue,
-                                                 session_id=ORDER) as receiver:
+    async with p.services.bus.get_queue_receiver(
+        p.services.tunables.agent_requests_queue, session_id=ORDER
+    ) as receiver:
         peeked = await receiver.peek_messages(max_message_count=50)
     return [AgentRequest.model_validate_json(b"".join(m.body)) for m in peeked]
 
@@ -49,7 +60,8 @@ async def test_the_happy_path_is_one_write_per_decision_and_one_request_per_step
     assert writes.count("replace") == 3
     sent = await requests(p)
     assert [(r.step.value, r.instance_id, r.idempotency_key, r.max_retries) for r in sent] == [
-        (s, FIRST, f"{ORDER}:{s}", 4) for s in (RESERVE, CHARGE, SHIP)]
+        (s, FIRST, f"{ORDER}:{s}", 4) for s in (RESERVE, CHARGE, SHIP)
+    ]
     rec = await state_of(p, ORDER)
     assert sent[-1].deadline == rec.complete_by and rec.step(SHIP).status is StepStatus.RUNNING
     assert sent[0].payload["orderId"] == ORDER and sent[0].payload["items"]
@@ -87,8 +99,9 @@ async def test_a_superseded_attempt_is_answered_none_and_writes_nothing(p: Pipel
     await claim_orders(p, ORDER)
     assert await advance(p) == {"send": RESERVE}
     p.clock.advance(p.services.tunables.step_timeout.total_seconds() + 1)
-    await p.services.state.update_with_retry(ORDER, lambda r: recover(
-        r, FIRST, p.clock.now(), 3, lambda n: p.services.tunables.step_timeout))
+    await p.services.state.update_with_retry(
+        ORDER, lambda r: recover(r, FIRST, p.clock.now(), 3, lambda n: p.services.tunables.step_timeout)
+    )
     writes = count_state_writes(p)
     assert await advance(p, ok(RESERVE)) is None
     assert writes == []

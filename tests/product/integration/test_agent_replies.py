@@ -56,7 +56,8 @@ BAD_INSTANCE_IDS = {
 
 @pytest.mark.parametrize(("instance_id", "order_id"), list(BAD_INSTANCE_IDS.values()), ids=list(BAD_INSTANCE_IDS))
 async def test_an_unusable_instance_id_is_completed_with_an_alert_before_any_http_call(
-        replies: Pipeline, durable_api: ScriptedDurableApi, instance_id: str, order_id: str) -> None:
+    replies: Pipeline, durable_api: ScriptedDurableApi, instance_id: str, order_id: str
+) -> None:
     session_id = order_id if order_id.isprintable() and order_id else "o-1"
     body = json.dumps(reply_body(instance_id, order_id)).encode()
     message = await deliver(replies, body, session_id=session_id, message_id="m-bad-id")
@@ -71,23 +72,31 @@ async def test_an_unusable_instance_id_is_completed_with_an_alert_before_any_htt
 
 
 async def test_a_reply_on_another_orders_session_is_completed_with_an_alert(
-        replies: Pipeline, durable_api: ScriptedDurableApi) -> None:
-    message = await deliver(replies, json.dumps(reply_body("o-1:1", "o-1")).encode(), session_id="o-9",
-                            message_id="m-session")
+    replies: Pipeline, durable_api: ScriptedDurableApi
+) -> None:
+    message = await deliver(
+        replies, json.dumps(reply_body("o-1:1", "o-1")).encode(), session_id="o-9", message_id="m-session"
+    )
     await HANDLER(message=message, client=durable_api.binding())
     assert durable_api.requests == []
     [(_, alert)] = await alert_messages(replies)
     assert alert.reason == "InvalidAgentReply:sessionId"
 
 
-@pytest.mark.parametrize(("body", "reason"), [
-    (b"not json", "InvalidAgentReply:body"),
-    (json.dumps({k: v for k, v in reply_body("o-1:1", "o-1").items() if k != "orderId"}).encode(),
-     "InvalidAgentReply:orderId"),
-    (json.dumps(reply_body("o-1:1", "o-1", step="fly-to-the-moon")).encode(), "InvalidAgentReply:step"),
-])
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"not json", "InvalidAgentReply:body"),
+        (
+            json.dumps({k: v for k, v in reply_body("o-1:1", "o-1").items() if k != "orderId"}).encode(),
+            "InvalidAgentReply:orderId",
+        ),
+        (json.dumps(reply_body("o-1:1", "o-1", step="fly-to-the-moon")).encode(), "InvalidAgentReply:step"),
+    ],
+)
 async def test_a_reply_that_is_not_an_agent_reply_is_completed_with_an_alert_naming_the_field(
-        replies: Pipeline, durable_api: ScriptedDurableApi, body: bytes, reason: str) -> None:
+    replies: Pipeline, durable_api: ScriptedDurableApi, body: bytes, reason: str
+) -> None:
     message = await deliver(replies, body, session_id="o-1", message_id="m-schema")
     await HANDLER(message=message, client=durable_api.binding())
     assert durable_api.requests == []
@@ -97,66 +106,84 @@ async def test_a_reply_that_is_not_an_agent_reply_is_completed_with_an_alert_nam
 
 # ---- what raise_event answered: raised, late, refused for good, or worth a redelivery -----------------------------
 
+
 async def test_a_valid_reply_is_raised_to_its_instance(replies: Pipeline, durable_api: ScriptedDurableApi) -> None:
-    message = await deliver(replies, json.dumps(reply_body("o-1:1", "o-1")).encode(), session_id="o-1",
-                            message_id="m-ok")
+    message = await deliver(
+        replies, json.dumps(reply_body("o-1:1", "o-1")).encode(), session_id="o-1", message_id="m-ok"
+    )
     await HANDLER(message=message, client=durable_api.binding())
     assert durable_api.requests == [
-        "/runtime/webhooks/durabletask/instances/o-1:1/raiseEvent/AgentReply:reserve-inventory"]
+        "/runtime/webhooks/durabletask/instances/o-1:1/raiseEvent/AgentReply:reserve-inventory"
+    ]
     assert await alert_messages(replies) == []
 
 
 @pytest.mark.parametrize("answer", [(404, b"", None), (410, b"", None)], ids=["404 unknown", "410 finished"])
 async def test_a_late_reply_is_completed_without_an_alert(
-        replies: Pipeline, durable_api: ScriptedDurableApi, answer: tuple[int, bytes, str | None]) -> None:
+    replies: Pipeline, durable_api: ScriptedDurableApi, answer: tuple[int, bytes, str | None]
+) -> None:
     durable_api.answer = answer
-    message = await deliver(replies, json.dumps(reply_body("o-1:1", "o-1")).encode(), session_id="o-1",
-                            message_id="m-late")
+    message = await deliver(
+        replies, json.dumps(reply_body("o-1:1", "o-1")).encode(), session_id="o-1", message_id="m-late"
+    )
     await HANDLER(message=message, client=durable_api.binding())
     assert len(durable_api.requests) == 1
     assert await alert_messages(replies) == []
 
 
-@pytest.mark.parametrize(("answer", "reason"), [
-    ((400, b'{"Message": "Only application/json request content is supported"}', "application/json"),
-     "RaiseEventRejected:400"),
-    ((403, b"", None), "RaiseEventRejected:403"),
-    ((413, b"", None), "RaiseEventRejected:413"),
-], ids=["400", "403", "413"])
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (
+            (400, b'{"Message": "Only application/json request content is supported"}', "application/json"),
+            "RaiseEventRejected:400",
+        ),
+        ((403, b"", None), "RaiseEventRejected:403"),
+        ((413, b"", None), "RaiseEventRejected:413"),
+    ],
+    ids=["400", "403", "413"],
+)
 async def test_an_answer_that_can_never_succeed_is_completed_with_an_alert(
-        replies: Pipeline, durable_api: ScriptedDurableApi, answer: tuple[int, bytes, str | None],
-        reason: str) -> None:
+    replies: Pipeline, durable_api: ScriptedDurableApi, answer: tuple[int, bytes, str | None], reason: str
+) -> None:
     durable_api.answer = answer
-    message = await deliver(replies, json.dumps(reply_body("o-1:1", "o-1")).encode(), session_id="o-1",
-                            message_id="m-refused")
+    message = await deliver(
+        replies, json.dumps(reply_body("o-1:1", "o-1")).encode(), session_id="o-1", message_id="m-refused"
+    )
     await HANDLER(message=message, client=durable_api.binding())
     assert len(durable_api.requests) == 1
     [(_, alert)] = await alert_messages(replies)
     assert (alert.reason, alert.details["messageId"]) == (reason, "m-refused")
 
 
-@pytest.mark.parametrize("answer", [
-    (500, b'{"Message": "Something went wrong while processing your request"}', "application/json"),
-    (503, b"", None),
-    (429, b"", None),
-    (408, b"", None),
-    (502, b"<html>Bad Gateway</html>", "text/html"),  # not JSON: the client cannot read the status at all
-], ids=["500", "503", "429", "408", "non-JSON body"])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        (500, b'{"Message": "Something went wrong while processing your request"}', "application/json"),
+        (503, b"", None),
+        (429, b"", None),
+        (408, b"", None),
+        (502, b"<html>Bad Gateway</html>", "text/html"),  # not JSON: the client cannot read the status at all
+    ],
+    ids=["500", "503", "429", "408", "non-JSON body"],
+)
 async def test_a_failure_that_may_pass_is_raised_for_redelivery(
-        replies: Pipeline, durable_api: ScriptedDurableApi, answer: tuple[int, bytes, str | None]) -> None:
+    replies: Pipeline, durable_api: ScriptedDurableApi, answer: tuple[int, bytes, str | None]
+) -> None:
     durable_api.answer = answer
-    message = await deliver(replies, json.dumps(reply_body("o-1:1", "o-1")).encode(), session_id="o-1",
-                            message_id="m-transient")
+    message = await deliver(
+        replies, json.dumps(reply_body("o-1:1", "o-1")).encode(), session_id="o-1", message_id="m-transient"
+    )
     with pytest.raises(Exception):  # noqa: B017 - whatever the client raised, re-raised as it is
         await HANDLER(message=message, client=durable_api.binding())
     assert await alert_messages(replies) == []
 
 
-async def test_an_unreachable_host_is_raised_for_redelivery(replies: Pipeline,
-                                                            durable_api: ScriptedDurableApi) -> None:
+async def test_an_unreachable_host_is_raised_for_redelivery(replies: Pipeline, durable_api: ScriptedDurableApi) -> None:
     durable_api.base = "http://127.0.0.1:9"  # discard port: connection refused
-    message = await deliver(replies, json.dumps(reply_body("o-1:1", "o-1")).encode(), session_id="o-1",
-                            message_id="m-down")
+    message = await deliver(
+        replies, json.dumps(reply_body("o-1:1", "o-1")).encode(), session_id="o-1", message_id="m-down"
+    )
     with pytest.raises(OSError):  # aiohttp.ClientConnectorError is an OSError
         await HANDLER(message=message, client=durable_api.binding())
     assert await alert_messages(replies) == []

@@ -37,6 +37,7 @@ async def alert_messages(p: Pipeline) -> list[tuple[str, OperatorAlert]]:
 
 # ---- the alert's own MessageId ------------------------------------------------------------------------------------
 
+
 async def test_different_poison_messages_never_share_an_alert_message_id(pipeline: Pipeline) -> None:
     for n in range(4):  # issue 8: four InvalidJson alerts, one MessageId
         await submit(pipeline.services, b"not json", f"s-{n}", f"m-{n}", n + 1)
@@ -72,12 +73,16 @@ async def test_conflict_alerts_of_two_messages_differ(pipeline: Pipeline) -> Non
 
 def test_terminal_alert_ids_are_per_order_and_attempt_and_ignore_the_time() -> None:
     def alert(order_id: str, attempt: int, at: int) -> OperatorAlert:
-        return OperatorAlert(kind=AlertKind.ORDER_FAILED, order_id=order_id, reason="charge-payment: PaymentDeclined",
-                             details={"attempt": attempt, "failureCount": 0},
-                             raised_at=datetime(2026, 1, 1, 0, 0, at, tzinfo=UTC))
+        return OperatorAlert(
+            kind=AlertKind.ORDER_FAILED,
+            order_id=order_id,
+            reason="charge-payment: PaymentDeclined",
+            details={"attempt": attempt, "failureCount": 0},
+            raised_at=datetime(2026, 1, 1, 0, 0, at, tzinfo=UTC),
+        )
+
     assert alert("o-1", 1, 0).message_id() == alert("o-1", 1, 30).message_id()  # the sweep re-sending it
-    assert len({alert("o-1", 1, 0).message_id(), alert("o-2", 1, 0).message_id(),
-                alert("o-1", 2, 0).message_id()}) == 3
+    assert len({alert("o-1", 1, 0).message_id(), alert("o-2", 1, 0).message_id(), alert("o-1", 2, 0).message_id()}) == 3
 
 
 async def test_the_supervisor_sweep_resending_an_owed_alert_keeps_its_message_id(pipeline: Pipeline) -> None:
@@ -85,8 +90,9 @@ async def test_the_supervisor_sweep_resending_an_owed_alert_keeps_its_message_id
     await submit(pipeline.services, encode(order_body("o-err")), "o-err", "m-err")
     found = await pipeline.services.state.get("o-err")
     assert found is not None
-    record = found[0].model_copy(update={"process_state": ProcessState.ERROR, "attempt": 3,
-                                         "last_error": "FailureThresholdReached: 3 attempts"})
+    record = found[0].model_copy(
+        update={"process_state": ProcessState.ERROR, "attempt": 3, "last_error": "FailureThresholdReached: 3 attempts"}
+    )
     for _ in range(2):  # the first send "crashed" before notifiedAt was written; the sweep sends it again
         with pytest.raises(Exception):  # noqa: B017 - mark_notified refuses: the stored record is Pending
             await notify_terminal(pipeline.services, record)
@@ -96,6 +102,7 @@ async def test_the_supervisor_sweep_resending_an_owed_alert_keeps_its_message_id
 
 
 # ---- whole ids, with a NUL ----------------------------------------------------------------------------------------
+
 
 async def test_a_submission_alert_carries_the_ids_whole(pipeline: Pipeline) -> None:
     await submit(pipeline.services, encode(order_body(NUL_ID)), NUL_ID, f"{NUL_ID}:m", 42)

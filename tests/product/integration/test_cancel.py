@@ -62,16 +62,24 @@ async def p(tmp_path: Path) -> AsyncIterator[Pipeline]:
 def cancel_body(order_id: str = ORDER, **fields: Any) -> dict[str, Any]:
     """A CancelOrder as the client sends it, built through the model (so it states the schemaVersion it needs), with
     fields overridable afterwards."""
-    body = CancelOrder.model_validate({"orderId": "placeholder", "replyTo": REPLY_QUEUE, "reason": REASON,
-                                       "requestedAt": "2024-01-01T00:00:01+00:00"}).to_dict()
+    body = CancelOrder.model_validate(
+        {"orderId": "placeholder", "replyTo": REPLY_QUEUE, "reason": REASON, "requestedAt": "2024-01-01T00:00:01+00:00"}
+    ).to_dict()
     body.update({"orderId": order_id, **fields})
     return body
 
 
-async def cancel(p: Pipeline, body: dict[str, Any] | None = None, *, session: str | None = ORDER,
-                 message_id: str = "cancel-1", sequence_number: int = 7) -> Any:
-    return await receive(p.services, encode(cancel_body() if body is None else body), session, message_id,
-                         sequence_number)
+async def cancel(
+    p: Pipeline,
+    body: dict[str, Any] | None = None,
+    *,
+    session: str | None = ORDER,
+    message_id: str = "cancel-1",
+    sequence_number: int = 7,
+) -> Any:
+    return await receive(
+        p.services, encode(cancel_body() if body is None else body), session, message_id, sequence_number
+    )
 
 
 def terminal(statuses: list[Any]) -> list[Any]:
@@ -84,19 +92,31 @@ async def status_ids(p: Pipeline, order_id: str) -> list[str]:
 
 
 async def begin(p: Pipeline, cause: str, instance: str = FIRST) -> Any:
-    return await state_activity(fn.BEGIN_COMPENSATION)({
-        "orderId": ORDER, "instanceId": instance, "cause": cause,
-        "completeBy": format_utc(p.clock.now() + p.services.tunables.step_timeout)})
+    return await state_activity(fn.BEGIN_COMPENSATION)(
+        {
+            "orderId": ORDER,
+            "instanceId": instance,
+            "cause": cause,
+            "completeBy": format_utc(p.clock.now() + p.services.tunables.step_timeout),
+        }
+    )
 
 
-async def finish(p: Pipeline, outcome: str, reason: str, instance: str = FIRST, *,
-                 honours_cancel: bool = False) -> Any:
-    return await state_activity(fn.FINISH_ORDER)({
-        "orderId": ORDER, "instanceId": instance, "attempt": int(instance.rsplit(":", 1)[1]), "outcome": outcome,
-        "reason": reason, **({"honoursCancel": True} if honours_cancel else {})})
+async def finish(p: Pipeline, outcome: str, reason: str, instance: str = FIRST, *, honours_cancel: bool = False) -> Any:
+    return await state_activity(fn.FINISH_ORDER)(
+        {
+            "orderId": ORDER,
+            "instanceId": instance,
+            "attempt": int(instance.rsplit(":", 1)[1]),
+            "outcome": outcome,
+            "reason": reason,
+            **({"honoursCancel": True} if honours_cancel else {}),
+        }
+    )
 
 
 # --- (a) a Pending order ------------------------------------------------------------------------------------------
+
 
 async def test_a_pending_order_is_cancelled_and_never_started(p: Pipeline) -> None:
     await submit_orders(p, ORDER)
@@ -110,7 +130,11 @@ async def test_a_pending_order_is_cancelled_and_never_started(p: Pipeline) -> No
     assert rec.compensations == () and rec.notified_at is not None
     [status] = terminal(await p.statuses(ORDER))
     assert (status.state, status.reason, status.attempt, status.effects) == (
-        OrderStatus.CANCELLED, f"cancelled: {REASON}", 0, None)
+        OrderStatus.CANCELLED,
+        f"cancelled: {REASON}",
+        0,
+        None,
+    )
     assert await p.alerts() == []
 
     start = RecordingStartNew()
@@ -133,6 +157,7 @@ async def test_a_repeated_cancel_changes_nothing_and_sends_nothing(p: Pipeline) 
 
 # --- (b) a Processing order ---------------------------------------------------------------------------------------
 
+
 async def test_a_processing_order_records_the_cancel_and_tells_the_running_attempt(p: Pipeline) -> None:
     await claim_orders(p, ORDER)
     p.clock.advance(1)
@@ -142,7 +167,10 @@ async def test_a_processing_order_records_the_cancel_and_tells_the_running_attem
     assert outcome == CancelDone(order_id=ORDER, state=ProcessState.PROCESSING, changed=True, tell=FIRST)
     rec = await state_of(p, ORDER)
     assert (rec.process_state, rec.locked_by, rec.cancel_requested_at) == (
-        ProcessState.PROCESSING, FIRST, p.clock.now())
+        ProcessState.PROCESSING,
+        FIRST,
+        p.clock.now(),
+    )
     assert terminal(await p.statuses(ORDER)) == [] and await p.alerts() == []
 
     p.clock.advance(1)
@@ -208,6 +236,7 @@ async def test_a_cancel_before_the_first_step_ends_cancelled(p: Pipeline) -> Non
 
 # --- (c) too late ---------------------------------------------------------------------------------------------------
 
+
 async def processed(p: Pipeline) -> None:
     await claim_orders(p, ORDER)
     for step in STEPS:
@@ -254,6 +283,7 @@ async def test_a_failed_or_failing_order_refuses_the_cancel(p: Pipeline, ending:
 
 # --- (d) unknown order, (e) invalid body ----------------------------------------------------------------------------
 
+
 async def test_an_unknown_order_is_dead_lettered_with_a_poison_alert(p: Pipeline) -> None:
     outcome = await cancel(p, cancel_body("o-x"), session="o-x", message_id="cancel-x", sequence_number=11)
 
@@ -261,8 +291,12 @@ async def test_an_unknown_order_is_dead_lettered_with_a_poison_alert(p: Pipeline
     assert "orderId" in outcome.description
     [alert] = await p.alerts()
     assert (alert.kind, alert.order_id, alert.reason) == (AlertKind.POISON_MESSAGE, "o-x", "UnknownOrder")
-    assert (alert.details["queue"], alert.details["messageId"], alert.details["sessionId"],
-            alert.details["sequenceNumber"]) == ("orders-inbound", "cancel-x", "o-x", 11)
+    assert (
+        alert.details["queue"],
+        alert.details["messageId"],
+        alert.details["sessionId"],
+        alert.details["sequenceNumber"],
+    ) == ("orders-inbound", "cancel-x", "o-x", 11)
     assert await p.services.state.get("o-x") is None and await p.statuses("o-x") == []
 
 
@@ -272,20 +306,24 @@ def without(key: str) -> dict[str, Any]:
     return body
 
 
-@pytest.mark.parametrize(("body", "session", "reason"), [
-    (cancel_body("bad id!"), "bad id!", "InvalidField:orderId"),
-    (without("requestedAt"), ORDER, "InvalidField:requestedAt"),
-    (cancel_body(requestedAt="2024-01-01T00:00:01"), ORDER, "InvalidField:requestedAt"),  # no time zone
-    (cancel_body(requestedAt="yesterday"), ORDER, "InvalidField:requestedAt"),
-    (without("replyTo"), ORDER, "InvalidField:replyTo"),
-    (cancel_body(replyTo="orders-inbound"), ORDER, "InvalidField:replyTo"),  # an internal queue
-    (cancel_body(), "o-2", "InvalidField:sessionId"),
-    (cancel_body(reason="x" * 257), ORDER, "InvalidField:reason"),
-    (cancel_body(schemaVersion=99), ORDER, "UnsupportedSchemaVersion"),
-    (cancel_body(extra=1), ORDER, "InvalidField:extra"),
-])
-async def test_an_invalid_cancel_is_dead_lettered_with_the_field(p: Pipeline, body: dict[str, Any],
-                                                                 session: str, reason: str) -> None:
+@pytest.mark.parametrize(
+    ("body", "session", "reason"),
+    [
+        (cancel_body("bad id!"), "bad id!", "InvalidField:orderId"),
+        (without("requestedAt"), ORDER, "InvalidField:requestedAt"),
+        (cancel_body(requestedAt="2024-01-01T00:00:01"), ORDER, "InvalidField:requestedAt"),  # no time zone
+        (cancel_body(requestedAt="yesterday"), ORDER, "InvalidField:requestedAt"),
+        (without("replyTo"), ORDER, "InvalidField:replyTo"),
+        (cancel_body(replyTo="orders-inbound"), ORDER, "InvalidField:replyTo"),  # an internal queue
+        (cancel_body(), "o-2", "InvalidField:sessionId"),
+        (cancel_body(reason="x" * 257), ORDER, "InvalidField:reason"),
+        (cancel_body(schemaVersion=99), ORDER, "UnsupportedSchemaVersion"),
+        (cancel_body(extra=1), ORDER, "InvalidField:extra"),
+    ],
+)
+async def test_an_invalid_cancel_is_dead_lettered_with_the_field(
+    p: Pipeline, body: dict[str, Any], session: str, reason: str
+) -> None:
     await submit_orders(p, ORDER)
     before = await p.services.state.get(ORDER)
 
@@ -299,6 +337,7 @@ async def test_an_invalid_cancel_is_dead_lettered_with_the_field(p: Pipeline, bo
 
 
 # --- (f) a Pending order whose earlier attempt sent a step ----------------------------------------------------------
+
 
 async def retried_after_sending(p: Pipeline) -> None:
     """Attempt 1 sent reserve-inventory and expired: the Supervisor sent the order back to Pending (retry later)."""
@@ -319,7 +358,11 @@ async def test_a_pending_order_whose_earlier_attempt_sent_a_step_is_compensated(
     assert outcome == CancelDone(order_id=ORDER, state=ProcessState.COMPENSATING, changed=True, tell=None)
     rec = await state_of(p, ORDER)
     assert (rec.process_state, rec.locked_by, rec.retry_at, rec.complete_by) == (
-        ProcessState.COMPENSATING, None, None, None)
+        ProcessState.COMPENSATING,
+        None,
+        None,
+        None,
+    )
     assert rec.compensation_cause == f"cancelled: {REASON}" and rec.failure_count == 1
     assert [(c.name.value, c.step.value) for c in rec.compensations] == [(RELEASE, RESERVE)]
     assert terminal(await p.statuses(ORDER)) == []
@@ -335,7 +378,8 @@ async def test_a_pending_order_whose_earlier_attempt_sent_a_step_is_compensated(
     assert (rec.process_state, rec.locked_by, rec.attempt) == (ProcessState.COMPENSATING, f"{ORDER}:2", 2)
     second = f"{ORDER}:2"
     assert (await state_activity(fn.LOAD_ORDER)({"orderId": ORDER, "instanceId": second}))["plan"] == {
-        "compensations": [RELEASE]}
+        "compensations": [RELEASE]
+    }
 
     await run_action(p, ORDER, second, RELEASE, undone=False, honours_cancel=False)  # never applied
     assert await finish(p, "completed", "compensated", instance=second) is True
@@ -346,6 +390,7 @@ async def test_a_pending_order_whose_earlier_attempt_sent_a_step_is_compensated(
 
 
 # --- the Supervisor and "not now" honour a recorded cancel ----------------------------------------------------------
+
 
 async def test_an_expired_cancelled_attempt_with_nothing_sent_ends_cancelled_without_a_failure(p: Pipeline) -> None:
     await claim_orders(p, ORDER)
@@ -373,7 +418,11 @@ async def test_an_expired_cancelled_attempt_that_sent_a_step_is_compensated(p: P
     assert run.recovered == [ORDER]
     rec = await state_of(p, ORDER)
     assert (rec.process_state, rec.failure_count, rec.locked_by, rec.retry_at) == (
-        ProcessState.COMPENSATING, 0, None, None)
+        ProcessState.COMPENSATING,
+        0,
+        None,
+        None,
+    )
     assert (await run_starter(p.services, RecordingStartNew())).claimed == [f"{ORDER}:2"]
 
 
@@ -382,15 +431,26 @@ async def test_a_deferral_of_a_cancelled_attempt_compensates_instead(p: Pipeline
     await run_action(p, ORDER, FIRST, RESERVE, None)
     await cancel(p)
     retry_at = p.clock.now() + timedelta(seconds=30)
-    assert await state_activity(fn.DEFER_ORDER)({
-        "orderId": ORDER, "instanceId": FIRST, "step": RESERVE, "retryAfterSeconds": 30,
-        "retryAt": format_utc(retry_at), "reason": f"{RESERVE}: CircuitOpen: open"}) is True
+    assert (
+        await state_activity(fn.DEFER_ORDER)(
+            {
+                "orderId": ORDER,
+                "instanceId": FIRST,
+                "step": RESERVE,
+                "retryAfterSeconds": 30,
+                "retryAt": format_utc(retry_at),
+                "reason": f"{RESERVE}: CircuitOpen: open",
+            }
+        )
+        is True
+    )
     rec = await state_of(p, ORDER)
     assert (rec.process_state, rec.locked_by, rec.retry_at) == (ProcessState.COMPENSATING, None, None)
     assert [c.name.value for c in rec.compensations] == [RELEASE]
 
 
 # --- the submission trigger -----------------------------------------------------------------------------------------
+
 
 class Settled:
     """ServiceBusMessageActions in the trigger's hands: what it settled."""
@@ -408,14 +468,16 @@ class Settled:
         self.calls.append(f"deadletter:{kwargs.get('deadletter_reason')}")
 
 
-async def trigger(p: Pipeline, body: dict[str, Any], api: ScriptedDurableApi, *, session: str = ORDER,
-                  message_id: str = "cancel-1") -> Settled:
+async def trigger(
+    p: Pipeline, body: dict[str, Any], api: ScriptedDurableApi, *, session: str = ORDER, message_id: str = "cancel-1"
+) -> Settled:
     """The submission trigger with a message as the binding hands it over and the real DurableOrchestrationClient
     on a scripted Durable HTTP API (its requests are recorded)."""
     import triggers.submission
 
-    message = SimpleNamespace(body=[json.dumps(body).encode()], message_id=message_id, session_id=session,
-                              sequence_number=5)
+    message = SimpleNamespace(
+        body=[json.dumps(body).encode()], message_id=message_id, session_id=session, sequence_number=5
+    )
     settled = Settled()
     handler = triggers.submission.submission._function.get_user_function()  # type: ignore[attr-defined]
     await handler(message=message, message_actions=settled, client=api.binding())
@@ -427,7 +489,8 @@ def raised(api: ScriptedDurableApi) -> list[str]:
 
 
 async def test_the_trigger_raises_the_cancel_on_the_running_attempt_once(
-        p: Pipeline, durable_api: ScriptedDurableApi) -> None:
+    p: Pipeline, durable_api: ScriptedDurableApi
+) -> None:
     await claim_orders(p, ORDER)
 
     assert (await trigger(p, cancel_body(), durable_api)).calls == ["complete"]
@@ -438,7 +501,8 @@ async def test_the_trigger_raises_the_cancel_on_the_running_attempt_once(
 
 
 async def test_the_trigger_completes_the_cancel_when_the_event_cannot_be_delivered(
-        p: Pipeline, durable_api: ScriptedDurableApi) -> None:
+    p: Pipeline, durable_api: ScriptedDurableApi
+) -> None:
     await claim_orders(p, ORDER)
     durable_api.answer = (410, b"", None)  # the instance has completed meanwhile
     assert (await trigger(p, cancel_body(), durable_api)).calls == ["complete"]
@@ -447,11 +511,13 @@ async def test_the_trigger_completes_the_cancel_when_the_event_cannot_be_deliver
 
 
 async def test_the_trigger_settles_pending_repeated_and_invalid_cancels_without_the_durable_api(
-        p: Pipeline, durable_api: ScriptedDurableApi) -> None:
+    p: Pipeline, durable_api: ScriptedDurableApi
+) -> None:
     await submit_orders(p, ORDER)
     assert (await trigger(p, cancel_body(), durable_api)).calls == ["complete"]  # Pending → Cancelled
     assert (await trigger(p, cancel_body(), durable_api, message_id="cancel-2")).calls == ["complete"]  # a repeat
     assert (await trigger(p, cancel_body("o-x"), durable_api, session="o-x")).calls == ["deadletter:UnknownOrder"]
     assert (await trigger(p, cancel_body("bad id!"), durable_api, session="bad id!")).calls == [
-        "deadletter:InvalidField:orderId"]
+        "deadletter:InvalidField:orderId"
+    ]
     assert durable_api.requests == []  # no event raised, no Scheduler started

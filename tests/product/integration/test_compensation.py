@@ -45,14 +45,21 @@ SHIP_FAILED = f"{SHIP}: Declined: no carrier for the address"
 
 async def begin(p: Pipeline, cause: str, instance: str = FIRST, order_id: str = ORDER) -> Any:
     complete_by = p.clock.now() + p.services.tunables.step_timeout
-    return await state_activity(fn.BEGIN_COMPENSATION)({
-        "orderId": order_id, "instanceId": instance, "cause": cause, "completeBy": format_utc(complete_by)})
+    return await state_activity(fn.BEGIN_COMPENSATION)(
+        {"orderId": order_id, "instanceId": instance, "cause": cause, "completeBy": format_utc(complete_by)}
+    )
 
 
 async def finish(p: Pipeline, outcome: str, reason: str, instance: str = FIRST, order_id: str = ORDER) -> Any:
-    return await state_activity(fn.FINISH_ORDER)({
-        "orderId": order_id, "instanceId": instance, "attempt": int(instance.rsplit(":", 1)[1]), "outcome": outcome,
-        "reason": reason})
+    return await state_activity(fn.FINISH_ORDER)(
+        {
+            "orderId": order_id,
+            "instanceId": instance,
+            "attempt": int(instance.rsplit(":", 1)[1]),
+            "outcome": outcome,
+            "reason": reason,
+        }
+    )
 
 
 async def shipping_failed_after_two_successes(p: Pipeline) -> None:
@@ -83,6 +90,7 @@ def terminal(statuses: list[Any]) -> list[Any]:
 
 # --- BEGIN_COMPENSATION ---------------------------------------------------------------------------------------------
 
+
 async def test_begin_compensation_moves_processing_to_compensating_and_answers_newest_first(p: Pipeline) -> None:
     await shipping_failed_after_two_successes(p)
     complete_by = p.clock.now() + p.services.tunables.step_timeout
@@ -93,7 +101,9 @@ async def test_begin_compensation_moves_processing_to_compensating_and_answers_n
     assert (rec.process_state, rec.locked_by, rec.complete_by) == (ProcessState.COMPENSATING, FIRST, complete_by)
     assert rec.compensation_cause == SHIP_FAILED and rec.last_error == SHIP_FAILED
     assert [(c.name.value, c.step.value, c.status) for c in rec.compensations] == [
-        (REFUND, CHARGE, StepStatus.PENDING), (RELEASE, RESERVE, StepStatus.PENDING)]
+        (REFUND, CHARGE, StepStatus.PENDING),
+        (RELEASE, RESERVE, StepStatus.PENDING),
+    ]
     assert rec.workflow_version == WORKFLOW_VERSION and rec.failure_count == 0
     assert terminal(await p.statuses(ORDER)) == [] and await p.alerts() == []  # nothing ended yet
 
@@ -163,6 +173,7 @@ async def test_a_cancel_with_nothing_sent_ends_cancelled_without_an_alert(p: Pip
 
 # --- FINISH_ORDER of a compensation ---------------------------------------------------------------------------------
 
+
 async def test_a_compensated_failure_announces_the_effects_and_raises_order_failed(p: Pipeline) -> None:
     await shipping_failed_after_two_successes(p)
     assert await begin(p, SHIP_FAILED) == [REFUND, RELEASE]
@@ -174,12 +185,16 @@ async def test_a_compensated_failure_announces_the_effects_and_raises_order_fail
     rec = await state_of(p, ORDER)
     assert (rec.process_state, rec.complete_by, rec.locked_by) == (ProcessState.COMPENSATED, None, FIRST)
     assert [(c.name.value, c.status, c.undone) for c in rec.compensations] == [
-        (REFUND, StepStatus.SUCCEEDED, True), (RELEASE, StepStatus.SUCCEEDED, False)]
+        (REFUND, StepStatus.SUCCEEDED, True),
+        (RELEASE, StepStatus.SUCCEEDED, False),
+    ]
     [status] = terminal(await p.statuses(ORDER))
     assert (status.state, status.reason, status.attempt) == (OrderStatus.COMPENSATED, SHIP_FAILED, 1)
     assert status.effects is not None
     assert ([s.value for s in status.effects.applied], [s.value for s in status.effects.undone]) == (
-        [RESERVE, CHARGE], [CHARGE])
+        [RESERVE, CHARGE],
+        [CHARGE],
+    )
     [alert] = await p.alerts()
     assert (alert.kind, alert.order_id, alert.reason) == (AlertKind.ORDER_FAILED, ORDER, SHIP_FAILED)
     assert (alert.details["applied"], alert.details["undone"]) == ([RESERVE, CHARGE], [CHARGE])
@@ -206,7 +221,9 @@ async def test_a_compensated_cancel_announces_the_effects_without_an_alert(p: Pi
     assert (status.state, status.reason) == (OrderStatus.COMPENSATED, "cancelled")
     assert status.effects is not None
     assert ([s.value for s in status.effects.applied], [s.value for s in status.effects.undone]) == (
-        [RESERVE], [RESERVE])
+        [RESERVE],
+        [RESERVE],
+    )
     assert await p.alerts() == []
 
 
@@ -249,6 +266,7 @@ async def test_a_step_cannot_be_sent_while_compensating(p: Pipeline) -> None:
 
 
 # --- admission: the slot is freed once -----------------------------------------------------------------------------
+
 
 async def test_the_admission_slot_is_freed_when_processing_ends_not_when_the_compensation_does(p: Pipeline) -> None:
     await shipping_failed_after_two_successes(p)
@@ -295,6 +313,7 @@ async def test_ending_with_nothing_sent_frees_the_slot(p: Pipeline, cause: str) 
 
 # --- the Starter claims a compensation ------------------------------------------------------------------------------
 
+
 async def compensating_unlocked(p: Pipeline) -> None:
     """FailureThreshold 1: attempt 1 sent reserve-inventory and expired; the Supervisor moved the order into
     compensation, unlocked (the Starter claims it)."""
@@ -312,10 +331,15 @@ async def test_at_the_threshold_a_processing_order_with_a_step_sent_is_compensat
 
     rec = await state_of(p, ORDER)
     assert (rec.process_state, rec.locked_by, rec.complete_by, rec.retry_at) == (
-        ProcessState.COMPENSATING, None, None, None)
+        ProcessState.COMPENSATING,
+        None,
+        None,
+        None,
+    )
     assert rec.failure_count == 1 and rec.compensation_failures == 0
-    assert (rec.compensation_cause or "").startswith("FailureThresholdReached") and rec.last_error == \
-        rec.compensation_cause
+    assert (rec.compensation_cause or "").startswith(
+        "FailureThresholdReached"
+    ) and rec.last_error == rec.compensation_cause
     assert [(c.name.value, c.step.value) for c in rec.compensations] == [(RELEASE, RESERVE)]
     assert terminal(await p.statuses(ORDER)) == [] and await p.alerts() == []  # not ended: no status, no alert
     assert await processing_slots(p) == 0  # it left Processing
@@ -356,7 +380,8 @@ async def test_the_starter_claims_a_compensation_while_processing_is_full(p: Pip
     await submit_orders(p, "o-2")
     now = p.clock.now()
     await p.services.state.update_with_retry(  # o-2 is Processing: the one slot is taken
-        "o-2", lambda r: claim(r, "o-2:1", now + p.services.tunables.claim_lease, now))
+        "o-2", lambda r: claim(r, "o-2:1", now + p.services.tunables.claim_lease, now)
+    )
     start = RecordingStartNew()
 
     run = await run_starter(p.services, start)
@@ -367,6 +392,7 @@ async def test_the_starter_claims_a_compensation_while_processing_is_full(p: Pip
 
 
 # --- the Supervisor recovers an expired compensation ----------------------------------------------------------------
+
 
 async def test_an_expired_compensation_is_retried_on_its_own_failure_budget(p: Pipeline) -> None:
     await shipping_failed_after_two_successes(p)

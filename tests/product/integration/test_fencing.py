@@ -41,18 +41,39 @@ def functions() -> dict[str, Any]:
 
     modules = (activities.state, activities.frozen_versions, orchestrators.order_workflow)
     builders = [getattr(module, name) for module in modules for name in dir(module)]
-    found = {b._function.get_function_name(): b._function.get_user_function()
-             for b in builders if hasattr(b, "_function") and hasattr(b._function, "get_user_function")}
-    assert {fn.ORDER_WORKFLOW, fn.LOAD_ORDER, fn.SET_STEP_DEADLINE, fn.SEND_AGENT_REQUEST, fn.RECORD_STEP_RESULT,
-            fn.FINISH_ORDER} <= found.keys(), found.keys()
+    found = {
+        b._function.get_function_name(): b._function.get_user_function()
+        for b in builders
+        if hasattr(b, "_function") and hasattr(b._function, "get_user_function")
+    }
+    assert {
+        fn.ORDER_WORKFLOW,
+        fn.LOAD_ORDER,
+        fn.SET_STEP_DEADLINE,
+        fn.SEND_AGENT_REQUEST,
+        fn.RECORD_STEP_RESULT,
+        fn.FINISH_ORDER,
+    } <= found.keys(), found.keys()
     return found
 
 
 def reply(instance: str, step: str, *, permanent_failure: bool) -> dict[str, Any]:
-    outcome = {"outcome": "failed", "permanent": True, "errorCode": "Declined", "error": "card declined"} if (
-        permanent_failure) else {"outcome": "succeeded", "permanent": False, "errorCode": None, "error": None}
-    return {"schemaVersion": 1, "type": "AgentReply", "instanceId": instance, "orderId": ORDER, "attempt": 1,
-            "step": step, "result": {}, "completedAt": "2024-01-01T00:00:01Z", **outcome}
+    outcome = (
+        {"outcome": "failed", "permanent": True, "errorCode": "Declined", "error": "card declined"}
+        if (permanent_failure)
+        else {"outcome": "succeeded", "permanent": False, "errorCode": None, "error": None}
+    )
+    return {
+        "schemaVersion": 1,
+        "type": "AgentReply",
+        "instanceId": instance,
+        "orderId": ORDER,
+        "attempt": 1,
+        "step": step,
+        "result": {},
+        "completedAt": "2024-01-01T00:00:01Z",
+        **outcome,
+    }
 
 
 async def hand_over_to_attempt_2(p: Pipeline) -> None:
@@ -75,15 +96,19 @@ async def agent_requests(p: Pipeline) -> list[dict[str, Any]]:
     return [json.loads(b"".join(m.body)) for m in msgs]
 
 
-async def run_attempt_1(p: Pipeline, functions: dict[str, Any], *, takeover_before: tuple[str, int],
-                        permanent_failure: bool) -> tuple[Any, list[tuple[str, Any]], dict[str, Any]]:
+async def run_attempt_1(
+    p: Pipeline, functions: dict[str, Any], *, takeover_before: tuple[str, int], permanent_failure: bool
+) -> tuple[Any, list[tuple[str, Any]], dict[str, Any]]:
     """Drive attempt 1 to its end; hand the order over just before the n-th call of the named activity.
 
     Returns the orchestration's output, every activity call with its result, and attempt 2's record as it was
     right after the hand-over (serialized, with its etag)."""
     instance = f"{ORDER}:1"
-    driver = Driver(functions[fn.ORDER_WORKFLOW], instance,
-                    {"orderId": ORDER, "attempt": 1, "stepTimeoutSeconds": STEP_TIMEOUT_SECONDS})
+    driver = Driver(
+        functions[fn.ORDER_WORKFLOW],
+        instance,
+        {"orderId": ORDER, "attempt": 1, "stepTimeoutSeconds": STEP_TIMEOUT_SECONDS},
+    )
     driver.now = p.clock.now()  # the orchestration's clock is the deployment's (CompleteBy is compared with it)
     calls: list[tuple[str, Any]] = []
     after_takeover: dict[str, Any] = {}
@@ -94,8 +119,11 @@ async def run_attempt_1(p: Pipeline, functions: dict[str, Any], *, takeover_befo
             if action["actionType"] == ActionType.WAIT_FOR_EXTERNAL_EVENT:
                 step = action["externalEventName"].split(":", 1)[1]
                 assert action["externalEventName"] == reply_event_name(step)
-                events.append(driver.event_raised(action["externalEventName"], reply(
-                    instance, step, permanent_failure=permanent_failure)))
+                events.append(
+                    driver.event_raised(
+                        action["externalEventName"], reply(instance, step, permanent_failure=permanent_failure)
+                    )
+                )
             elif action["actionType"] in (ActionType.CALL_ACTIVITY, ActionType.CALL_ACTIVITY_WITH_RETRY):
                 name = action["functionName"]
                 if (name, sum(1 for c in calls if c[0] == name) + 1) == takeover_before:
@@ -129,12 +157,14 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 async def test_a_fenced_out_activity_reports_false_and_the_attempt_stops_quietly(
-        p: Pipeline, functions: dict[str, Any], case: str) -> None:
+    p: Pipeline, functions: dict[str, Any], case: str
+) -> None:
     takeover_before, permanent_failure = CASES[case]
     await claim_orders(p, ORDER)
 
     output, calls, after_takeover = await run_attempt_1(
-        p, functions, takeover_before=takeover_before, permanent_failure=permanent_failure)
+        p, functions, takeover_before=takeover_before, permanent_failure=permanent_failure
+    )
 
     name, number = takeover_before
     fenced = [result for n, result in calls if n == name][number - 1]

@@ -71,9 +71,11 @@ async def test_completed_status_lost_by_finish_order_is_sent_by_the_sweep(p: Pip
     for step in STEPS:
         now = p.clock.now()
         await p.services.state.update_with_retry(
-            "o-1", lambda r, step=step, now=now: set_step_deadline(r, "o-1:1", step, now, now))
+            "o-1", lambda r, step=step, now=now: set_step_deadline(r, "o-1:1", step, now, now)
+        )
         await p.services.state.update_with_retry(
-            "o-1", lambda r, step=step, now=now: record_step(r, "o-1:1", step, StepStatus.SUCCEEDED, now))
+            "o-1", lambda r, step=step, now=now: record_step(r, "o-1:1", step, StepStatus.SUCCEEDED, now)
+        )
     good_bus = p.services.bus
     p.services.bus = FlakyBus(good_bus, fail=1)
     runtime.use_services(p.services)

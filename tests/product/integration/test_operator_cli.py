@@ -83,12 +83,16 @@ async def test_order_shows_the_record_and_says_why_attempts_have_no_orchestratio
     assert code == 0 and "processState" in out and "reserve-inventory" in out and "attempt 1: o-err:1" in out
 
 
-@pytest.mark.parametrize(("order_id", "exit_code", "message"), [
-    ("nope", 1, "orderflow order: error: no order 'nope' in the state store"),
-    ("bad id!", 2, "orderflow order: error: orderId 'bad id!' is not a valid order id (1-64 of A-Z a-z 0-9 _ -)"),
-])
-async def test_order_errors_are_one_line_and_a_bad_value_is_a_usage_error(system: Services, cli: Cli, order_id: str,
-                                                                          exit_code: int, message: str) -> None:
+@pytest.mark.parametrize(
+    ("order_id", "exit_code", "message"),
+    [
+        ("nope", 1, "orderflow order: error: no order 'nope' in the state store"),
+        ("bad id!", 2, "orderflow order: error: orderId 'bad id!' is not a valid order id (1-64 of A-Z a-z 0-9 _ -)"),
+    ],
+)
+async def test_order_errors_are_one_line_and_a_bad_value_is_a_usage_error(
+    system: Services, cli: Cli, order_id: str, exit_code: int, message: str
+) -> None:
     code, out, err = cli("order", order_id)
     assert (code, out, err.splitlines()) == (exit_code, "", [message])
 
@@ -100,8 +104,7 @@ async def test_orders_pages_through_one_state_oldest_first_and_filters_by_age(sy
     seen: list[str] = []
     token: str | None = None
     while True:
-        page = cli.json("orders", "--state", "error", "--page-size", "2",
-                        *(("--continuation", token) if token else ()))
+        page = cli.json("orders", "--state", "error", "--page-size", "2", *(("--continuation", token) if token else ()))
         assert page["state"] == "Error" and len(page["items"]) <= 2
         seen += [row["orderId"] for row in page["items"]]
         token = page["continuation"]
@@ -115,17 +118,23 @@ async def test_orders_pages_through_one_state_oldest_first_and_filters_by_age(sy
     assert code == 0 and "o-0" in out and "next page: --continuation" in out
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (("--state", "Stuck"), "state 'Stuck' is not one of Pending, Processing, Processed, Error"),
-    (("--state", "Error", "--older-than", "soon"),
-     "olderThan (--older-than) 'soon' is not a duration like 90s, 15m, 2h or 3d"),
-    # A duration whose age is no date (OverflowError in now - timedelta) is refused with its bound, not a traceback.
-    (("--state", "Error", "--older-than", "99999999999d"), "(at most 999999999s, 99999999m, 999999h or 99999d)"),
-    (("--state", "Error", "--continuation", "garbage"), "continuation"),
-    (("--state", "Error", "--page-size", "0"), "pageSize (--page-size) must be 1..200, got 0"),
-])
-async def test_orders_refuses_bad_input_in_one_line(system: Services, cli: Cli, argv: tuple[str, ...],
-                                                    message: str) -> None:
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--state", "Stuck"), "state 'Stuck' is not one of Pending, Processing, Processed, Error"),
+        (
+            ("--state", "Error", "--older-than", "soon"),
+            "olderThan (--older-than) 'soon' is not a duration like 90s, 15m, 2h or 3d",
+        ),
+        # A duration whose age is no date (OverflowError in now - timedelta) is refused with its bound, not a traceback.
+        (("--state", "Error", "--older-than", "99999999999d"), "(at most 999999999s, 99999999m, 999999h or 99999d)"),
+        (("--state", "Error", "--continuation", "garbage"), "continuation"),
+        (("--state", "Error", "--page-size", "0"), "pageSize (--page-size) must be 1..200, got 0"),
+    ],
+)
+async def test_orders_refuses_bad_input_in_one_line(
+    system: Services, cli: Cli, argv: tuple[str, ...], message: str
+) -> None:
     code, _, err = cli("orders", *argv)
     assert code == 2 and len(err.splitlines()) == 1 and message in err and "Traceback" not in err
 
@@ -137,12 +146,18 @@ async def test_resubmit_runs_an_error_again_with_a_fresh_budget_and_audits_it(sy
     found = await system.state.get("o-err")
     assert found is not None
     rec = found[0]
-    assert (rec.process_state, rec.failure_count, rec.locked_by, rec.notified_at) == (ProcessState.PENDING, 0, None,
-                                                                                      None)
+    assert (rec.process_state, rec.failure_count, rec.locked_by, rec.notified_at) == (
+        ProcessState.PENDING,
+        0,
+        None,
+        None,
+    )
     assert [(a.by, a.reason, a.from_state) for a in rec.resubmissions] == [("ada", "stock arrived", "Error")]
     again, _, err = cli("resubmit", "o-err", "--reason", "twice", "--by", "ada")
-    assert again == 1 and err.strip() == ("orderflow resubmit: error: order o-err is Pending: only an order in Error "
-                                          "or CompensationFailed can be resubmitted")
+    assert again == 1 and err.strip() == (
+        "orderflow resubmit: error: order o-err is Pending: only an order in Error "
+        "or CompensationFailed can be resubmitted"
+    )
     assert (await system.state.get("o-err")) == found  # the refused repeat wrote nothing
 
 
@@ -163,19 +178,27 @@ async def test_cancel_sends_the_orders_cancel_in_its_session_and_refuses_what_is
     async with system.bus.get_queue_receiver("orders-inbound", session_id="o-wait") as receiver:
         [message] = await receiver.peek_messages(max_message_count=5)
     body = json.loads(b"".join(message.body))
-    assert (body["type"], body["orderId"], body["replyTo"], body["reason"]) == ("CancelOrder", "o-wait", "app-status",
-                                                                                "changed my mind")
+    assert (body["type"], body["orderId"], body["replyTo"], body["reason"]) == (
+        "CancelOrder",
+        "o-wait",
+        "app-status",
+        "changed my mind",
+    )
     late, _, err = cli("cancel", "o-done", "--wait", "0")
-    assert late == 1 and err.strip() == ("orderflow cancel: error: order o-done is Processed: only a Pending or "
-                                         "Processing order can be cancelled")
+    assert late == 1 and err.strip() == (
+        "orderflow cancel: error: order o-done is Processed: only a Pending or Processing order can be cancelled"
+    )
     unknown, _, err = cli("cancel", "o-none", "--wait", "0")
     assert unknown == 1 and err.strip() == "orderflow cancel: error: no order 'o-none' in the state store"
 
 
 async def _dead_letter(services: Services, queue: str, body: str, session: str, reason: str) -> int:
     async with services.bus.get_queue_sender(queue) as sender:
-        await sender.send_messages(ServiceBusMessage(body, session_id=session, message_id=f"{session}:m",
-                                                     application_properties={"source": "test"}))
+        await sender.send_messages(
+            ServiceBusMessage(
+                body, session_id=session, message_id=f"{session}:m", application_properties={"source": "test"}
+            )
+        )
     async with services.bus.get_queue_receiver(queue, session_id=session) as receiver:
         [message] = await receiver.receive_messages(max_message_count=1, max_wait_time=5)
         await receiver.dead_letter_message(message, reason=reason, error_description=f"{reason}: the field")
@@ -186,12 +209,17 @@ async def test_dlq_list_show_and_replay_with_the_marker(system: Services, cli: C
     seq = await _dead_letter(system, "orders-inbound", '{"orderId": "o-p"}', "o-p", "InvalidField:items")
     [row] = cli.json("dlq", "list", "orders-inbound")
     assert (row["sequenceNumber"], row["messageId"], row["sessionId"], row["deadLetterReason"]) == (
-        seq, "o-p:m", "o-p", "InvalidField:items")
+        seq,
+        "o-p:m",
+        "o-p",
+        "InvalidField:items",
+    )
     shown = cli.json("dlq", "show", "orders-inbound", str(seq))
     assert shown["body"] == {"orderId": "o-p"} and shown["applicationProperties"] == {"source": "test"}
     missing, _, err = cli("dlq", "show", "orders-inbound", str(seq + 100))
-    assert missing == 1 and err.strip() == (f"orderflow dlq: error: no dead-lettered message with sequence number "
-                                            f"{seq + 100} on orders-inbound")
+    assert missing == 1 and err.strip() == (
+        f"orderflow dlq: error: no dead-lettered message with sequence number {seq + 100} on orders-inbound"
+    )
     [done] = cli.json("dlq", "replay", "orders-inbound", "--seq", str(seq), "--by", "ada")
     assert done["replayedAs"] == f"o-p:m:replay:{seq}"
     assert cli.json("dlq", "list", "orders-inbound") == []
@@ -199,14 +227,17 @@ async def test_dlq_list_show_and_replay_with_the_marker(system: Services, cli: C
         [copy] = await receiver.peek_messages(max_message_count=5)
     assert copy.message_id == f"o-p:m:replay:{seq}" and copy.session_id == "o-p"
     assert b"".join(copy.body) == b'{"orderId": "o-p"}'
-    props = {k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
-             for k, v in (copy.application_properties or {}).items()}
+    props = {
+        k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
+        for k, v in (copy.application_properties or {}).items()
+    }
     assert props["source"] == "test" and props["orderflowReplayOf"] == f"orders-inbound/$deadletterqueue/{seq}"
     assert props["orderflowReplayedBy"] == "ada" and props["orderflowOriginalMessageId"] == "o-p:m"
 
 
-async def test_a_replay_repeated_after_a_crash_between_send_and_complete_sends_one_copy(system: Services,
-                                                                                        cli: Cli) -> None:
+async def test_a_replay_repeated_after_a_crash_between_send_and_complete_sends_one_copy(
+    system: Services, cli: Cli
+) -> None:
     """At least once: the first run sent its copy but died before completing the dead letter; the second run sends
     the same MessageId again, which duplicate detection absorbs (Service Bus: a MessageId seen within
     duplicateDetectionHistoryTimeWindow is accepted and dropped)."""
@@ -227,16 +258,25 @@ async def test_a_replay_repeated_after_a_crash_between_send_and_complete_sends_o
 async def test_queues_shows_counts_dead_letter_reasons_and_alerts(system: Services, cli: Cli) -> None:
     await _dead_letter(system, "orders-inbound", "{}", "o-q", "InvalidJson")
     shown = cli.json("queues")
-    assert shown["queues"]["orders-inbound"] == {"active": 0, "scheduled": 0, "deadLettered": 1,
-                                                 "sessionsWithBacklog": 0}
+    assert shown["queues"]["orders-inbound"] == {
+        "active": 0,
+        "scheduled": 0,
+        "deadLettered": 1,
+        "sessionsWithBacklog": 0,
+    }
     assert [r["deadLetterReason"] for r in shown["deadLetters"]["orders-inbound"]] == ["InvalidJson"]
     code, out, _ = cli("queues")
     assert code == 0 and "dead-lettered on orders-inbound: o-q:m  InvalidJson" in out
 
 
 async def test_summary_agrees_with_a_direct_count_of_the_store(system: Services, cli: Cli, tmp_path: Path) -> None:
-    plan = {ProcessState.PENDING: 3, ProcessState.PROCESSING: 2, ProcessState.ERROR: 2, ProcessState.PROCESSED: 4,
-            ProcessState.COMPENSATION_FAILED: 1}
+    plan = {
+        ProcessState.PENDING: 3,
+        ProcessState.PROCESSING: 2,
+        ProcessState.ERROR: 2,
+        ProcessState.PROCESSED: 4,
+        ProcessState.COMPENSATION_FAILED: 1,
+    }
     n = 0
     for state, count in plan.items():
         for _ in range(count):
@@ -271,15 +311,22 @@ async def test_submit_count_sends_that_many_orders_each_in_its_own_session(syste
 
 async def test_watch_follows_a_reply_queue(system: Services, cli: Cli) -> None:
     async with system.bus.get_queue_sender("app-status") as sender:
-        for order_id, state in (("o-1", OrderStatus.RECEIVED), ("o-1", OrderStatus.COMPLETED),
-                                ("o-2", OrderStatus.FAILED)):
+        for order_id, state in (
+            ("o-1", OrderStatus.RECEIVED),
+            ("o-1", OrderStatus.COMPLETED),
+            ("o-2", OrderStatus.FAILED),
+        ):
             status = StatusMessage(order_id=order_id, state=state, attempt=1, timestamp=NOW, reason="r")
-            await sender.send_messages(ServiceBusMessage(status.to_json(), session_id=order_id,
-                                                         message_id=status.message_id()))
+            await sender.send_messages(
+                ServiceBusMessage(status.to_json(), session_id=order_id, message_id=status.message_id())
+            )
     code, out, _ = cli("watch", "app-status", "--for", "10", "--max", "3", "--json")
     assert code == 0
     assert sorted((s["orderId"], s["state"]) for s in map(json.loads, out.splitlines())) == [
-        ("o-1", "completed"), ("o-1", "received"), ("o-2", "failed")]
+        ("o-1", "completed"),
+        ("o-1", "received"),
+        ("o-2", "failed"),
+    ]
 
 
 async def test_breaker_open_and_show_through_the_cli(system: Services, cli: Cli) -> None:
@@ -289,8 +336,9 @@ async def test_breaker_open_and_show_through_the_cli(system: Services, cli: Cli)
     assert row["forced"] is True and row["reason"] == "forced open by ada"
 
 
-def test_a_missing_setting_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_setting_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("CosmosDb__accountEndpoint", raising=False)
     (tmp_path / "local.settings.json").write_text(json.dumps({"Values": {}}))
@@ -298,11 +346,13 @@ def test_a_missing_setting_is_one_line(tmp_path: Path, capsys: pytest.CaptureFix
     err = capsys.readouterr().err
     assert code == 1 and err.splitlines() == [
         "orderflow summary: error: app setting CosmosDb__accountEndpoint is not set: run in the app folder or pass "
-        "--app-dir (locally: cp local.settings.sample.json local.settings.json), or set it in the environment"]
+        "--app-dir (locally: cp local.settings.sample.json local.settings.json), or set it in the environment"
+    ]
 
 
-def test_an_unreachable_store_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unreachable_store_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a-file").write_text("")  # the store's folder would have to be inside a file
     folder = app_dir(tmp_path, CosmosDb__accountEndpoint=f"embedded://{tmp_path / 'a-file' / 'store.db'}")
@@ -312,8 +362,9 @@ def test_an_unreachable_store_is_one_line(tmp_path: Path, capsys: pytest.Capture
     assert "a-file" in err and "Traceback" not in err
 
 
-def test_the_dead_letter_commands_need_only_the_bus(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_dead_letter_commands_need_only_the_bus(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The README gives dlq list|show|replay the Service Bus roles only: no state-store setting is needed."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("CosmosDb__accountEndpoint", raising=False)
@@ -333,8 +384,9 @@ def test_bad_usage_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize("message_id", ["[/]", "m-1\nforged row\x1b[31m", "[bold]x[/bold] :smile:"])
-async def test_dlq_list_and_queues_print_sender_chosen_text_as_itself(system: Services, cli: Cli,
-                                                                      message_id: str) -> None:
+async def test_dlq_list_and_queues_print_sender_chosen_text_as_itself(
+    system: Services, cli: Cli, message_id: str
+) -> None:
     """rich markup in a MessageId or a reason must neither raise MarkupError nor style the output; a newline or an ANSI
     escape is printed escaped (orderflow.text.printable)."""
     async with system.bus.get_queue_sender("orders-inbound") as sender:

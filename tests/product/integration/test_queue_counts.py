@@ -31,8 +31,9 @@ DEPTHS = {q: n for n, q in enumerate(QUEUES)} | {"agent-requests": 1500}
 async def services(tmp_path: Path) -> AsyncIterator[Services]:
     conn = f"Endpoint=embedded://{tmp_path / 'bus.db'};ConfigFile={ROOT / 'servicebus.config.json'}"
     orders, state = open_sqlite_stores(tmp_path / "store.db")
-    services = Services(orders=orders, state=state, bus=aio_bus_from_connection_string(conn), tunables=TUNABLES,
-                        clock=FakeClock())
+    services = Services(
+        orders=orders, state=state, bus=aio_bus_from_connection_string(conn), tunables=TUNABLES, clock=FakeClock()
+    )
     yield services
     await services.bus.close()
     await state.aclose()
@@ -78,8 +79,9 @@ async def test_a_missing_queue_and_a_failing_arm_are_each_one_error_entry(servic
     assert depths["operator-alerts"] == {"count": DEPTHS["operator-alerts"], "capped": False}
 
 
-async def test_a_queue_arm_does_not_answer_is_bounded_by_the_timeout(services: Services,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_queue_arm_does_not_answer_is_bounded_by_the_timeout(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(queue_counts, "TIMEOUT_SECONDS", 0.3)
     async with run_fake_arm(DEPTHS, stalled={"app-status"}) as arm:
         depths = (await _with_arm(services, arm, FakeCredential()).summary())["deadLetters"]

@@ -56,8 +56,10 @@ async def test_a_huge_field_name_is_dead_lettered_with_a_bounded_reason_and_aler
     actions = await deliver(pipeline, body, "o-big", "m-big")
     [(settled, kwargs)] = actions.calls
     assert settled == "deadletter"
-    assert kwargs["deadletter_reason"].startswith("InvalidField:aaa") and f"({BIG} characters)" in \
-        kwargs["deadletter_error_description"]
+    assert (
+        kwargs["deadletter_reason"].startswith("InvalidField:aaa")
+        and f"({BIG} characters)" in kwargs["deadletter_error_description"]
+    )
     [alert] = await alert_bodies(pipeline)
     assert len(alert) < 16 * 1024 < MAX_MESSAGE_SIZE_BYTES
     sent = json.loads(alert)
@@ -67,14 +69,19 @@ async def test_a_huge_field_name_is_dead_lettered_with_a_bounded_reason_and_aler
 
 async def test_deeply_nested_json_is_dead_lettered_invalid_json_with_an_alert(pipeline: Pipeline) -> None:
     actions = await deliver(pipeline, b"[" * 100_000 + b"]" * 100_000, "s-deep", "m-deep")
-    assert actions.calls == [("deadletter", {"deadletter_reason": "InvalidJson",
-                                             "deadletter_error_description": "body is nested too deeply to parse"})]
+    assert actions.calls == [
+        (
+            "deadletter",
+            {"deadletter_reason": "InvalidJson", "deadletter_error_description": "body is nested too deeply to parse"},
+        )
+    ]
     [alert] = await alert_bodies(pipeline)
     assert json.loads(alert)["reason"] == "InvalidJson"
 
 
-async def test_a_message_id_with_a_newline_cannot_forge_a_log_line(pipeline: Pipeline,
-                                                                   caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_message_id_with_a_newline_cannot_forge_a_log_line(
+    pipeline: Pipeline, caplog: pytest.LogCaptureFixture
+) -> None:
     body = encode({**order_body("o-log"), "x\nERROR forged": 1})
     with caplog.at_level(logging.INFO):
         actions = await deliver(pipeline, body, "o-log", FORGING_ID)
@@ -85,6 +92,7 @@ async def test_a_message_id_with_a_newline_cannot_forge_a_log_line(pipeline: Pip
 
 
 # ---- bus failures are waited out inside the delivery --------------------------------------------------------------
+
 
 class FlakyBus:
     """The bus, whose first `failures` sends to `queue` raise `error`."""
@@ -134,8 +142,12 @@ class FlakyState:
         return getattr(self._inner, name)
 
 
-BUS_ERRORS = [ServiceBusServerBusyError(message="server busy"), OperationTimeoutError(message="timed out"),
-              ServiceBusConnectionError(message="connection lost"), ServiceBusCommunicationError(message="no route")]
+BUS_ERRORS = [
+    ServiceBusServerBusyError(message="server busy"),
+    OperationTimeoutError(message="timed out"),
+    ServiceBusConnectionError(message="connection lost"),
+    ServiceBusCommunicationError(message="no route"),
+]
 
 
 def _services(p: Pipeline, *, bus: Any = None, state: Any = None) -> Services:
@@ -147,12 +159,14 @@ def _sleeper(p: Pipeline, waits: list[float]) -> Any:
     async def sleep(seconds: float) -> None:  # the clock moves as the wait would
         waits.append(seconds)
         p.clock.advance(seconds)
+
     return sleep
 
 
 @pytest.mark.parametrize("error", BUS_ERRORS, ids=lambda e: type(e).__name__)
 async def test_a_status_send_failing_on_a_bus_transient_error_is_retried_inside_the_delivery(
-        pipeline: Pipeline, error: ServiceBusError) -> None:
+    pipeline: Pipeline, error: ServiceBusError
+) -> None:
     waits: list[float] = []
     services = _services(pipeline, bus=FlakyBus(pipeline.services.bus, REPLY_QUEUE, error, failures=3))
     outcome = await receive_patiently(services, encode(order_body("o-st")), "o-st", sleep=_sleeper(pipeline, waits))
@@ -162,7 +176,8 @@ async def test_a_status_send_failing_on_a_bus_transient_error_is_retried_inside_
 
 @pytest.mark.parametrize("error", BUS_ERRORS, ids=lambda e: type(e).__name__)
 async def test_an_alert_send_failing_on_a_bus_transient_error_is_retried_inside_the_delivery(
-        pipeline: Pipeline, error: ServiceBusError) -> None:
+    pipeline: Pipeline, error: ServiceBusError
+) -> None:
     waits: list[float] = []
     services = _services(pipeline, bus=FlakyBus(pipeline.services.bus, ALERTS_QUEUE, error, failures=2))
     outcome = await receive_patiently(services, b"not json", "s-al", "m-al", sleep=_sleeper(pipeline, waits))
@@ -171,11 +186,13 @@ async def test_an_alert_send_failing_on_a_bus_transient_error_is_retried_inside_
 
 
 async def test_a_store_write_failing_on_a_bus_transient_error_is_retried_inside_the_delivery(
-        pipeline: Pipeline) -> None:
+    pipeline: Pipeline,
+) -> None:
     waits: list[float] = []
     state = FlakyState(pipeline.services.state, ServiceBusServerBusyError(message="server busy"), failures=2)
-    outcome = await receive_patiently(_services(pipeline, state=state), encode(order_body("o-sw")), "o-sw",
-                                      sleep=_sleeper(pipeline, waits))
+    outcome = await receive_patiently(
+        _services(pipeline, state=state), encode(order_body("o-sw")), "o-sw", sleep=_sleeper(pipeline, waits)
+    )
     assert isinstance(outcome, Accepted) and waits == [0.5, 1.0]
     assert await pipeline.services.state.get("o-sw") is not None
 

@@ -52,13 +52,9 @@ async def test_two_starters_at_once_claim_every_order_exactly_once(pipeline: Pip
     runs = await asyncio.gather(run_starter(a, start_a), run_starter(b, start_b))
 
     started = start_a.instances + start_b.instances
-    assert Counter(started) == Counter(
-        f"{o}:1" for o in order_ids
-    )  # each attempt started once, by one starter
+    assert Counter(started) == Counter(f"{o}:1" for o in order_ids)  # each attempt started once, by one starter
     assert sorted(runs[0].claimed + runs[1].claimed) == sorted(started)
-    assert runs[0].lost_race + runs[1].lost_race == len(
-        order_ids
-    )  # every record was contested, one lost each
+    assert runs[0].lost_race + runs[1].lost_race == len(order_ids)  # every record was contested, one lost each
     for name, instance, inp in start_a.calls + start_b.calls:
         order_id = instance.rsplit(":", 1)[0]
         assert name == fn.ORDER_WORKFLOW and inp["orderId"] == order_id and inp["attempt"] == 1
@@ -72,9 +68,7 @@ async def test_two_starters_at_once_claim_every_order_exactly_once(pipeline: Pip
 async def test_a_record_whose_retry_time_is_in_the_future_is_not_claimed(pipeline: Pipeline) -> None:
     await submit_orders(pipeline, "o-later")
     retry_at = pipeline.clock.now() + timedelta(seconds=10)
-    await pipeline.services.state.update_with_retry(
-        "o-later", lambda r: r.model_copy(update={"retry_at": retry_at})
-    )
+    await pipeline.services.state.update_with_retry("o-later", lambda r: r.model_copy(update={"retry_at": retry_at}))
     start = RecordingStartNew()
 
     assert (await run_starter(pipeline.services, start)).claimed == []
@@ -148,7 +142,12 @@ async def test_a_claim_whose_orchestration_never_started_is_started_again_in_the
     assert (run.restarted, run.recovered, run.escalated) == (["o-crash"], [], [])
     rec = await state_of(pipeline, "o-crash")
     assert (rec.process_state, rec.locked_by, rec.attempt, rec.failure_count, rec.restarts) == (
-        ProcessState.PROCESSING, "o-crash:1", 1, 0, 1)
+        ProcessState.PROCESSING,
+        "o-crash:1",
+        1,
+        0,
+        1,
+    )
     assert rec.complete_by == clock.now() + services.tunables.claim_lease
     assert durable.starts.instances == ["o-crash:1"]
     name, _, inp = durable.starts.calls[0]

@@ -61,16 +61,12 @@ async def test_duplicate_submission_is_accepted_once(pipeline: Pipeline) -> None
     first = await submit(pipeline.services, encode(order_body("o-dup")), "o-dup")
     state_before = await pipeline.services.state.get("o-dup")
     pipeline.clock.advance(5)
-    again = await submit(
-        pipeline.services, encode(order_body("o-dup", submittedAt="2024-01-01T00:00:05Z")), "o-dup"
-    )
+    again = await submit(pipeline.services, encode(order_body("o-dup", submittedAt="2024-01-01T00:00:05Z")), "o-dup")
 
     assert isinstance(first, Accepted) and first.created
     assert isinstance(again, Accepted) and not again.created
     assert await pipeline.services.state.get("o-dup") == state_before  # same record, same etag
-    assert [s.state for s in await pipeline.statuses("o-dup")] == [
-        OrderStatus.RECEIVED
-    ]  # duplicate detection
+    assert [s.state for s in await pipeline.statuses("o-dup")] == [OrderStatus.RECEIVED]  # duplicate detection
     assert await pipeline.alerts() == []
 
 
@@ -153,11 +149,7 @@ async def test_reply_to_an_internal_queue_is_rejected_even_when_allowed_by_confi
     services = await pipeline.peer(allowed_reply_queues=frozenset({REPLY_QUEUE, *INTERNAL_QUEUES}))
     outcome = await submit(services, encode(order_body("o-int", reply_to=queue)), "o-int")
 
-    assert (
-        isinstance(outcome, Rejected)
-        and outcome.reason == "InvalidField:replyTo"
-        and queue in outcome.description
-    )
+    assert isinstance(outcome, Rejected) and outcome.reason == "InvalidField:replyTo" and queue in outcome.description
     await assert_nothing_written(pipeline, "o-int")
 
 
@@ -242,8 +234,7 @@ async def test_a_store_outage_within_the_patience_delays_the_submission_instead_
         pipeline.clock.advance(seconds)
 
     flaky = Unavailable(pipeline.services.state, failures=6)
-    outcome = await receive_patiently(_with_state(pipeline, flaky), encode(order_body("o-out")), "o-out",
-                                      sleep=sleep)
+    outcome = await receive_patiently(_with_state(pipeline, flaky), encode(order_body("o-out")), "o-out", sleep=sleep)
     assert isinstance(outcome, Accepted) and waits == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
     assert (await pipeline.services.state.get("o-out")) is not None
 
@@ -257,8 +248,9 @@ async def test_past_the_patience_or_on_a_permanent_error_the_delivery_is_given_b
 
     down = _with_state(pipeline, Unavailable(pipeline.services.state, failures=None))
     with pytest.raises(TransientStoreError):
-        await receive_patiently(down, encode(order_body("o-down")), "o-down", sleep=sleep,
-                                patience=timedelta(seconds=20))
+        await receive_patiently(
+            down, encode(order_body("o-down")), "o-down", sleep=sleep, patience=timedelta(seconds=20)
+        )
     assert sum(waits) <= 20 and waits == [0.5, 1.0, 2.0, 4.0, 8.0]
     broken = _with_state(pipeline, Unavailable(pipeline.services.state, None, PermissionError("forbidden")))
     waits.clear()
@@ -296,9 +288,7 @@ def _assert_instance_ids_valid(order_id: str, attempt: int) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(order_id=st.from_regex(ORDER_ID_PATTERN, fullmatch=True), attempt=st.integers(1, MAX_ATTEMPT))
-def test_every_well_formed_order_id_is_accepted_and_yields_valid_instance_ids(
-    order_id: str, attempt: int
-) -> None:
+def test_every_well_formed_order_id_is_accepted_and_yields_valid_instance_ids(order_id: str, attempt: int) -> None:
     services = Services(orders=None, state=None, bus=None, tunables=_TUNABLES)  # type: ignore[arg-type]
     assert _validated_order_id(order_id, services) == order_id
     _assert_instance_ids_valid(order_id, attempt)

@@ -95,15 +95,8 @@ async def test_at_the_threshold_the_order_goes_to_error_with_alert_failed_status
         3,
     )
     failed = (await pipeline.statuses("o-th"))[-1]
-    assert (
-        failed.state is OrderStatus.FAILED
-        and failed.attempt == 3
-        and "FailureThresholdReached" in failed.reason
-    )
-    assert (
-        counter_value(metric_points, "orderflow.alerts", kind=AlertKind.FAILURE_THRESHOLD.value)
-        == alerts_before + 1
-    )
+    assert failed.state is OrderStatus.FAILED and failed.attempt == 3 and "FailureThresholdReached" in failed.reason
+    assert counter_value(metric_points, "orderflow.alerts", kind=AlertKind.FAILURE_THRESHOLD.value) == alerts_before + 1
     assert (await run_supervisor(services)).scanned == 0  # Error is terminal: never scanned again
 
 
@@ -142,9 +135,7 @@ class QuerySpy:
         self._inner = inner
         self.calls: list[tuple[Any, Any, int, str | None, int]] = []
 
-    async def query_expired(
-        self, start: Any, end: Any, page_size: int, continuation: str | None = None
-    ) -> Any:
+    async def query_expired(self, start: Any, end: Any, page_size: int, continuation: str | None = None) -> Any:
         page = await self._inner.query_expired(start, end, page_size, continuation)
         self.calls.append((start, end, page_size, continuation, len(page.items)))
         return page
@@ -183,9 +174,7 @@ async def test_after_a_downtime_longer_than_the_window_no_expired_record_is_skip
     """Records expired long ago across many windows, checkpoint old: successive runs recover every one."""
     services = replace(
         pipeline.services,
-        tunables=replace(
-            pipeline.services.tunables, scan_window=timedelta(minutes=1), max_results=2, page_size=1
-        ),
+        tunables=replace(pipeline.services.tunables, scan_window=timedelta(minutes=1), max_results=2, page_size=1),
     )
     await run_supervisor(services)  # sets the checkpoint before the downtime
     old_position = await checkpoint(pipeline)
@@ -339,8 +328,11 @@ async def test_a_record_another_writer_won_does_move_the_checkpoint(pipeline: Pi
     """Skipped because another Supervisor or the Scheduler got there first: nothing left to do for it, so the
     checkpoint moves on past it (to now - CLOCK_SKEW)."""
     errors: dict[str, Callable[[], Exception]] = {
-        "fenced": lambda: Fenced("o-won", "o-won:1", "o-won:2"), "illegal": lambda: IllegalTransition("Processed"),
-        "not-found": lambda: NotFound("o-won"), "precondition": lambda: PreconditionFailed("etag")}
+        "fenced": lambda: Fenced("o-won", "o-won:1", "o-won:2"),
+        "illegal": lambda: IllegalTransition("Processed"),
+        "not-found": lambda: NotFound("o-won"),
+        "precondition": lambda: PreconditionFailed("etag"),
+    }
     await claim_orders(pipeline, "o-won")
     won_by = (await state_of(pipeline, "o-won")).complete_by
     await expire(pipeline, by=5 * timedelta(minutes=1) + CLOCK_SKEW)
@@ -371,8 +363,7 @@ async def test_a_record_that_always_fails_holds_the_checkpoint_at_a_bounded_cost
     services = narrow(pipeline)
     await claim_orders(pipeline, "o-stuck")
     stuck_by = (await state_of(pipeline, "o-stuck")).complete_by
-    store = FailingUpdates(pipeline.services.state, {"o-stuck"}, lambda: TransientStoreError("busy", 503),
-                           always=True)
+    store = FailingUpdates(pipeline.services.state, {"o-stuck"}, lambda: TransientStoreError("busy", 503), always=True)
     services = replace(services, state=store)
     queries: list[int] = []
     for i in range(30):

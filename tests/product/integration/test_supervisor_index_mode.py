@@ -66,8 +66,9 @@ class Deployment:
     def entries(self) -> list[IndexEntry]:
         """Every entry of the index table, read straight from the file."""
         with sqlite3.connect(self.pipeline.store_path) as conn:
-            rows = conn.execute("SELECT order_id, complete_by, locked_by FROM recovery_index"
-                                " ORDER BY complete_by, order_id").fetchall()
+            rows = conn.execute(
+                "SELECT order_id, complete_by, locked_by FROM recovery_index ORDER BY complete_by, order_id"
+            ).fetchall()
         return [IndexEntry(r[0], parse_utc(r[1]), r[2]) for r in rows]
 
 
@@ -99,7 +100,8 @@ class Pair:
             assert isinstance(await submit(d.services, encode(order_body(order_id)), order_id), Accepted)
             if failure_count:  # as if earlier attempts had expired
                 await d.services.state.update_with_retry(
-                    order_id, lambda r: r.model_copy(update={"failure_count": failure_count}))
+                    order_id, lambda r: r.model_copy(update={"failure_count": failure_count})
+                )
 
     async def claim(self, order_id: str) -> str:
         """The Starter's claim (the real try_claim: index entry first, then the record). Returns the instance id."""
@@ -120,18 +122,30 @@ class Pair:
 
     async def step_deadline(self, order_id: str, instance: str, step: StepName, complete_by: datetime) -> None:
         """The Scheduler's set_step_deadline activity (index entry first, then the fenced record write)."""
-        await self.call("set_step_deadline", {"orderId": order_id, "instanceId": instance, "step": step.value,
-                                              "completeBy": format_utc(complete_by)})
+        await self.call(
+            "set_step_deadline",
+            {"orderId": order_id, "instanceId": instance, "step": step.value, "completeBy": format_utc(complete_by)},
+        )
 
     async def finish(self, order_id: str, instance: str, outcome: str = "completed") -> None:
         attempt = int(instance.rsplit(":", 1)[1])
         for step in STEPS:
             self.clock.advance(1)  # each step its own deadline: its own entry
             await self.step_deadline(order_id, instance, step, self.clock.now() + timedelta(seconds=10))
-            await self.call("record_step_result", {"orderId": order_id, "instanceId": instance, "step": step.value,
-                                                   "status": "succeeded"})
-        await self.call("finish_order", {"orderId": order_id, "instanceId": instance, "attempt": attempt,
-                                         "outcome": outcome, "reason": "ok" if outcome == "completed" else "bad"})
+            await self.call(
+                "record_step_result",
+                {"orderId": order_id, "instanceId": instance, "step": step.value, "status": "succeeded"},
+            )
+        await self.call(
+            "finish_order",
+            {
+                "orderId": order_id,
+                "instanceId": instance,
+                "attempt": attempt,
+                "outcome": outcome,
+                "reason": "ok" if outcome == "completed" else "bad",
+            },
+        )
 
     async def set_position(self, at: datetime) -> None:
         for d in self.both:
@@ -144,8 +158,11 @@ class Pair:
 @pytest.fixture
 async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
     clock = FakeClock()
-    made = Pair(clock, await open_deployment(tmp_path / "query", "query", clock),
-                await open_deployment(tmp_path / "index", "index", clock))
+    made = Pair(
+        clock,
+        await open_deployment(tmp_path / "query", "query", clock),
+        await open_deployment(tmp_path / "index", "index", clock),
+    )
     yield made
     runtime.reset_services()
     for d in made.both:
@@ -165,8 +182,17 @@ def stale_before(d: Deployment, records: dict[str, OrderStateRecord], before: da
 
 # --- the seeded mix ---------------------------------------------------------------------------------------
 
-KINDS = ("expired-claim", "expired-step", "expired-later-step", "moved-to-future", "finished", "failed",
-         "at-threshold", "second-attempt", "pending")
+KINDS = (
+    "expired-claim",
+    "expired-step",
+    "expired-later-step",
+    "moved-to-future",
+    "finished",
+    "failed",
+    "at-threshold",
+    "second-attempt",
+    "pending",
+)
 
 
 @dataclass
@@ -203,9 +229,17 @@ async def build_mix(pair: Pair, seed: int, n: int = 36) -> Mix:
             await pair.finish(order_id, instance, "completed" if kind == "finished" else "failed")
         elif kind == "second-attempt":  # attempt 1 recovered (as the Supervisor writes it), attempt 2 claimed
             for d in pair.both:
-                await d.services.state.update_with_retry(order_id, lambda r: r.model_copy(update={
-                    "process_state": ProcessState.PENDING, "locked_by": None, "complete_by": None,
-                    "failure_count": 1}))
+                await d.services.state.update_with_retry(
+                    order_id,
+                    lambda r: r.model_copy(
+                        update={
+                            "process_state": ProcessState.PENDING,
+                            "locked_by": None,
+                            "complete_by": None,
+                            "failure_count": 1,
+                        }
+                    ),
+                )
             pair.clock.advance(1)
             await pair.claim(order_id)  # attempt 2's lease; attempt 1's entry is stale (another lock)
     pair.clock.advance(pair.query.services.tunables.claim_lease + timedelta(seconds=1))
@@ -218,8 +252,11 @@ async def build_mix(pair: Pair, seed: int, n: int = 36) -> Mix:
 
 
 def expected(mix: Mix) -> tuple[set[str], set[str]]:
-    recovered = {o for o, k in mix.orders.items()
-                 if k in ("expired-claim", "expired-step", "expired-later-step", "second-attempt")}
+    recovered = {
+        o
+        for o, k in mix.orders.items()
+        if k in ("expired-claim", "expired-step", "expired-later-step", "second-attempt")
+    }
     escalated = {o for o, k in mix.orders.items() if k == "at-threshold"}
     return recovered, escalated
 
@@ -235,15 +272,23 @@ async def test_index_mode_recovers_what_query_mode_recovers(pair: Pair, seed: in
     now = pair.clock.now()
     stale = stale_before(pair.index, before, now)
     stale_kinds = {mix.orders[e.order_id] for e in stale}  # leases, superseded deadlines, finished, another lock
-    assert stale_kinds == {"expired-step", "expired-later-step", "moved-to-future", "finished", "failed",
-                           "second-attempt"}
+    assert stale_kinds == {
+        "expired-step",
+        "expired-later-step",
+        "moved-to-future",
+        "finished",
+        "failed",
+        "second-attempt",
+    }
 
     by_query, by_index = await pair.run()
 
     recovered, escalated = expected(mix)
     assert (set(by_query.recovered), set(by_query.escalated)) == (recovered, escalated)
-    assert (sorted(by_index.recovered), sorted(by_index.escalated)) == (sorted(by_query.recovered),
-                                                                          sorted(by_query.escalated))
+    assert (sorted(by_index.recovered), sorted(by_index.escalated)) == (
+        sorted(by_query.recovered),
+        sorted(by_query.escalated),
+    )
     assert by_index.skipped == by_query.skipped == 0  # nothing found that was not due (a stale hit would be)
     assert by_index.position == by_query.position
     for o in every:  # the same outcome, record for record
@@ -256,7 +301,9 @@ async def test_index_mode_recovers_what_query_mode_recovers(pair: Pair, seed: in
     assert sorted(e.order_id for e in left if e.complete_by < now) == sorted(handled)
     assert all(e.matches(before[e.order_id]) for e in left if e.complete_by < now)
     assert {e.order_id for e in left if e.complete_by >= now} == {
-        *mix.live, *(o for o, k in mix.orders.items() if k == "moved-to-future")}
+        *mix.live,
+        *(o for o, k in mix.orders.items() if k == "moved-to-future"),
+    }
     # One point read per entry examined: each stale one once (then deleted), each live one once in its window and
     # at most once more as the probe that found the window.
     assert len(stale) + len(handled) <= by_index.cost.point_reads <= len(stale) + 2 * len(handled)
@@ -369,7 +416,8 @@ async def test_an_empty_stretch_between_two_entries_is_jumped_over(pair: Pair) -
     assert sorted(by_query.recovered) == sorted(by_index.recovered) == ["o-friday", "o-monday"]
     gap_buckets = timedelta(days=3) / WIDTH
     assert by_index.cost.queries < 100, (  # with a jump after each empty bucket: 55 (query mode: 5)
-        f"{by_index.cost.queries} index queries for {gap_buckets:.0f} empty buckets between two entries")
+        f"{by_index.cost.queries} index queries for {gap_buckets:.0f} empty buckets between two entries"
+    )
 
 
 async def test_index_mode_without_an_index_is_refused(pair: Pair) -> None:
@@ -431,9 +479,14 @@ async def test_a_step_deadline_whose_entry_is_not_written_is_not_set(pair: Pair)
     d.services.index = UnreachableIndex(d.index)  # type: ignore[arg-type]
     runtime.use_services(d.services)
     with pytest.raises(ConnectionError):
-        await _activity("set_step_deadline")({
-            "orderId": "o-1", "instanceId": instance, "step": StepName.RESERVE_INVENTORY.value,
-            "completeBy": format_utc(pair.clock.now() + timedelta(hours=1))})
+        await _activity("set_step_deadline")(
+            {
+                "orderId": "o-1",
+                "instanceId": instance,
+                "step": StepName.RESERVE_INVENTORY.value,
+                "completeBy": format_utc(pair.clock.now() + timedelta(hours=1)),
+            }
+        )
     assert (await d.record("o-1")).complete_by == lease
     assert [(e.order_id, e.complete_by) for e in d.entries()] == [("o-1", lease)]
 

@@ -58,14 +58,17 @@ async def finish_all_steps(p: Pipeline, order_id: str, instance: str) -> None:
     for step in STEPS:
         now = p.clock.now()
         await p.services.state.update_with_retry(
-            order_id, lambda r, step=step, now=now: set_step_deadline(r, instance, step, now, now))
+            order_id, lambda r, step=step, now=now: set_step_deadline(r, instance, step, now, now)
+        )
         await p.services.state.update_with_retry(
-            order_id, lambda r, step=step, now=now: record_step(r, instance, step, StepStatus.SUCCEEDED, now))
+            order_id, lambda r, step=step, now=now: record_step(r, instance, step, StepStatus.SUCCEEDED, now)
+        )
     runtime.use_services(p.services)
     finish = activities.finish_order._function.get_user_function()  # type: ignore[attr-defined]
     attempt = int(instance.rsplit(":", 1)[1])
-    assert await finish({"orderId": order_id, "instanceId": instance, "attempt": attempt, "outcome": "completed",
-                         "reason": "ok"})
+    assert await finish(
+        {"orderId": order_id, "instanceId": instance, "attempt": attempt, "outcome": "completed", "reason": "ok"}
+    )
 
 
 async def processed_on_the_second_attempt(p: Pipeline, order_id: str) -> str:
@@ -143,7 +146,8 @@ async def test_a_processed_record_written_with_a_stale_last_error_still_announce
 
     await processed_on_the_second_attempt(p, "o-5")
     rec, _ = await p.services.state.update_with_retry(
-        "o-5", lambda r: r.model_copy(update={"last_error": "attempt 1 expired", "notified_at": None}))
+        "o-5", lambda r: r.model_copy(update={"last_error": "attempt 1 expired", "notified_at": None})
+    )
     p.clock.advance(PAST_THE_WINDOW)
     await notify_terminal(p.services, rec)
     completed = [s for _, s in await replies(p, "o-5") if s.state is OrderStatus.COMPLETED]

@@ -215,8 +215,9 @@ async def test_each_services_keeps_one_backlog_gate(tmp_path: Path, clock: FakeC
         await b.state.aclose()
 
 
-async def test_an_exit_frees_a_slot_unless_the_last_count_already_left_it_out(services: Services,
-                                                                               clock: FakeClock) -> None:
+async def test_an_exit_frees_a_slot_unless_the_last_count_already_left_it_out(
+    services: Services, clock: FakeClock
+) -> None:
     await reserve(services, 2)
     figures = await refresh(services)  # counted at `refreshedAt`: 2 (the fresh reservations)
     assert figures.processing == 2
@@ -246,8 +247,9 @@ def count_writes(services: Services) -> list[int]:
     return writes
 
 
-async def test_concurrent_reservations_and_exits_share_writes_and_keep_the_bound(tmp_path: Path,
-                                                                                 clock: FakeClock) -> None:
+async def test_concurrent_reservations_and_exits_share_writes_and_keep_the_bound(
+    tmp_path: Path, clock: FakeClock
+) -> None:
     """Group commit (issue 13): the requests that queue while a write is in flight are written together by the next
     one, so 20 submissions reserving at once cost far fewer than 20 writes, and the bound still holds exactly."""
     services = open_services(tmp_path / "s.db", clock, max_in_processing=12)
@@ -268,8 +270,7 @@ async def test_concurrent_reservations_and_exits_share_writes_and_keep_the_bound
         await services.state.aclose()
 
 
-async def test_an_exit_waits_at_most_exit_coalesce_for_a_write_to_ride_on(services: Services,
-                                                                          clock: FakeClock) -> None:
+async def test_an_exit_waits_at_most_exit_coalesce_for_a_write_to_ride_on(services: Services, clock: FakeClock) -> None:
     await reserve(services, 3)
     writes = count_writes(services)
     await admission.exited(services, clock.now())

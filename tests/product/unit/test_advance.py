@@ -34,8 +34,9 @@ def refused(action: StepName | CompensationName) -> StepResult:
     return StepResult(action, False, error="declined", cause=f"{action.value}: Declined: declined")
 
 
-def decide(rec: OrderStateRecord, result: StepResult | None = None, *, cancel: bool = False,
-           by: object = BY) -> tuple[OrderStateRecord, StepName | CompensationName | None]:
+def decide(
+    rec: OrderStateRecord, result: StepResult | None = None, *, cancel: bool = False, by: object = BY
+) -> tuple[OrderStateRecord, StepName | CompensationName | None]:
     """One decision, and a check that repeating it on its own output changes nothing (the activity's idempotency)."""
     decision = advance(rec, FIRST, result, by, NOW, V3, cancel)  # type: ignore[arg-type]
     again = advance(decision.record, FIRST, result, by, NOW, V3, cancel)  # type: ignore[arg-type]
@@ -78,8 +79,9 @@ def test_a_later_attempt_starts_at_the_first_step_not_yet_succeeded() -> None:
     rec = claimed()
     rec = record_step(set_step_deadline(rec, FIRST, RESERVE, BY, NOW), FIRST, RESERVE, StepStatus.SUCCEEDED, NOW)
     second = instance_id(rec.order_id, 2)
-    rec = claim(rec.model_copy(update={"process_state": ProcessState.PENDING, "locked_by": None}), second,
-                NOW + LEASE, NOW)
+    rec = claim(
+        rec.model_copy(update={"process_state": ProcessState.PENDING, "locked_by": None}), second, NOW + LEASE, NOW
+    )
     decision = advance(rec, second, None, BY, NOW, V3)
     assert decision.send is CHARGE and decision.record.step(RESERVE).status is StepStatus.SUCCEEDED
 
@@ -137,8 +139,11 @@ def test_a_cancel_after_the_last_step_undoes_every_step() -> None:
     rec, _ = decide(rec, ok(CHARGE))
     rec, send = decide(request_cancel(rec, NOW), ok(SHIP))
     assert rec.process_state is ProcessState.COMPENSATING and send is CompensationName.CANCEL_SHIPMENT
-    assert [c.name for c in rec.compensations] == [CompensationName.CANCEL_SHIPMENT, CompensationName.REFUND_PAYMENT,
-                                                   CompensationName.RELEASE_INVENTORY]
+    assert [c.name for c in rec.compensations] == [
+        CompensationName.CANCEL_SHIPMENT,
+        CompensationName.REFUND_PAYMENT,
+        CompensationName.RELEASE_INVENTORY,
+    ]
 
 
 def test_a_superseded_attempt_is_fenced_out_and_changes_nothing() -> None:

@@ -15,9 +15,16 @@ from hypothesis import strategies as st
 
 from orderflow.messages import AgentOutcome, AgentReply, StepName
 
-REPLY = AgentReply.model_validate({
-    "instanceId": "order-1:1", "orderId": "order-1", "attempt": 1, "step": "charge-payment",
-    "outcome": "succeeded", "completedAt": datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC).isoformat()})
+REPLY = AgentReply.model_validate(
+    {
+        "instanceId": "order-1:1",
+        "orderId": "order-1",
+        "attempt": 1,
+        "step": "charge-payment",
+        "outcome": "succeeded",
+        "completedAt": datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC).isoformat(),
+    }
+)
 
 
 def test_a_json_string_event_is_a_reply() -> None:
@@ -32,17 +39,23 @@ def test_json_bytes_are_a_reply() -> None:
     assert AgentReply.from_event(json.dumps(REPLY.to_dict()).encode()) == REPLY
 
 
-@pytest.mark.parametrize("value", [None, 42, ["a"], "not json", json.dumps("double encoded twice"),
-                                   json.dumps({"instanceId": "order-1:1"})])
+@pytest.mark.parametrize(
+    "value", [None, 42, ["a"], "not json", json.dumps("double encoded twice"), json.dumps({"instanceId": "order-1:1"})]
+)
 def test_anything_else_is_a_value_error(value: object) -> None:
     with pytest.raises(ValueError):
         AgentReply.from_event(value)
 
 
-@given(step=st.sampled_from(list(StepName)), outcome=st.sampled_from(list(AgentOutcome)),
-       attempt=st.integers(min_value=1, max_value=50), permanent=st.booleans())
-def test_both_encodings_decode_to_the_same_reply(step: StepName, outcome: AgentOutcome, attempt: int,
-                                                 permanent: bool) -> None:
+@given(
+    step=st.sampled_from(list(StepName)),
+    outcome=st.sampled_from(list(AgentOutcome)),
+    attempt=st.integers(min_value=1, max_value=50),
+    permanent=st.booleans(),
+)
+def test_both_encodings_decode_to_the_same_reply(
+    step: StepName, outcome: AgentOutcome, attempt: int, permanent: bool
+) -> None:
     reply = REPLY.model_copy(update={"step": step, "outcome": outcome, "attempt": attempt, "permanent": permanent})
     as_dict = reply.to_dict()
     assert AgentReply.from_event(as_dict) == AgentReply.from_event(json.dumps(as_dict)) == reply

@@ -276,8 +276,13 @@ def test_config_defaults_are_the_documented_ones() -> None:
 
 @pytest.mark.parametrize(
     "changes",
-    [{"failure_threshold": -1}, {"probes": 0}, {"window": timedelta(0)}, {"cooldown": timedelta(0)},
-     {"max_cooldown": timedelta(seconds=10)}],
+    [
+        {"failure_threshold": -1},
+        {"probes": 0},
+        {"window": timedelta(0)},
+        {"cooldown": timedelta(0)},
+        {"max_cooldown": timedelta(seconds=10)},
+    ],
 )
 def test_config_refuses_nonsense(changes: dict[str, Any]) -> None:
     values = {"failure_threshold": 3, "window": 30 * S, "cooldown": 15 * S, "max_cooldown": 60 * S, "probes": 2}
@@ -397,8 +402,9 @@ async def peer_documents(store_path: Path) -> Any:
     await docs.aclose()
 
 
-def make(documents: Any, clock: FakeClock, config: BreakerConfig = CONFIG,
-         recorder: Recorder | None = None) -> SharedBreaker:
+def make(
+    documents: Any, clock: FakeClock, config: BreakerConfig = CONFIG, recorder: Recorder | None = None
+) -> SharedBreaker:
     return SharedBreaker(documents, SERVICE, config, clock, recorder)
 
 
@@ -475,7 +481,9 @@ async def test_force_open_holds_and_force_close_resets(documents: SqliteDocument
     closed = await breaker.force(CLOSED, "bob")
     assert closed.state is CLOSED and closed.failures == ()
     assert [(t.before, t.after, t.reason) for t in recorder.transitions] == [
-        (CLOSED, OPEN, "forced open by alice"), (OPEN, CLOSED, "forced closed by bob")]
+        (CLOSED, OPEN, "forced open by alice"),
+        (OPEN, CLOSED, "forced closed by bob"),
+    ]
     assert await breaker.acquire() == Permit()
 
 
@@ -595,7 +603,6 @@ async def test_one_agent_with_more_concurrent_calls_than_write_attempts_loses_no
     assert len((await stored(documents)).failures) == 2 * WRITE_ATTEMPTS + 3
 
 
-
 async def test_one_agents_concurrent_outcomes_ride_in_one_write_so_another_agents_writer_is_not_starved(
     documents: SqliteDocuments, clock: FakeClock
 ) -> None:
@@ -613,13 +620,16 @@ async def test_a_batched_change_that_leaves_the_document_alone_gets_none_and_the
     documents: SqliteDocuments, clock: FakeClock
 ) -> None:
     breaker = make(documents, clock)
-    results = await asyncio.gather(breaker.record(Permit(), ok=False),
-                                   breaker.update(lambda doc, now: None),
-                                   breaker.force(OPEN, "ops@example.com"),
-                                   breaker.update(lambda doc, now: None))
+    results = await asyncio.gather(
+        breaker.record(Permit(), ok=False),
+        breaker.update(lambda doc, now: None),
+        breaker.force(OPEN, "ops@example.com"),
+        breaker.update(lambda doc, now: None),
+    )
     assert results[1] is None and results[3] is None
     assert results[2] is not None and results[2].state is OPEN and results[2].reason == "forced open by ops@example.com"
     assert await stored(documents) == results[2]
+
 
 async def test_concurrent_failures_from_two_agents_open_it_exactly_once(
     documents: SqliteDocuments, peer_documents: SqliteDocuments, clock: FakeClock
@@ -647,8 +657,9 @@ async def test_concurrent_probe_takers_get_exactly_the_configured_probes(
 
 
 @settings(max_examples=25, deadline=None)
-@given(counts=st.tuples(st.integers(0, 8), st.integers(0, 8)), threshold=st.integers(1, 20),
-       successes=st.integers(0, 4))
+@given(
+    counts=st.tuples(st.integers(0, 8), st.integers(0, 8)), threshold=st.integers(1, 20), successes=st.integers(0, 4)
+)
 def test_any_concurrent_mix_loses_no_failure_below_the_threshold(
     counts: tuple[int, int], threshold: int, successes: int
 ) -> None:

@@ -35,11 +35,19 @@ class Env:
     def __init__(self, tmp_path: Path) -> None:
         self.store = tmp_path / "store.db"
         self.bus = f"Endpoint=embedded://{tmp_path / 'bus.db'};ConfigFile={REPO / 'servicebus.config.json'}"
-        inherited = {k: v for k, v in os.environ.items()
-                     if not k.startswith(("CosmosDb__", "ServiceBusConnection", "CircuitBreaker"))
-                     and k not in ("RemoteServiceName", "OperatorAlertsQueueName", "USER", "USERNAME")}
-        self.vars = {**inherited, "CosmosDb__accountEndpoint": f"embedded://{self.store}",
-                     "ServiceBusConnection": self.bus, "CircuitBreakerFailureThreshold": "3", "USER": "carol"}
+        inherited = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("CosmosDb__", "ServiceBusConnection", "CircuitBreaker"))
+            and k not in ("RemoteServiceName", "OperatorAlertsQueueName", "USER", "USERNAME")
+        }
+        self.vars = {
+            **inherited,
+            "CosmosDb__accountEndpoint": f"embedded://{self.store}",
+            "ServiceBusConnection": self.bus,
+            "CircuitBreakerFailureThreshold": "3",
+            "USER": "carol",
+        }
 
     def environment(self, **changes: str | None) -> dict[str, str]:
         env = dict(self.vars)
@@ -60,8 +68,14 @@ class Env:
         return subprocess.CompletedProcess(["orderflow.cli.breaker", *args], code, out.getvalue(), err.getvalue())
 
     def run_as_a_command(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "orderflow.cli.breaker", *args], cwd=REPO,
-                              env=self.environment(), capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "orderflow.cli.breaker", *args],
+            cwd=REPO,
+            env=self.environment(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     def ok(self, *args: str, **changes: str | None) -> str:
         done = self.run(*args, **changes)
@@ -124,17 +138,29 @@ def assert_one_line_error(done: subprocess.CompletedProcess[str], *fragments: st
 
 def test_show_a_breaker_never_written_is_closed(env: Env) -> None:
     rows = json.loads(env.ok("show", "--json"))
-    assert rows == [{
-        "service": "fulfilment", "state": "closed", "effectiveState": "closed", "failuresInWindow": 0,
-        "failureThreshold": 3, "windowSeconds": 30.0, "openUntil": None, "probesLeft": 0, "forced": False,
-        "cooldownSeconds": 0.0, "changedAt": None, "reason": None, "enabled": True}]
+    assert rows == [
+        {
+            "service": "fulfilment",
+            "state": "closed",
+            "effectiveState": "closed",
+            "failuresInWindow": 0,
+            "failureThreshold": 3,
+            "windowSeconds": 30.0,
+            "openUntil": None,
+            "probesLeft": 0,
+            "forced": False,
+            "cooldownSeconds": 0.0,
+            "changedAt": None,
+            "reason": None,
+            "enabled": True,
+        }
+    ]
     assert env.get() is None  # show writes nothing
 
 
 def test_show_counts_only_the_failures_in_the_window(env: Env) -> None:
     now = datetime.now(UTC)
-    env.put(BreakerDoc(service="fulfilment", failures=(now - timedelta(minutes=5), now - timedelta(seconds=1),
-                                                       now)))
+    env.put(BreakerDoc(service="fulfilment", failures=(now - timedelta(minutes=5), now - timedelta(seconds=1), now)))
     [row] = json.loads(env.ok("show", "--json"))
     assert row["state"] == "closed" and row["failuresInWindow"] == 2
 
@@ -142,9 +168,17 @@ def test_show_counts_only_the_failures_in_the_window(env: Env) -> None:
 def test_show_an_open_breaker_whose_cooldown_is_over_as_half_open(env: Env) -> None:
     now = datetime.now(UTC)
     opened = now - timedelta(seconds=20)
-    env.put(BreakerDoc(service="fulfilment", state=BreakerState.OPEN, opened_at=opened,
-                       open_until=opened + timedelta(seconds=15), cooldown_seconds=15, changed_at=opened,
-                       reason="3 failed requests within 30 s"))
+    env.put(
+        BreakerDoc(
+            service="fulfilment",
+            state=BreakerState.OPEN,
+            opened_at=opened,
+            open_until=opened + timedelta(seconds=15),
+            cooldown_seconds=15,
+            changed_at=opened,
+            reason="3 failed requests within 30 s",
+        )
+    )
     [row] = json.loads(env.ok("show", "--json"))
     assert row["state"] == "open" and row["effectiveState"] == "half-open"
     assert row["openUntil"] == format_utc(opened + timedelta(seconds=15))
@@ -154,9 +188,17 @@ def test_show_an_open_breaker_whose_cooldown_is_over_as_half_open(env: Env) -> N
 
 def test_show_several_services_as_a_table(env: Env) -> None:
     now = datetime.now(UTC)
-    env.put(BreakerDoc(service="billing", state=BreakerState.OPEN, opened_at=now,
-                       open_until=now + timedelta(minutes=10), cooldown_seconds=600, changed_at=now,
-                       reason="a probe failed"))
+    env.put(
+        BreakerDoc(
+            service="billing",
+            state=BreakerState.OPEN,
+            opened_at=now,
+            open_until=now + timedelta(minutes=10),
+            cooldown_seconds=600,
+            changed_at=now,
+            reason="a probe failed",
+        )
+    )
     out = env.ok("show", "--service", "fulfilment", "--service", "billing")
     header, fulfilment, billing = out.splitlines()
     for title in ("SERVICE", "STATE", "NOW", "FAILURES IN WINDOW", "OPEN UNTIL", "PROBES LEFT", "REASON"):
@@ -184,8 +226,14 @@ def test_open_holds_the_breaker_open_and_alerts_the_operators(env: Env) -> None:
     [(message_id, subject, alert)] = env.alerts()
     assert alert.kind is AlertKind.CIRCUIT_OPENED and alert.order_id is None
     assert alert.reason == "forced open by alice"
-    assert alert.details == {"service": "fulfilment", "before": "closed", "after": "open",
-                             "changedAt": format_utc(doc.changed_at), "source": "operator", "by": "alice"}
+    assert alert.details == {
+        "service": "fulfilment",
+        "before": "closed",
+        "after": "open",
+        "changedAt": format_utc(doc.changed_at),
+        "source": "operator",
+        "by": "alice",
+    }
     assert subject == "OperatorAlert" and message_id == alert.message_id() == result["alert"]["messageId"]
 
     # Held: a later show, long after any cool-down, still says open.
@@ -195,8 +243,17 @@ def test_open_holds_the_breaker_open_and_alerts_the_operators(env: Env) -> None:
 
 def test_close_resets_the_counts_and_alerts_with_the_user_as_operator(env: Env) -> None:
     now = datetime.now(UTC)
-    env.put(BreakerDoc(service="fulfilment", state=BreakerState.OPEN, opened_at=now,
-                       open_until=now + timedelta(seconds=15), cooldown_seconds=15, changed_at=now, reason="x"))
+    env.put(
+        BreakerDoc(
+            service="fulfilment",
+            state=BreakerState.OPEN,
+            opened_at=now,
+            open_until=now + timedelta(seconds=15),
+            cooldown_seconds=15,
+            changed_at=now,
+            reason="x",
+        )
+    )
     out = env.ok("close")
     assert "alert CircuitClosed sent to operator-alerts" in out
     doc = env.get()
@@ -211,8 +268,7 @@ def test_close_resets_the_counts_and_alerts_with_the_user_as_operator(env: Env) 
 def test_a_service_that_is_not_configured_and_has_no_breaker_is_refused(env: Env) -> None:
     """A typo must not show a breaker nobody uses as closed, nor hold one open that no Agent reads."""
     for args in (("show", "--service", "fulfilmnet"), ("open", "--service", "fulfilmnet")):
-        assert_one_line_error(env.run(*args), "no breaker for service 'fulfilmnet' (RemoteServiceName is "
-                                              "'fulfilment')")
+        assert_one_line_error(env.run(*args), "no breaker for service 'fulfilmnet' (RemoteServiceName is 'fulfilment')")
     assert env.get("fulfilmnet") is None and env.alerts() == []
 
 

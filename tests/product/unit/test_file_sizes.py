@@ -10,16 +10,21 @@ MAX_LINES = 600
 
 
 def _root() -> Path:
-    top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=Path(__file__).parent, capture_output=True,
-                         text=True, check=True)
+    top = subprocess.run(
+        ["git", "rev-parse", "--show-toplevel"], cwd=Path(__file__).parent, capture_output=True, text=True, check=True
+    )
     return Path(top.stdout.strip())
 
 
 def _non_test_python_files(root: Path) -> list[Path]:
     """Tracked and untracked-but-not-ignored `.py` files outside tests/ (what `git ls-files '*.py'` shows, plus
     files not added yet)."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "*.py"],
-                            cwd=root, capture_output=True, check=True).stdout.decode()
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "*.py"],
+        cwd=root,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
     names = sorted({name for name in listed.split("\0") if name and not name.startswith("tests/")})
     return [root / name for name in names if (root / name).is_file()]
 

@@ -27,9 +27,25 @@ HOST_JSON: dict[str, Any] = json.loads((ROOT / "host.json").read_text())
 
 # definitions/version-2/properties (additionalProperties: false; required: ["version"]).
 VERSION_2_KEYS = {
-    "extensionBundle", "aggregator", "functions", "functionTimeout", "healthMonitor", "languageWorker", "logging",
-    "managedDependency", "retry", "customHandler", "singleton", "watchDirectories", "watchFiles", "version",
-    "extensions", "concurrency", "sendCanceledInvocationsToWorker", "telemetryMode", "configurationProfile",
+    "extensionBundle",
+    "aggregator",
+    "functions",
+    "functionTimeout",
+    "healthMonitor",
+    "languageWorker",
+    "logging",
+    "managedDependency",
+    "retry",
+    "customHandler",
+    "singleton",
+    "watchDirectories",
+    "watchFiles",
+    "version",
+    "extensions",
+    "concurrency",
+    "sendCanceledInvocationsToWorker",
+    "telemetryMode",
+    "configurationProfile",
 }
 # .../logging/properties/logLevel: "default" and every other category take this enum.
 LOG_LEVELS = {"Critical", "Debug", "Error", "Information", "None", "Trace", "Warning"}
@@ -38,12 +54,27 @@ EXTENSION_KEYS = {"http", "queues", "sendGrid", "serviceBus", "eventHubs", "dura
 # .../extensions/serviceBus/oneOf[0]: the Service Bus extension 4.x keys; oneOf[1]: 5.x (additionalProperties: false).
 SERVICE_BUS_V4_KEYS = {"prefetchCount", "messageHandlerOptions", "sessionHandlerOptions", "batchOptions"}
 SERVICE_BUS_V5_KEYS = {
-    "clientRetryOptions", "prefetchCount", "transportType", "webProxy", "autoCompleteMessages",
-    "maxAutoLockRenewalDuration", "maxConcurrentCalls", "maxConcurrentSessions", "maxMessageBatchSize",
-    "minMessageBatchSize", "maxBatchWaitTime", "sessionIdleTimeout", "enableCrossEntityTransactions",
+    "clientRetryOptions",
+    "prefetchCount",
+    "transportType",
+    "webProxy",
+    "autoCompleteMessages",
+    "maxAutoLockRenewalDuration",
+    "maxConcurrentCalls",
+    "maxConcurrentSessions",
+    "maxMessageBatchSize",
+    "minMessageBatchSize",
+    "maxBatchWaitTime",
+    "sessionIdleTimeout",
+    "enableCrossEntityTransactions",
 }
-SERVICE_BUS_V5_INTEGERS = {"prefetchCount", "maxConcurrentCalls", "maxConcurrentSessions", "maxMessageBatchSize",
-                           "minMessageBatchSize"}
+SERVICE_BUS_V5_INTEGERS = {
+    "prefetchCount",
+    "maxConcurrentCalls",
+    "maxConcurrentSessions",
+    "maxMessageBatchSize",
+    "minMessageBatchSize",
+}
 SERVICE_BUS_V5_BOOLEANS = {"autoCompleteMessages", "enableCrossEntityTransactions"}
 RETRY_KEYS = {"mode", "tryTimeout", "delay", "maxDelay", "maxRetries"}
 RETRY_MODES = {"exponential", "fixed"}  # clientRetryOptions.mode enum: lowercase only
@@ -54,17 +85,33 @@ HH_MM_SS_FF = re.compile(r"^(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d\.\d\d$")
 SERVICE_BUS_TIMESPANS = {"maxAutoLockRenewalDuration", "maxBatchWaitTime", "sessionIdleTimeout"}
 # definitions/durableTask-extension/properties (additionalProperties: false) and its storageProvider's.
 DURABLE_KEYS = {
-    "hubName", "storageProvider", "tracing", "notifications", "maxConcurrentActivityFunctions",
-    "maxConcurrentOrchestratorFunctions", "extendedSessionsEnabled", "extendedSessionIdleTimeoutInSeconds",
-    "useAppLease", "useGracefulShutdown", "maxEntityOperationBatchSize", "useTablePartitionManagement",
+    "hubName",
+    "storageProvider",
+    "tracing",
+    "notifications",
+    "maxConcurrentActivityFunctions",
+    "maxConcurrentOrchestratorFunctions",
+    "extendedSessionsEnabled",
+    "extendedSessionIdleTimeoutInSeconds",
+    "useAppLease",
+    "useGracefulShutdown",
+    "maxEntityOperationBatchSize",
+    "useTablePartitionManagement",
     # Not in the schema at that commit (it lags the extension): DurableTaskOptions.DefaultVersion, orchestration
     # versioning in Microsoft.Azure.WebJobs.Extensions.DurableTask 3.1+ (bundle 4.x); docs/devhost.md, Versioning.
     "defaultVersion",
 }
 STORAGE_PROVIDER_KEYS = {
-    "connectionStringName", "controlQueueBatchSize", "controlQueueBufferThreshold", "controlQueueVisibilityTimeout",
-    "maxQueuePollingInterval", "partitionCount", "trackingStoreConnectionStringName", "trackingStoreNamePrefix",
-    "useLegacyPartitionManagement", "workItemQueueVisibilityTimeout",
+    "connectionStringName",
+    "controlQueueBatchSize",
+    "controlQueueBufferThreshold",
+    "controlQueueVisibilityTimeout",
+    "maxQueuePollingInterval",
+    "partitionCount",
+    "trackingStoreConnectionStringName",
+    "trackingStoreNamePrefix",
+    "useLegacyPartitionManagement",
+    "workItemQueueVisibilityTimeout",
 }
 
 
@@ -147,9 +194,17 @@ T0 = datetime(2026, 1, 1, 0, 0, 3, tzinfo=UTC)
     ("schedule", "disabled"),
     [
         # azure-webjobs-sdk-extensions TimerScheduleTests.ShouldDisableScheduleMonitor_ReturnsExpectedValue.
-        ("* * * * * *", True), ("*/5 * * * * *", True), ("10,20,45 * * * * *", True), ("0 */5 * * * *", False),
-        ("0 30 * * * *", False), ("* 30 * * * *", False), ("* */30 * * * *", False), ("0 * * * * *", False),
-        ("30 * * * * *", False), ("* 1-5 * * * *", False), ("* * 12 * * Mon", False),
+        ("* * * * * *", True),
+        ("*/5 * * * * *", True),
+        ("10,20,45 * * * * *", True),
+        ("0 */5 * * * *", False),
+        ("0 30 * * * *", False),
+        ("* 30 * * * *", False),
+        ("* */30 * * * *", False),
+        ("0 * * * * *", False),
+        ("30 * * * * *", False),
+        ("* 1-5 * * * *", False),
+        ("* * 12 * * Mon", False),
     ],
 )
 def test_devhost_disables_the_monitor_where_the_extension_does(schedule: str, disabled: bool) -> None:
@@ -178,8 +233,10 @@ def test_sub_minute_timers_say_use_monitor_false() -> None:
         if should_disable_schedule_monitor(schedule, T0):
             assert kwargs.get("use_monitor") is False, name
     # Both default schedules are sub-minute, so both must say so.
-    assert all(should_disable_schedule_monitor(settings.get(t["schedule"].strip("%"), env={}) or "", T0)
-               for t in timers.values())
+    assert all(
+        should_disable_schedule_monitor(settings.get(t["schedule"].strip("%"), env={}) or "", T0)
+        for t in timers.values()
+    )
 
 
 # ---- devhost reads host.json TimeSpans as the host's configuration binder does (TimeSpan.Parse) --------------------

@@ -39,10 +39,21 @@ def test_orderflow_and_devhost_accept_the_same_instance_ids(value: str) -> None:
     assert (durable_instance_id_problem(value) is None) == devhost_accepts(value)
 
 
-@pytest.mark.parametrize(("value", "rule"), [
-    ("", "non-empty"), ("x/y:1", "/"), ("x?y", "?"), ("x#y", "#"), ("../x:1", "/"), ("x\\y", "\\"),
-    ("@o:1", "'@'"), ("o\x00:1", "control"), ("o\x7f", "control"), ("o" * 101, "at most 100"),
-])
+@pytest.mark.parametrize(
+    ("value", "rule"),
+    [
+        ("", "non-empty"),
+        ("x/y:1", "/"),
+        ("x?y", "?"),
+        ("x#y", "#"),
+        ("../x:1", "/"),
+        ("x\\y", "\\"),
+        ("@o:1", "'@'"),
+        ("o\x00:1", "control"),
+        ("o\x7f", "control"),
+        ("o" * 101, "at most 100"),
+    ],
+)
 def test_each_broken_rule_is_named(value: str, rule: str) -> None:
     problem = durable_instance_id_problem(value)
     assert problem is not None and rule in problem

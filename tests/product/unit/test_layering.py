@@ -128,8 +128,12 @@ MODULES = _modules()
 
 
 def _violations(importers: list[Module], forbidden: tuple[str, ...]) -> list[str]:
-    return [f"{m.path.relative_to(ROOT)}:{line} imports {target}"
-            for m in importers for target, line in sorted(m.imports.items()) if _under(target, forbidden)]
+    return [
+        f"{m.path.relative_to(ROOT)}:{line} imports {target}"
+        for m in importers
+        for target, line in sorted(m.imports.items())
+        if _under(target, forbidden)
+    ]
 
 
 def test_the_parser_sees_the_repository() -> None:
@@ -211,9 +215,12 @@ def test_no_import_circle_not_even_through_a_local_import() -> None:
     """
     graph = {name: set(m.imports) for name, m in MODULES.items()}
     circles = _circles(graph)
-    described = [" <-> ".join(c) + ": " + "; ".join(
-        f"{a} -> {b} (line {MODULES[a].imports[b]})" for a in c for b in sorted(graph[a]) if b in c)
-        for c in circles]
+    described = [
+        " <-> ".join(c)
+        + ": "
+        + "; ".join(f"{a} -> {b} (line {MODULES[a].imports[b]})" for a in c for b in sorted(graph[a]) if b in c)
+        for c in circles
+    ]
     assert described == []
 
 

@@ -45,7 +45,9 @@ def test_every_operation_needs_a_function_key_in_the_header_or_the_code_paramete
     doc = document()
     schemes = doc["components"]["securitySchemes"]
     assert {(s["type"], s["in"], s["name"]) for s in schemes.values()} == {
-        ("apiKey", "header", "x-functions-key"), ("apiKey", "query", "code")}
+        ("apiKey", "header", "x-functions-key"),
+        ("apiKey", "query", "code"),
+    }
     assert doc["security"] == [{name: []} for name in schemes]
     for item in doc["paths"].values():
         for operation in item.values():
@@ -81,8 +83,9 @@ async def no_services() -> Iterator[None]:
     runtime.reset_services()
 
 
-async def test_an_unexpected_failure_is_a_bare_500_that_leaks_nothing(no_services: None,
-                                                                      caplog: pytest.LogCaptureFixture) -> None:
+async def test_an_unexpected_failure_is_a_bare_500_that_leaks_nothing(
+    no_services: None, caplog: pytest.LogCaptureFixture
+) -> None:
     async def boom(ops: Operations) -> dict[str, Any]:
         raise RuntimeError("secret connection string AccountKey=abc")
 
@@ -93,8 +96,9 @@ async def test_an_unexpected_failure_is_a_bare_500_that_leaks_nothing(no_service
 
 
 @pytest.mark.parametrize(("error", "status"), [(UnknownOrder("no order 'x'"), 404), (WrongState("is Processed"), 409)])
-async def test_a_refusal_is_answered_with_its_status_and_one_line(no_services: None, error: Exception,
-                                                                  status: int) -> None:
+async def test_a_refusal_is_answered_with_its_status_and_one_line(
+    no_services: None, error: Exception, status: int
+) -> None:
     async def refuse(ops: Operations) -> dict[str, Any]:
         raise error
 
@@ -103,16 +107,19 @@ async def test_a_refusal_is_answered_with_its_status_and_one_line(no_services: N
     assert schema_errors("Error", reply.body) == []
 
 
-@pytest.mark.parametrize(("body", "headers", "env", "who"), [
-    # With Easy Auth on, the signed-in principal is recorded, whatever the body says.
-    ({"by": "alice"}, {"X-MS-CLIENT-PRINCIPAL-NAME": "bob"}, {"WEBSITE_AUTH_ENABLED": "True"}, "bob"),
-    ({"by": "alice"}, {}, {"WEBSITE_AUTH_ENABLED": "True"}, "alice"),
-    ({"by": "alice"}, {"x-ms-client-principal-name": "mallory"}, {}, "alice"),
-    ({}, {"X-MS-CLIENT-PRINCIPAL-NAME": "bob@contoso.com"}, {"WEBSITE_AUTH_ENABLED": "True"}, "bob@contoso.com"),
-    ({}, {"x-ms-client-principal-name": "mallory"}, {}, "api"),  # without Easy Auth anyone can send the header
-    ({}, {"x-ms-client-principal-name": "mallory"}, {"WEBSITE_AUTH_ENABLED": "False"}, "api"),
-    ({"by": "  "}, {}, {"WEBSITE_AUTH_ENABLED": "True"}, "api"),
-])
+@pytest.mark.parametrize(
+    ("body", "headers", "env", "who"),
+    [
+        # With Easy Auth on, the signed-in principal is recorded, whatever the body says.
+        ({"by": "alice"}, {"X-MS-CLIENT-PRINCIPAL-NAME": "bob"}, {"WEBSITE_AUTH_ENABLED": "True"}, "bob"),
+        ({"by": "alice"}, {}, {"WEBSITE_AUTH_ENABLED": "True"}, "alice"),
+        ({"by": "alice"}, {"x-ms-client-principal-name": "mallory"}, {}, "alice"),
+        ({}, {"X-MS-CLIENT-PRINCIPAL-NAME": "bob@contoso.com"}, {"WEBSITE_AUTH_ENABLED": "True"}, "bob@contoso.com"),
+        ({}, {"x-ms-client-principal-name": "mallory"}, {}, "api"),  # without Easy Auth anyone can send the header
+        ({}, {"x-ms-client-principal-name": "mallory"}, {"WEBSITE_AUTH_ENABLED": "False"}, "api"),
+        ({"by": "  "}, {}, {"WEBSITE_AUTH_ENABLED": "True"}, "api"),
+    ],
+)
 async def test_who_resubmits(body: dict[str, str], headers: dict[str, str], env: dict[str, str], who: str) -> None:
     seen: list[tuple[str, str, str]] = []
 
@@ -128,12 +135,21 @@ async def test_who_resubmits(body: dict[str, str], headers: dict[str, str], env:
 
 async def test_the_durable_status_adapter_keeps_the_history_and_maps_a_missing_instance_to_none() -> None:
     # What DurableOrchestrationClient.get_status returns: from_json of the HTTP API's body, "" for a 404.
-    http_api_body = {"name": "order_workflow", "instanceId": "o-1:1", "runtimeStatus": "Running", "input": None,
-                     "customStatus": None, "output": None, "createdTime": "2026-01-01T00:00:00Z",
-                     "lastUpdatedTime": "2026-01-01T00:00:01Z",
-                     "historyEvents": [{"EventType": "ExecutionStarted", "Timestamp": "2026-01-01T00:00:00Z"}]}
-    answers = {"o-1:1": DurableOrchestrationStatus.from_json(http_api_body),
-               "o-1:2": DurableOrchestrationStatus.from_json("")}
+    http_api_body = {
+        "name": "order_workflow",
+        "instanceId": "o-1:1",
+        "runtimeStatus": "Running",
+        "input": None,
+        "customStatus": None,
+        "output": None,
+        "createdTime": "2026-01-01T00:00:00Z",
+        "lastUpdatedTime": "2026-01-01T00:00:01Z",
+        "historyEvents": [{"EventType": "ExecutionStarted", "Timestamp": "2026-01-01T00:00:00Z"}],
+    }
+    answers = {
+        "o-1:1": DurableOrchestrationStatus.from_json(http_api_body),
+        "o-1:2": DurableOrchestrationStatus.from_json(""),
+    }
     calls: list[tuple[str, dict[str, Any]]] = []
 
     async def get_status(instance: str, **options: Any) -> DurableOrchestrationStatus:
@@ -169,15 +185,18 @@ class Recorder:
         return {}
 
 
-@pytest.mark.parametrize(("raw", "says"), [
-    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),  # RecursionError inside json.loads
-    (b'{"reason": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
-    (b'{"reason": "\xff\xfe caf\xe9"}', "not JSON"),  # not UTF-8
-    (b'{"reason": ' + b"9" * 5000 + b"}", "not JSON"),  # longer than int's conversion limit
-    (b'{"reason": NaN}', "must be a string"),
-    (b'{"reason": "a\\ud800b"}', "not Unicode text"),  # an unpaired surrogate: no store could write it
-    (b'{"reason": "x", "by": 1e999}', "must be a string"),
-])
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),  # RecursionError inside json.loads
+        (b'{"reason": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+        (b'{"reason": "\xff\xfe caf\xe9"}', "not JSON"),  # not UTF-8
+        (b'{"reason": ' + b"9" * 5000 + b"}", "not JSON"),  # longer than int's conversion limit
+        (b'{"reason": NaN}', "must be a string"),
+        (b'{"reason": "a\\ud800b"}', "not Unicode text"),  # an unpaired surrogate: no store could write it
+        (b'{"reason": "x", "by": 1e999}', "must be a string"),
+    ],
+)
 async def test_a_bad_body_is_a_bad_request(raw: bytes, says: str) -> None:
     ops = Recorder()
     with pytest.raises(BadRequest, match=says):
@@ -194,15 +213,18 @@ async def test_null_reason_and_by_are_as_if_left_out() -> None:
         await ops_http.resubmit("o-1", b'{"reason": null}', {}, {})(ops)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("query", "says"), [
-    ({"state": "Pending", "olderThan": "99999999999999999999d"}, "at most"),  # OverflowError in timedelta
-    ({"state": "Pending", "olderThan": "999999d"}, "at most"),  # a timedelta, but before year 1
-    ({"state": "Pending", "olderThan": "\u0663d"}, "not a duration"),  # an Arabic-Indic digit: int() takes it
-    ({"state": "Pending", "olderThan": "2d\n"}, "not a duration"),
-    ({"state": "Pending", "pageSize": "9" * 5000}, "whole number"),
-    ({"state": "Pending", "pageSize": "\u0665"}, "whole number"),
-    ({"state": "Pending", "pageSize": " 5"}, "whole number"),
-])
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        ({"state": "Pending", "olderThan": "99999999999999999999d"}, "at most"),  # OverflowError in timedelta
+        ({"state": "Pending", "olderThan": "999999d"}, "at most"),  # a timedelta, but before year 1
+        ({"state": "Pending", "olderThan": "\u0663d"}, "not a duration"),  # an Arabic-Indic digit: int() takes it
+        ({"state": "Pending", "olderThan": "2d\n"}, "not a duration"),
+        ({"state": "Pending", "pageSize": "9" * 5000}, "whole number"),
+        ({"state": "Pending", "pageSize": "\u0665"}, "whole number"),
+        ({"state": "Pending", "pageSize": " 5"}, "whole number"),
+    ],
+)
 async def test_a_bad_query_is_a_bad_request(query: dict[str, str], says: str) -> None:
     ops = Recorder()
     with pytest.raises(BadRequest, match=says):
@@ -218,8 +240,20 @@ def test_the_longest_documented_older_than_is_still_a_date(text: str) -> None:
     assert not Draft202012Validator(schema).is_valid("1" + text)  # one digit more is refused by the document too
 
 
-@pytest.mark.parametrize("candidate", [*(s.value for s in ProcessState), "pending", "COMPENSATED", "", "Stuck",
-                                       "Pending,Error", "Pendin", "Pendingg", "Pending\n"])
+@pytest.mark.parametrize(
+    "candidate",
+    [
+        *(s.value for s in ProcessState),
+        "pending",
+        "COMPENSATED",
+        "",
+        "Stuck",
+        "Pending,Error",
+        "Pendin",
+        "Pendingg",
+        "Pending\n",
+    ],
+)
 def test_the_state_pattern_is_the_states_in_any_case(candidate: str) -> None:
     try:
         parse_state(candidate)
@@ -227,4 +261,5 @@ def test_the_state_pattern_is_the_states_in_any_case(candidate: str) -> None:
     except BadRequest:
         accepted = False
     assert Draft202012Validator({"type": "string", "pattern": STATE_REGEX}).is_valid(candidate) == accepted or (
-        candidate == "Pending\n")  # Python's `$` matches before a final newline; ECMA-262's (the document's) does not
+        candidate == "Pending\n"
+    )  # Python's `$` matches before a final newline; ECMA-262's (the document's) does not

@@ -30,12 +30,28 @@ def driver(handle: Any) -> Driver:
     return Driver(handle, INSTANCE, {"orderId": ORDER, "attempt": 1, "stepTimeoutSeconds": 30})
 
 
-def reply(step: str, outcome: str = "succeeded", *, instance: str = INSTANCE, permanent: bool = False,
-          error: str | None = None) -> dict[str, Any]:
-    return {"schemaVersion": 1, "type": "AgentReply", "instanceId": instance, "orderId": ORDER,
-            "attempt": int(instance.rsplit(":", 1)[1]), "step": step, "outcome": outcome, "permanent": permanent,
-            "errorCode": "Declined" if error else None, "error": error, "result": {},
-            "completedAt": "2026-01-01T00:00:01Z"}
+def reply(
+    step: str,
+    outcome: str = "succeeded",
+    *,
+    instance: str = INSTANCE,
+    permanent: bool = False,
+    error: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "schemaVersion": 1,
+        "type": "AgentReply",
+        "instanceId": instance,
+        "orderId": ORDER,
+        "attempt": int(instance.rsplit(":", 1)[1]),
+        "step": step,
+        "outcome": outcome,
+        "permanent": permanent,
+        "errorCode": "Declined" if error else None,
+        "error": error,
+        "result": {},
+        "completedAt": "2026-01-01T00:00:01Z",
+    }
 
 
 def activity(actions: list[dict[str, Any]], name: str) -> dict[str, Any]:
@@ -59,8 +75,7 @@ def start_step(d: Driver, actions: list[dict[str, Any]], step: str) -> dict[str,
     waits = [a for a in actions if a["actionType"] == ActionType.WAIT_FOR_EXTERNAL_EVENT]
     assert [w["externalEventName"] for w in waits] == [reply_event_name(step)]
     timer = next(a for a in actions if a["actionType"] == ActionType.CREATE_TIMER)
-    assert datetime.fromisoformat(timer["fireAt"].replace("Z", "+00:00")) == datetime.fromisoformat(
-        request["deadline"])
+    assert datetime.fromisoformat(timer["fireAt"].replace("Z", "+00:00")) == datetime.fromisoformat(request["deadline"])
     return timer
 
 
@@ -116,8 +131,9 @@ def test_permanent_failure_records_the_step_and_finishes_failed(driver: Driver) 
     actions = driver.episode(driver.event_raised(reply_event_name(STEPS[0].value), reply(STEPS[0].value)))
     actions = driver.episode(driver.completed(activity(actions, fn.RECORD_STEP_RESULT)["taskId"], True))
     start_step(driver, actions, step)
-    actions = driver.episode(driver.event_raised(reply_event_name(step), reply(
-        step, "failed", permanent=True, error="card declined")))
+    actions = driver.episode(
+        driver.event_raised(reply_event_name(step), reply(step, "failed", permanent=True, error="card declined"))
+    )
     record = activity(actions, fn.RECORD_STEP_RESULT)
     assert json.loads(record["input"])["status"] == "failed"
     actions = driver.episode(driver.completed(record["taskId"], True))
@@ -129,8 +145,11 @@ def test_transient_failure_reply_leaves_recovery_to_the_supervisor(driver: Drive
     actions = driver.episode()
     actions = driver.episode(driver.completed(activity(actions, fn.LOAD_ORDER)["taskId"], {"orderId": ORDER}))
     start_step(driver, actions, STEPS[0].value)
-    actions = driver.episode(driver.event_raised(reply_event_name(STEPS[0].value), reply(
-        STEPS[0].value, "failed", error="retries exhausted")))
+    actions = driver.episode(
+        driver.event_raised(
+            reply_event_name(STEPS[0].value), reply(STEPS[0].value, "failed", error="retries exhausted")
+        )
+    )
     assert driver.done and driver.output["outcome"] == "timedOut"
     assert not [a for a in actions if a["actionType"] in CALLS]
 
@@ -176,7 +195,8 @@ def test_a_fenced_finish_reports_superseded_not_completed(driver: Driver) -> Non
 
 @pytest.mark.parametrize("as_str", [True, False], ids=["str (SDK #295)", "dict"])
 def test_bad_replies_buffered_before_the_wait_are_taken_once_and_the_valid_one_after_them(
-        driver: Driver, as_str: bool) -> None:
+    driver: Driver, as_str: bool
+) -> None:
     # azure-functions-durable-python #507: an event raised before its wait is buffered in `deferred_tasks` and, in
     # SDK 1.7.0, handed again to every later wait of its name; the wait loop must not spin on it (a RecursionError
     # in one episode) and must still take the valid reply raised after it. On devhost: tests/host/durable/
@@ -188,9 +208,11 @@ def test_bad_replies_buffered_before_the_wait_are_taken_once_and_the_valid_one_a
     name = reply_event_name(step)
     actions = driver.episode()
     load = activity(actions, fn.LOAD_ORDER)
-    actions = driver.episode(driver.completed(load["taskId"], {"orderId": ORDER}),
-                             driver.event_raised(name, encoded({"instanceId": INSTANCE, "step": step})),
-                             driver.event_raised(name, encoded(reply(step, instance=f"{ORDER}:7"))))
+    actions = driver.episode(
+        driver.completed(load["taskId"], {"orderId": ORDER}),
+        driver.event_raised(name, encoded({"instanceId": INSTANCE, "step": step})),
+        driver.event_raised(name, encoded(reply(step, instance=f"{ORDER}:7"))),
+    )
     actions = driver.episode(driver.completed(activity(actions, fn.SET_STEP_DEADLINE)["taskId"], True))
     actions = driver.episode(driver.completed(activity(actions, fn.SEND_AGENT_REQUEST)["taskId"], "id"))
     assert not driver.done and "error" not in driver.result
@@ -208,16 +230,19 @@ def test_bad_replies_buffered_before_the_wait_are_taken_once_and_the_valid_one_a
 
 # Issue 11: the circuit breaker's "not now" (a CircuitOpen reply) and the steps an earlier attempt completed.
 
+
 def circuit_open(step: str, retry_after: float | None = 12.5) -> dict[str, Any]:
     """The Agent's answer when the breaker refused and no remote call was made (orderflow/breaker.py)."""
-    return {**reply(step, "failed", error="circuit breaker open"), "errorCode": "CircuitOpen",
-            "result": {} if retry_after is None else {"retryAfterSeconds": retry_after}}
+    return {
+        **reply(step, "failed", error="circuit breaker open"),
+        "errorCode": "CircuitOpen",
+        "result": {} if retry_after is None else {"retryAfterSeconds": retry_after},
+    }
 
 
 def scheduled(d: Driver, name: str) -> list[dict[str, Any]]:
     """The inputs of every call of activity `name` over the whole run."""
-    return [json.loads(a["input"]) for a in d.scheduled
-            if a["actionType"] in CALLS and a["functionName"] == name]
+    return [json.loads(a["input"]) for a in d.scheduled if a["actionType"] in CALLS and a["functionName"] == name]
 
 
 @pytest.mark.parametrize("step_index", [0, 1])
@@ -236,7 +261,11 @@ def test_a_circuit_open_reply_defers_the_order_without_a_failure(driver: Driver,
     defer = activity(actions, fn.DEFER_ORDER)
     request = json.loads(defer["input"])
     assert (request["orderId"], request["instanceId"], request["step"], request["retryAfterSeconds"]) == (
-        ORDER, INSTANCE, step, 12.5)
+        ORDER,
+        INSTANCE,
+        step,
+        12.5,
+    )
     assert "CircuitOpen" in request["reason"]
     # retryAt from the orchestration's clock (deterministic), so a resent activity writes the same record
     assert datetime.fromisoformat(request["retryAt"]) == driver.now + timedelta(seconds=12.5)
@@ -285,8 +314,9 @@ def test_steps_an_earlier_attempt_completed_are_not_sent_again(driver: Driver) -
     done = [STEPS[0].value, STEPS[1].value]
     actions = driver.episode()
     load = activity(actions, fn.LOAD_ORDER)
-    actions = driver.episode(driver.completed(load["taskId"], {
-        "orderId": ORDER, "currency": "EUR", "succeededSteps": done}))
+    actions = driver.episode(
+        driver.completed(load["taskId"], {"orderId": ORDER, "currency": "EUR", "succeededSteps": done})
+    )
     remaining = [s.value for s in STEPS if s.value not in done]
     for step in remaining:
         start_step(driver, actions, step)
@@ -307,8 +337,11 @@ def test_steps_an_earlier_attempt_completed_are_not_sent_again(driver: Driver) -
 
 def test_an_order_whose_steps_all_succeeded_finishes_without_sending(driver: Driver) -> None:
     actions = driver.episode()
-    actions = driver.episode(driver.completed(activity(actions, fn.LOAD_ORDER)["taskId"], {
-        "orderId": ORDER, "succeededSteps": [s.value for s in STEPS]}))
+    actions = driver.episode(
+        driver.completed(
+            activity(actions, fn.LOAD_ORDER)["taskId"], {"orderId": ORDER, "succeededSteps": [s.value for s in STEPS]}
+        )
+    )
     finish = activity(actions, fn.FINISH_ORDER)
     assert json.loads(finish["input"])["outcome"] == "completed"
     driver.episode(driver.completed(finish["taskId"], True))
@@ -318,6 +351,7 @@ def test_an_order_whose_steps_all_succeeded_finishes_without_sending(driver: Dri
 
 # The activities behind those Scheduler paths (activities/state.py, activities/frozen_versions.py), over the embedded
 # store.
+
 
 def _activity_function(name: str) -> Any:
     """The activity as the worker calls it, from its blueprint (`app.get_functions()` may be called once per app)."""
@@ -342,14 +376,21 @@ async def _claimed_services(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, succ
     orders, state = open_sqlite_stores(tmp_path / "s.db")
     services = Services(orders=orders, state=state, bus=None, tunables=Tunables.from_env({}), clock=FakeClock())
     now = services.clock.now()
-    order = SubmitOrder.model_validate({
-        "orderId": ORDER, "replyTo": "app-status", "customer": {"id": "c-1", "name": "Ada"},
-        "items": [{"sku": "SKU-001", "quantity": 2, "unitPrice": "9.99"}], "currency": "EUR",
-        "submittedAt": "2024-01-01T00:00:00+00:00"})
+    order = SubmitOrder.model_validate(
+        {
+            "orderId": ORDER,
+            "replyTo": "app-status",
+            "customer": {"id": "c-1", "name": "Ada"},
+            "items": [{"sku": "SKU-001", "quantity": 2, "unitPrice": "9.99"}],
+            "currency": "EUR",
+            "submittedAt": "2024-01-01T00:00:00+00:00",
+        }
+    )
     await orders.create_if_absent(OrderRecord.from_order(order, now))
     rec = claim(OrderStateRecord.new(order, now), INSTANCE, now + timedelta(seconds=30), now)
-    steps = tuple(s.model_copy(update={"status": StepStatus.SUCCEEDED}) if i < succeeded else s
-                  for i, s in enumerate(rec.steps))
+    steps = tuple(
+        s.model_copy(update={"status": StepStatus.SUCCEEDED}) if i < succeeded else s for i, s in enumerate(rec.steps)
+    )
     await state.create_if_absent(rec.model_copy(update={"failure_count": 1, "steps": steps}))
 
     monkeypatch.setattr(runtime, "_services", {})  # the original is restored after the test
@@ -358,15 +399,21 @@ async def _claimed_services(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, succ
 
 
 async def test_defer_order_returns_the_order_to_pending_without_a_failure(
-        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from datetime import timedelta
 
     from orderflow.records import ProcessState
 
     services = await _claimed_services(tmp_path, monkeypatch)
     defer_order = _activity_function(fn.DEFER_ORDER)
-    request = {"orderId": ORDER, "instanceId": INSTANCE, "step": STEPS[0].value, "retryAfterSeconds": 12.5,
-               "reason": "reserve-inventory: CircuitOpen: circuit breaker open"}
+    request = {
+        "orderId": ORDER,
+        "instanceId": INSTANCE,
+        "step": STEPS[0].value,
+        "retryAfterSeconds": 12.5,
+        "reason": "reserve-inventory: CircuitOpen: circuit breaker open",
+    }
 
     assert await defer_order(dict(request, instanceId=f"{ORDER}:2")) is False  # not the lock holder: fenced
     assert await defer_order(request) is True
@@ -383,7 +430,8 @@ async def test_defer_order_returns_the_order_to_pending_without_a_failure(
 
 
 async def test_a_resent_deferral_a_second_later_is_still_deferred(
-        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The Scheduler sends retryAt from the orchestration's clock: the activity retry (1 s later) writes the same
     record and reports True, so the orchestration ends `deferred`, not `superseded`."""
     from datetime import timedelta
@@ -391,8 +439,14 @@ async def test_a_resent_deferral_a_second_later_is_still_deferred(
     services = await _claimed_services(tmp_path, monkeypatch)
     defer_order = _activity_function(fn.DEFER_ORDER)
     retry_at = services.clock.now() + timedelta(seconds=12.5)
-    request = {"orderId": ORDER, "instanceId": INSTANCE, "step": STEPS[0].value, "retryAfterSeconds": 12.5,
-               "retryAt": retry_at.isoformat(), "reason": "reserve-inventory: CircuitOpen: open"}
+    request = {
+        "orderId": ORDER,
+        "instanceId": INSTANCE,
+        "step": STEPS[0].value,
+        "retryAfterSeconds": 12.5,
+        "retryAt": retry_at.isoformat(),
+        "reason": "reserve-inventory: CircuitOpen: open",
+    }
     assert await defer_order(request) is True
     services.clock.advance(1)  # type: ignore[attr-defined]
     assert await defer_order(request) is True
@@ -401,7 +455,8 @@ async def test_a_resent_deferral_a_second_later_is_still_deferred(
 
 
 async def test_load_order_lists_the_steps_an_earlier_attempt_completed(
-        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     await _claimed_services(tmp_path, monkeypatch, succeeded=2)
     loaded = await _activity_function(fn.LOAD_ORDER)({"orderId": ORDER, "instanceId": INSTANCE})
     assert loaded["succeededSteps"] == [STEPS[0].value, STEPS[1].value]
@@ -417,8 +472,14 @@ async def test_a_deferral_frees_the_admission_slot_once(tmp_path: Any, monkeypat
     await admission.refresh(services)  # counts the claimed order: 1 slot taken
     services.clock.advance(1)
     assert (await admission.read_figures(services))[0].processing == 1
-    request = {"orderId": ORDER, "instanceId": INSTANCE, "step": STEPS[0].value, "retryAfterSeconds": 5,
-               "retryAt": (services.clock.now() + timedelta(seconds=5)).isoformat(), "reason": "CircuitOpen"}
+    request = {
+        "orderId": ORDER,
+        "instanceId": INSTANCE,
+        "step": STEPS[0].value,
+        "retryAfterSeconds": 5,
+        "retryAt": (services.clock.now() + timedelta(seconds=5)).isoformat(),
+        "reason": "CircuitOpen",
+    }
     defer_order = _activity_function(fn.DEFER_ORDER)
     assert await defer_order(request) is True
     await admission.flush(services)  # the exit is deferred (admission.exited): written with the next write

@@ -62,8 +62,9 @@ def load(d: Driver, loaded: dict[str, Any] | None = None) -> list[dict[str, Any]
     actions = d.episode()
     request = json.loads(activity(actions, fn.LOAD_ORDER)["input"])
     assert request == {"orderId": ORDER, "instanceId": INSTANCE}
-    return d.episode(d.completed(activity(actions, fn.LOAD_ORDER)["taskId"],
-                                 {"orderId": ORDER} if loaded is None else loaded))
+    return d.episode(
+        d.completed(activity(actions, fn.LOAD_ORDER)["taskId"], {"orderId": ORDER} if loaded is None else loaded)
+    )
 
 
 def start_action(d: Driver, actions: list[dict[str, Any]], action: str, *, forward: bool = True) -> dict[str, Any]:
@@ -79,14 +80,16 @@ def start_action(d: Driver, actions: list[dict[str, Any]], action: str, *, forwa
     send = activity(actions, fn.SEND_AGENT_REQUEST)
     request = json.loads(send["input"])
     assert (request["step"], request["idempotencyKey"], request["instanceId"]) == (
-        action, f"{ORDER}:{action}", INSTANCE)
+        action,
+        f"{ORDER}:{action}",
+        INSTANCE,
+    )
     assert request["deadline"] == fenced["completeBy"] and request["maxRetries"] == 4
     actions = d.episode(d.completed(send["taskId"], f"{INSTANCE}:{action}"))
     waits = [a["externalEventName"] for a in actions if a["actionType"] == ActionType.WAIT_FOR_EXTERNAL_EVENT]
     assert waits == ([reply_event_name(action), CANCEL_EVENT] if forward else [reply_event_name(action)]), waits
     timer = next(a for a in actions if a["actionType"] == ActionType.CREATE_TIMER)
-    assert datetime.fromisoformat(timer["fireAt"].replace("Z", "+00:00")) == datetime.fromisoformat(
-        request["deadline"])
+    assert datetime.fromisoformat(timer["fireAt"].replace("Z", "+00:00")) == datetime.fromisoformat(request["deadline"])
     return timer
 
 
@@ -96,8 +99,13 @@ def succeed(d: Driver, actions: list[dict[str, Any]], step: str) -> list[dict[st
     actions = d.episode(d.event_raised(reply_event_name(step), reply(step)))
     assert timer_cancelled(d, timer)
     record = activity(actions, fn.RECORD_STEP_RESULT)
-    assert json.loads(record["input"]) == {"orderId": ORDER, "instanceId": INSTANCE, "step": step,
-                                           "status": "succeeded", "error": None}
+    assert json.loads(record["input"]) == {
+        "orderId": ORDER,
+        "instanceId": INSTANCE,
+        "step": step,
+        "status": "succeeded",
+        "error": None,
+    }
     return d.episode(d.completed(record["taskId"], True))
 
 
@@ -108,8 +116,11 @@ def fail_shipping_after_two_successes(d: Driver) -> list[dict[str, Any]]:
     actions = succeed(d, actions, RESERVE)
     actions = succeed(d, actions, CHARGE)
     start_action(d, actions, SHIP)
-    actions = d.episode(d.event_raised(reply_event_name(SHIP), reply(
-        SHIP, "failed", permanent=True, error="no carrier for the address")))
+    actions = d.episode(
+        d.event_raised(
+            reply_event_name(SHIP), reply(SHIP, "failed", permanent=True, error="no carrier for the address")
+        )
+    )
     record = activity(actions, fn.RECORD_STEP_RESULT)
     assert json.loads(record["input"])["status"] == "failed" and json.loads(record["input"])["step"] == SHIP
     return d.episode(d.completed(record["taskId"], True))
@@ -129,21 +140,33 @@ def compensate(d: Driver, actions: list[dict[str, Any]], name: str, *, undone: b
     actions = d.episode(d.event_raised(reply_event_name(name), reply(name, result={"undone": undone})))
     assert timer_cancelled(d, timer)
     record = activity(actions, fn.RECORD_STEP_RESULT)
-    assert json.loads(record["input"]) == {"orderId": ORDER, "instanceId": INSTANCE, "step": name,
-                                           "status": "succeeded", "error": None, "undone": undone}
+    assert json.loads(record["input"]) == {
+        "orderId": ORDER,
+        "instanceId": INSTANCE,
+        "step": name,
+        "status": "succeeded",
+        "error": None,
+        "undone": undone,
+    }
     return d.episode(d.completed(record["taskId"], True))
 
 
 # --- forward path -------------------------------------------------------------------------------------------------
+
 
 def test_happy_path_carries_the_version_and_races_every_step_with_the_cancel(driver: Driver) -> None:
     actions = load(driver)
     for step in STEPS:
         actions = succeed(driver, actions, step.value)
     finish = activity(actions, fn.FINISH_ORDER)
-    assert json.loads(finish["input"]) == {"orderId": ORDER, "instanceId": INSTANCE, "attempt": 1,
-                                           "outcome": "completed", "reason": "all steps succeeded",
-                                           "honoursCancel": True}
+    assert json.loads(finish["input"]) == {
+        "orderId": ORDER,
+        "instanceId": INSTANCE,
+        "attempt": 1,
+        "outcome": "completed",
+        "reason": "all steps succeeded",
+        "honoursCancel": True,
+    }
     driver.episode(driver.completed(finish["taskId"], True))
     assert driver.done and driver.output == {"outcome": "completed"}
     assert [d["workflowVersion"] for d in scheduled(driver, fn.SET_STEP_DEADLINE)] == [V2, V2, V2]
@@ -176,8 +199,9 @@ def assert_version_1(d: Driver) -> None:
     actions = d.episode(d.completed(activity(actions, fn.SEND_AGENT_REQUEST)["taskId"], "id"))
     waits = [a["externalEventName"] for a in actions if a["actionType"] == ActionType.WAIT_FOR_EXTERNAL_EVENT]
     assert waits == [reply_event_name(RESERVE)]
-    actions = d.episode(d.event_raised(reply_event_name(RESERVE), reply(RESERVE, "failed", permanent=True,
-                                                                          error="out of stock")))
+    actions = d.episode(
+        d.event_raised(reply_event_name(RESERVE), reply(RESERVE, "failed", permanent=True, error="out of stock"))
+    )
     actions = d.episode(d.completed(activity(actions, fn.RECORD_STEP_RESULT)["taskId"], True))
     assert calls(actions) == [fn.FINISH_ORDER]  # version 1 ends in failed, no BEGIN_COMPENSATION
     finish = json.loads(activity(actions, fn.FINISH_ORDER)["input"])
@@ -189,6 +213,7 @@ def assert_version_1(d: Driver) -> None:
 
 # --- compensation after a permanent failure ---------------------------------------------------------------------
 
+
 def test_a_permanent_failure_compensates_the_sent_steps_newest_first(driver: Driver) -> None:
     actions = fail_shipping_after_two_successes(driver)
     assert calls(actions) == [fn.BEGIN_COMPENSATION]
@@ -199,8 +224,13 @@ def test_a_permanent_failure_compensates_the_sent_steps_newest_first(driver: Dri
     actions = compensate(driver, actions, RELEASE, undone=False)
 
     finish = activity(actions, fn.FINISH_ORDER)
-    assert json.loads(finish["input"]) == {"orderId": ORDER, "instanceId": INSTANCE, "attempt": 1,
-                                           "outcome": "completed", "reason": "compensated"}
+    assert json.loads(finish["input"]) == {
+        "orderId": ORDER,
+        "instanceId": INSTANCE,
+        "attempt": 1,
+        "outcome": "completed",
+        "reason": "compensated",
+    }
     driver.episode(driver.completed(finish["taskId"], True))
     assert driver.done and driver.output == {"outcome": "compensated"}
     sent = scheduled(driver, fn.SEND_AGENT_REQUEST)
@@ -213,11 +243,21 @@ def test_a_compensation_that_fails_permanently_finishes_compensation_failed(driv
     actions = fail_shipping_after_two_successes(driver)
     actions = begin(driver, actions, f"{SHIP}: Declined: no carrier for the address", [REFUND, RELEASE])
     start_action(driver, actions, REFUND, forward=False)
-    actions = driver.episode(driver.event_raised(reply_event_name(REFUND), reply(
-        REFUND, "failed", permanent=True, error="refund window closed", error_code="RefundRefused")))
+    actions = driver.episode(
+        driver.event_raised(
+            reply_event_name(REFUND),
+            reply(REFUND, "failed", permanent=True, error="refund window closed", error_code="RefundRefused"),
+        )
+    )
     record = activity(actions, fn.RECORD_STEP_RESULT)
-    assert json.loads(record["input"]) == {"orderId": ORDER, "instanceId": INSTANCE, "step": REFUND,
-                                           "status": "failed", "error": "refund window closed", "undone": None}
+    assert json.loads(record["input"]) == {
+        "orderId": ORDER,
+        "instanceId": INSTANCE,
+        "step": REFUND,
+        "status": "failed",
+        "error": "refund window closed",
+        "undone": None,
+    }
     actions = driver.episode(driver.completed(record["taskId"], True))
     finish = json.loads(activity(actions, fn.FINISH_ORDER)["input"])
     assert finish["outcome"] == "failed"
@@ -231,13 +271,27 @@ def test_a_circuit_open_reply_during_a_compensation_defers_it(driver: Driver) ->
     actions = fail_shipping_after_two_successes(driver)
     actions = begin(driver, actions, f"{SHIP}: Declined: no carrier for the address", [REFUND, RELEASE])
     timer = start_action(driver, actions, REFUND, forward=False)
-    actions = driver.episode(driver.event_raised(reply_event_name(REFUND), reply(
-        REFUND, "failed", error="circuit breaker open", error_code="CircuitOpen", result={"retryAfterSeconds": 7})))
+    actions = driver.episode(
+        driver.event_raised(
+            reply_event_name(REFUND),
+            reply(
+                REFUND,
+                "failed",
+                error="circuit breaker open",
+                error_code="CircuitOpen",
+                result={"retryAfterSeconds": 7},
+            ),
+        )
+    )
     assert timer_cancelled(driver, timer)
     assert calls(actions) == [fn.DEFER_ORDER]
     request = json.loads(activity(actions, fn.DEFER_ORDER)["input"])
     assert (request["orderId"], request["instanceId"], request["step"], request["retryAfterSeconds"]) == (
-        ORDER, INSTANCE, REFUND, 7)
+        ORDER,
+        INSTANCE,
+        REFUND,
+        7,
+    )
     assert request["reason"].startswith(f"{REFUND}: CircuitOpen")
     assert datetime.fromisoformat(request["retryAt"]) == driver.now + timedelta(seconds=7)
     driver.episode(driver.completed(activity(actions, fn.DEFER_ORDER)["taskId"], True))
@@ -312,11 +366,13 @@ def test_a_fenced_compensation_stops_quietly(driver: Driver, fenced_at: str) -> 
 
 # --- BEGIN_COMPENSATION's other answers ---------------------------------------------------------------------------
 
+
 def test_nothing_sent_after_a_failure_ends_failed(driver: Driver) -> None:
     actions = load(driver)
     start_action(driver, actions, RESERVE)
-    actions = driver.episode(driver.event_raised(reply_event_name(RESERVE), reply(
-        RESERVE, "failed", permanent=True, error="out of stock")))
+    actions = driver.episode(
+        driver.event_raised(reply_event_name(RESERVE), reply(RESERVE, "failed", permanent=True, error="out of stock"))
+    )
     actions = driver.episode(driver.completed(activity(actions, fn.RECORD_STEP_RESULT)["taskId"], True))
     actions = begin(driver, actions, f"{RESERVE}: Declined: out of stock", [])
     assert driver.done and driver.output == {"outcome": "failed"}
@@ -331,6 +387,7 @@ def test_a_fenced_begin_compensation_is_superseded(driver: Driver) -> None:
 
 
 # --- cancel -------------------------------------------------------------------------------------------------------
+
 
 def test_the_cancel_event_wins_the_race_during_a_step(driver: Driver) -> None:
     actions = load(driver)
@@ -352,8 +409,10 @@ def test_the_cancel_event_wins_the_race_during_a_step(driver: Driver) -> None:
 def test_a_cancel_raised_before_the_race_is_honoured_by_the_race(driver: Driver) -> None:
     """The event arrives with LOAD_ORDER's result (before anything waits for it): the first race still takes it."""
     actions = driver.episode()
-    actions = driver.episode(driver.completed(activity(actions, fn.LOAD_ORDER)["taskId"], {"orderId": ORDER}),
-                             driver.event_raised(CANCEL_EVENT, {"orderId": ORDER}))
+    actions = driver.episode(
+        driver.completed(activity(actions, fn.LOAD_ORDER)["taskId"], {"orderId": ORDER}),
+        driver.event_raised(CANCEL_EVENT, {"orderId": ORDER}),
+    )
     timer = start_action(driver, actions, RESERVE)
     assert timer_cancelled(driver, timer)
     assert activity(driver.scheduled, fn.BEGIN_COMPENSATION)
@@ -415,9 +474,11 @@ def test_a_superseded_attempt_is_not_cancelled(driver: Driver) -> None:
 
 # --- a compensation claimed by the Starter ------------------------------------------------------------------------
 
+
 def test_a_plan_from_load_order_goes_straight_to_the_compensation(driver: Driver) -> None:
-    actions = load(driver, {"orderId": ORDER, "currency": "EUR", "succeededSteps": [RESERVE],
-                            "plan": {"compensations": [RELEASE]}})
+    actions = load(
+        driver, {"orderId": ORDER, "currency": "EUR", "succeededSteps": [RESERVE], "plan": {"compensations": [RELEASE]}}
+    )
     actions = compensate(driver, actions, RELEASE, undone=True)
     finish = activity(actions, fn.FINISH_ORDER)
     assert json.loads(finish["input"])["outcome"] == "completed"
@@ -446,8 +507,10 @@ def test_a_cancel_raised_between_races_is_honoured_by_the_next_race(driver: Driv
     actions = load(driver)
     start_action(driver, actions, RESERVE)
     actions = driver.episode(driver.event_raised(reply_event_name(RESERVE), reply(RESERVE)))
-    actions = driver.episode(driver.completed(activity(actions, fn.RECORD_STEP_RESULT)["taskId"], True),
-                             driver.event_raised(CANCEL_EVENT, {"orderId": ORDER}))
+    actions = driver.episode(
+        driver.completed(activity(actions, fn.RECORD_STEP_RESULT)["taskId"], True),
+        driver.event_raised(CANCEL_EVENT, {"orderId": ORDER}),
+    )
     assert calls(actions) == [fn.SET_STEP_DEADLINE]
     timer = start_action(driver, actions, CHARGE)
     assert timer_cancelled(driver, timer)

@@ -40,8 +40,9 @@ def d(handle: Any) -> Driver:
     return Driver(handle, INSTANCE, INPUT)
 
 
-def advance_call(d: Driver, actions: list[dict[str, Any]], result: dict[str, Any] | None = None, *,
-                 cancel: bool = False) -> dict[str, Any]:
+def advance_call(
+    d: Driver, actions: list[dict[str, Any]], result: dict[str, Any] | None = None, *, cancel: bool = False
+) -> dict[str, Any]:
     """The ADVANCE_ORDER call among `actions`, checked: the result it carries, the cancel flag and a CompleteBy of
     the orchestration's now + the step timeout."""
     assert calls(actions) == [fn.ADVANCE_ORDER], actions
@@ -98,16 +99,26 @@ def test_happy_path_is_four_activities_and_eight_episodes(d: Driver) -> None:
 
 
 def test_a_permanent_failure_is_handed_to_advance_and_the_compensation_it_sends_is_raced_without_the_cancel(
-        d: Driver) -> None:
+    d: Driver,
+) -> None:
     call = advance_call(d, d.episode())
     dispatched(d, call, RESERVE)
     actions = d.episode(d.event_raised(reply_event_name(RESERVE), reply(RESERVE)))
     call = advance_call(d, actions, succeeded(RESERVE))
     dispatched(d, call, CHARGE)
-    actions = d.episode(d.event_raised(reply_event_name(CHARGE), reply(CHARGE, "failed", permanent=True,
-                                                                       error="card declined")))
-    call = advance_call(d, actions, {"step": CHARGE, "status": "failed", "error": "card declined",
-                                     "cause": "charge-payment: Declined: card declined"})
+    actions = d.episode(
+        d.event_raised(reply_event_name(CHARGE), reply(CHARGE, "failed", permanent=True, error="card declined"))
+    )
+    call = advance_call(
+        d,
+        actions,
+        {
+            "step": CHARGE,
+            "status": "failed",
+            "error": "card declined",
+            "cause": "charge-payment: Declined: card declined",
+        },
+    )
     undo_reserve(d, call, "Compensated")
     assert d.output == {"outcome": "compensated"}
 
@@ -140,8 +151,12 @@ def test_a_transient_failure_leaves_the_retry_to_the_supervisor(d: Driver) -> No
 def test_an_open_breaker_defers_the_order(d: Driver) -> None:
     call = advance_call(d, d.episode())
     dispatched(d, call, RESERVE)
-    actions = d.episode(d.event_raised(reply_event_name(RESERVE), reply(
-        RESERVE, "failed", error="open", error_code="CircuitOpen", result={"retryAfterSeconds": 5})))
+    actions = d.episode(
+        d.event_raised(
+            reply_event_name(RESERVE),
+            reply(RESERVE, "failed", error="open", error_code="CircuitOpen", result={"retryAfterSeconds": 5}),
+        )
+    )
     defer = json.loads(activity(actions, fn.DEFER_ORDER)["input"])
     assert defer["retryAfterSeconds"] == 5 and defer["step"] == RESERVE
     d.episode(d.completed(activity(actions, fn.DEFER_ORDER)["taskId"], True))

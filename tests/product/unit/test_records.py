@@ -42,10 +42,7 @@ def order(quantity: int = 1) -> SubmitOrder:
 
 
 def test_format_is_fixed_utc_with_microseconds_and_z() -> None:
-    assert (
-        format_utc(datetime(2024, 5, 1, 14, 0, tzinfo=timezone(timedelta(hours=2))))
-        == "2024-05-01T12:00:00.000000Z"
-    )
+    assert format_utc(datetime(2024, 5, 1, 14, 0, tzinfo=timezone(timedelta(hours=2)))) == "2024-05-01T12:00:00.000000Z"
     assert format_utc(datetime(2024, 5, 1, 12, 0, 0, 7, tzinfo=UTC)) == "2024-05-01T12:00:00.000007Z"
 
 
@@ -127,9 +124,7 @@ def test_state_document_is_camel_case_with_sortable_dates() -> None:
         "traceparent",
     }
     assert doc["processState"] == "Pending" and doc["lockedBy"] is None
-    assert (
-        doc["retryAt"] == "2024-05-01T12:00:02.000000Z" and doc["createdAt"] == "2024-05-01T12:00:00.000000Z"
-    )
+    assert doc["retryAt"] == "2024-05-01T12:00:02.000000Z" and doc["createdAt"] == "2024-05-01T12:00:00.000000Z"
     assert set(doc["steps"][0]) == {"name", "status", "attempt", "startedAt", "completedAt"}
     assert doc["steps"][0]["name"] == "reserve-inventory"
 

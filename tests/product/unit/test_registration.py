@@ -22,25 +22,42 @@ def triggers() -> dict[str, dict[str, Any]]:
 
 
 def test_every_function_is_registered_under_its_constant(triggers: dict[str, dict[str, Any]]) -> None:
-    expected = {fn.SUBMISSION: "serviceBusTrigger", fn.STARTER_TIMER: "timerTrigger",
-                fn.AGENT_REPLIES: "serviceBusTrigger", fn.SUPERVISOR: "timerTrigger",
-                fn.ORDER_WORKFLOW: "orchestrationTrigger", fn.SET_STEP_DEADLINE: "activityTrigger",
-                fn.LOAD_ORDER: "activityTrigger", fn.SEND_AGENT_REQUEST: "activityTrigger",
-                fn.RECORD_STEP_RESULT: "activityTrigger", fn.FINISH_ORDER: "activityTrigger",
-                fn.DEFER_ORDER: "activityTrigger", fn.BEGIN_COMPENSATION: "activityTrigger",
-                fn.ADVANCE_ORDER: "activityTrigger", fn.OPS_ORDER: "httpTrigger", fn.OPS_ORDERS: "httpTrigger",
-                fn.OPS_RESUBMIT: "httpTrigger", fn.OPS_CANCEL: "httpTrigger", fn.OPS_SUMMARY: "httpTrigger",
-                fn.OPS_OPENAPI: "httpTrigger"}
+    expected = {
+        fn.SUBMISSION: "serviceBusTrigger",
+        fn.STARTER_TIMER: "timerTrigger",
+        fn.AGENT_REPLIES: "serviceBusTrigger",
+        fn.SUPERVISOR: "timerTrigger",
+        fn.ORDER_WORKFLOW: "orchestrationTrigger",
+        fn.SET_STEP_DEADLINE: "activityTrigger",
+        fn.LOAD_ORDER: "activityTrigger",
+        fn.SEND_AGENT_REQUEST: "activityTrigger",
+        fn.RECORD_STEP_RESULT: "activityTrigger",
+        fn.FINISH_ORDER: "activityTrigger",
+        fn.DEFER_ORDER: "activityTrigger",
+        fn.BEGIN_COMPENSATION: "activityTrigger",
+        fn.ADVANCE_ORDER: "activityTrigger",
+        fn.OPS_ORDER: "httpTrigger",
+        fn.OPS_ORDERS: "httpTrigger",
+        fn.OPS_RESUBMIT: "httpTrigger",
+        fn.OPS_CANCEL: "httpTrigger",
+        fn.OPS_SUMMARY: "httpTrigger",
+        fn.OPS_OPENAPI: "httpTrigger",
+    }
     assert {name: t["type"] for name, t in triggers.items()} == expected
 
 
 def test_the_ops_api_serves_exactly_the_documented_operations_with_function_keys(
-        triggers: dict[str, dict[str, Any]]) -> None:
+    triggers: dict[str, dict[str, Any]],
+) -> None:
     """Each route and method in the OpenAPI document is one httpTrigger, and every one needs a function key."""
     from orderflow.openapi import document
 
-    served = {(f"/{t['route']}", str(m).lower()) for t in triggers.values() if t["type"] == "httpTrigger"
-              for m in t["methods"]}
+    served = {
+        (f"/{t['route']}", str(m).lower())
+        for t in triggers.values()
+        if t["type"] == "httpTrigger"
+        for m in t["methods"]
+    }
     documented = {(path, method) for path, item in document()["paths"].items() for method in item}
     assert served == documented
     assert {t["authLevel"] for t in triggers.values() if t["type"] == "httpTrigger"} == {"function"}
@@ -65,8 +82,12 @@ def test_timers_run_from_settings_without_the_monitor(triggers: dict[str, dict[s
 
 
 def test_every_binding_expression_names_a_registered_setting(triggers: dict[str, dict[str, Any]]) -> None:
-    expressions = {v.strip("%") for t in triggers.values() for v in t.values()
-                   if isinstance(v, str) and v.startswith("%") and v.endswith("%")}
+    expressions = {
+        v.strip("%")
+        for t in triggers.values()
+        for v in t.values()
+        if isinstance(v, str) and v.startswith("%") and v.endswith("%")
+    }
     assert expressions and expressions <= SETTING_NAMES
 
 

@@ -55,13 +55,19 @@ def _closure(distributions: set[str]) -> set[str]:
 
 
 def test_every_third_party_import_of_deployed_code_is_in_requirements_txt() -> None:
-    listed = {re.split(r"[<>=!~\[ ]", line, maxsplit=1)[0].strip() for line in
-              (ROOT / "requirements.in").read_text().splitlines() if line.strip() and not line.startswith("#")}
+    listed = {
+        re.split(r"[<>=!~\[ ]", line, maxsplit=1)[0].strip()
+        for line in (ROOT / "requirements.in").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     available = _closure(listed)
     providers = packages_distributions()
-    files = [p for entry in DEPLOYED for p in ((ROOT / entry).rglob("*.py") if (ROOT / entry).is_dir()
-                                                else [ROOT / entry])
-             if not str(p.relative_to(ROOT)).startswith(NOT_DEPLOYED)] + [ROOT / f for f in SIMULATOR_IMAGE]
+    files = [
+        p
+        for entry in DEPLOYED
+        for p in ((ROOT / entry).rglob("*.py") if (ROOT / entry).is_dir() else [ROOT / entry])
+        if not str(p.relative_to(ROOT)).startswith(NOT_DEPLOYED)
+    ] + [ROOT / f for f in SIMULATOR_IMAGE]
     missing: dict[str, str] = {}
     for path in files:
         for module in _imports(path) - LOCAL - set(sys.stdlib_module_names) - {"__future__"}:
@@ -75,9 +81,12 @@ def test_what_is_not_deployed_is_left_out_of_both_artifacts_and_never_imported_b
     for ignore in (ROOT / ".funcignore", ROOT / "infra" / "agent" / "Dockerfile.dockerignore"):
         lines = set(ignore.read_text().splitlines())
         assert set(NOT_DEPLOYED) <= lines, f"{ignore.name} must leave out {NOT_DEPLOYED}"
-    deployed = [p for entry in DEPLOYED for p in ((ROOT / entry).rglob("*.py") if (ROOT / entry).is_dir()
-                                                  else [ROOT / entry])
-                if not str(p.relative_to(ROOT)).startswith(NOT_DEPLOYED)]
+    deployed = [
+        p
+        for entry in DEPLOYED
+        for p in ((ROOT / entry).rglob("*.py") if (ROOT / entry).is_dir() else [ROOT / entry])
+        if not str(p.relative_to(ROOT)).startswith(NOT_DEPLOYED)
+    ]
     importers = [str(p.relative_to(ROOT)) for p in deployed if "orderflow.cli" in p.read_text()]
     assert not importers, f"deployed code imports the CLI, which is not deployed: {importers}"
     lab_importers = [str(p.relative_to(ROOT)) for p in deployed if _imports(p) & {"lab", "devhost"}]
@@ -97,8 +106,11 @@ def _runtime_closure() -> set[str]:
         name = canonicalize_name(todo.pop())
         if name not in seen:
             seen.add(name)
-            todo += [r.name for r in map(Requirement, requires(name) or [])
-                     if r.marker is None or r.marker.evaluate({"extra": ""})]
+            todo += [
+                r.name
+                for r in map(Requirement, requires(name) or [])
+                if r.marker is None or r.marker.evaluate({"extra": ""})
+            ]
     return seen
 
 

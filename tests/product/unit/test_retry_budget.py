@@ -76,10 +76,14 @@ def _sample(name: str) -> dict[str, str]:
 CONFIGURATIONS: dict[str, Callable[[], tuple[Mapping[str, str], int]]] = {
     "azure defaults": lambda: ({}, _bicep_max_delivery_count()),
     "local defaults (demo)": lambda: (LOCAL_DEFAULTS, _emulator_max_delivery_count()),
-    "local.settings.sample.json (devhost)": lambda: (_sample("local.settings.sample.json"),
-                                                     _emulator_max_delivery_count()),
-    "local.settings.func.sample.json (func start)": lambda: (_sample("local.settings.func.sample.json"),
-                                                             _bicep_max_delivery_count()),
+    "local.settings.sample.json (devhost)": lambda: (
+        _sample("local.settings.sample.json"),
+        _emulator_max_delivery_count(),
+    ),
+    "local.settings.func.sample.json (func start)": lambda: (
+        _sample("local.settings.func.sample.json"),
+        _bicep_max_delivery_count(),
+    ),
 }
 
 
@@ -112,7 +116,8 @@ def test_the_product_of_every_layer_fits_the_budget(configuration: str) -> None:
     product = calls_per_request * max_delivery_count * threshold * _scheduler_resends_factor() * _host_json_factor()
 
     assert product <= budget, (
-        f"{configuration}: ({calls_per_request - 1} + 1) x {max_delivery_count} x {threshold} = {product} > {budget}")
+        f"{configuration}: ({calls_per_request - 1} + 1) x {max_delivery_count} x {threshold} = {product} > {budget}"
+    )
     # RetryBudget computes the same product from the settings (its deliveries being the queue's, next test).
     assert RetryBudget.from_env(env).worst_case(_agent_max_retries(env)) == product
 
@@ -124,8 +129,11 @@ def test_the_delivery_count_setting_equals_the_queue_property(configuration: str
 
 
 def test_agent_requests_has_the_same_max_delivery_count_in_both_files() -> None:
-    assert _bicep_max_delivery_count() == _emulator_max_delivery_count() == \
-        settings.get_int("AgentRequestsMaxDeliveryCount", {})
+    assert (
+        _bicep_max_delivery_count()
+        == _emulator_max_delivery_count()
+        == settings.get_int("AgentRequestsMaxDeliveryCount", {})
+    )
 
 
 def _activity_retries_take() -> timedelta:
@@ -140,20 +148,32 @@ def test_scheduler_resends_need_duplicate_detection_on_agent_requests_in_both_fi
     assert ACTIVITY_RETRY.max_number_of_attempts > 1  # the Scheduler does resend: the factor needs the dedup
     assert bicep["requiresDuplicateDetection"] is True
     assert emulator.requires_duplicate_detection is True
-    step_timeout = timedelta(seconds=max(settings.get_int("StepTimeoutSeconds", env)
-                                         for env, _ in (c() for c in CONFIGURATIONS.values())))
-    for window in (isodate.parse_duration(bicep["duplicateDetectionHistoryTimeWindow"]),
-                   emulator.duplicate_detection_history_time_window):
+    step_timeout = timedelta(
+        seconds=max(settings.get_int("StepTimeoutSeconds", env) for env, _ in (c() for c in CONFIGURATIONS.values()))
+    )
+    for window in (
+        isodate.parse_duration(bicep["duplicateDetectionHistoryTimeWindow"]),
+        emulator.duplicate_detection_history_time_window,
+    ):
         # Longer than the resends take, and than a whole step: any resend of a step's request is still a duplicate.
         assert window > _activity_retries_take() and window > step_timeout, window
 
 
 def _request(instance: str = "o-1:1", step: str = "reserve-inventory") -> AgentRequest:
     # As the send_agent_request activity builds it from the Scheduler's input (activities/agents.py).
-    return AgentRequest.model_validate({
-        "instanceId": instance, "orderId": instance.split(":")[0], "attempt": int(instance.split(":")[1]),
-        "step": step, "idempotencyKey": f"{instance.split(':')[0]}:{step}", "deadline": "2026-01-01T00:00:30Z",
-        "maxRetries": 4, "payload": {"orderId": instance.split(":")[0]}, "replyTo": "agent-replies"})
+    return AgentRequest.model_validate(
+        {
+            "instanceId": instance,
+            "orderId": instance.split(":")[0],
+            "attempt": int(instance.split(":")[1]),
+            "step": step,
+            "idempotencyKey": f"{instance.split(':')[0]}:{step}",
+            "deadline": "2026-01-01T00:00:30Z",
+            "maxRetries": 4,
+            "payload": {"orderId": instance.split(":")[0]},
+            "replyTo": "agent-replies",
+        }
+    )
 
 
 async def test_scheduler_resends_are_dropped_by_duplicate_detection(tmp_path: Path) -> None:
@@ -176,13 +196,17 @@ def test_the_agent_does_not_read_host_json() -> None:
     process that calls the remote service) never reads it, so it adds no factor to the remote calls."""
     host = json.loads((REPO / "host.json").read_text())
     assert "clientRetryOptions" in host["extensions"]["serviceBus"]  # what this factor is about
-    readers = [str(p.relative_to(REPO)) for p in sorted((REPO / "agent").rglob("*.py"))
-               if "host.json" in p.read_text() or "host_json" in p.read_text()]
+    readers = [
+        str(p.relative_to(REPO))
+        for p in sorted((REPO / "agent").rglob("*.py"))
+        if "host.json" in p.read_text() or "host_json" in p.read_text()
+    ]
     assert readers == []
     assert _host_json_factor() == 1
 
 
 # RetryBudget itself.
+
 
 def test_the_defaults_spend_the_budget_exactly() -> None:
     budget = RetryBudget.from_env({})
@@ -214,8 +238,9 @@ def test_the_agents_own_limit_lowers_the_calls_further() -> None:
 def test_a_budget_below_deliveries_times_threshold_is_refused(budget: int, deliveries: int, threshold: int) -> None:
     with pytest.raises(ValueError, match="RemoteCallBudgetPerStep"):
         RetryBudget(budget=budget, agent_retries=4, max_delivery_count=deliveries, failure_threshold=threshold)
-    RetryBudget(budget=deliveries * threshold, agent_retries=4, max_delivery_count=deliveries,
-                failure_threshold=threshold)  # one call per delivery fits: accepted
+    RetryBudget(
+        budget=deliveries * threshold, agent_retries=4, max_delivery_count=deliveries, failure_threshold=threshold
+    )  # one call per delivery fits: accepted
 
 
 @pytest.mark.parametrize("field", ["budget", "max_delivery_count", "failure_threshold", "agent_retries"])
@@ -225,10 +250,16 @@ def test_factors_must_be_positive(field: str) -> None:
         RetryBudget(**{**values, field: -1 if field == "agent_retries" else 0})
 
 
-@given(budget=st.integers(1, 2000), retries=st.integers(0, 20), deliveries=st.integers(1, 20),
-       threshold=st.integers(1, 20), agent_limit=st.none() | st.integers(0, 20))
-def test_whatever_the_settings_the_worst_case_fits_the_budget(budget: int, retries: int, deliveries: int,
-                                                              threshold: int, agent_limit: int | None) -> None:
+@given(
+    budget=st.integers(1, 2000),
+    retries=st.integers(0, 20),
+    deliveries=st.integers(1, 20),
+    threshold=st.integers(1, 20),
+    agent_limit=st.none() | st.integers(0, 20),
+)
+def test_whatever_the_settings_the_worst_case_fits_the_budget(
+    budget: int, retries: int, deliveries: int, threshold: int, agent_limit: int | None
+) -> None:
     if budget < deliveries * threshold:
         with pytest.raises(ValueError):
             RetryBudget(budget, retries, deliveries, threshold)
@@ -246,8 +277,12 @@ def test_tunables_carry_the_fitted_retries() -> None:
     assert Tunables.from_env({"RemoteCallBudgetPerStep": "30"}).agent_retries == 1
     assert Tunables.from_env({"RemoteCallBudgetPerStep": "30", "AgentRetriesPerStep": "0"}).agent_retries == 0
     assert Tunables.from_env({"RemoteCallBudgetPerStep": "1000", "AgentRetriesPerStep": "2"}).agent_retries == 2
-    assert Tunables.from_env({"RemoteCallBudgetPerStep": "20", "FailureThreshold": "2",
-                              "AgentRequestsMaxDeliveryCount": "2"}).agent_retries == 4  # 20 // 4 - 1 = 4
+    assert (
+        Tunables.from_env(
+            {"RemoteCallBudgetPerStep": "20", "FailureThreshold": "2", "AgentRequestsMaxDeliveryCount": "2"}
+        ).agent_retries
+        == 4
+    )  # 20 // 4 - 1 = 4
 
 
 def test_tunables_refuse_a_budget_that_does_not_fit_one_call_per_delivery() -> None:

@@ -23,9 +23,16 @@ from orderflow.messages import (
 )
 from orderflow.text import DEAD_LETTER_TEXT_MAX, QUOTE_MAX, bounded, printable, quote, shown
 
-ORDER = {"type": "SubmitOrder", "schemaVersion": 1, "orderId": "o-1", "replyTo": "app-status",
-         "customer": {"id": "c-1", "name": "Ada"}, "items": [{"sku": "S", "quantity": 1, "unitPrice": "1.00"}],
-         "currency": "EUR", "submittedAt": "2024-01-01T00:00:00+00:00"}
+ORDER = {
+    "type": "SubmitOrder",
+    "schemaVersion": 1,
+    "orderId": "o-1",
+    "replyTo": "app-status",
+    "customer": {"id": "c-1", "name": "Ada"},
+    "items": [{"sku": "S", "quantity": 1, "unitPrice": "1.00"}],
+    "currency": "EUR",
+    "submittedAt": "2024-01-01T00:00:00+00:00",
+}
 BIG = 204_800
 
 
@@ -40,6 +47,7 @@ def refusal(body: str | bytes) -> InvalidMessage:
 
 
 # ---- the helpers ---------------------------------------------------------------------------------------------------
+
 
 def test_bounded_keeps_short_text_and_cuts_long_text_saying_its_length() -> None:
     assert bounded("short") == "short"
@@ -62,6 +70,7 @@ def test_printable_escapes_what_could_forge_a_line_or_drive_a_terminal() -> None
 
 
 # ---- hostile bodies are refused with a reason, never an escaping exception ---------------------------------------
+
 
 @pytest.mark.parametrize("depth", [2_000, 100_000])
 def test_deeply_nested_json_is_invalid_json_with_a_reason(depth: int) -> None:
@@ -108,9 +117,17 @@ def test_every_invalid_message_stays_within_the_dead_letter_limit() -> None:
 
 def test_an_agent_request_nested_too_deeply_to_validate_is_refused_with_a_reason() -> None:
     """A payload nested to just under json.loads' limit parses; validating it must not escape as RecursionError."""
-    request = {"type": "AgentRequest", "schemaVersion": 1, "instanceId": "o-1:1", "orderId": "o-1", "attempt": 1,
-               "step": "charge-payment", "idempotencyKey": "o-1:charge-payment",
-               "deadline": "2024-01-01T00:00:00+00:00", "replyTo": "agent-replies"}
+    request = {
+        "type": "AgentRequest",
+        "schemaVersion": 1,
+        "instanceId": "o-1:1",
+        "orderId": "o-1",
+        "attempt": 1,
+        "step": "charge-payment",
+        "idempotencyKey": "o-1:charge-payment",
+        "deadline": "2024-01-01T00:00:00+00:00",
+        "replyTo": "agent-replies",
+    }
     for depth in (50, 900, 5_000):
         body = json.dumps(request)[:-1] + f', "payload": {{"a": {nested(depth)}}}}}'
         try:

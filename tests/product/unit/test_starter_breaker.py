@@ -38,8 +38,14 @@ CONFIG = BreakerConfig.from_env({})  # the defaults: threshold 10, cool-down 15 
 @pytest.fixture(autouse=True)
 def _default_breaker_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     # The Starter's breaker reads its rules from the app settings (the environment): keep them the defaults here.
-    for name in ("RemoteServiceName", "CircuitBreakerFailureThreshold", "CircuitBreakerWindowSeconds",
-                 "CircuitBreakerCooldownSeconds", "CircuitBreakerMaxCooldownSeconds", "CircuitBreakerProbes"):
+    for name in (
+        "RemoteServiceName",
+        "CircuitBreakerFailureThreshold",
+        "CircuitBreakerWindowSeconds",
+        "CircuitBreakerCooldownSeconds",
+        "CircuitBreakerMaxCooldownSeconds",
+        "CircuitBreakerProbes",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -120,7 +126,8 @@ async def test_an_open_breaker_stops_every_claim(services: Services, breaker: Sh
 
 
 async def test_an_open_breaker_opened_by_failures_stops_claims_until_its_cooldown(
-        services: Services, breaker: SharedBreaker, clock: FakeClock) -> None:
+    services: Services, breaker: SharedBreaker, clock: FakeClock
+) -> None:
     await add_pending(services, *ORDERS)
     await open_by_failures(breaker)
     start = RecordingStartNew()
@@ -134,8 +141,9 @@ async def test_an_open_breaker_opened_by_failures_stops_claims_until_its_cooldow
     assert run.breaker_limit == CONFIG.probes and len(run.claimed) == CONFIG.probes == 2
 
 
-async def test_half_open_claims_at_most_the_probes_left(services: Services, breaker: SharedBreaker,
-                                                        clock: FakeClock) -> None:
+async def test_half_open_claims_at_most_the_probes_left(
+    services: Services, breaker: SharedBreaker, clock: FakeClock
+) -> None:
     await add_pending(services, *ORDERS)
     await open_by_failures(breaker)
     clock.advance(CONFIG.cooldown)
@@ -200,8 +208,9 @@ async def test_an_unreadable_breaker_claims_as_if_closed(services: Services) -> 
     assert fast.claimed == [f"{ORDERS[4]}:1"]
 
 
-async def test_the_breaker_of_the_configured_remote_service_is_read(services: Services,
-                                                                    tmp_path: Path, clock: FakeClock) -> None:
+async def test_the_breaker_of_the_configured_remote_service_is_read(
+    services: Services, tmp_path: Path, clock: FakeClock
+) -> None:
     """Tunables.remote_service (RemoteServiceName) names the breaker document the Starter reads."""
     other = replace(services, tunables=replace(services.tunables, remote_service="payments"))
     documents = open_sqlite_documents(tmp_path / "s.db", COLLECTION)
@@ -215,6 +224,7 @@ async def test_the_breaker_of_the_configured_remote_service_is_read(services: Se
 
 
 # MaxOrdersInProcessing.
+
 
 def bounded(services: Services, bound: int) -> Services:
     return replace(services, tunables=replace(services.tunables, max_in_processing=bound))
@@ -242,8 +252,9 @@ async def test_a_run_claims_only_the_room_left_under_the_bound(services: Service
     s.clock.advance(admission.RESERVATION_GRACE.total_seconds() + 1)  # type: ignore[attr-defined]  # next run
     done = await s.state.get(busy[0])  # one order leaves Processing: the next refresh sees the room
     assert done is not None
-    await s.state.replace(done[0].model_copy(update={"process_state": ProcessState.PROCESSED, "locked_by": None}),
-                          done[1])
+    await s.state.replace(
+        done[0].model_copy(update={"process_state": ProcessState.PROCESSED, "locked_by": None}), done[1]
+    )
     assert len((await run_starter(s, start)).claimed) == 1
 
 

@@ -109,30 +109,51 @@ def test_next_state_names_the_refused_move() -> None:
 
 
 def test_terminal_states_have_no_way_out_but_an_operators_resubmit() -> None:
-    terminal = {ProcessState.PROCESSED, ProcessState.ERROR, ProcessState.COMPENSATED,
-                ProcessState.COMPENSATION_FAILED, ProcessState.CANCELLED}
+    terminal = {
+        ProcessState.PROCESSED,
+        ProcessState.ERROR,
+        ProcessState.COMPENSATED,
+        ProcessState.COMPENSATION_FAILED,
+        ProcessState.CANCELLED,
+    }
     assert sorted(key for key in TRANSITIONS if key[0] in terminal) == [
-        (ProcessState.COMPENSATION_FAILED, Event.RESUBMIT), (ProcessState.ERROR, Event.RESUBMIT)]
+        (ProcessState.COMPENSATION_FAILED, Event.RESUBMIT),
+        (ProcessState.ERROR, Event.RESUBMIT),
+    ]
 
 
 # --- resubmit (an operator's) ---------------------------------------------------------------------
 
 
 def test_resubmit_of_an_error_runs_it_again_with_a_fresh_budget_and_an_audit_entry() -> None:
-    failed = recover(in_state(ProcessState.PROCESSING).model_copy(update={"failure_count": THRESHOLD - 1}), FIRST,
-                     NOW, THRESHOLD, BACKOFF)
+    failed = recover(
+        in_state(ProcessState.PROCESSING).model_copy(update={"failure_count": THRESHOLD - 1}),
+        FIRST,
+        NOW,
+        THRESHOLD,
+        BACKOFF,
+    )
     failed = failed.model_copy(update={"notified_at": NOW})
     assert failed.process_state is ProcessState.ERROR and failed.last_error is not None
     later = NOW + LEASE
     rec = resubmit(failed, later, "ops@example.com", "remote fixed")
-    assert (rec.process_state, rec.locked_by, rec.complete_by, rec.retry_at, rec.failure_count, rec.notified_at,
-            rec.last_error) == (ProcessState.PENDING, None, None, None, 0, None, None)
+    assert (
+        rec.process_state,
+        rec.locked_by,
+        rec.complete_by,
+        rec.retry_at,
+        rec.failure_count,
+        rec.notified_at,
+        rec.last_error,
+    ) == (ProcessState.PENDING, None, None, None, 0, None, None)
     assert rec.previous_errors[-1] == failed.last_error and rec.attempt == failed.attempt
     assert [(a.by, a.reason, a.at, a.from_state, a.failure_count) for a in rec.resubmissions] == [
-        ("ops@example.com", "remote fixed", later, ProcessState.ERROR, THRESHOLD)]
+        ("ops@example.com", "remote fixed", later, ProcessState.ERROR, THRESHOLD)
+    ]
     # The Starter claims it as the next attempt (a new, attempt-specific instance id).
-    assert claim(rec, instance_id(ORDER, rec.attempt + 1), later + LEASE, later).process_state is \
-        ProcessState.PROCESSING
+    assert (
+        claim(rec, instance_id(ORDER, rec.attempt + 1), later + LEASE, later).process_state is ProcessState.PROCESSING
+    )
 
 
 def test_resubmit_of_a_failed_compensation_tries_the_compensation_again() -> None:
@@ -143,7 +164,11 @@ def test_resubmit_of_a_failed_compensation_tries_the_compensation_again() -> Non
     assert rec.process_state is ProcessState.COMPENSATION_FAILED
     again = resubmit(rec, NOW, "ops", "undo by hand done")
     assert (again.process_state, again.locked_by, again.compensation_failures, again.failure_count) == (
-        ProcessState.COMPENSATING, None, 0, 1)
+        ProcessState.COMPENSATING,
+        None,
+        0,
+        1,
+    )
     assert again.resubmissions[0].failure_count == 2 and again.compensations == rec.compensations
 
 
@@ -245,9 +270,7 @@ def test_set_step_deadline_moves_complete_by_and_starts_the_step() -> None:
 @pytest.mark.parametrize("target", list(StepStatus))
 def test_step_transition_table(current: StepStatus, target: StepStatus) -> None:
     base = in_state(ProcessState.PROCESSING)
-    steps = tuple(
-        s.model_copy(update={"status": current, "attempt": 1}) if s.name == STEP else s for s in base.steps
-    )
+    steps = tuple(s.model_copy(update={"status": current, "attempt": 1}) if s.name == STEP else s for s in base.steps)
     rec = base.model_copy(update={"steps": steps})
     if current is target and target is not StepStatus.RUNNING:
         assert record_step(rec, FIRST, STEP, target, NOW) is rec  # same outcome twice: no-op
@@ -303,8 +326,14 @@ def test_complete_moves_an_earlier_error_into_the_history() -> None:
     retried = recover(in_state(ProcessState.PROCESSING), FIRST, NOW, THRESHOLD, BACKOFF)
     second = instance_id(ORDER, 2)
     rec = claim(retried, second, NOW + LEASE * 10, NOW + LEASE * 5)
-    rec = record_step(set_step_deadline(rec, second, STEP, NOW + LEASE * 10, NOW + LEASE * 5), second, STEP,
-                      StepStatus.FAILED, NOW + LEASE * 5, error="timeout, retried")
+    rec = record_step(
+        set_step_deadline(rec, second, STEP, NOW + LEASE * 10, NOW + LEASE * 5),
+        second,
+        STEP,
+        StepStatus.FAILED,
+        NOW + LEASE * 5,
+        error="timeout, retried",
+    )
     expired = retried.last_error
     assert expired is not None and "expired" in expired
     done = complete(rec, second, NOW + LEASE * 6)
@@ -324,8 +353,14 @@ def test_fail_records_the_error() -> None:
 
 
 def test_fail_keeps_the_error_it_replaces_in_the_history() -> None:
-    rec = record_step(set_step_deadline(in_state(ProcessState.PROCESSING), FIRST, STEP, NOW + LEASE, NOW), FIRST,
-                      STEP, StepStatus.FAILED, NOW, error="timeout")
+    rec = record_step(
+        set_step_deadline(in_state(ProcessState.PROCESSING), FIRST, STEP, NOW + LEASE, NOW),
+        FIRST,
+        STEP,
+        StepStatus.FAILED,
+        NOW,
+        error="timeout",
+    )
     out = fail(rec, FIRST, "card declined", NOW)
     assert (out.last_error, out.previous_errors) == ("card declined", ("timeout",))
 
@@ -459,8 +494,10 @@ def test_defer_returns_the_order_to_pending_without_a_failure() -> None:
     # the next claim is a new attempt, due at retryAt
     with pytest.raises(NotDue):
         claim(deferred, instance_id(ORDER, deferred.attempt + 1), NOW + LEASE, NOW)
-    assert claim(deferred, instance_id(ORDER, deferred.attempt + 1), NOW + 2 * LEASE, NOW + LEASE).attempt == \
-        deferred.attempt + 1
+    assert (
+        claim(deferred, instance_id(ORDER, deferred.attempt + 1), NOW + 2 * LEASE, NOW + LEASE).attempt
+        == deferred.attempt + 1
+    )
 
 
 def test_defer_is_fenced_and_a_repeat_is_a_no_op() -> None:
@@ -489,7 +526,6 @@ def test_restart_is_fenced_and_waits_for_the_lease_to_expire() -> None:
         restart(renewed, FIRST, NOW + 2 * LEASE, NOW)
 
 
-
 # --- compensation and cancel -------------------------------------------------------------------------------------
 RELEASE = CompensationName.RELEASE_INVENTORY
 
@@ -514,7 +550,8 @@ def test_a_permanent_failure_compensates_every_sent_step_in_reverse_order() -> N
     # a running step may have been applied by the remote: it is compensated too
     assert [(c.name, c.step, c.status) for c in undo.compensations] == [
         (CompensationName.REFUND_PAYMENT, StepName.CHARGE_PAYMENT, StepStatus.PENDING),
-        (RELEASE, StepName.RESERVE_INVENTORY, StepStatus.PENDING)]
+        (RELEASE, StepName.RESERVE_INVENTORY, StepStatus.PENDING),
+    ]
     assert undo.compensation_cause == "charge-payment: Declined" and undo.complete_by == NOW + LEASE
     assert begin_compensation(undo, FIRST, "charge-payment: Declined", NOW + LEASE, NOW) is undo  # a repeat
 
@@ -554,8 +591,7 @@ def test_the_supervisor_compensates_at_the_threshold_and_retries_a_stuck_compens
     assert again.retry_at == NOW + BACKOFF(1)
     reclaimed = claim(again, instance_id(ORDER, 2), NOW + 2 * LEASE, NOW + LEASE)
     assert reclaimed.process_state is ProcessState.COMPENSATING and reclaimed.attempt == 2
-    gave_up = recover(stuck.model_copy(update={"compensation_failures": THRESHOLD - 1}), FIRST, NOW, THRESHOLD,
-                      BACKOFF)
+    gave_up = recover(stuck.model_copy(update={"compensation_failures": THRESHOLD - 1}), FIRST, NOW, THRESHOLD, BACKOFF)
     assert gave_up.process_state is ProcessState.COMPENSATION_FAILED
     assert (gave_up.last_error or "").startswith("CompensationThresholdReached")
 
@@ -596,20 +632,32 @@ def test_cancel_while_processing_is_requested_and_honoured_by_the_supervisor_and
     # the client's reason travels with the cancel to whichever path honours it
     with_reason = cancel(rec, NOW, "changed my mind")
     assert recover(with_reason, FIRST, NOW, THRESHOLD, BACKOFF).compensation_cause == "cancelled: changed my mind"
-    assert begin_compensation(with_reason, FIRST, "cancelled", NOW + LEASE, NOW).compensation_cause == \
-        "cancelled: changed my mind"
+    assert (
+        begin_compensation(with_reason, FIRST, "cancelled", NOW + LEASE, NOW).compensation_cause
+        == "cancelled: changed my mind"
+    )
 
 
-@pytest.mark.parametrize("state", [ProcessState.PROCESSED, ProcessState.ERROR, ProcessState.COMPENSATED,
-                                   ProcessState.COMPENSATION_FAILED])
+@pytest.mark.parametrize(
+    "state", [ProcessState.PROCESSED, ProcessState.ERROR, ProcessState.COMPENSATED, ProcessState.COMPENSATION_FAILED]
+)
 def test_cancel_after_the_end_is_refused_and_changes_nothing(state: ProcessState) -> None:
-    rec = {ProcessState.PROCESSED: lambda: complete(sent(), FIRST, NOW),
-           ProcessState.ERROR: lambda: fail(sent(), FIRST, "boom", NOW),
-           ProcessState.COMPENSATED: lambda: complete(record_step(set_step_deadline(
-               compensating(StepName.RESERVE_INVENTORY), FIRST, RELEASE, NOW + LEASE, NOW), FIRST, RELEASE,
-               StepStatus.SUCCEEDED, NOW), FIRST, NOW),
-           ProcessState.COMPENSATION_FAILED: lambda: fail(compensating(StepName.RESERVE_INVENTORY), FIRST, "x", NOW),
-           }[state]()
+    rec = {
+        ProcessState.PROCESSED: lambda: complete(sent(), FIRST, NOW),
+        ProcessState.ERROR: lambda: fail(sent(), FIRST, "boom", NOW),
+        ProcessState.COMPENSATED: lambda: complete(
+            record_step(
+                set_step_deadline(compensating(StepName.RESERVE_INVENTORY), FIRST, RELEASE, NOW + LEASE, NOW),
+                FIRST,
+                RELEASE,
+                StepStatus.SUCCEEDED,
+                NOW,
+            ),
+            FIRST,
+            NOW,
+        ),
+        ProcessState.COMPENSATION_FAILED: lambda: fail(compensating(StepName.RESERVE_INVENTORY), FIRST, "x", NOW),
+    }[state]()
     assert rec.process_state is state
     with pytest.raises(CancelRefused, match="already processed" if state is ProcessState.PROCESSED else state.value):
         cancel(rec, NOW)
@@ -635,7 +683,10 @@ def test_restart_and_defer_keep_a_compensation_compensating() -> None:
     assert restart(rec, FIRST, NOW + LEASE, NOW).process_state is ProcessState.COMPENSATING
     deferred = defer(rec, FIRST, NOW + LEASE, NOW, "CircuitOpen")
     assert (deferred.process_state, deferred.locked_by, deferred.retry_at) == (
-        ProcessState.COMPENSATING, None, NOW + LEASE)
+        ProcessState.COMPENSATING,
+        None,
+        NOW + LEASE,
+    )
 
 
 @pytest.mark.parametrize("state", list(ProcessState))
@@ -651,18 +702,19 @@ def test_every_pair_outside_the_table_is_refused(state: ProcessState, event: Eve
             next_state(state, event)
 
 
-@pytest.mark.parametrize("state", [ProcessState.COMPENSATED, ProcessState.COMPENSATION_FAILED,
-                                   ProcessState.CANCELLED])
+@pytest.mark.parametrize("state", [ProcessState.COMPENSATED, ProcessState.COMPENSATION_FAILED, ProcessState.CANCELLED])
 def test_the_new_terminal_states_refuse_every_scheduler_and_supervisor_move(state: ProcessState) -> None:
     """Through the functions, not only the table: nothing moves an order out of its end."""
     rec = compensating(StepName.RESERVE_INVENTORY).model_copy(update={"process_state": state})
-    for move in (lambda r: claim(r.model_copy(update={"locked_by": None}), instance_id(ORDER, 2), NOW + LEASE, NOW),
-                 lambda r: set_step_deadline(r, FIRST, RELEASE, NOW + LEASE, NOW),
-                 lambda r: record_step(r, FIRST, RELEASE, StepStatus.SUCCEEDED, NOW),
-                 lambda r: recover(r, FIRST, NOW, THRESHOLD, BACKOFF),
-                 lambda r: defer(r, FIRST, NOW + LEASE, NOW, "x"),
-                 lambda r: restart(r, FIRST, NOW + LEASE, NOW),
-                 lambda r: begin_compensation(r, FIRST, "another", NOW + LEASE, NOW)):
+    for move in (
+        lambda r: claim(r.model_copy(update={"locked_by": None}), instance_id(ORDER, 2), NOW + LEASE, NOW),
+        lambda r: set_step_deadline(r, FIRST, RELEASE, NOW + LEASE, NOW),
+        lambda r: record_step(r, FIRST, RELEASE, StepStatus.SUCCEEDED, NOW),
+        lambda r: recover(r, FIRST, NOW, THRESHOLD, BACKOFF),
+        lambda r: defer(r, FIRST, NOW + LEASE, NOW, "x"),
+        lambda r: restart(r, FIRST, NOW + LEASE, NOW),
+        lambda r: begin_compensation(r, FIRST, "another", NOW + LEASE, NOW),
+    ):
         with pytest.raises(IllegalTransition):
             move(rec)
 
@@ -670,18 +722,36 @@ def test_the_new_terminal_states_refuse_every_scheduler_and_supervisor_move(stat
 def test_a_version_1_record_reads_as_version_2_and_completes_under_the_current_code() -> None:
     """A state record written before schemaVersion 2 (no compensation log, cancel or workflow version; the fields of
     commit 230c614) is read with the defaults, runs its order to the end, and is written back as version 2."""
-    v1 = {"id": ORDER, "orderId": ORDER, "processState": "Pending", "lockedBy": None, "completeBy": None,
-          "failureCount": 0, "attempt": 0, "replyTo": "app-status", "lastError": None, "previousErrors": [],
-          "retryAt": None, "deferrals": 0, "restarts": 0, "orderHash": "h" * 64, "schemaVersion": 1,
-          "createdAt": "2024-05-01T11:00:00.000000Z", "updatedAt": "2024-05-01T11:00:00.000000Z",
-          "notifiedAt": None, "steps": [{"name": s.value, "status": "pending", "attempt": 0, "startedAt": None,
-                                         "completedAt": None} for s in STEPS]}
+    v1 = {
+        "id": ORDER,
+        "orderId": ORDER,
+        "processState": "Pending",
+        "lockedBy": None,
+        "completeBy": None,
+        "failureCount": 0,
+        "attempt": 0,
+        "replyTo": "app-status",
+        "lastError": None,
+        "previousErrors": [],
+        "retryAt": None,
+        "deferrals": 0,
+        "restarts": 0,
+        "orderHash": "h" * 64,
+        "schemaVersion": 1,
+        "createdAt": "2024-05-01T11:00:00.000000Z",
+        "updatedAt": "2024-05-01T11:00:00.000000Z",
+        "notifiedAt": None,
+        "steps": [
+            {"name": s.value, "status": "pending", "attempt": 0, "startedAt": None, "completedAt": None} for s in STEPS
+        ],
+    }
     rec = OrderStateRecord.from_doc(v1)
     assert rec.schema_version == 2 and rec.compensations == () and rec.cancel_requested_at is None
     rec = claim(rec, FIRST, NOW + LEASE, NOW)
     for step in STEPS:
-        rec = record_step(set_step_deadline(rec, FIRST, step, NOW + LEASE, NOW, "2.0"), FIRST, step,
-                          StepStatus.SUCCEEDED, NOW)
+        rec = record_step(
+            set_step_deadline(rec, FIRST, step, NOW + LEASE, NOW, "2.0"), FIRST, step, StepStatus.SUCCEEDED, NOW
+        )
     done = complete(rec, FIRST, NOW)
     assert done.process_state is ProcessState.PROCESSED and done.workflow_version == "2.0"
     assert done.to_doc()["schemaVersion"] == 2

@@ -66,7 +66,8 @@ async def assert_nothing_stored(p: Pipeline, order_id: str) -> None:
 
 
 async def test_a_new_order_past_the_bound_is_rejected_and_nothing_is_written(
-        pipeline: Pipeline, metric_points: MetricPoints) -> None:
+    pipeline: Pipeline, metric_points: MetricPoints
+) -> None:
     await set_backlog(pipeline, BOUND)
     rejected_before = counter_value(metric_points, "orderflow.admission.rejected", reason=BACKLOG_FULL)
 
@@ -76,7 +77,11 @@ async def test_a_new_order_past_the_bound_is_rejected_and_nothing_is_written(
     assert outcome.order.order_id == "o-new"
     [status] = await pipeline.statuses("o-new")
     assert (status.order_id, status.state, status.reason, status.attempt) == (
-        "o-new", OrderStatus.REJECTED, "backlog full", 0)
+        "o-new",
+        OrderStatus.REJECTED,
+        "backlog full",
+        0,
+    )
     assert await status_ids(pipeline, "o-new") == ["o-new:rejected:42"]  # names the delivery (its SequenceNumber)
     await assert_nothing_stored(pipeline, "o-new")
     assert await pipeline.alerts() == []  # a decision, not an operator's problem
@@ -110,7 +115,8 @@ async def test_an_order_whose_state_record_exists_is_accepted_when_full(pipeline
     """A finished order resubmitted past the bound still gets its terminal status, not `rejected`."""
     assert isinstance(await submit(pipeline.services, encode(order_body("o-done")), "o-done"), Accepted)
     await pipeline.services.state.update_with_retry(
-        "o-done", lambda r: r.model_copy(update={"process_state": ProcessState.PROCESSED}))
+        "o-done", lambda r: r.model_copy(update={"process_state": ProcessState.PROCESSED})
+    )
     await set_backlog(pipeline, BOUND)
     pipeline.clock.advance(2)
 
@@ -148,6 +154,7 @@ async def test_an_invalid_order_is_still_rejected_as_poison_when_full(pipeline: 
 # Through the trigger (triggers/submission.py): the real function, a message received from the embedded broker's
 # orders-inbound, and ServiceBusMessageActions settling it on that broker.
 
+
 class BrokerMessageActions:
     """The binding's ServiceBusMessageActions (blocking calls), settling through the receiver that received it."""
 
@@ -163,11 +170,13 @@ class BrokerMessageActions:
         self.calls.append("abandon")
         self.receiver.abandon_message(message)
 
-    def deadletter(self, message: Any, deadletter_reason: str | None = None,
-                   deadletter_error_description: str | None = None) -> None:
+    def deadletter(
+        self, message: Any, deadletter_reason: str | None = None, deadletter_error_description: str | None = None
+    ) -> None:
         self.calls.append("deadletter")
-        self.receiver.dead_letter_message(message, reason=deadletter_reason,
-                                          error_description=deadletter_error_description)
+        self.receiver.dead_letter_message(
+            message, reason=deadletter_reason, error_description=deadletter_error_description
+        )
 
 
 class FakeDurableClient:
@@ -186,16 +195,18 @@ def submission_function() -> Any:
     return builder._function.get_user_function().__wrapped__
 
 
-async def deliver(p: Pipeline, function: Any, order_id: str, message_id: str,
-                  monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], FakeDurableClient]:
+async def deliver(
+    p: Pipeline, function: Any, order_id: str, message_id: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[str], FakeDurableClient]:
     """Send the order to orders-inbound, receive it (peek-lock, its session) and run the trigger on it."""
     monkeypatch.setattr(runtime, "_services", {})  # the original is restored after the test
     runtime.use_services(p.services)  # what the trigger's get_services() returns on this loop
     client = bus_from_connection_string(p.bus_connection)
     try:
         with client.get_queue_sender(ORDERS_QUEUE) as sender:
-            sender.send_messages(ServiceBusMessage(encode(order_body(order_id)), message_id=message_id,
-                                                   session_id=order_id))
+            sender.send_messages(
+                ServiceBusMessage(encode(order_body(order_id)), message_id=message_id, session_id=order_id)
+            )
         receiver = client.get_queue_receiver(ORDERS_QUEUE, session_id=order_id)
         try:
             [message] = await asyncio.to_thread(receiver.receive_messages, 1, 5)
@@ -212,8 +223,9 @@ def bus_path(p: Pipeline) -> str:
     return str(p.bus_connection.split("embedded://", 1)[1].split(";", 1)[0])
 
 
-async def test_the_trigger_completes_a_refused_message(pipeline: Pipeline, submission_function: Any,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_trigger_completes_a_refused_message(
+    pipeline: Pipeline, submission_function: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     await set_backlog(pipeline, BOUND)
 
     calls, durable = await deliver(pipeline, submission_function, "o-flood", "m-flood", monkeypatch)
@@ -227,8 +239,9 @@ async def test_the_trigger_completes_a_refused_message(pipeline: Pipeline, submi
     await assert_nothing_stored(pipeline, "o-flood")
 
 
-async def test_the_trigger_accepts_and_starts_below_the_bound(pipeline: Pipeline, submission_function: Any,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_trigger_accepts_and_starts_below_the_bound(
+    pipeline: Pipeline, submission_function: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     await set_backlog(pipeline, 0)
 
     calls, durable = await deliver(pipeline, submission_function, "o-fine", "m-fine", monkeypatch)

@@ -28,15 +28,19 @@ from orderflow.workflow import WORKFLOW_VERSION
 
 
 def _value(points: dict[str, list[object]], name: str, attr: str = "value", **attributes: str) -> float:
-    return sum(getattr(p, attr) for p in points.get(name, [])
-               if dict(p.attributes or {}) == attributes)  # type: ignore[attr-defined]
+    return sum(getattr(p, attr) for p in points.get(name, []) if dict(p.attributes or {}) == attributes)  # type: ignore[attr-defined]
 
 
 def _completed(before: dict[str, list[object]], after: dict[str, list[object]], state: str) -> tuple[float, ...]:
     """What ending orders in `state` added: (orders completed, duration data points, duration seconds)."""
-    return tuple(_value(after, name, attr, state=state) - _value(before, name, attr, state=state)
-                 for name, attr in (("orderflow.orders.completed", "value"), ("orderflow.order.duration", "count"),
-                                    ("orderflow.order.duration", "sum")))
+    return tuple(
+        _value(after, name, attr, state=state) - _value(before, name, attr, state=state)
+        for name, attr in (
+            ("orderflow.orders.completed", "value"),
+            ("orderflow.order.duration", "count"),
+            ("orderflow.order.duration", "sum"),
+        )
+    )
 
 
 def test_alerts_errors_and_supervisor_scans_are_metrics(metric_points: Callable[[], dict[str, list[object]]]) -> None:
@@ -45,11 +49,16 @@ def test_alerts_errors_and_supervisor_scans_are_metrics(metric_points: Callable[
     telemetry.count_order_error()
     telemetry.record_supervisor_scan(3.5, recovered=2, escalated=1)
     after = metric_points()
-    assert _value(after, "orderflow.alerts", kind="UnitTestKind") - _value(before, "orderflow.alerts",
-                                                                          kind="UnitTestKind") == 1
+    assert (
+        _value(after, "orderflow.alerts", kind="UnitTestKind") - _value(before, "orderflow.alerts", kind="UnitTestKind")
+        == 1
+    )
     assert _value(after, "orderflow.orders.error") - _value(before, "orderflow.orders.error") == 1
-    assert _value(after, "orderflow.supervisor.request_charge", "sum") - _value(
-        before, "orderflow.supervisor.request_charge", "sum") == 3.5
+    assert (
+        _value(after, "orderflow.supervisor.request_charge", "sum")
+        - _value(before, "orderflow.supervisor.request_charge", "sum")
+        == 3.5
+    )
     assert _value(after, "orderflow.supervisor.recovered") - _value(before, "orderflow.supervisor.recovered") == 2
 
 
@@ -58,6 +67,7 @@ def test_no_exporter_without_a_connection_string() -> None:
 
 
 # --- issue 14: orders per state, completions, end-to-end latency, dead-letter depth, alerts as events ---------------
+
 
 def _gauge(points: dict[str, list[object]], name: str, **attributes: str) -> float | None:
     found = [p for p in points.get(name, []) if dict(p.attributes or {}) == attributes]  # type: ignore[attr-defined]
@@ -84,7 +94,8 @@ def test_completions_and_durations_by_terminal_state(metric_points: Callable[[],
 
 
 async def test_an_order_is_counted_once_when_it_ends_with_its_latency(
-        p: Pipeline, metric_points: Callable[[], dict[str, list[object]]]) -> None:
+    p: Pipeline, metric_points: Callable[[], dict[str, list[object]]]
+) -> None:
     """Counted by the write that records the notification (notifiedAt): a repeated notification counts nothing."""
     await claim_orders(p, "o-1")
     before = metric_points()
@@ -101,14 +112,23 @@ async def test_an_order_is_counted_once_when_it_ends_with_its_latency(
 
 
 async def _advance(p: Pipeline, result: dict[str, object] | None) -> object:
-    return await user_function(fn.ADVANCE_ORDER)({
-        "orderId": "o-1", "instanceId": "o-1:1", "attempt": 1, "workflowVersion": WORKFLOW_VERSION,
-        "agentRetries": 4, "completeBy": format_utc(p.clock.now() + timedelta(seconds=10)), "result": result,
-        "cancel": False})
+    return await user_function(fn.ADVANCE_ORDER)(
+        {
+            "orderId": "o-1",
+            "instanceId": "o-1:1",
+            "attempt": 1,
+            "workflowVersion": WORKFLOW_VERSION,
+            "agentRetries": 4,
+            "completeBy": format_utc(p.clock.now() + timedelta(seconds=10)),
+            "result": result,
+            "cancel": False,
+        }
+    )
 
 
 async def test_the_starters_admission_refresh_sets_orders_per_state(
-        p: Pipeline, metric_points: Callable[[], dict[str, list[object]]]) -> None:
+    p: Pipeline, metric_points: Callable[[], dict[str, list[object]]]
+) -> None:
     await submit_orders(p, "o-1", "o-2", "o-3")
     await admission.refresh(p.services)
     points = metric_points()
@@ -132,22 +152,47 @@ def alert_logs() -> Iterator[InMemoryLogRecordExporter]:
 
 
 def _events(exporter: InMemoryLogRecordExporter) -> list[dict[str, object]]:
-    return [dict(r.log_record.attributes or {}) for r in exporter.get_finished_logs()
-            if (r.log_record.attributes or {}).get(telemetry.CUSTOM_EVENT_ATTRIBUTE) is not None]
+    return [
+        dict(r.log_record.attributes or {})
+        for r in exporter.get_finished_logs()
+        if (r.log_record.attributes or {}).get(telemetry.CUSTOM_EVENT_ATTRIBUTE) is not None
+    ]
 
 
 async def test_each_operator_alert_is_an_event(p: Pipeline, alert_logs: InMemoryLogRecordExporter) -> None:
-    await raise_alert(p.services.bus, p.services.tunables.alerts_queue, kind=AlertKind.ORDER_FAILED, order_id="o-9",
-                      reason="charge-payment: Declined", now=p.clock.now(), details={"attempt": 1})
+    await raise_alert(
+        p.services.bus,
+        p.services.tunables.alerts_queue,
+        kind=AlertKind.ORDER_FAILED,
+        order_id="o-9",
+        reason="charge-payment: Declined",
+        now=p.clock.now(),
+        details={"attempt": 1},
+    )
     alerter = circuit_alerter(_Sent(), p.clock)
-    await alerter(Transition(service="remote", before=BreakerState.CLOSED, after=BreakerState.OPEN,
-                             changed_at=p.clock.now(), reason="5 failures"))
+    await alerter(
+        Transition(
+            service="remote",
+            before=BreakerState.CLOSED,
+            after=BreakerState.OPEN,
+            changed_at=p.clock.now(),
+            reason="5 failures",
+        )
+    )
     events = _events(alert_logs)
     assert [{k: e.get(k) for k in ("microsoft.custom_event.name", "kind", "orderId", "reason")} for e in events] == [
-        {"microsoft.custom_event.name": "OrderflowAlert", "kind": "OrderFailed", "orderId": "o-9",
-         "reason": "charge-payment: Declined"},
-        {"microsoft.custom_event.name": "OrderflowAlert", "kind": "CircuitOpened", "orderId": None,
-         "reason": "5 failures"},
+        {
+            "microsoft.custom_event.name": "OrderflowAlert",
+            "kind": "OrderFailed",
+            "orderId": "o-9",
+            "reason": "charge-payment: Declined",
+        },
+        {
+            "microsoft.custom_event.name": "OrderflowAlert",
+            "kind": "CircuitOpened",
+            "orderId": None,
+            "reason": "5 failures",
+        },
     ]
 
 

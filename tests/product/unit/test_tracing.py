@@ -87,15 +87,25 @@ def test_inject_then_extract_round_trips_the_current_span(spans: InMemorySpanExp
         assert (extracted.trace_id, extracted.span_id, extracted.is_remote) == (ctx.trace_id, ctx.span_id, True)
     with tracing.span("receiver", parent=properties) as receiver:
         pass
-    assert receiver.get_span_context().trace_id == ctx.trace_id and parent_id(named(spans, "receiver")[0]) == \
-        ctx.span_id
+    assert (
+        receiver.get_span_context().trace_id == ctx.trace_id and parent_id(named(spans, "receiver")[0]) == ctx.span_id
+    )
 
 
-@pytest.mark.parametrize("properties", [None, {}, {"other": "x"}, {"traceparent": "00-zz-yy-01"},
-                                        {"traceparent": f"00-{0:032x}-{SPAN_ID:016x}-01"},
-                                        {"traceparent": f"ff-{TRACE_ID:032x}-{SPAN_ID:016x}-01"}])
-def test_a_message_without_a_usable_traceparent_starts_a_new_root(spans: InMemorySpanExporter,
-                                                                  properties: dict[str, str] | None) -> None:
+@pytest.mark.parametrize(
+    "properties",
+    [
+        None,
+        {},
+        {"other": "x"},
+        {"traceparent": "00-zz-yy-01"},
+        {"traceparent": f"00-{0:032x}-{SPAN_ID:016x}-01"},
+        {"traceparent": f"ff-{TRACE_ID:032x}-{SPAN_ID:016x}-01"},
+    ],
+)
+def test_a_message_without_a_usable_traceparent_starts_a_new_root(
+    spans: InMemorySpanExporter, properties: dict[str, str] | None
+) -> None:
     assert tracing.extract(properties) is None
     with tracing.span("earlier"):
         pass
@@ -114,8 +124,9 @@ def test_a_stored_traceparent_or_the_fallback_is_the_parent(spans: InMemorySpanE
         pass
     for name in ("from record", "from body"):
         [hop] = named(spans, name)
-        assert (trace_id(hop), parent_id(hop)) == (TRACE_ID, SPAN_ID) and hop.parent is not None \
-            and hop.parent.is_remote
+        assert (
+            (trace_id(hop), parent_id(hop)) == (TRACE_ID, SPAN_ID) and hop.parent is not None and hop.parent.is_remote
+        )
     [inner] = named(spans, "inner")  # no parent given: a child of the current span
     assert parent_id(inner) == outer.get_span_context().span_id
 
@@ -135,9 +146,16 @@ AT = datetime(2030, 1, 1, tzinfo=UTC)
 
 
 def agent_request(**fields: Any) -> AgentRequest:
-    return AgentRequest(instance_id="o-1:1", order_id="o-1", attempt=1, step=StepName.CHARGE_PAYMENT,
-                        idempotency_key=idempotency_key("o-1", "charge-payment"), deadline=AT + timedelta(hours=1),
-                        reply_to="agent-replies", **fields)
+    return AgentRequest(
+        instance_id="o-1:1",
+        order_id="o-1",
+        attempt=1,
+        step=StepName.CHARGE_PAYMENT,
+        idempotency_key=idempotency_key("o-1", "charge-payment"),
+        deadline=AT + timedelta(hours=1),
+        reply_to="agent-replies",
+        **fields,
+    )
 
 
 def test_the_agent_request_and_reply_carry_traceparent_optionally_without_a_new_schema_version() -> None:
@@ -151,8 +169,14 @@ def test_the_agent_request_and_reply_carry_traceparent_optionally_without_a_new_
     for bad in ("junk", 42, f"00-{0:032x}-{SPAN_ID:016x}-01", TRACEPARENT.upper()):
         body = json.dumps({**plain.to_dict(), "traceparent": bad})
         assert parse_message(AgentRequest, "AgentRequest", body).traceparent is None
-    reply = AgentReply(instance_id="o-1:1", order_id="o-1", attempt=1, step=StepName.CHARGE_PAYMENT,
-                       outcome="succeeded", completed_at=AT)
+    reply = AgentReply(
+        instance_id="o-1:1",
+        order_id="o-1",
+        attempt=1,
+        step=StepName.CHARGE_PAYMENT,
+        outcome="succeeded",
+        completed_at=AT,
+    )
     assert "traceparent" not in reply.to_dict()
     carried = reply.model_copy(update={"traceparent": TRACEPARENT})
     assert AgentReply.from_event(carried.to_json()).traceparent == TRACEPARENT  # as the Scheduler reads it
@@ -185,19 +209,31 @@ async def test_submission_starter_and_activity_join_one_trace(p: Pipeline, spans
     assert inp["traceparent"] == traceparent_of(start)
 
     # The Scheduler hands its input's traceparent to the activity (orchestrators/order_workflow.py, version 3).
-    await user_function(fn.ADVANCE_ORDER)({
-        "orderId": "o-1", "instanceId": "o-1:1", "attempt": 1, "workflowVersion": WORKFLOW_VERSION,
-        "agentRetries": 4, "completeBy": format_utc(p.clock.now() + timedelta(seconds=10)), "result": None,
-        "cancel": False, "traceparent": inp["traceparent"]})
+    await user_function(fn.ADVANCE_ORDER)(
+        {
+            "orderId": "o-1",
+            "instanceId": "o-1:1",
+            "attempt": 1,
+            "workflowVersion": WORKFLOW_VERSION,
+            "agentRetries": 4,
+            "completeBy": format_utc(p.clock.now() + timedelta(seconds=10)),
+            "result": None,
+            "cancel": False,
+            "traceparent": inp["traceparent"],
+        }
+    )
     [activity] = named(spans, f"orderflow.activity.{fn.ADVANCE_ORDER}")
     assert trace_id(activity) == root.trace_id and parent_id(activity) == start.get_span_context().span_id
     assert activity.attributes is not None and activity.attributes[tracing.STEP] == "reserve-inventory"
-    async with p.services.bus.get_queue_receiver(p.services.tunables.agent_requests_queue,
-                                                 session_id="o-1") as receiver:
+    async with p.services.bus.get_queue_receiver(
+        p.services.tunables.agent_requests_queue, session_id="o-1"
+    ) as receiver:
         [message] = await receiver.peek_messages(max_message_count=5)
     sent = AgentRequest.model_validate_json(b"".join(message.body))
-    properties = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-                  for k, v in (message.application_properties or {}).items()}
+    properties = {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in (message.application_properties or {}).items()
+    }
     assert sent.traceparent == properties["traceparent"] == traceparent_of(activity)
 
 
@@ -222,8 +258,9 @@ class Settler:
     async def complete_message(self, message: Received) -> None:
         message.completed = True
 
-    async def dead_letter_message(self, message: Any, reason: str | None = None,
-                                  error_description: str | None = None) -> None:
+    async def dead_letter_message(
+        self, message: Any, reason: str | None = None, error_description: str | None = None
+    ) -> None:
         raise AssertionError("not poison")
 
 
@@ -258,21 +295,30 @@ async def remote() -> AsyncIterator[tuple[str, list[dict[str, str]]]]:
 
 @pytest.mark.parametrize("carrier", ["properties", "body"])
 async def test_the_agent_handles_in_the_requests_trace_calls_with_the_header_and_replies_with_its_span(
-        spans: InMemorySpanExporter, remote: tuple[str, list[dict[str, str]]], carrier: str) -> None:
+    spans: InMemorySpanExporter, remote: tuple[str, list[dict[str, str]]], carrier: str
+) -> None:
     url, seen = remote
     request = agent_request(traceparent=TRACEPARENT if carrier == "body" else None)
-    message = Received(request.to_json().encode(),
-                       {b"traceparent": TRACEPARENT.encode()} if carrier == "properties" else None)
+    message = Received(
+        request.to_json().encode(), {b"traceparent": TRACEPARENT.encode()} if carrier == "properties" else None
+    )
     replies = Sent()
     async with aiohttp.ClientSession() as http:
-        handler = RequestHandler(HttpRemoteCaller(http, url), Outbox(replies, Sent(), "agent-replies",
-                                                                     "agent-requests"), RetryPolicy(), Clock())
+        handler = RequestHandler(
+            HttpRemoteCaller(http, url),
+            Outbox(replies, Sent(), "agent-replies", "agent-requests"),
+            RetryPolicy(),
+            Clock(),
+        )
         await handler.handle(Settler(), message)
     [handle], [call] = named(spans, "orderflow.agent.handle"), named(spans, "orderflow.agent.remote_call")
     assert (trace_id(handle), parent_id(handle)) == (TRACE_ID, SPAN_ID)  # the sender's span, in another process
     assert trace_id(call) == TRACE_ID and parent_id(call) == handle.get_span_context().span_id
-    assert call.kind is trace.SpanKind.CLIENT and call.attributes is not None \
+    assert (
+        call.kind is trace.SpanKind.CLIENT
+        and call.attributes is not None
         and call.attributes["http.response.status_code"] == 200
+    )
     [headers] = seen
     assert headers["traceparent"] == traceparent_of(call)  # the remote service can join the trace
     [reply_message] = replies.messages

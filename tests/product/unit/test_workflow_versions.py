@@ -45,9 +45,9 @@ def episodes(scenario: dict[str, Any]) -> list[tuple[list[dict[str, Any]], dict[
     """Each episode's input history (played flags as the extension sets them) and what it recorded."""
     history, out, previous = scenario["history"], [], 0
     for episode in scenario["episodes"]:
-        segment = history[previous:episode["historyLength"]]
+        segment = history[previous : episode["historyLength"]]
         ran = next(i for i, e in enumerate(segment) if i > 0 and e["EventType"] in AFTER_THE_EPISODE)
-        events = copy.deepcopy(history[:previous + ran])
+        events = copy.deepcopy(history[: previous + ran])
         for i, event in enumerate(events):
             event["IsPlayed"] = i < previous
         out.append((events, episode))
@@ -60,12 +60,20 @@ def replays_identically(handle: Any, fixture: dict[str, Any], name: str) -> None
     replayed = episodes(scenario)
     assert len(replayed) == len(scenario["episodes"]) >= 5
     for number, (history, recorded) in enumerate(replayed):
-        context = {"history": history, "input": json.dumps(fixture["input"]), "instanceId": fixture["instanceId"],
-                   "isReplaying": False, "parentInstanceId": None, "upperSchemaVersion": 0}
+        context = {
+            "history": history,
+            "input": json.dumps(fixture["input"]),
+            "instanceId": fixture["instanceId"],
+            "isReplaying": False,
+            "parentInstanceId": None,
+            "upperSchemaVersion": 0,
+        }
         state = json.loads(handle(json.dumps(context)))
         assert state["actions"] == recorded["actions"], (name, number)
-        assert (bool(state.get("isDone")), state.get("output")) == (recorded["isDone"], recorded["output"]), \
-            (name, number)
+        assert (bool(state.get("isDone")), state.get("output")) == (recorded["isDone"], recorded["output"]), (
+            name,
+            number,
+        )
     assert replayed[-1][1]["isDone"]
 
 
@@ -84,10 +92,20 @@ def test_the_version_2_fixture_is_a_version_2_instance_with_its_five_activities(
         started = [e for e in scenario["history"] if e["EventType"] == int(H.EXECUTION_STARTED)]
         assert [e["Version"] for e in started] == ["2.0"]
     assert FIXTURE_V2["input"]["workflowVersion"] == "2.0"
-    called = {e["Name"] for s in FIXTURE_V2["scenarios"].values() for e in s["history"]
-              if e["EventType"] == int(H.TASK_SCHEDULED)}
-    assert {fn.LOAD_ORDER, fn.SET_STEP_DEADLINE, fn.SEND_AGENT_REQUEST, fn.RECORD_STEP_RESULT, fn.FINISH_ORDER,
-            fn.BEGIN_COMPENSATION} <= called
+    called = {
+        e["Name"]
+        for s in FIXTURE_V2["scenarios"].values()
+        for e in s["history"]
+        if e["EventType"] == int(H.TASK_SCHEDULED)
+    }
+    assert {
+        fn.LOAD_ORDER,
+        fn.SET_STEP_DEADLINE,
+        fn.SEND_AGENT_REQUEST,
+        fn.RECORD_STEP_RESULT,
+        fn.FINISH_ORDER,
+        fn.BEGIN_COMPENSATION,
+    } <= called
     assert fn.ADVANCE_ORDER not in called
 
 

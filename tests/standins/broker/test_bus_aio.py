@@ -49,12 +49,8 @@ async def test_lock_lost_raises_sdk_exception(aclient, queue, clock):
 
 async def test_sessions_state_and_next_available(aclient, queue):
     q = queue(requires_session=True)
-    await aclient.get_queue_sender(q).send_messages(
-        [ServiceBusMessage(b, session_id="S") for b in ("1", "2")]
-    )
-    async with aclient.get_queue_receiver(
-        q, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=SHORT
-    ) as receiver:
+    await aclient.get_queue_sender(q).send_messages([ServiceBusMessage(b, session_id="S") for b in ("1", "2")])
+    async with aclient.get_queue_receiver(q, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=SHORT) as receiver:
         assert receiver.session.session_id == "S"
         await receiver.session.set_state(b"half")
         messages = await receiver.receive_messages(5, max_wait_time=SHORT)

@@ -46,6 +46,7 @@ RACE = textwrap.dedent("""
 
 
 def test_close_while_other_threads_run_statements_does_not_crash() -> None:
-    done = subprocess.run([sys.executable, "-c", RACE, "60"], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", RACE, "60"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0 and done.stdout.strip() == "survived", (done.returncode, done.stderr[-2000:])

@@ -39,10 +39,7 @@ def test_repo_config_declares_the_product_queues():
 def test_emulator_defaults_and_unsupported_properties():
     [props] = queues_from_config({"UserConfig": {"Namespaces": [{"Queues": [{"Name": "q"}]}]}}).values()
     assert props == QueueProperties()  # LockDuration PT1M, MaxDeliveryCount 10, no expiry
-    assert (
-        QueueProperties.from_config({"DefaultMessageTimeToLive": "P10675199DT2H48M5.4775807S"})
-        == QueueProperties()
-    )
+    assert QueueProperties.from_config({"DefaultMessageTimeToLive": "P10675199DT2H48M5.4775807S"}) == QueueProperties()
     with pytest.raises(ValueError):
         QueueProperties.from_config({"EnablePartitioning": True})
     with pytest.raises(ValueError):

@@ -33,9 +33,7 @@ def test_embedded_scheme_gives_the_embedded_client_and_loads_config(tmp_path):
 
 def test_relative_paths_resolve_against_the_cwd(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "sb.json").write_text(
-        json.dumps({"UserConfig": {"Namespaces": [{"Queues": [{"Name": "x"}]}]}})
-    )
+    (tmp_path / "sb.json").write_text(json.dumps({"UserConfig": {"Namespaces": [{"Queues": [{"Name": "x"}]}]}}))
     with adapters.bus_from_connection_string("endpoint=EMBEDDED://data/bus.db; ConfigFile=sb.json") as client:
         assert client.broker.path == str(tmp_path / "data" / "bus.db")
         assert client.broker.queue_names() == ["x"]

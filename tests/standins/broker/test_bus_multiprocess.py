@@ -79,9 +79,7 @@ def test_receive_blocked_in_another_process_is_woken_by_a_send(tmp_path):
         idle_cpu = float(worker.stdout.readline().split()[1])
         assert worker.stdout.readline().strip() == "READY"
         sockets = Path(broker.notify_dir, notify.queue_key("wake"))
-        assert _wait_until(
-            lambda: sockets.is_dir() and any(sockets.iterdir()), 10
-        )  # it is blocked in receive
+        assert _wait_until(lambda: sockets.is_dir() and any(sockets.iterdir()), 10)  # it is blocked in receive
         with ServiceBusClient(broker) as client:
             sent_at = time.time()
             client.get_queue_sender("wake").send_messages(ServiceBusMessage("ping"))

@@ -36,9 +36,7 @@ def test_fifo_per_session_under_four_concurrent_consumers(client, queue):
     sessions, per_session = 12, 15
     with client.get_queue_sender(q) as sender:
         for i in range(per_session):  # interleaved across sessions, as orders arrive
-            sender.send_messages(
-                [ServiceBusMessage(f"{s}:{i}", session_id=f"order-{s}") for s in range(sessions)]
-            )
+            sender.send_messages([ServiceBusMessage(f"{s}:{i}", session_id=f"order-{s}") for s in range(sessions)])
     received: dict[str, list[int]] = defaultdict(list)
     guard = threading.Lock()
     errors: list[BaseException] = []
@@ -47,16 +45,12 @@ def test_fifo_per_session_under_four_concurrent_consumers(client, queue):
         try:
             while True:
                 try:
-                    receiver = client.get_queue_receiver(
-                        q, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=0.2
-                    )
+                    receiver = client.get_queue_receiver(q, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=0.2)
                     receiver.__enter__()
                 except OperationTimeoutError:
                     return  # no session with messages left
                 with receiver:
-                    for msg in receiver.receive_messages(
-                        4, max_wait_time=SHORT
-                    ):  # part of a session, then let go
+                    for msg in receiver.receive_messages(4, max_wait_time=SHORT):  # part of a session, then let go
                         with guard:
                             received[msg.session_id].append(int(str(msg).split(":")[1]))
                         receiver.complete_message(msg)
@@ -94,9 +88,7 @@ def test_session_is_locked_exclusively(client, queue):
 def test_next_available_session_times_out_with_operation_timeout(client, queue):
     q = queue(requires_session=True)
     with pytest.raises(OperationTimeoutError):
-        client.get_queue_receiver(
-            q, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=SHORT
-        ).receive_messages()
+        client.get_queue_receiver(q, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=SHORT).receive_messages()
 
 
 def test_session_receiver_gets_only_its_session_in_order(client, queue):

@@ -48,9 +48,7 @@ def test_duplicate_detection_applies_within_one_batch_and_on_session_queues(clie
 
 def test_without_duplicate_detection_same_message_id_is_delivered_twice(client, queue):
     q = queue()
-    client.get_queue_sender(q).send_messages(
-        [ServiceBusMessage(b, message_id="same") for b in ("one", "two")]
-    )
+    client.get_queue_sender(q).send_messages([ServiceBusMessage(b, message_id="same") for b in ("one", "two")])
     assert _bodies(client, q) == ["one", "two"]
 
 
@@ -73,8 +71,7 @@ def test_schedule_and_cancel_scheduled_messages(client, queue, clock):
     q = queue()
     sender = client.get_queue_sender(q)
     [keep, drop] = [
-        sender.schedule_messages(ServiceBusMessage(b), clock.now + timedelta(seconds=60))[0]
-        for b in ("keep", "drop")
+        sender.schedule_messages(ServiceBusMessage(b), clock.now + timedelta(seconds=60))[0] for b in ("keep", "drop")
     ]
     sender.cancel_scheduled_messages(drop)
     clock.advance(60)
@@ -96,9 +93,7 @@ def test_expired_message_dead_lettered_with_ttl_reason_when_configured(client, q
     sender.send_messages(ServiceBusMessage("own-ttl", time_to_live=timedelta(seconds=10)))  # the shorter wins
     clock.advance(10)
     receiver = client.get_queue_receiver(q)
-    [alive] = receiver.receive_messages(
-        5, max_wait_time=SHORT
-    )  # this receive purged "own-ttl" (lazily, as SB)
+    [alive] = receiver.receive_messages(5, max_wait_time=SHORT)  # this receive purged "own-ttl" (lazily, as SB)
     assert str(alive) == "queue-default"
     receiver.abandon_message(alive)
     [expired] = client.get_queue_receiver(q, sub_queue=ServiceBusSubQueue.DEAD_LETTER).receive_messages(

@@ -296,9 +296,7 @@ def test_a_session_message_wakes_its_holder_or_one_acceptor_never_a_waiter_that_
         receiver._open()  # holds the session (empty): its receive waits for that session's messages only
         holders[session] = Blocked(receiver)
     done = threading.Event()
-    acceptors = [
-        Blocked(live.get_queue_receiver("s", session_id=NEXT_AVAILABLE_SESSION), done) for _ in range(3)
-    ]
+    acceptors = [Blocked(live.get_queue_receiver("s", session_id=NEXT_AVAILABLE_SESSION), done) for _ in range(3)]
     for thread in [*holders.values(), *acceptors]:
         thread.start()
     for session, thread in holders.items():

@@ -32,8 +32,13 @@ def _child_send(db: Path, marker: Path) -> subprocess.Popen[str]:
         broker.send("q", [Envelope(body=b"from-child", message_id="m-1")])
         Path({str(marker)!r}).write_text("sent")
     """)
-    return subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_for(path: Path, timeout: float) -> bool:
@@ -68,13 +73,21 @@ def test_a_writer_in_another_process_waits_for_the_holder_and_goes_on_when_it_le
 def test_the_lock_of_a_killed_process_is_released(tmp_path: Path) -> None:
     db = tmp_path / "bus.db"
     EmbeddedBroker(db).close()
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import fcntl, os, sys, time
         fd = os.open({str(db) + ".writer-lock"!r}, os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
         print("held", flush=True)
         time.sleep(600)
-    """)], stdout=subprocess.PIPE, text=True)
+    """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         fd = os.open(str(db) + ".writer-lock", os.O_RDWR)

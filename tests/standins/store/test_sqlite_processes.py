@@ -82,9 +82,7 @@ async def test_two_processes_claim_each_order_exactly_once(tmp_path: Path) -> No
         for ids in (ORDERS, list(reversed(ORDERS)))
     ]  # opposite orders: they meet in the middle
     for p in procs:  # both imported and connected before either starts claiming
-        assert p.stdout is not None and p.stdout.readline().strip() == "ready", (
-            p.stderr.read() if p.stderr else ""
-        )
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready", p.stderr.read() if p.stderr else ""
     outputs = [p.communicate(input="go\n", timeout=PROCESS_TIMEOUT_SECONDS) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err for _, err in outputs]
     won = [set(json.loads(out)) for out, _ in outputs]

@@ -43,9 +43,14 @@ SDK_UNAVAILABLE_RETRY_AFTER_S = 0.5
 
 
 def record(order_id: str = "o-1") -> OrderStateRecord:
-    order = SubmitOrder(orderId=order_id, replyTo="app-status", customer={"id": "c", "name": "C"},
-                        items=[{"sku": "S", "quantity": 1, "unitPrice": Decimal("1.00")}], currency="EUR",
-                        submittedAt=NOW)
+    order = SubmitOrder(
+        orderId=order_id,
+        replyTo="app-status",
+        customer={"id": "c", "name": "C"},
+        items=[{"sku": "S", "quantity": 1, "unitPrice": Decimal("1.00")}],
+        currency="EUR",
+        submittedAt=NOW,
+    )
     return OrderStateRecord.new(order, NOW)
 
 
@@ -83,17 +88,26 @@ def ledger(tmp_path: Path) -> list[dict[str, object]]:
 
 
 def test_options_parse_and_a_plain_path_has_no_faults(tmp_path: Path) -> None:
-    path, faults = split_endpoint_path(f"{tmp_path}/s.db?conflictRate=0.25&throttleRate=0.5&seed=7"
-                                       f"&throttleRetryAfterMs=3&outageFile={tmp_path}/s.db.down")
+    path, faults = split_endpoint_path(
+        f"{tmp_path}/s.db?conflictRate=0.25&throttleRate=0.5&seed=7"
+        f"&throttleRetryAfterMs=3&outageFile={tmp_path}/s.db.down"
+    )
     assert path == tmp_path / "s.db"
-    assert faults == StoreFaults(conflict_rate=0.25, throttle_rate=0.5, throttle_retry_after_ms=3, seed=7,
-                                 outage_file=tmp_path / "s.db.down", ledger=tmp_path / "s.db.faults.jsonl")
+    assert faults == StoreFaults(
+        conflict_rate=0.25,
+        throttle_rate=0.5,
+        throttle_retry_after_ms=3,
+        seed=7,
+        outage_file=tmp_path / "s.db.down",
+        ledger=tmp_path / "s.db.faults.jsonl",
+    )
     assert split_endpoint_path(f"{tmp_path}/s.db") == (tmp_path / "s.db", None)
     assert split_endpoint_path(f"{tmp_path}/s.db?") == (tmp_path / "s.db", None)
 
 
-@pytest.mark.parametrize("query", ["conflictrate=0.1", "throttleRate=1.5", "conflictRate=-0.1", "seed=x",
-                                   "outageFile=", "throttleRate"])
+@pytest.mark.parametrize(
+    "query", ["conflictrate=0.1", "throttleRate=1.5", "conflictRate=-0.1", "seed=x", "outageFile=", "throttleRate"]
+)
 def test_a_misspelt_or_bad_option_is_refused(tmp_path: Path, query: str) -> None:
     with pytest.raises(ValueError):
         split_endpoint_path(f"{tmp_path}/s.db?{query}")
@@ -101,8 +115,9 @@ def test_a_misspelt_or_bad_option_is_refused(tmp_path: Path, query: str) -> None
 
 async def test_off_by_default_and_on_through_the_endpoint_setting(tmp_path: Path) -> None:
     plain = open_stores({"CosmosDb__accountEndpoint": f"embedded://{tmp_path / 'a.db'}"})
-    faulty = open_stores({"CosmosDb__accountEndpoint": f"embedded://{tmp_path / 'b.db'}?throttleRate=1"
-                                                       "&throttleRetryAfterMs=0"})
+    faulty = open_stores(
+        {"CosmosDb__accountEndpoint": f"embedded://{tmp_path / 'b.db'}?throttleRate=1&throttleRetryAfterMs=0"}
+    )
     try:
         assert isinstance(plain.state, SqliteStateStore) and plain.state._db.faults is None
         assert isinstance(faulty.orders, SqliteOrdersDb) and faulty.state._db.faults is not None  # type: ignore[union-attr]
@@ -203,8 +218,11 @@ async def test_while_the_outage_file_exists_every_operation_answers_503(tmp_path
     await state.create_if_absent(record())
     down.touch()
     time.now += 1.0
-    for operation in (lambda: state.get("o-1"), lambda: state.create_if_absent(record("o-2")),
-                      lambda: state.count_in_state(ProcessState.PENDING)):
+    for operation in (
+        lambda: state.get("o-1"),
+        lambda: state.create_if_absent(record("o-2")),
+        lambda: state.count_in_state(ProcessState.PENDING),
+    ):
         with pytest.raises(TransientStoreError) as raised:
             await operation()
         assert raised.value.status_code == 503

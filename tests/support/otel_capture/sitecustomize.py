@@ -34,19 +34,24 @@ def _install(directory: str) -> None:
             lines = []
             for span in spans:
                 context, parent = span.get_span_context(), span.parent
-                lines.append(json.dumps({
-                    "name": span.name,
-                    "trace_id": f"{context.trace_id:032x}",
-                    "span_id": f"{context.span_id:016x}",
-                    "parent_span_id": None if parent is None else f"{parent.span_id:016x}",
-                    "parent_remote": None if parent is None else parent.is_remote,
-                    "kind": span.kind.name,
-                    "attributes": dict(span.attributes or {}),
-                    "status": span.status.status_code.name,
-                    "start": span.start_time,
-                    "end": span.end_time,
-                    "pid": os.getpid(),
-                }, default=str))
+                lines.append(
+                    json.dumps(
+                        {
+                            "name": span.name,
+                            "trace_id": f"{context.trace_id:032x}",
+                            "span_id": f"{context.span_id:016x}",
+                            "parent_span_id": None if parent is None else f"{parent.span_id:016x}",
+                            "parent_remote": None if parent is None else parent.is_remote,
+                            "kind": span.kind.name,
+                            "attributes": dict(span.attributes or {}),
+                            "status": span.status.status_code.name,
+                            "start": span.start_time,
+                            "end": span.end_time,
+                            "pid": os.getpid(),
+                        },
+                        default=str,
+                    )
+                )
             with self._lock, open(self._path, "a", encoding="utf-8") as out:
                 out.write("".join(line + "\n" for line in lines))
                 out.flush()
