@@ -1,16 +1,9 @@
 """`python -m lab agent [flags]`: the real Agent (`agent.worker.serve`) with the drills' fault switches around it.
 
-The deployed Agent carries no fault switch; the lab injects them here, through the clock and the bus client the
-Agent takes as parameters. Each switch is off by default, and off it changes nothing:
-
-| setting | default | meaning |
-|---|---|---|
-| AGENT_REPLY_DELAY_MS | 0 | hold replies back up to this many ms (`HeldReplies`); 0 = off |
-| AGENT_REPLY_DELAY_MIN_MS | 0 | the least hold-back of a held reply |
-| AGENT_REPLY_DELAY_SHARE | 1 | the share of replies held (seeded by AGENT_JITTER_SEED and the reply's MessageId) |
-| AGENT_CLOCK_SKEW_SECONDS | 0 | the Agent's clock this far ahead, or behind if negative (`SkewedClock`) |
-
-Each can be given as a flag too (`--reply-delay-ms`, ...); every other flag is the Agent's (`python -m agent --help`).
+Contract: the switches AGENT_REPLY_DELAY_MS, AGENT_REPLY_DELAY_MIN_MS, AGENT_REPLY_DELAY_SHARE and
+AGENT_CLOCK_SKEW_SECONDS (or the flags `--reply-delay-ms`, ...) are off by default, and off they change nothing; every
+other flag is the Agent's (`python -m agent --help`). They go in through the clock and the bus client the Agent takes
+as parameters (`SkewedClock`, `HeldReplies`), so the deployed Agent carries none. Table: docs/modules-lab.md.
 """
 
 from __future__ import annotations

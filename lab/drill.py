@@ -1,29 +1,11 @@
 """`python -m lab drill NAME` (alias `python -m devhost drill`): drills on the whole local system in real processes
 (devhost, the Agent, the remote-service simulator and a client app, as the demo runs them).
 
-Crash drills, `host-crash` and `agent-crash` (issue 8):
-
-The drill starts devhost, the Agent and the remote-service simulator (`LocalSystem`, as the demo does), with a
-simulator that injects no fault (the remote never fails), submits the orders through the demo's client app, and
-while they are in flight kills one process with SIGKILL (`host-crash`: devhost; `agent-crash`: the Agent) at seeded
-random gaps and restarts it each time. Then it waits until every order has its terminal status and prints:
-
-- submitted, processed, error, pending, processing (the state store), lost (no state record or no terminal status);
-- duplicate side effects (the simulator's ledger: effects beyond one per order and step) and missing side effects
-  (a step of a Processed order without its effect);
-- attempts per order (the state record's `attempt`: histogram and max);
-- settle time: from the last kill to the last terminal status; total time; kills done.
-
-A gap runs from the moment the previous process is up again (devhost printed its URL; the Agent was started), so
-every kill hits a running process; kills stop early when every order is terminal (`kills_done` says how many ran).
-`--settings local` runs with `lab.system.LOCAL_DEFAULTS` (the demo's), `--settings sample` with the values of
-`local.settings.sample.json` (the Azure defaults of `orderflow/settings.py`; the Agent with its own defaults). The
-exit code is non-zero unless every order is Processed, with none lost and no duplicate or missing side effect.
-
-Resilience drills, `retry-budget`, `remote-outage` and `backlog-flood` (issue 11): in lab/resilience_drills.py.
-
-Lifecycle drills, `compensation`, `cancel-in-flight`, `poison-in-session` and `upgrade-in-flight` (issue 12): in
-lab/lifecycle_drills.py (dispatched from `run_drill_command`), with the same `Verdict`.
+Here: the crash drills `host-crash` and `agent-crash` (SIGKILL devhost or the Agent at seeded gaps, restart it, wait
+for every terminal status); `run_drill_command` dispatches the others (lab/resilience_drills.py,
+lab/lifecycle_drills.py and the drill modules), all with the same `Verdict`. Contract: the exit code is non-zero
+unless every order is Processed, with none lost and no duplicate or missing side effect. `--settings local` uses
+`lab.system.LOCAL_DEFAULTS`, `--settings sample` `local.settings.sample.json`. Figures and gaps: docs/modules-lab.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """`python -m devhost drill durable-api-outage`: the Durable HTTP API unreachable while attempts expire.
 
-devhost's fault switch on the extension's HTTP API (devhost/durable/http_api.py `OutageSwitch`, the setting
-DEVHOST_DURABLE_API_OUTAGE_FILE): while the switch file exists, the start and status routes answer 503 and do
-nothing. So the Starter's `start_new` fails after its claim (a claim whose orchestration never started) and the
-Supervisor's `get_status` of every expired attempt fails, and the Supervisor skips those records for now.
-
-The drill, on a system with 4 s steps, 3 s claim leases, a Starter and a Supervisor every second and a 1 s
-Supervisor scan window (so that one pass walks several windows: what an outage longer than CLOCK_SKEW, 60 s, does at
-the default window):
-
-1. submits half of the orders with a hang scripted on their first remote call (longer than the step), and waits until
-   each call is at the remote: those attempts run, and will expire;
-2. turns the switch on for `--outage-for` seconds (default 15) and submits the other half one by one during the first
-   60 % of it: each is claimed, its start refused; its claim lease expires during the outage;
-3. at the outage's end reads the state store: the attempts expired by then (both kinds) and the Supervisor's
-   checkpoint, which must not be past any of them (a skipped record the checkpoint passed is never scanned again);
-4. turns the switch off and waits (at most DRAIN_S) for every final status.
-
-Every order must end Processed with `completed`: the hung ones in attempt 2 with FailureCount 1 (recovered once
-after the outage), the refused ones in attempt 1 with FailureCount 0 (started again by the Supervisor, `restarts`).
-Figures: the outage's length, the requests refused by route (the switch's ledger), the attempts expired at its end,
-how long the system took to drain after it. Then the invariants of every drill (lab/invariants.py).
+Contract: while devhost's switch is on (devhost/durable/http_api.py `OutageSwitch`, DEVHOST_DURABLE_API_OUTAGE_FILE)
+the start and status routes answer 503; every order must still end Processed with `completed` (the hung ones in
+attempt 2 with FailureCount 1, the refused ones in attempt 1 with FailureCount 0), and the Supervisor's checkpoint
+must not pass a record it skipped. Then the invariants of every drill (lab/invariants.py). Steps, settings and
+figures: docs/modules-lab.md.
 """
 
 from __future__ import annotations

@@ -1,34 +1,12 @@
-"""Input drills (issue 15), `python -m devhost drill NAME` with NAME `duplicate-delivery` or `poison-input`: what
-arrives on the queues, rather than what fails behind them. Each runs on the whole local system in real processes
-(devhost, the Agent, the remote-service simulator, a client app on `app-status`), judges from the state store, the
-simulator's ledger, the queues (reply queue, dead-letter sub-queue, operator alerts, the broker's own counts) and
-devhost's durable history, never from logs, and ends with the `Verdict` of the other drills plus the invariants of
-lab/invariants.py.
+"""Input drills, `python -m devhost drill duplicate-delivery|poison-input`: what arrives on the queues, rather than
+what fails behind them, on the whole local system in real processes.
 
-- `duplicate-delivery`: every message on every queue is delivered twice. The system runs with the embedded broker's
-  fault switch on (`;DuplicateDelivery=true` in each process's connection string; orderflow/embedded/broker/_faults.py):
-  the first complete of each message is lost, as a settlement Service Bus never recorded, and the same message (same
-  MessageId and sequence number, delivery count + 1, past duplicate detection) is delivered again. So orders-inbound,
-  agent-requests, agent-replies, the app's reply queue and operator-alerts (which the drill reads in peek-lock mode, as
-  an operator would) all see each message twice. `--orders` orders (default 12) must end Processed exactly once: one
-  transition into Processed, one orchestration instance, attempt 1, one effect per step, every status the app got
-  consistent with one final status. Beside them two orders whose arrange-shipping the remote refuses (on every call:
-  the simulator's "a rejected order stays rejected") must be compensated exactly once (each compensation applied
-  once, an OrderFailed alert), and one poison message must be dead-lettered once with a PoisonMessage alert, so that
-  the compensation path and the alerts queue are duplicated too. Figures: messages delivered twice per queue
-  (counted by the broker), status and alert deliveries, remote calls per step.
-- `poison-input`: 3 x `--orders` poison messages (default 30; `--orders` valid orders, default 10), drawn with
-  hypothesis from the message schema (orderflow/messages.py) with `--seed` as hypothesis's seed, so a run is
-  reproducible (the figure `poison_digest` is the same for the same seed): SubmitOrder and CancelOrder with one field
-  of the wrong type or value (too long, empty, out of range, wrong pattern, a bad or naive date), missing, or extra, a
-  wrong `type` or `schemaVersion`; the right message in another order's session, a cancel of an unknown order; and raw
-  bodies: not JSON, JSON that is not an object, not UTF-8, empty, huge (150-250 KB, under the 256 KB message size).
-  Each poison goes in its own session, interleaved (seeded shuffle) with the valid orders. Every poison must be
-  dead-lettered with the reason the submission trigger gives it (`InvalidJson`, `UnknownType`,
-  `UnsupportedSchemaVersion`, `InvalidField:<field>`, `UnknownOrder`) and a description that names the field, with a
-  PoisonMessage alert each; no state record, orders-DB record or remote call but the valid orders'; the valid orders
-  all Processed. Each strategy makes exactly one defect on a valid base document, so the expected reason comes from the
-  strategy itself, not from the product's parser.
+Contract: judged from the state store, the simulator's ledger, the queues and devhost's durable history, never from
+logs; each ends with the `Verdict` of the other drills plus the invariants of lab/invariants.py.
+`duplicate-delivery` (every message delivered twice: orderflow/embedded/broker/_faults.py): every order Processed
+exactly once, each compensation and dead-lettering once. `poison-input` (poisons drawn with hypothesis from
+orderflow/messages.py, seeded by `--seed`): every poison dead-lettered with the submission trigger's reason, the valid
+orders all Processed. What each sends and checks: docs/modules-lab.md.
 """
 
 from __future__ import annotations

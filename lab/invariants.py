@@ -1,19 +1,9 @@
-"""The invariants every drill checks (issue 15), from the state store, the simulator's ledger and the queues, never
-from logs:
+"""The invariants every drill checks, from the state store, the simulator's ledger and the queues, never from logs.
 
-- no order lost: every order the drill expects a record for has one (a `rejected` order has none, by design);
-- none stuck: no record left Pending, Processing or CompensationInProgress when the drill ends (every drill waits for
-  its orders' final statuses first, so anything still in those states is past its recovery bound);
-- at most one remote side effect per order step and per compensation (the simulator's `duplicates`);
-- remote calls per idempotency key (one order step or compensation) within `RemoteCallBudgetPerStep`;
-- no state transition outside the state machine: a transition audit, kept by SQLite triggers that the drill installs
-  on the embedded store's `order_state` table (`install_transition_audit`), holds every change of ProcessState with
-  the state before and after; each must be a row of `state_machine.TRANSITIONS` (or a record's creation, Pending or,
-  on the submission's fast path, already claimed);
-- every dead-lettered message, on every queue, has a reason.
-
-The audit lives in the drill's store file only: the product writes nothing for it, and Cosmos DB has no triggers of
-this kind (on Azure the same question is answered by the change feed; not built).
+Contract: no order lost; none stuck; at most one remote side effect per order step and per compensation; remote calls
+per idempotency key within `RemoteCallBudgetPerStep`; no state transition outside `state_machine.TRANSITIONS` (the
+transition audit of `install_transition_audit`, in the drill's store file only); every dead-lettered message has a
+reason. Each invariant in full: docs/modules-lab.md.
 """
 
 from __future__ import annotations

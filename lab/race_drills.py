@@ -1,22 +1,10 @@
 """`starter-race` and `supervisor-race`: more than one Starter, more than one Supervisor, on one state store and one
-task hub, as when Azure runs the app on several instances (issue 15).
+task hub, as when Azure runs the app on several instances.
 
-The drill runs two devhost hosts on one task hub, state store and broker (devhost/durable/hub.py: the hub's
-partitions split between them, and each runs the episodes of its own). Their timer-triggered Starter and Supervisor
-run on one host at a time, the holder of the function's listener lock (devhost/singleton.py), as on Azure. Beyond
-them the drill starts racer processes (lab/racers.py: the product's own passes, every 200 ms, in processes of
-their own, each with the Durable client of one of the hosts in turn): a pass whose lock lapsed, or an app deployed
-twice. Four Starters in all race to claim the same Pending records; three Supervisors race to recover the same expired
-attempts. Every claim and every recovery is an If-Match write, so exactly one of them wins each race:
-
-- starter-race: MaxOrdersInProcessing 8 keeps most orders waiting in Pending, where the Starters race for them. Every
-  order must end Processed in attempt 1 (a lost race never costs an order an attempt, and no attempt starts twice).
-- supervisor-race: every order's first reserve-inventory call hangs past its 6 s step, so attempt 1 of every order
-  expires and the Supervisors race to recover it. Every order must end Processed in attempt 2 with FailureCount 1
-  (recovered once: a second recovery of the same attempt would count twice or start a third attempt).
-
-Both check the invariants of every drill (lab/invariants.py) and report each racer's claims, lost races and
-recoveries; a drill in which the racers won nothing proves nothing and fails.
+Contract: two devhost hosts plus racer processes (lab/racers.py), four Starters and three Supervisors in all.
+starter-race: every order Processed in attempt 1; supervisor-race: every order Processed in attempt 2 with
+FailureCount 1. Both check the invariants of every drill (lab/invariants.py), report each racer's claims, lost races
+and recoveries, and fail if the racers won nothing. Setup and why: docs/modules-lab.md.
 """
 
 from __future__ import annotations

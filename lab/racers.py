@@ -1,16 +1,11 @@
 """`python -m lab.racers starter|supervisor --host URL`: one more Starter or Supervisor, in a process of its
 own, racing the host's own on the same state store and the same task hub, as another Functions instance would when
-Azure scales out (issue 15: the starter-race and supervisor-race drills).
+Azure scales out (the starter-race and supervisor-race drills).
 
-It runs the product's own pass (`orderflow.starter.run_starter`, `orderflow.supervisor.run_supervisor`) every
-`--every` seconds with the app settings of its environment, and a `DurableOrchestrationClient` bound to the host's
-Durable HTTP API (devhost/durable/binding.py `client_binding_json`), the same client the host gives its triggers. The
-orchestrations run on the devhost hosts of the task hub (devhost/durable/hub.py); what races here is every
-state-store and start_new decision of the Starters and Supervisors, which is where the pattern's races are. On Azure
-a timer function runs on one instance at a time, so the racers stand for passes beyond that: a lock that lapsed
-(a paused instance), or the app deployed twice on one store.
-
-On SIGTERM it writes what it did to `--stats` (JSON: passes, claimed, lost races, recovered, escalated, ...).
+Contract: it runs the product's own pass (`orderflow.starter.run_starter`, `orderflow.supervisor.run_supervisor`)
+every `--every` seconds with its environment's app settings and a `DurableOrchestrationClient` bound to the host's
+Durable HTTP API (devhost/durable/binding.py `client_binding_json`); on SIGTERM it writes what it did to `--stats`
+(JSON: passes, claimed, lost races, recovered, escalated, ...). What races, and why: docs/modules-lab.md.
 """
 
 from __future__ import annotations

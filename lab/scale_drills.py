@@ -1,18 +1,10 @@
 """`scale-out`: several devhost hosts on one task hub, one state store and one broker, as Azure runs a scaled-out app,
-with `kill -9` of a random host at seeded gaps, each restarted at once (issue 15).
+with `kill -9` of a random host at seeded gaps, each restarted at once.
 
-The hosts share the state folder, so they are members of one task hub (devhost/durable/hub.py): the hub's
-partitions spread over them, each runs the episodes of its own partitions and the activities it scheduled, and a
-killed host's partitions, work items and timers go to the others as soon as its process is gone. The timer functions
-(Starter, Supervisor) run on one host at a time, the holder of their listener lock (devhost/singleton.py); a host
-retries a lock every `listenerLockRecoveryPollingInterval` (set to 2 s here through the `AzureFunctionsJobHost__`
-override; Azure's default is one minute). The Service Bus triggers of every host take messages from the same queues.
-
-It checks, besides the invariants of every drill (lab/invariants.py): every order Processed; the Durable work
-spread, i.e. at least as many host processes ran episodes as the drill runs hosts; and hosts killed while orders
-ran (kills stop early when every order is terminal, as in host-crash). Figures: the episodes and
-activities each host process ran (recorded by the hosts at their looks, every second), how the partitions ended,
-the attempts per order, the kills.
+Contract: besides the invariants of every drill (lab/invariants.py): every order Processed; the Durable work spread
+(at least as many host processes ran episodes as the drill runs hosts); hosts killed while orders ran. Figures: the
+episodes and activities per host process, how the partitions ended, the attempts per order, the kills. How the hosts
+share the work (devhost/durable/hub.py, devhost/singleton.py): docs/modules-lab.md.
 """
 
 from __future__ import annotations

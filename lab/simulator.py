@@ -1,69 +1,12 @@
 """The remote service simulator: the SAS pattern's "remote resource", with seeded, reproducible faults.
 
-An aiohttp server on 127.0.0.1 with one endpoint per step and per compensation, `POST /steps/{name}` taking
-`{orderId, idempotencyKey, payload}` (an unknown name: 404 `UnknownStep`). What a call does is a pure function of
-(seed, idempotencyKey, call number for that key) — `decide()` — so a run is reproducible whatever the timing or
-interleaving:
-
-- permanent failure: 422 with a step- or compensation-specific errorCode (`PERMANENT_CODES`, e.g. `RefundRefused`).
-  Decided per key (a rejected order stays rejected);
-- transient failure: 503 or 429, no effect applied, with `retry-after-ms` (the Azure services' header) and,
-  on a 429 when the hint is at least a second, `Retry-After` in whole seconds (RFC 9110 delta-seconds);
-  `fail_first_calls` forces "fail until call N" on every key;
-- latency: exponential with mean `latency_ms_mean` (capped at 10x the mean);
-- hang: the effect is applied, then the response is held for `hang_seconds` (past any sane deadline): the
-  caller times out not knowing the call succeeded — the case idempotency exists for.
-
-Scripted faults override the seeded decision for targeted tests: a script maps an idempotency key or an
-orderId to one behaviour per call number (`ok`, `transient`, `permanent`, `hang`); call n of a key uses entry
-n-1 of its idempotency key's list, else of its orderId's list (so an orderId script applies to each of its
-steps), and calls beyond the list fall back to the seeded decision. Load one with `--script FILE` (a JSON
-object) or, on a running simulator, `POST /script` (merged into the current script; `GET /script` shows it).
-Still deterministic: the behaviour is a pure function of (script, seed, key, call number). `GET /effects` also
-reports the calls per idempotency key (`callsByKey`).
-
-Outage switch: `POST /outage {"down": true}` takes the whole service down: from then on every call answers 503
-(`ServiceUnavailable`, `retry-after-ms`) at once and applies nothing, whatever the seed or the script say, until
-`POST /outage {"down": false}`; `GET /outage` shows the switch and the outages so far. `--down-after S --down-for D`
-schedules one outage from the command line (D 0: down until switched back). Such a call still counts in `callsByKey`
-(the remote service received it); `GET /effects` also reports `callsWhileDown` (total and `callsWhileDownByKey`), and
-`GET /calls` lists every call with its arrival time (Unix seconds), key, HTTP status and whether the service was down,
-so a drill can tell which calls arrived while a circuit breaker was open.
-
-Side effects live in SQLite by idempotency key: the first successful call for a key applies the effect and
-stores its result; every later call with that key returns the stored result (`replayed: true`) and applies
-nothing (a key used for another (orderId, step): 409 `IdempotencyKeyReuse`). `applied_effects` counts effects per
-(orderId, step) and per (orderId, compensation).
-
-Compensations (`orderflow.messages.CompensationName`: release-inventory, refund-payment, cancel-shipment) are called
-like steps, with their own key (`<orderId>:<compensation>`), and go through the same faults (seeded decision, script,
-outage) as steps. The first successful call for a key answers 200 and records, for (orderId, step =
-`COMPENSATED_STEP[compensation]`):
-- the forward effect was applied and not undone: it is undone (`compensated.undone`) and one compensation effect is
-  counted for (orderId, compensation): `{"idempotencyKey", "replayed": false, "confirmation", "orderId",
-  "step": compensation, "compensates": step, "undone": true, "noop": false}`;
-- it was never applied: a no-op the remote acknowledges, no effect counted, a tombstone kept: the same body with
-  `"undone": false, "noop": true, "reason": "never-applied"`;
-- it was already compensated by another key: `"undone": false, "noop": true, "reason": "already-compensated"`.
-A later call with the same key replays that body (`replayed: true`). From then on a forward call for (orderId, step)
-whose own key has no stored result is refused, nothing applied: 409 `{"errorCode": "AlreadyCompensated", "error",
-"compensation", "undone"}` (permanent for the Agent's classifier); a forward key that has a stored result still
-replays it. A forward call's check-and-apply is one `BEGIN IMMEDIATE` transaction and a compensation's
-check-and-undo-or-tombstone another, so SQLite serializes them: a forward call racing its compensation (any number of
-processes on one file) ends either applied then undone, or refused — never applied after the compensation answered.
-A compensation refused by a fault (422, 429/503, outage) records nothing: the step is not blocked.
-
-`GET /effects` reports the ledger:
-- `effects`: forward effects `[{orderId, step, applied}]` (an undone effect still counts: it was applied);
-  `totalApplied`: their sum;
-- `compensations`: compensation effects `[{orderId, compensation, step (the step it undoes), applied}]`;
-  `totalCompensations`: their sum;
-- `undone`: the forward effects undone `[{orderId, step, compensation}]`;
-- `tombstones`: compensations of never-applied effects `[{orderId, step, compensation}]` (the step is refused);
-- `duplicates`: effects beyond the first per (orderId, step) and per (orderId, compensation) — must be 0;
-- `calls`, `callsByKey`, `callsWhileDown`, `callsWhileDownByKey`: as described above.
-Use it from the command line (`python -m lab.simulator --help`) or in-process
-(`async with Simulator(config, db) as sim: sim.url`).
+Contract: an aiohttp server on 127.0.0.1, `POST /steps/{name}` per step and per compensation taking `{orderId,
+idempotencyKey, payload}`; a call's behaviour is a pure function of (script, seed, idempotencyKey, call number for that
+key), `decide()`, whatever the timing. Faults: permanent (422), transient (503/429 with `retry-after-ms`), latency,
+hang, scripts (`--script`, `POST /script`), outage (`POST /outage`). An effect is applied at most once per key
+(SQLite, `BEGIN IMMEDIATE`); compensations undo it or leave a tombstone; `GET /effects` reports the ledger. Use it
+from the command line (`python -m lab.simulator --help`) or in-process (`async with Simulator(config, db) as sim:
+sim.url`). Every behaviour and ledger field: docs/modules-lab.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
-"""Store drills (issue 15), `python -m devhost drill NAME` with NAME `state-store-conflicts` or `store-outage`: the
-state store misbehaving as a Cosmos DB account does, through the embedded store's fault switch (orderflow/embedded/
-store/ `StoreFaults`): options on the endpoint that devhost and the Agent are given,
-`embedded://PATH?conflictRate=..&throttleRate=..&seed=..&outageFile=..`. The drill's own reads (the verdict, the
-invariants) use the plain endpoint: only the system under test sees the faults. Each injected answer is a line of the
-fault ledger (`<store>.faults.jsonl`), the source of the fault figures; the verdict is judged from the state store, the
-transition audit, the simulator's ledger, the queues and devhost's durable history, never from logs.
+"""Store drills, `python -m devhost drill state-store-conflicts|store-outage`: the state store misbehaving as a Cosmos
+DB account does, through the embedded store's fault switch (orderflow/embedded/store/ `StoreFaults`).
 
-- `state-store-conflicts`: If-Match writes (state record, checkpoints, breaker documents) meet a concurrent writer at
-  the rate `conflictRate` (412, the write not done), requests, reads and writes, are throttled at `throttleRate`
-  (429 before anything is done, retried by the adapter as azure-cosmos retries it). Every order must still end
-  Processed once (Processed, never entered twice in the transition audit), with one effect per step, none lost;
-  figures: the 412s and 429s injected, by operation, and the 429s that reached a caller.
-- `store-outage`: once a quarter of the orders have a step done at the remote (`--latency-ms`, default 800, keeps them
-  in flight), the store goes down (the outage file exists: every request answers 503 ServiceUnavailable, retried
-  once as azure-cosmos does, nothing done) for `--outage-for` seconds while the client app submits half as many
-  orders again, then comes back. An outage may delay an order, never fail or lose one: every order, those
-  submitted during the outage included, must end Processed; figures: the outage's length, the operations refused (by
-  operation), the orders in flight, how long the system took to drain after the store came back.
-
-`--set conflictRate=R`, `--set throttleRate=R` and `--set throttleRetryAfterMs=MS` set the fault options (the
-other `--set` values are app settings, as for every drill).
+Contract: only the system under test sees the faults (endpoint options
+`embedded://PATH?conflictRate=..&throttleRate=..&seed=..&outageFile=..`); the drill's own reads use the plain
+endpoint. Each injected answer is a line of `<store>.faults.jsonl`. `state-store-conflicts`: every order Processed
+once, one effect per step, none lost; `store-outage`: an outage may delay an order, never fail or lose one.
+`--set conflictRate=R`, `throttleRate=R`, `throttleRetryAfterMs=MS` set the fault options. Details:
+docs/modules-lab.md.
 """
 
 from __future__ import annotations
