@@ -1,6 +1,5 @@
-"""`python -m benchmarks`: run the benchmarks (each in its own process, so peak RSS is its own), write
-benchmarks/results/<name>.json (or <name>.quick.json with --quick) and refresh the README's results table.
-
+"""`python -m benchmarks`: run the benchmarks, each in its own process (so peak RSS is its own), write
+benchmarks/results/<name>.json (<name>.quick.json with --quick), refresh README's results table and print it, labelled.
     python -m benchmarks                      # everything, full sizes (several times --quick; see README)
     python -m benchmarks --quick              # short run of everything (~2.25 minutes on 2 cores)
     python -m benchmarks bus durable          # pick benchmarks: bus, durable, pipeline, idle, supervisor_scan
@@ -8,8 +7,7 @@ benchmarks/results/<name>.json (or <name>.quick.json with --quick) and refresh t
     python -m benchmarks --table              # print the results table from the committed JSON
     python -m benchmarks compare [--quick] [--json]   # ours against DBOS (needs requirements-bench.txt: make bench)
     python -m benchmarks azure_cost [--orders N] [--json]   # what an order costs on Azure, counted from a run
-
-After a run it prints the table of what it measured, labelled: a quick run's comes from <name>.quick.json.
+A quick run's table comes from <name>.quick.json.
 """
 
 from __future__ import annotations

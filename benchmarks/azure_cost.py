@@ -1,33 +1,12 @@
 """`python -m benchmarks azure_cost [--orders N] [--json]`: what one order costs on Azure, counted from a run.
 
-It runs the local system (devhost with function_app.py, the Agent, the simulator, and the demo's client app in this
-process: benchmarks/compare_ours.py `OurClient`) and counts, per order, what the Azure services would be asked to do:
-
-- Cosmos DB operations by container and kind (point read, create, replace (If-Match), upsert, delete, query within one
-  partition or across partitions, count query), from the calls of the embedded store's adapters, each mapped to what
-  the Cosmos adapter (orderflow/azure/cosmos.py) sends for it; RU estimated from Microsoft's published figures
-  (`RU_RULES`, with their sources);
-- Service Bus operations by kind and queue (every call of the embedded broker that is an API call on Service Bus:
-  `SERVICE_BUS_OPERATIONS`), the messages they carry, and the receives and session accepts that found nothing;
-- function executions (every call through devhost's `Invoker.call`, by function name), Durable activities, episodes
-  and history events (devhost's Durable store, as benchmarks/compare_counts.py reads it) and the Durable Task
-  Scheduler's billed "actions" derived from those events.
-
-How it counts: every devhost and Agent process starts with a generated `sitecustomize` (PYTHONPATH) that wraps those
-classes when their modules are first imported (`Meter`); a process dumps its counts on request through the FIFO
-protocol of benchmarks/compare_counts.py (`request_dump`). Nothing in the product changes. Each function call sets the
-scope its store and broker calls are counted under, so the timer triggers' own work (Starter, Supervisor) is known.
-
-Scenarios, each N orders submitted at once on one running system: `happy` (nothing scripted); `hang` (the first step's
-first remote call hangs past the step's CompleteBy: the attempt times out, the Supervisor recovers the record, a
-second attempt completes: one recovery per order); `permanent` (the last step fails permanently: the two steps before
-it are compensated). Before them, an idle window measures the background (timer ticks, receivers' polling); the
-background that fell within a scenario's window (per timer tick for the timers, per second otherwise) is subtracted
-before dividing by N.
-
-Writes benchmarks/results/azure_cost.json and azure_cost.md; prints the per-order figures and the monthly table (1, 10
-and 100 orders/s). With --json the last line printed is the result document. Prices and the figures behind the RU
-estimate are in `PRICES`/`RU_RULES` with the page each comes from (read 2026-11-30); docs/cost.md explains them.
+It runs the local system and counts, per order, what the Azure services would be asked to do: Cosmos DB operations by
+container and kind with their estimated RU (`RU_RULES`), Service Bus operations by kind and queue
+(`SERVICE_BUS_OPERATIONS`), function executions, Durable activities, episodes, history events and the Durable Task
+Scheduler's billed actions. Scenarios of N orders at once: `happy`, `hang`, `permanent`; the idle background is
+subtracted. Nothing in the product changes. Writes benchmarks/results/azure_cost.json and azure_cost.md; prints the
+per-order figures and the monthly table (1, 10 and 100 orders/s); with --json the last line printed is the result
+document. `PRICES`/`RU_RULES` cite their pages; docs/cost.md explains them; docs/modules-host.md how it counts.
 """
 
 from __future__ import annotations

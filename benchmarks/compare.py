@@ -1,19 +1,10 @@
 """`python -m benchmarks compare [--quick] [--json]`: our pipeline against a peer, DBOS Transact on SQLite, on the same
 order workflow (three remote calls to the same simulator over HTTP, a state write after each, a fenced final update).
 
-Every measurement is a round: a fresh system (ours: devhost with function_app.py, the Agent, the simulator and the
-demo's client app, benchmarks/compare_ours.py; the peer: benchmarks/compare_peer.py and its own simulator), a
-warm-up of a few orders, then workloads, each between two snapshots (CPU time of every process, the counting shim's
-dumps), then the system is stopped. Rounds alternate ours, peer, ours, peer … so that a noisy machine hits both.
-
-Workloads: `burst` (N orders submitted at once; orders/s = N / (first submit → last terminal)), `sequential` (one
-order at a time: single-order latency), `rate` (orders submitted evenly at a fixed rate, a fraction of our best
-burst orders/s; latency at that offered rate). These timing rounds run bare. The per-order counts (SQLite commits and
-fsyncs per database, Durable activities, episodes and history events, Service Bus operations, state-store writes)
-come from one counted round per system at the end: the largest burst again, every process under strace (fsyncs) and
-the counting shim (benchmarks/compare_shim/sitecustomize.py). See benchmarks/README.md (section compare) for how each
-figure is counted.
-
+Rounds alternate ours and the peer (benchmarks/compare_ours.py, benchmarks/compare_peer.py), each a fresh system, a
+warm-up, then the workloads `burst`, `sequential` and `rate`, bare; the per-order counts come from one counted round
+per system at the end (strace and benchmarks/compare_shim/sitecustomize.py). benchmarks/README.md (section compare)
+says how each figure is counted; docs/modules-host.md describes the rounds and workloads.
 Writes benchmarks/results/compare.json (compare.quick.json with --quick) and the plots compare-*.png
 (compare-*.quick.png); with --json the last line printed is the result document, on one line.
 """

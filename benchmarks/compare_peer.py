@@ -1,27 +1,12 @@
 """The peer of `python -m benchmarks compare`: the same order workflow on DBOS Transact (PyPI `dbos`), one process.
 
-Per order, one DBOS workflow (workflow id = orderId), the shape of our Scheduler's happy path:
-- for each of the three steps (orderflow.messages.STEPS): a DBOS step that POSTs to the remote-service simulator
-  exactly what our Agent sends (`/steps/<step>`, body `{orderId, idempotencyKey, payload}`, the same idempotency key),
-  retried by DBOS on a transient answer (429, 5xx, no answer; 3 attempts), then a DBOS transaction that writes the
-  order's state record (a JSON document with ProcessState=Processing, LockedBy=<workflow id> and the step's result) in
-  the application database;
-- a fenced final update: a transaction `UPDATE … SET ProcessState='Processed', LockedBy=NULL WHERE id=? AND
-  LockedBy=<workflow id>` (rowcount 1, else the workflow ends `superseded`). A permanent failure (422) ends the order
-  `Error` through the same fenced update.
-
-Storage: the DBOS system database in SQLite (`dbos-system.sqlite`) and the application database, where the DBOS
-transactions run and record their outputs, in a second SQLite file (`orders.sqlite`, as our state store is apart from
-devhost's Durable store). Both are switched to WAL before DBOS opens them (the journal mode is kept in the file); the
-synchronous level is DBOS's default (SQLite's FULL) unless --synchronous says otherwise.
-
-Start modes (--mode): `queue` (default) enqueues each order on a DBOS queue with `worker_concurrency` = --concurrency
-(durable at once: the enqueue is a row in the system database; the queue's worker thread polls every
---polling-interval s); `start` calls `DBOS.start_workflow` as soon as one of --concurrency slots is free (no polling,
-but orders waiting for a slot are only in memory).
-
-An order is terminal when its workflow function has run its fenced final update (the driver notes the time in
-process; DBOS records the workflow's output right after). Speaks benchmarks/compare_proto.py on stdin/stdout.
+Per order, one DBOS workflow (workflow id = orderId): for each of the three steps a DBOS step that POSTs to the
+simulator exactly what our Agent sends (retried on a transient answer, 3 attempts), then a DBOS transaction that
+writes the order's state record; then a fenced final update (else the workflow ends `superseded`). Storage:
+`dbos-system.sqlite` and `orders.sqlite`, both WAL, synchronous DBOS's default (FULL) unless --synchronous says
+otherwise. Start modes (--mode): `queue` (default: a DBOS queue, `worker_concurrency` = --concurrency) or `start`
+(`DBOS.start_workflow` when one of --concurrency slots is free). An order is terminal when its fenced final update has
+run. Speaks benchmarks/compare_proto.py on stdin/stdout. The workflow in full: docs/modules-host.md.
 """
 
 from __future__ import annotations

@@ -1,33 +1,12 @@
-"""Benchmark of one Supervisor pass in each `SupervisorScanMode` (issue 12 part 4): `query` (the CompleteBy query of
-the state store) against `index` (the recovery index: one single-partition query per CompleteBy bucket, each hit
-verified with a point read of the state record).
+"""Benchmark of one Supervisor pass in each `SupervisorScanMode`: `query` (the CompleteBy query of the state store)
+against `index` (the recovery index: one single-partition query per CompleteBy bucket, each hit verified with a point
+read of the state record), and `index_live_only` (index mode over the live entries only: its lower bound).
 
-Data: N state records (N = 1,000 and 10,000; 1,000 with --quick) created over the 24 hours before the pass: 1%
-Processing with an expired CompleteBy, 1% Processing not yet expired, 2% Pending, the rest Processed (notified).
-Each record is built with the state machine's own transitions (claim, set_step_deadline, record_step, complete) and
-its index entries are written as the writers write them: one per CompleteBy (the claim lease, then each step's
-deadline), so a finished order leaves four stale entries. The Supervisor's checkpoint is 24 h back: the pass covers
-the whole day (a first pass, or a catch-up after a day's downtime), then an idle pass follows 10 s later (its steady
-state: nothing new expired).
-
-Three copies of the same data, one per pass:
-- `query`: query mode;
-- `index`: index mode over the index as the writers leave it (live entries and the stale ones of finished orders,
-  superseded deadlines and leases);
-- `index_live_only`: index mode over the live entries only (the stale ones already deleted by earlier passes): the
-  lower bound of index mode.
-
-Per pass: the Supervisor's own figures (`SupervisorRun.cost`: queries, documents returned, point reads, stale entries;
-`request_charge`: the RU of its queries, as the backend reports them), wall time, and on Cosmos every request the
-backend received in the pass, by kind (from the protocol server's request log).
-
-Backends: the embedded store (SQLite: no request charge), and azure-cosmos against the Cosmos protocol server of the
-tests (tests/support/cosmos_server.py: `@vercel/cosmosdb-server`, node_modules) when node and the package are present,
-for the 1,000-record set (without `index` under --quick). That server is one partition and charges a flat 1 RU per
-response, so its RU figure is a request count, not Azure's RU. It also ignores the partition key of a query (see
-tests/product/contract/test_recovery_index_contract.py): a bucket query there returns entries of later buckets
-too, so its index-mode figures read more documents than Cosmos DB would, and see some records twice (`skipped`:
-fenced repeats).
+Data: N state records (1,000 and 10,000; 1,000 with --quick) over the 24 hours before the pass, built with the state
+machine's own transitions; a whole-day pass, then an idle pass 10 s later. Per pass: `SupervisorRun.cost`,
+`request_charge`, wall time and, on Cosmos, every request by kind. Backends: the embedded store, and azure-cosmos
+against tests/support/cosmos_server.py (`@vercel/cosmosdb-server`) when node and the package are present, whose RU
+figure is a request count and whose bucket queries read too much. Data mix and caveats: docs/modules-host.md.
 """
 
 from __future__ import annotations

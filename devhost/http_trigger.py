@@ -1,16 +1,12 @@
 """httpTrigger: functions served under `/api/` with route templates, methods and auth levels, as the host does.
 
-Source: "Azure Functions HTTP trigger"
-(learn.microsoft.com/azure/azure-functions/functions-bindings-http-webhook-trigger):
-default route `api/<function name>`; route templates with `{name}`, `{name:constraint}` and optional `{name?}`;
-auth level `function` needs a function or host key in the `x-functions-key` header or the `code` query parameter,
-`admin` needs the master key, `anonymous` none; a missing or wrong key answers 401.
-
-Routing as in azure-functions-host (src/WebJobs.Script.WebHost/WebScriptHostHttpRoutesManager.cs): a trigger's
-methods are a constraint of its route (`HttpMethodRouteConstraint`), so a method no trigger on that path declares
-matches no route and answers 404 with no body, before any key check (Azure/azure-functions-host#10098, #11625).
-Query values as the host hands them to a worker that does not ask for nullable values, which the Python worker does
-not (GrpcMessageConversionExtensions.ToRpcHttp): a repeated parameter's values joined with ",", empty values dropped.
+As "Azure Functions HTTP trigger" (learn.microsoft.com/azure/azure-functions/functions-bindings-http-webhook-trigger)
+and azure-functions-host's WebScriptHostHttpRoutesManager.cs: default route `api/<function name>`; route templates
+with `{name}`, `{name:constraint}` and optional `{name?}`; auth level `function` needs a function or host key in the
+`x-functions-key` header or the `code` query parameter, `admin` the master key, `anonymous` none; a missing or wrong
+key answers 401. A method no trigger on that path declares matches no route: 404 with no body, before any key check.
+A repeated query parameter's values are joined with ",", empty values dropped (GrpcMessageConversionExtensions).
+The host's sources and issues behind each rule: docs/modules-host.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,13 @@
 """The Service Bus SDK-type binding on devhost: what the Functions host does for
 `azurefunctions-extensions-bindings-servicebus`, so a function written for Azure runs here unchanged.
 
-Two halves, both copied from the Azure side of the contract:
-
-- **Input.** For a parameter annotated
-  `azurefunctions.extensions.bindings.servicebus.ServiceBusReceivedMessage` the host sends a
-  `model_binding_data` whose content is the lock token (UUID, .NET `Guid.ToByteArray()` = `bytes_le`) followed
-  by the AMQP-encoded received message (host:
-  `ServiceBusExtensionConfigProvider.ConvertReceivedMessageToBindingData`, source
-  "AzureServiceBusReceivedMessage", version "1.0", content type "application/octet-stream"). The worker
-  decodes it with the extension's `ServiceBusConverter.decode` (extension file `serviceBusConverter.py`, which
-  uses `utils.get_decoded_message`). `to_sdk_message` builds those bytes from a message of our broker client
-  and decodes them with that very converter, so the function gets the real
-  `azure.servicebus.ServiceBusReceivedMessage`.
-
-  Fidelity note: `utils.get_decoded_message` decodes from the first `x-opt-lock-token` it finds, which sits in
-  the delivery-annotations section; the AMQP spec puts the header section (delivery count, TTL) before it, so
-  in Azure the decoded message has `delivery_count is None` and `time_to_live is None`. We encode in spec
-  order, hence the same result here; a function that needs the delivery count cannot get it from this binding
-  in Azure either.
-
-- **Settlement.** `ServiceBusMessageActions.get_instance()` (extension file `serviceBusMessageActions.py`) is
-  a gRPC client of the host's `Settlement` service (`protos/settlement_pb2_grpc.py`) at the address it parses
-  from `sys.argv` (`grpc_utils.parse_grpc_args`: `--host --port --functions-grpc-max-message-length`).
-  `SettlementServer` is that service: it finds the in-flight `Delivery` by lock token and settles it through
-  the receiver that holds the lock, on the host's event loop. `configure_message_actions(port)` points the
-  client at it. Functions must therefore run off that loop: `WorkerLoop` runs them the way the worker does.
-  This half lives in `_sdk_settlement.py`; this module re-exports it."""
+- **Input.** `to_sdk_message` builds the host's `model_binding_data` (the lock token, then the AMQP-encoded message)
+  from a message of our broker client and decodes it with the extension's own `ServiceBusConverter.decode`, so a
+  `ServiceBusReceivedMessage` parameter gets the real `azure.servicebus.ServiceBusReceivedMessage` (as in Azure, its
+  `delivery_count` and `time_to_live` are None).
+- **Settlement.** `SettlementServer` is the host's gRPC `Settlement` service that `ServiceBusMessageActions` calls;
+  `configure_message_actions(port)` points the client at it; functions run off the host's loop (`WorkerLoop`). This
+  half lives in `_sdk_settlement.py`; this module re-exports it. Sources and byte layout: docs/modules-host.md."""
 
 from __future__ import annotations
 

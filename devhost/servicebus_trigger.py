@@ -1,21 +1,12 @@
 """serviceBusTrigger on queues, with and without sessions, written against the azure-servicebus aio surface so it runs
 on the embedded broker and on Azure Service Bus alike.
 
-Semantics copied from the Functions Service Bus extension
-(learn.microsoft.com/azure/azure-functions/functions-bindings-service-bus-trigger and host.json reference):
-- peek-lock; the message is completed when the function succeeds and abandoned when it throws (autoCompleteMessages
-  true, the default), so the delivery count grows and the broker dead-letters at MaxDeliveryCount;
-- with `auto_complete_messages=False` (the SDK-type binding) the function settles the message itself;
-- sessions: one session is locked by one consumer at a time and its messages are processed one after another (FIFO);
-  up to `maxConcurrentSessions` sessions at once; a session is released after `sessionIdleTimeout` without messages;
-- without sessions, up to `maxConcurrentCalls` messages at once;
-- locks are renewed up to `maxAutoLockRenewalDuration`, at half their remaining time (at once below 0.4 s): without
-  sessions the message lock, from when the message is received until it is settled (ReceiverManager
-  `RenewMessageLock`); with sessions the session lock, from when the session is accepted until it is released,
-  also while the consumer waits for the session's next message (SessionReceiverManager `RenewSessionLock`, started
-  by `CreateAndInitializeSessionReceiver`, cancelled after `MaxAutoLockRenewalDuration`; Azure.Messaging.ServiceBus
-  in azure-sdk-for-net, which the extension's processors are). With the 5 s LockDuration of `agent-replies`
-  (orderflow/session_locks.py) a held session would otherwise be lost between two messages.
+Semantics of the Functions Service Bus extension (functions-bindings-service-bus-trigger and host.json reference):
+peek-lock, completed on success and abandoned on an exception (autoCompleteMessages, the default), or settled by the
+function with `auto_complete_messages=False`; a session locked by one consumer at a time, its messages in order, up to
+`maxConcurrentSessions`, released after `sessionIdleTimeout`; without sessions up to `maxConcurrentCalls` at once; the
+message or session lock renewed up to `maxAutoLockRenewalDuration` at half its remaining time (at once below 0.4 s),
+a session lock also while the consumer waits for the session's next message. Details, sources: docs/modules-host.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """The timer trigger's listener lock across devhost hosts that share a state folder (scale-out).
 
-On Azure a timer function runs on one instance of a scaled-out app at a time: `TimerListener` is declared
-`[Singleton(Mode = SingletonMode.Listener)]` (azure-webjobs-sdk-extensions, TimerListener.cs), so the instance that
-holds the listener's lock (a blob lease, `SingletonOptions.ListenerLockPeriod` 60 s) runs the schedule, and the
-others retry every `ListenerLockRecoveryPollingInterval`, one minute by default (azure-webjobs-sdk,
-SingletonOptions.cs), set in host.json `singleton.listenerLockRecoveryPollingInterval`. The timer docs: "If a
-function app scales out to multiple instances, only a single instance of a timer-triggered function is run across
-all instances."
-
-devhost keeps the lock in `<state dir>/singletons.db`: one row per function, naming the holder's process (pid and
-start, devhost/processes.py). A host takes a lock that is free, or whose holder is gone (every host runs on this
-machine, so a dead holder is seen at once instead of after the lease runs out: docs/devhost.md, differences from
-Azure), at start-up and then at every recovery poll; it gives its locks back when it stops.
+As on Azure (`TimerListener` is `[Singleton(Mode = SingletonMode.Listener)]`, azure-webjobs-sdk-extensions
+TimerListener.cs), one host at a time runs a timer function's schedule. The lock is one row per function in
+`<state dir>/singletons.db`, naming the holder's process (pid and start, devhost/processes.py). A host takes a lock
+that is free or whose holder is gone at start-up and then at every recovery poll (host.json
+`singleton.listenerLockRecoveryPollingInterval`), and gives its locks back when it stops. A dead holder is seen at
+once, not after a lease runs out (docs/devhost.md, differences from Azure). Azure's figures: docs/modules-host.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """Index a Functions app with the real Python worker library, as the host's worker does at start-up.
 
-Run with the interpreter of the worker environment (`.venv-worker`, Python 3.13 with PyPI `azure-functions-runtime`
-and the app's requirements), never imported by devhost itself:
+Run with the interpreter of the worker environment (`.venv-worker`), never imported by devhost itself:
 
     .venv-worker/bin/python devhost/worker_probe.py APP_DIR
 
 It prints one JSON object: `{"ok": true, "functions": [{"name", "bindings", "rawBindings"}...]}` or
-`{"ok": false, "error": "<the worker's message>"}`. The steps are the worker's own
-(azure_functions_runtime/handle_event.py `worker_init_request` → `load_function_metadata` → `index_functions`):
-`bindings.meta.load_binding_registry()`, then `loader.index_function_app(function_app.py)` and
-`loader.process_indexed_function(protos, Registry(), ...)`, which calls `Registry.add_indexed_function` — the
-validation that refuses a function (FunctionLoadError). The worker reports a failure as
-`serialize_exception`'s `"<ExceptionType>: <message>"`; one failing function fails the whole indexing response,
-so the host starts with no functions.
-
-`protos` is the host-side gRPC module that the worker receives in `worker_init_request`; it is not on PyPI. The
-stand-in below has the members indexing touches, with the values of FunctionRpc.proto (BindingInfo.Direction
-in=0, out=1, inout=2; BindingInfo.DataType undefined=0, string=1, binary=2, stream=3), and records what the worker
-builds so that the metadata can be compared with devhost's.
+`{"ok": false, "error": "<the worker's message>"}`. The steps are the worker's own (azure_functions_runtime
+handle_event.py `worker_init_request` → `load_function_metadata` → `index_functions`); `protos` is a stand-in with
+FunctionRpc.proto's values that records what the worker builds. Steps and stand-in: docs/modules-host.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """The Python worker's function-load rules, applied by devhost before it starts an app.
 
-The real host hands `function_app.py` to the Python worker, which indexes it and validates every function
-(azure-functions-runtime `functions.py`, `Registry.add_indexed_function`; the same code is in
-azure-functions-python-worker's `azure_functions_worker/functions.py` for Python <= 3.12). One refused function
-fails the whole indexing response: the host starts with no functions at all. devhost is as strict: it applies the
-same checks, in the same order, and refuses to start with the worker's own message
-(`"<ExceptionType>: <message>"`, utils/tracing.py `serialize_exception`).
-
-These rules are a re-statement, not the worker's code (the worker library needs Python >= 3.13).
-tests/host/worker/test_real_worker_indexing.py keeps them equal: it indexes the product app, the sample apps
-and a corpus of broken apps with the real worker library (devhost/worker_probe.py under `.venv-worker`) and
-asserts the same verdict and the same message as here.
+devhost applies the worker's checks (azure-functions-runtime `functions.py`, `Registry.add_indexed_function`) in the
+same order and refuses to start with the worker's own message (`"<ExceptionType>: <message>"`, utils/tracing.py
+`serialize_exception`): one refused function fails the whole indexing response, as in Azure, where the host then
+starts with no functions. The rules are a re-statement, not the worker's code; tests/host/worker/
+test_real_worker_indexing.py keeps them equal to the real worker library (devhost/worker_probe.py under
+`.venv-worker`). Why a re-statement: docs/modules-host.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,13 @@
 """A submitting application: send one order, then print its statuses from the app's reply queue.
 
-Run it from the repo root with the project's virtualenv (the system `python3` has no azure-servicebus):
-
     .venv/bin/python examples/client.py                        # a sample order built here
     .venv/bin/python examples/client.py --file examples/my-order.json
     .venv/bin/python examples/client.py --order-id 'bad/id'    # rejected: exits 2 with the reason
 
-The connection is chosen by settings (environment variables), first match wins:
-
-    ServiceBusConnection=Endpoint=embedded://...               # the local system (devhost's embedded broker)
-    ServiceBusConnection=Endpoint=sb://...;SharedAccessKey...  # any connection string
-    SERVICEBUS_FULLY_QUALIFIED_NAMESPACE=<ns>.servicebus.windows.net   # Azure, identity (`azd env get-values`)
-    ServiceBusConnection__fullyQualifiedNamespace=<ns>...     # the same, under the app-setting name
-
-With a namespace, `DefaultAzureCredential` signs in (your `az login`, or the managed identity in Azure); there is no
-secret in this file. Everything else is the azure-servicebus API: `orderflow.adapters.bus_from_connection_string`
-returns a client with the same methods for an `embedded://` connection string.
-
-The order goes to `orders-inbound` (ORDERS_QUEUE_NAME) with SessionId = orderId and MessageId
-`<orderId>:<sha256 of the body, 12 hex digits>` (as `devhost submit` sends it): an identical resend is absorbed by
-duplicate detection, a changed one reaches the conflict check. Statuses come back on the queue named in the order's
-`replyTo` (default `app-status`), session = orderId.
-
-Exit codes: 0 completed, 1 failed, compensated (the order failed and its effects were undone),
-compensation-failed, cancelled, or no terminal status within --timeout, 2 rejected (invalid order, dead-lettered
-by the system, or status `rejected`: admission control found the backlog full and stored nothing — send it again
-later; without a fixed submittedAt in the file the resend has a new MessageId, which duplicate detection lets
-through), 3 no connection settings.
+Connection (first match wins): ServiceBusConnection (`embedded://` or any connection string), then
+SERVICEBUS_FULLY_QUALIFIED_NAMESPACE or ServiceBusConnection__fullyQualifiedNamespace with DefaultAzureCredential.
+Sends to `orders-inbound` with SessionId = orderId, MessageId `<orderId>:<sha256 of the body, 12 hex digits>`; reads
+statuses from `replyTo` (default `app-status`). Exits 0 completed, 1 not completed, 2 rejected, 3 no connection.
 """
 
 from __future__ import annotations

@@ -2,22 +2,10 @@
 
 `compare` puts this folder first on PYTHONPATH of every process it measures and sets ORDERFLOW_BENCH_COUNT_DIR; Python
 then imports this module at start-up (the `site` module's sitecustomize hook). Without that variable it does nothing.
-
-What it counts, per process:
-- SQLite, per database file: every connection opened with `sqlite3.connect` (the product's stores, the embedded
-  broker, devhost's Durable store, the simulator, and DBOS through SQLAlchemy's pysqlite driver) gets a
-  `set_trace_callback` that sees each statement as SQLite runs it. A transaction that wrote (INSERT, UPDATE, DELETE,
-  REPLACE) and ended in COMMIT counts as one commit, and so does a write outside any transaction (SQLite commits it
-  on its own); COMMITs of transactions that wrote nothing are counted apart (`empty_commits`: no WAL frame, no sync).
-  Write statements are counted per table.
-- Service Bus: calls of the embedded broker's public methods (`orderflow.embedded.broker.EmbeddedBroker`), outermost
-  calls only (a method calling another counts once), with the messages sent and received and the receives and
-  session accepts that found nothing; patched when the module is first imported, so processes that never use the
-  broker are untouched.
-
-Dumps: at a request (a byte written to the FIFO `<dir>/<pid>.req`, read by a thread that sleeps in `open`/`read`
-meanwhile, so the shim costs nothing between requests) and at exit, the counts go to `<dir>/<pid>.json` (written to a
-temporary name, then renamed). The request's byte echoes in the dump as `seq`, so the reader knows the dump is fresh.
+It counts, per process, SQLite commits, empty commits and write statements per database file and table (a
+`set_trace_callback` on every `sqlite3.connect`), and the embedded broker's outermost public calls with their messages
+(`orderflow.embedded.broker.EmbeddedBroker`). At a request (a byte written to the FIFO `<dir>/<pid>.req`, echoed as
+`seq`) and at exit it writes the counts to `<dir>/<pid>.json` (by rename). What counts as what: docs/modules-host.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""The Durable extension's HTTP API on devhost, under /runtime/webhooks/durabletask/ (what `rpcBaseUrl`
-names).
+"""The Durable extension's HTTP API on devhost, under /runtime/webhooks/durabletask/ (what `rpcBaseUrl` names).
 
 Routes, status codes and bodies follow the extension's HttpApiHandler.cs and the "HTTP API reference" page:
 start 202 (+Location) / 400 / 500 (an id still running); status 200 / 202 / 404; query 200 with
@@ -7,9 +6,8 @@ x-ms-continuation-token; raiseEvent 202 / 400 / 404 / 410; terminate 202 / 404 /
 path or method no route takes, 404 with no body (HandleRequestAsync's last `CreateResponse(HttpStatusCode.NotFound)`).
 Entities, suspend/resume, rewind and restart answer 501 "not supported by devhost".
 
-Fault switch (the `durable-api-outage` drill; off by default): with the setting DEVHOST_DURABLE_API_OUTAGE_FILE naming
-a file, the start and status routes (what the Starter's `start_new` and the Supervisor's `get_status` call) answer
-503 while that file exists, doing nothing, and append one JSON line per refused request to `<file>.jsonl`.
+Fault switch (off by default): with DEVHOST_DURABLE_API_OUTAGE_FILE naming a file, the start and status routes answer
+503 while it exists, doing nothing, and append a JSON line per refused request to `<file>.jsonl` (docs/modules-host.md).
 """
 
 from __future__ import annotations

@@ -1,37 +1,12 @@
 """Several devhost processes on one task hub: partitions, who holds them, and cross-process wake-ups.
 
-Azure runs a Durable Functions app on as many instances as it scales to, all on one task hub. The Azure Storage
-backend splits the hub into `partitionCount` control-queue partitions (host.json
-`extensions.durableTask.storageProvider.partitionCount`, 4 by default, at most 16); an instance belongs to one
-partition by a hash of its id, and each partition is leased by one worker at a time, which alone runs the episodes
-of its instances. Activity work items sit on one shared work-item queue that any worker takes from. devhost does
-the same on its SQLite task hub (store.py), with every host a member of the hub:
-
-- **Members.** A host joins with an owner id (`<pid>-<random>`), its pid and process start (devhost/processes.py), and
-  a Unix datagram socket. It is alive while that process runs: the hosts share one machine (the task hub is a local
-  SQLite file), so a dead member is seen at once (gone, a zombie, or a later process with the same pid;
-  devhost/processes.py reads the start so that a clock step cannot make a live host look dead, and a host judged dead
-  while alive joins again). Azure has no such view: a dead worker's partition leases run out first
-  (DurableTask.AzureStorage, 30 s by default), and its work items reappear after the work-item queue's visibility
-  timeout. devhost takes over as soon as the process is gone, which is faster than Azure and is listed in
-  docs/devhost.md, "Differences from Azure".
-- **Partitions.** `partition_of(instance_id)` is FNV-1a over the id's UTF-8 bytes, modulo the hub's partition
-  count. A host takes free partitions up to its fair share (the count over the live members, rounded up) and gives
-  back what is over it, or one partition when another member is below the rounded-down share, so the partitions
-  spread evenly as hosts join and leave. Only the holder runs an instance's episodes, and an episode's commit checks,
-  in its own transaction, that its host still holds the partition (the `fence` of a Commit), so a partition handed
-  over mid-episode costs a replay, never a double write.
-- **Work items** belong to the host that scheduled them (the episode's commit writes the owner). The work of a
-  member that is gone, or of none (a hub written before scale-out), is adopted by the next host that looks.
-- **Wake-ups are event-driven.** A host that commits a message for an instance in a partition it does not hold (an
-  activity's result, a start or a raised event through its HTTP API, a sub-orchestration) sends one datagram to
-  the holder's socket after COMMIT; the holder reads the inbox after receiving it, so it sees the message. A
-  partition taken over is read whole (its inbox and timers) after the transaction that took it; a partition with
-  no holder is read by whoever takes it. A host that joins, leaves or gives partitions back wakes every member, so
-  that the others rebalance now rather than at their next look (every `LOOK_SECONDS`, which only finds dead members
-  and spreads partitions: it never reads an inbox).
-- **Status waits** (`wait_for_status`, the HTTP API's `timeout`) on a host that does not run the instance are woken
-  by the holder, which wakes every member when one of its instances reaches a terminal status.
+As the Durable Azure Storage backend: the hub has `partitionCount` control-queue partitions (host.json
+`extensions.durableTask.storageProvider.partitionCount`, 4 by default, at most 16); `partition_of(instance_id)` is
+FNV-1a over the id's UTF-8 bytes modulo that count. Only a partition's holder runs its instances' episodes, and an
+episode's commit checks that its host still holds it (the `fence` of a Commit): a handover costs a replay, never a
+double write. Work items belong to the host that scheduled them; a gone member's are adopted by the next host that
+looks. Wake-ups are event-driven (one Unix datagram to the holder after COMMIT); every `LOOK_SECONDS` a host only finds
+dead members and spreads partitions. Members, fair share, wake-ups and status waits: docs/modules-host.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
-"""Durable persistence of the task hub in one SQLite file (WAL): instances, history, journal, inbox, activity work,
-timers.
+"""Durable persistence of the task hub in one SQLite file (WAL): instances, history, journal, inbox, work, timers.
 
 Every state change is one transaction, so a `kill -9` at any point leaves either the old or the new state: an
 episode consumes its inbox messages, appends its history and journal entry, updates the instance row and persists
 the work it scheduled atomically; an activity result lands in the inbox in the same transaction that removes its
 work item (at-least-once delivery); a timer's firing likewise.
 
-Reads come first and a write transaction (BEGIN IMMEDIATE) is opened only when there is something to write. What
-was read outside it is checked inside it: an episode's commit requires the instance's execution, the inbox
-messages it consumed and the free history and journal row numbers it read; otherwise nothing is written
-(`Conflict`). Rows are appended or changed column by column, never rewritten whole.
+A write transaction (BEGIN IMMEDIATE) opens only when there is something to write, and checks what was read outside
+it: an episode's commit requires the instance's execution, the inbox messages it consumed and the free history and
+journal row numbers it read; otherwise nothing is written (`Conflict`). Rows are never rewritten whole.
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
 """Orchestration versions, as the Durable extension (3.1+) and DurableTask.Core handle them.
 
-- An instance's version is its ExecutionStarted event's `Version`; the Python SDK's `context.version` reads it from
-  there (azure/durable_functions/models/DurableOrchestrationContext.py, `_extract_version_from_history`).
+- An instance's version is its ExecutionStarted event's `Version`, which the Python SDK's `context.version` reads.
 - A start without a version gets host.json `extensions.durableTask.defaultVersion`, taken literally (no `%Setting%`
-  expansion: azure-functions-durable-extension #3279); without one the version is null, which the SDK shows as
-  None (extension test/Common/OrchestrationVersionTests.cs `OrchestrationVersionIsDeterminedByHostAppVersion`:
-  defaultVersion null gives a null context version; the pre-3.1 extension sent "").
-- Before each episode the worker checks the instance's version against its own defaultVersion
-  (Azure/durabletask src/DurableTask.Core/TaskOrchestrationDispatcher.cs, `versioningFailed`): `None` accepts all,
-  `Strict` wants the same string, `CurrentOrOlder` (the default) wants the instance's version <= the worker's by
-  `VersioningSettings.CompareVersions`. On a mismatch `Reject` (the default) abandons the work item: nothing changes
-  and it is tried again later; `Fail` completes the instance as Failed with FailureDetails("VersionMismatch",
-  "Orchestration version did not comply with Worker Versioning").
+  expansion); without one the version is null, which the SDK shows as None.
+- Before each episode the worker checks the instance's version against its own defaultVersion: `None` accepts all,
+  `Strict` wants the same string, `CurrentOrOlder` (the default) wants the instance's version <= the worker's. On a
+  mismatch `Reject` (the default) abandons the work item (tried again later); `Fail` completes the instance as Failed
+  with FailureDetails("VersionMismatch", "Orchestration version did not comply with Worker Versioning").
+Source: DurableTask.Core TaskOrchestrationDispatcher.cs `versioningFailed`; every citation in docs/modules-host.md.
 """
 
 from __future__ import annotations
