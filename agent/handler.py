@@ -1,43 +1,12 @@
 """Handling of one Agent request message, from receipt to settlement (at-least-once).
 
-    parse ─ poison? ──► OperatorAlert to operator-alerts, then dead-letter with the reason (names the field)
-      │
-    deadline passed? ─► failed reply, DeadlineExceeded, no remote call
-      │
-    call the remote service with retries inside the deadline (agent.retry), each call through the shared
-    circuit breaker: open before any call ─► failed reply, CircuitOpen, result.retryAfterSeconds, no remote call
-      │
-    send the AgentReply (SessionId = orderId, MessageId = `<instanceId>:<step>:reply`)
-      │
-    complete the request — only after the reply is sent
-
-Crash anywhere before `complete` and the request is redelivered: the remote service absorbs the repeated
-call (same idempotency key → same result, no new effect) and Service Bus duplicate detection absorbs the
-repeated reply (same MessageId). The alert is sent before the dead-letter for the same reason: its MessageId
-is stable too (`OperatorAlert.message_id()` hashes the kind, the reason and the exact queue, MessageId,
-SessionId and SequenceNumber of the request), and differs for any other poisoned request.
-
-When the deadline passes with no answer, the Agent sends a *failed* reply (errorCode DeadlineExceeded,
-permanent = false) rather than none. Why: (1) the request must be settled either way, and a reply is the
-durable, observable record of what the Agent did (seed 000/001, "operational visibility"); (2) the Agent's
-clock may run ahead of the Scheduler's durable timer, and a prompt failure lets the Scheduler stop waiting
-instead of holding the order until its timer fires; (3) it is harmless when late: the Scheduler ignores late
-replies (seed: "the Scheduler must ignore late replies"), and `permanent = false` tells it this is a
-timeout-class failure, which leaves recovery to the Supervisor (the state store deliberately does not tell a
-timed-out step from a failed one). Because the reply MessageId is stable, the first reply sent for an
-(instance, step) is the only one the Scheduler can see.
-
-Tracing: handling one request is the span `orderflow.agent.handle`, a child of the Scheduler's activity that sent
-it (the request's `traceparent` application property, else its `traceparent` field), and each remote call a child
-span of it (agent/remote.py). The reply carries the handling span's context in both places, so the reply trigger joins
-the same trace. A dead-lettered request is traced as `orderflow.agent.dead_letter`.
-
-The breaker's transitions are alerted on here too (`circuit_alerter`): `CircuitOpened` when it opens from closed,
-`CircuitClosed` when it closes; none for half-open or a re-open after a failed probe (still the same outage). The
-alert's MessageId hashes the service and the transition's `changedAt`, so every transition is its own alert. Sending
-it is best effort (a failure is logged): the breaker's state is durable in its document and in the gauge
-`orderflow.circuit.state`, which infra alerts on.
-"""
+parse → poison: OperatorAlert, then dead-letter with the reason; deadline passed: failed reply, DeadlineExceeded, no
+call; else call the remote service with retries inside the deadline (agent.retry) through the shared circuit breaker
+(open before any call: failed reply, CircuitOpen, result.retryAfterSeconds) → send the AgentReply (SessionId =
+orderId, MessageId = `<instanceId>:<step>:reply`) → complete the request, only after the reply is sent. A crash before
+`complete` redelivers the request; the remote's idempotency key and duplicate detection absorb the repeats.
+Spans `orderflow.agent.handle` (child of the sending activity) and `orderflow.agent.dead_letter`; `circuit_alerter`
+raises `CircuitOpened` / `CircuitClosed`. The flow, the failed reply and the alerts: docs/modules-product.md."""
 
 from __future__ import annotations
 

@@ -1,23 +1,11 @@
 """Retries inside the deadline: exponential backoff with seeded jitter, bounded by CompleteBy and a budget.
 
-The Agent's contract from the Scheduler Agent Supervisor pattern (seed 000/001, "Agent"): retry within the
-complete-by time the Scheduler imposes, pass the same stable id on every retry, and start no new side effect
-once the deadline has passed (work already in flight may finish). So:
-
-- no call starts at or after the deadline (nor with less than `min_call_budget` left);
-- each call's timeout is the time left to the deadline (capped by `call_timeout`);
-- no backoff sleep runs past the deadline: if the next attempt could not start in time we stop at once;
-- the body (idempotency key included) is built once and sent unchanged on every attempt;
-- `max_retries` bounds the calls, so the Agent's retries stay a small, known factor of the Scheduler's
-  end-to-end budget (style brief: retries have one owner; other layers are configured not to multiply it);
-- with a `gate` (the shared circuit breaker, `orderflow.breaker.SharedBreaker`), every call is asked for first
-  (`acquire`) and reported after (`record`: ok when the remote answered, success or permanent failure; not ok when
-  transient). A refusal before any call ends the request as `CircuitOpen` ("not now": no call was made, the
-  Scheduler defers the order); a refusal after calls ends it as an ordinary transient failure, `RetriesExhausted`
-  with the last error (calls were made, so this attempt counts).
-
-Time comes from an injected `Clock`, so tests drive the loop without sleeping.
-"""
+The Agent's contract from the Scheduler Agent Supervisor pattern (seed 000/001, "Agent"): no call starts at or after
+the deadline (nor with less than `min_call_budget` left); each call's timeout is the time left (capped by
+`call_timeout`); no backoff sleep runs past the deadline; the body (idempotency key included) is built once and sent
+unchanged; `max_retries` bounds the calls. With a `gate` (the shared circuit breaker) every call is `acquire`d first
+and `record`ed after; a refusal before any call ends the request as `CircuitOpen`, after calls as `RetriesExhausted`.
+Time comes from an injected `Clock`, so tests drive the loop without sleeping. In detail: docs/modules-product.md."""
 
 from __future__ import annotations
 

@@ -1,34 +1,12 @@
 """The Agent's receive loop: sessions of `agent-requests`, several at once, FIFO within each, graceful stop.
 
-`AgentWorker` holds up to `max_concurrent_sessions` sessions at once. One acceptor takes the next available session
-(`NEXT_AVAILABLE_SESSION`, i.e. one order) whenever a slot is free and hands it to a task of its own, which handles
-the session's requests one by one in order (`agent.handler`) and releases the session when it has been idle for
-`receive_wait_ms`, so one order never starves the others (seed 002, Sequential Convoy: FIFO per session, parallel
-across sessions). One acceptor, not one per free slot: on the embedded broker every receiver waiting for a session is
-woken by each message sent to the queue and looks for one, so `max_concurrent_sessions` idle acceptors (32 locally)
-cost 32 looks per message for the one session there is to take (on Service Bus, each is an open link). An accept that
-finds a session returns at once and the next one starts right after it, so sessions are still taken as they come.
-The session lock is renewed while a session is held: for a session queue the message lock *is* the session lock
-(Service Bus docs, "Message sessions": "the lock on the session is held ... messages in a session are locked by the
-session lock").
-`agent-requests` has a 5 s LockDuration so that an Agent killed while it holds an order's session blocks that
-order for at most 5 s (`orderflow/session_locks.py`); the live Agent renews every 2.5 s.
-
-Written against the azure-servicebus aio API only (the client comes by injection), so the same code runs on
-Azure Service Bus and on the embedded broker. A bus failure while handling a request abandons it and the
-rest of its batch, so order is kept and the request is redelivered (MaxDeliveryCount ends a hopeless one).
-
-Shutdown (SIGTERM/SIGINT set `stop`): no new session or message is taken; a request in flight gets
-`shutdown_grace_ms` to finish, the rest of a batch is abandoned; past the grace, in-flight work is cancelled
-unsettled and redelivered later — safe, because every step is idempotent by its key.
-
-Circuit breaker: `serve` opens the breaker documents (`orderflow.adapters.open_breaker_documents`: Cosmos container
-`CircuitBreakerContainerName` at `CosmosDb__accountEndpoint`, the embedded store locally) and gives every request
-the one `SharedBreaker` of `RemoteServiceName`, shared through its document with every other Agent instance. Its
-transitions raise operator alerts on `operator-alerts` (`agent.handler.circuit_alerter`). With
-`CircuitBreakerFailureThreshold` 0 the breaker is off and no store is opened; with it on and no
-`CosmosDb__accountEndpoint`, the Agent refuses to start (a breaker each Agent kept to itself would not be shared).
-"""
+`AgentWorker` holds up to `max_concurrent_sessions` sessions; one acceptor takes the next available session (one
+order) and hands it to a task that handles its requests in order (`agent.handler`) and releases it when idle for
+`receive_wait_ms` (seed 002, Sequential Convoy). Session locks are renewed while held. Written against the
+azure-servicebus aio API only (the client is injected); a bus failure abandons the request and the rest of its batch.
+Shutdown (SIGTERM/SIGINT set `stop`): nothing new is taken, in-flight work gets `shutdown_grace_ms`, then is cancelled
+unsettled. `serve` gives every request the one `SharedBreaker` of `RemoteServiceName`; with the breaker on and no
+`CosmosDb__accountEndpoint`, the Agent refuses to start. Why one acceptor, the lock figures: docs/modules-product.md."""
 
 from __future__ import annotations
 

@@ -4,12 +4,9 @@ Each decision point is one ADVANCE_ORDER activity (orderflow/advance.py): it rec
 cancel, and sets the next step's (or compensation's) CompleteBy and sends its request, or ends the order. Between
 two decisions the Scheduler races a durable timer at CompleteBy against the Agent's reply and, for a forward step,
 the client's cancel (the external event `CancelOrder`). When the timer wins, the attempt ends without touching the
-record: the Supervisor finds the expired CompleteBy and recovers it. The steps are the record's own, so an instance
-in flight keeps the steps it started with when a step is added (README, "Versioning").
-
-Versioning: an instance started under version 1 or 2 replays on its frozen path (orchestrators/frozen_versions.py).
-Activities take and return the typed models of orderflow/activity_models.py, as plain JSON.
-"""
+record: the Supervisor recovers it. The steps are the record's own (README, "Versioning"); an instance started under
+version 1 or 2 replays on its frozen path (orchestrators/frozen_versions.py). Activities take and return the typed
+models of orderflow/activity_models.py, as plain JSON. More: docs/modules-product.md."""
 
 from __future__ import annotations
 

@@ -1,20 +1,12 @@
 """Adapter choice: the one module that picks, from the app settings, the stand-ins of `orderflow.embedded` or the Azure
 adapters of `orderflow.azure`, importing only the side it picks.
 
-Stores: `CosmosDb__accountEndpoint = embedded://<path>` → the embedded SQLite store at <path> (local runs, devhost);
-anything else is a Cosmos DB account endpoint, reached with Microsoft Entra ID only
-(`DefaultAzureCredential(managed_identity_client_id=CosmosDb__clientId)`); no account keys.
-
-Service Bus, as the Functions host reads `connection="ServiceBusConnection"`: with
-`ServiceBusConnection__fullyQualifiedNamespace`, identity-based `ServiceBusClient(namespace,
-DefaultAzureCredential())` (Azure); else the connection string in `ServiceBusConnection`.
-`Endpoint=embedded://<sqlite file>[;ConfigFile=<json>]` selects the embedded broker (one SQLite file shared by every
-local process; relative paths resolve against the current directory; `ConfigFile` is a Service Bus emulator-style
-Config.json, the repo's `servicebus.config.json`, declared idempotently; `DuplicateDelivery=true`, off by default, is
-a drill's fault switch: orderflow/embedded/broker/_faults.py); anything else goes to
-`azure.servicebus.ServiceBusClient.from_connection_string`. Both sides return objects with the azure-servicebus
-surface, sync (`bus_from_*`) or aio (`aio_bus_from_*`).
-"""
+Stores: `CosmosDb__accountEndpoint = embedded://<path>` selects the embedded SQLite store; anything else is a Cosmos
+DB account endpoint, reached with Microsoft Entra ID only. Service Bus, as the Functions host reads
+`connection="ServiceBusConnection"`: `ServiceBusConnection__fullyQualifiedNamespace` gives an identity-based client,
+`Endpoint=embedded://...` the embedded broker, any other string `ServiceBusClient.from_connection_string`. Both sides
+return objects with the azure-servicebus surface, sync (`bus_from_*`) or aio (`aio_bus_from_*`).
+Settings in detail: docs/modules-product.md."""
 
 from __future__ import annotations
 

@@ -1,39 +1,12 @@
 """Admission control (seed 001, "admission control"): a bound on the orders in Processing and on the Pending backlog.
 
-One document, `admission`, in the checkpoint container holds the figures: {processing, pending, refreshedAt,
-reserved}. Every write to it is If-Match (etag); within one process the writes queue on one lock, so only other
-instances make a writer re-read.
-
-**Processing bound (`MaxOrdersInProcessing`), strict across instances.** A claim needs a slot first: the Starter's
-timer and the submission's fast path `reserve` slots (If-Match `processing + n`, never past the bound), then claim
-at most that many records, and `release` the slots of records another Starter won. An order that leaves Processing
-(Processed, Error, deferred, or recovered by the Supervisor) frees its slot: whoever wrote that transition calls
-`exited` once. Each Starter run also `refresh`es the figure from two count queries, to correct what a crash left
-(a slot never freed is an over-count). The refresh adds the slots reserved in the last `RESERVATION_GRACE` (their
-claims may land after its count) and records when its counts finished; an exit before that is already left out of
-them and frees nothing. So every error is an over-count — the bound holds whatever the number of instances — except
-two narrow ones, which the next refresh corrects: a claim that lands more than `RESERVATION_GRACE` after its slot was
-reserved (a host stalled in between), and an exit stamped by a host whose clock runs ahead of the Starter's by more
-than the time between that exit and the refresh's count.
-
-**Writes are coalesced per process (group commit).** Reservations and exits queue for the process's next write;
-whoever takes the write lock writes every request queued by then in one If-Match write (exits first, then
-reservations in arrival order, never past the bound). An exit does not write by itself: it waits for the next
-reservation, or for up to `EXIT_COALESCE` (then the next exit writes them all). So a steady flow costs one
-admission write per order (its reservation, carrying the exits since the last one), and a burst far fewer
-(issue 13: state-store writes per order). An exit still waiting is an over-count, the bound's safe direction; a crash
-loses it like any best-effort exit, and the next refresh corrects it.
-
-**Backlog bound (`MaxPendingOrders`), O(1) per submission.** A submission reads the document with one point read
-(cached for `BACKLOG_CACHE_SECONDS` per process) and adds the orders this process admitted since that figure was
-counted; checking and counting happen in one step, so concurrent submissions in one process cannot all pass at the
-bound. At or past the bound, a new order (one without a state record: a point read) is answered `rejected`, reason
-`backlog full`, and nothing is written. How stale: the pending figure is as old as the last Starter run
-(StarterSchedule: 15 s on Azure, 5 s in devhost's LOCAL_DEFAULTS) plus the cache second; claims subtract from it at
-once. Within that time each host counts its own admissions but not the others', so with N hosts accepting at once the
-backlog can pass the bound by up to (N − 1) × their admissions in one Starter interval; a lower bound buys margin.
-Orders already stored (a resubmission) are never rejected.
-"""
+One document, `admission`, in the checkpoint container holds {processing, pending, refreshedAt, reserved}; every
+write to it is If-Match (etag). `MaxOrdersInProcessing` is strict across instances: a claim `reserve`s a slot first,
+a record that leaves Processing frees it (`exited`), and each Starter run `refresh`es the figures; every error is an
+over-count but two narrow ones, which the next refresh corrects. Writes are coalesced per process (group commit).
+`MaxPendingOrders` costs O(1) per submission: a new order at or past the bound is `rejected`, reason `backlog full`,
+and nothing is written; a resubmission is never rejected.
+The reasoning, the error cases and how stale the backlog figure is: docs/modules-product.md."""
 
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
 """One Scheduler decision as one fenced state write (workflow version 3): record what the last step or compensation
 answered, then move on — dispatch the next action with its CompleteBy, or end the order.
 
-Version 2 spent three activities per step (SET_STEP_DEADLINE, SEND_AGENT_REQUEST, RECORD_STEP_RESULT) plus
-LOAD_ORDER and FINISH_ORDER: 11 activities, 15 episodes and 10 state writes per order. Version 3 calls ADVANCE_ORDER
-once per decision point: 4 activities, 8 episodes and 4 state writes on the happy path (README, "Cost and speed
-per order").
-Every transition is still one of `orderflow.state_machine`'s functions, composed here in memory; the store sees the
-composition as one etag-guarded write (`update_with_retry` re-reads and re-applies it on a 412), and re-applying it
-to a record it already wrote changes nothing, so a repeated activity writes nothing and re-sends a request that
-duplicate detection absorbs.
-
-Pure: no I/O. activities/state.py does the reads, the write, the Agent request and the notifications.
-"""
+Every transition is one of `orderflow.state_machine`'s functions, composed here in memory; the store sees the
+composition as one etag-guarded write (`update_with_retry` re-reads and re-applies it on a 412). Re-applying it to a
+record it already wrote changes nothing, so a repeated activity writes nothing and re-sends a request that duplicate
+detection absorbs. Pure: no I/O; activities/state.py does the reads, the write, the Agent request and the
+notifications. Cost per order against version 2: docs/modules-product.md."""
 
 from __future__ import annotations
 

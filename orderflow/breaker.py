@@ -1,30 +1,13 @@
 """The shared circuit breaker (seed 003, "circuit breaker"): one per remote service, shared by every Agent instance
 and read by the Starter.
 
-State lives in one JSON document per remote service (id = `RemoteServiceName`) in a store that every Agent instance
-and the function app reach (`orderflow.adapters.open_breaker_documents`: Cosmos container `CircuitBreakerContainerName`,
-the embedded store's `documents` table locally). Every write is create-if-absent or If-Match on the etag; a writer
-that loses re-reads and re-applies its change, so two Agents counting failures at once lose no count.
-
-    closed ──(failures in the rolling window ≥ threshold)──► open ──(cool-down over: lazily, on read)──► half-open
-      ▲                                                       ▲                                              │
-      └──────────────(a probe succeeded)──────────────────────┼──────────(a probe failed: cool-down × 2)──────┘
-
-- closed: calls go through. A failure appends its time to the document's window; the Agent reports one per request
-  whose calls all failed transiently (its retries did not absorb it: agent/retry.py), so a remote that fails some
-  calls but answers every request stays closed. Successes write nothing.
-- open: no call; the Agent answers `CircuitOpen` at once and the Scheduler defers the order without burning its
-  FailureCount; the Starter claims nothing.
-- half-open: the first `CircuitBreakerProbes` calls go through (each takes a probe by an If-Match write; a probe not
-  reported within the window is given back); the Starter claims at most the probes left.
-- operator: `force_open` holds the breaker open until `force_close`, which closes it and resets its counts
-  (`orderflow breaker show|open|close`).
-
-The pure transition functions (`decide`, `on_failure`, `on_success`, `forced`) hold the rules; `SharedBreaker` reads
-and writes the document around them. Reads are cached for `cache_ttl` (1 s): an Agent may make calls for up to that
-long after another instance opened the breaker. If the store cannot be reached the breaker lets calls through (it
-must never be the reason an order fails) and says so in the log.
-"""
+State is one JSON document per remote service (id = `RemoteServiceName`, `orderflow.adapters.open_breaker_documents`);
+every write is create-if-absent or If-Match, and a writer that loses re-reads and re-applies, so no count is lost.
+closed → (failures in the rolling window ≥ threshold) → open → (cool-down over, lazily on read) → half-open →
+closed on a probe's success, open again (cool-down × 2) on its failure; `force_open` / `force_close` for operators.
+The pure functions (`decide`, `on_failure`, `on_success`, `forced`) hold the rules; `SharedBreaker` reads and writes
+the document around them, caches reads for `cache_ttl`, and lets calls through when the store is unreachable.
+The states in detail: docs/modules-product.md."""
 
 from __future__ import annotations
 

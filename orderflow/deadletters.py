@@ -1,18 +1,11 @@
 """Dead-letter queues for operators: list, show and replay (`orderflow dlq list|show|replay QUEUE`), and their depth
 for the ops summary.
 
-Everything goes through the azure-servicebus aio API (`azure.servicebus.aio.ServiceBusClient` on Azure, the embedded
-broker's aio client locally), so the same code serves both. Reading needs Azure Service Bus Data Receiver on the
-queue; a replay also needs Data Sender.
-
-A replay sends a copy of the dead-lettered message to its queue, then completes the dead-lettered one. The copy keeps
-the body, SessionId, Subject, ContentType, CorrelationId and application properties, and adds the replay marker
-(`orderflowReplayOf`, `orderflowReplayedBy`, `orderflowReplayedAt`, `orderflowOriginalMessageId`). Its MessageId is
-`<original>:replay:<dead-letter sequence number>`: the original MessageId would be dropped by duplicate detection
-for as long as the window lasts, while this one is stable per dead-lettered message, so a replay repeated after a
-crash between the send and the complete (at least once) is absorbed by duplicate detection, and past the window by the
-consumer's own idempotency (the submission is idempotent by orderId and order hash).
-"""
+Everything goes through the azure-servicebus aio API (Azure's client, or the embedded broker's aio client locally).
+Reading needs Azure Service Bus Data Receiver on the queue; a replay also needs Data Sender. A replay sends a copy of
+the dead-lettered message to its queue (body, SessionId, Subject, ContentType, CorrelationId, application
+properties, plus the `orderflowReplay*` marker), then completes the dead-lettered one. The copy's MessageId is
+`<original>:replay:<dead-letter sequence number>`, so a repeated replay is absorbed (why: docs/modules-product.md)."""
 
 from __future__ import annotations
 

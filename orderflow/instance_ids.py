@@ -1,16 +1,11 @@
 """Instance ids: the Durable Functions rules, and the product's rule for a Scheduler instance.
 
-Durable rules (seed 004, "Orchestration identity": 1-100 characters, no leading '@', none of / \\ # ?, no control
-characters). The extension enforces the same characters in `DurableClient.StartNewAsync`
-(Azure/azure-functions-durable-extension src/WebJobs.Extensions.DurableTask/ContextImplementations/DurableClient.cs,
-`IsInvalidCharacter`: '/', '\\', '?', '#' or `char.IsControl`, i.e. Unicode category Cc) but allows up to
-`MaxInstanceIdLength` = 256 characters; we keep the documented, stricter 100. An empty id there means "make a GUID";
-an id we *address* (raise an event to) must not be empty.
-devhost's Durable emulator applies the same function (devhost/durable/ids.py `validate_instance_id`), so the product
-and devhost cannot drift apart (orderflow may not import devhost; devhost may import orderflow).
-
+Durable rules (seed 004, "Orchestration identity"): 1-100 characters, no leading '@', none of / \\ # ?, no control
+characters; an id we *address* (raise an event to) must not be empty. The characters follow the extension's
+`DurableClient.StartNewAsync` (`IsInvalidCharacter`); the length is the documented, stricter 100.
+devhost's Durable emulator applies the same function (devhost/durable/ids.py `validate_instance_id`).
 Product rule: the Scheduler instance of one attempt is `<orderId>:<attempt>` (`orderflow.records.instance_id`).
-"""
+Sources and the extension's own limits: docs/modules-product.md."""
 
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
 """Terminal notifications: the terminal status to the submitting app (`completed`, `failed`, `compensated`,
-`compensation-failed`, `cancelled`) and, for an order that failed, the operator alert. After anything was sent, the
-status and the alert say which steps' effects were applied and which were undone (`effects`).
+`compensation-failed`, `cancelled`) and, for an order that failed, the operator alert; both say which steps' effects
+were applied and which were undone (`effects`).
 
-The state write comes first (Processed/Error, fenced), the notification after it, and `notifiedAt` is set only once
-both sends succeeded. A send that fails, or a crash between the write and the sends, leaves `notifiedAt` null: the
-Supervisor's sweep finds such records (after a grace period, so it does not race the activity that is sending) and
-sends again. Status MessageIds are stable (`<orderId>:<state>:<attempt>`), so duplicate detection on the reply queue
-absorbs a repeat; an alert may be raised twice in that case (at-least-once alerting).
-
-The write that sets `notifiedAt` happens once per order, so it is where the order is counted as finished (metrics
-`orderflow.orders.completed` and `orderflow.order.duration`, by terminal state): a retried or repeated notification
-does not count it again. The sends run in the span `orderflow.terminal_status`, in the order's trace.
-"""
+The fenced state write (Processed/Error) comes first, the sends after it, and `notifiedAt` is set only once both
+succeed; the Supervisor's sweep sends again for records left with `notifiedAt` null. Status MessageIds are stable
+(`<orderId>:<state>:<attempt>`); alerts are at-least-once. The write that sets `notifiedAt` counts the order as
+finished (`orderflow.orders.completed`, `orderflow.order.duration`); the sends run in the span
+`orderflow.terminal_status`. Why this order of writes: docs/modules-product.md."""
 
 from __future__ import annotations
 

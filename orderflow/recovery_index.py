@@ -1,18 +1,11 @@
-"""How the Supervisor finds expired work (seed 001, "Supervision"; issue 12): by query or through the recovery index.
+"""How the Supervisor finds expired work (seed 001, "Supervision"): by query or through the recovery index.
 
-`query` mode runs the state store's CompleteBy query: on Cosmos DB a cross-partition query of a container partitioned
-by orderId, which fans out to every physical partition, so its cost grows with the data, not with the expired work.
-
-`index` mode reads the recovery index instead: a container partitioned by CompleteBy time bucket
-(`RecoveryIndexBucketSeconds`), written before every state write that sets a CompleteBy (the Starter's claim, the
-Scheduler's step deadline). A window scan is one single-partition query per bucket of the window; a long empty stretch
-(after a downtime) is jumped over with one query for the earliest entry. The state record stays the truth: each hit is
-verified with a point read (Processing, the same CompleteBy, the same LockedBy), and an entry that no longer matches
-(a later CompleteBy, another attempt, a finished order) is stale: skipped and deleted. Entries of recovered orders
-expire by the container's TTL.
-
-Both modes page by the same keyset (CompleteBy, orderId), so the Supervisor's loop is the same.
-"""
+`query` mode runs the state store's CompleteBy query (on Cosmos DB a cross-partition query). `index` mode reads the
+recovery index: a container partitioned by CompleteBy time bucket (`RecoveryIndexBucketSeconds`), written before
+every state write that sets a CompleteBy; a window scan is one single-partition query per bucket. The state record
+stays the truth: each hit is verified with a point read, and a stale entry is skipped and deleted; entries expire by
+the container's TTL. Both modes page by the same keyset (CompleteBy, orderId), so the Supervisor's loop is the same.
+Costs and what makes an entry stale: docs/modules-product.md."""
 
 from __future__ import annotations
 

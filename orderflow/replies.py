@@ -1,20 +1,11 @@
 """Agent replies the Scheduler cannot use, and how a `raise_event` ended.
 
 `check_reply` validates a reply before any HTTP call: the AgentReply schema, the Durable instance-id rules on
-`instanceId` (an id with '/', '?', '#' or '..' makes a URL that names another resource or none; an empty one names
-no instance), the product's rule that the instance is `<orderId>:<attempt>` of the reply, and that the message's
-SessionId is the reply's order. A reply that fails is `UnusableReply` with a reason naming the field: the trigger
-completes it with an operator alert, because no redelivery could ever make it usable.
-
-`classify_raise_error` reads what `azure.durable_functions.DurableOrchestrationClient.raise_event` (1.x,
-models/DurableOrchestrationClient.py) raised. The client posts, then reads the body with
-`response.json(content_type=None)` (models/utils/http_utils.py `post_async_request`: an empty body is None, a
-non-JSON body raises `json.JSONDecodeError`; connection errors and timeouts raise `aiohttp.ClientError` /
-`asyncio.TimeoutError`), then maps the status to a plain `Exception`:
-202 → nothing; 410 → "Instance with ID <id> is gone: either completed or failed"; 404 → "No instance with ID <id>
-found."; 400 → "Only application/json request content is supported"; any other → "Webhook returned unrecognized
-status code <status>".
-"""
+`instanceId`, the rule that the instance is `<orderId>:<attempt>` of the reply, and that the message's SessionId is
+the reply's order; a reply that fails is `UnusableReply` with a reason naming the field (no redelivery could make it
+usable). `classify_raise_error` reads what `azure.durable_functions.DurableOrchestrationClient.raise_event` (1.x,
+models/DurableOrchestrationClient.py) raised, from the plain `Exception` message it maps each status to: LATE (404,
+410), TRANSIENT, or `UnusableReply` for a refusal for good. The client's messages: docs/modules-product.md."""
 
 from __future__ import annotations
 

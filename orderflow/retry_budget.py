@@ -1,27 +1,11 @@
 """The end-to-end retry budget of one order step, owned by the Scheduler (seeds 000/001 and 003: retries have one
 owner; the other layers are configured so that their product cannot exceed it).
 
-The most remote calls one order step can cause, over all its attempts, is a product of the layers that can each
-repeat it:
-
-    calls per Agent request   = retries carried in the request + 1   (the Agent uses the lower of that and its own
-                                                                      AGENT_MAX_RETRIES; agent/handler.py)
-  × deliveries per request    = AgentRequestsMaxDeliveryCount         (an Agent that crashes mid-request gets it again
-                                                                      and calls again; = the queue's MaxDeliveryCount)
-  × attempts that can call    = FailureThreshold                      (each attempt sends the step again)
-
-and every other layer is a factor of 1:
-- the Scheduler's activity retries (ACTIVITY_RETRY) resend an Agent request with the same MessageId
-  (`<instanceId>:<step>`), which duplicate detection on agent-requests drops;
-- the azure-servicebus and azure-cosmos retry policies retry bus and store operations, never the remote call;
-- the Agent's HTTP client (aiohttp) has no retry: one `RemoteCaller.call` is one HTTP request;
-- an attempt deferred by an open circuit breaker makes no call and does not count as a failure (orderflow/breaker.py),
-  and a step recorded `succeeded` is skipped by later attempts (orderflow/advance.py).
-
-`RemoteCallBudgetPerStep` is the budget. The Starter carries `request_retries()` in every request (the
-`maxRetries` of WorkflowInput): the configured AgentRetriesPerStep, lowered until the product fits. A budget smaller
-than deliveries × attempts (not even one call per delivery) is refused at start-up.
-"""
+The most remote calls one order step can cause is (retries carried in the request + 1) × AgentRequestsMaxDeliveryCount
+× FailureThreshold; every other layer is a factor of 1. `RemoteCallBudgetPerStep` is the budget. The Starter carries
+`request_retries()` in every request (the `maxRetries` of WorkflowInput): the configured AgentRetriesPerStep, lowered
+until the product fits. A budget smaller than deliveries × attempts (not even one call per delivery) is refused at
+start-up. Each factor, and why the other layers do not multiply it: docs/modules-product.md."""
 
 from __future__ import annotations
 

@@ -1,48 +1,12 @@
 """Session locks of the Agent queues: when a live consumer renews, and the budget that keeps a dead one harmless.
 
-`agent-requests` and `agent-replies` carry SessionId = orderId (FIFO per order, one consumer per order at a time:
-seed 002, Sequential Convoy). A consumer that dies holding an order's session (kill -9, OOM, a platform restart)
-cannot release it: the session stays locked until its LockDuration runs out (Service Bus docs, "Message sessions":
-the lock is released when the receiver closes it or the lock expires). The order's next request or reply waits
-behind that lock. So the locks are short (LockDuration PT5S, the smallest value Service Bus accepts: the portal's
-minimum, and the emulator's since 1.1.2, "support for updating LockDuration to a minimum of 5 seconds") and every
-live consumer renews its session lock while it holds the session (`renew_delay`), and the settings keep this rule:
-
-1. **A crash never costs an attempt.** A dead Agent delays an order's request by at most LockDuration of
-   `agent-requests`; a dead host delays its reply by at most LockDuration of `agent-replies` (measured from the
-   crash: a live consumer renews, so the lock it leaves runs at most one LockDuration past its last renewal). So
-
-       StepTimeoutSeconds > LockDuration(agent-requests) + LockDuration(agent-replies) + CRASH_HEADROOM_SECONDS
-
-2. **The attempts left after a lost one outlast the lock.** A restart can still outlast the headroom and cost an
-   attempt. (A kill between the Starter's claim and `start_new` does not: the Supervisor finds that attempt's
-   orchestration missing and starts it again in the same attempt, orderflow/supervisor.py.) The attempt lost ended
-   at most one step after the crash; the remaining FailureThreshold - 1 attempts,
-   with the backoffs before them, must end after the dead locks and the headroom have passed:
-
-       (FailureThreshold - 1) x StepTimeoutSeconds + sum(backoff(n) for n in 1..FailureThreshold-1)
-           > LockDuration(agent-requests) + LockDuration(agent-replies) + CRASH_HEADROOM_SECONDS
-
-   (stronger than the older "FailureThreshold x (StepTimeoutSeconds + backoff) > LockDuration": that one counted
-   the lost attempt itself, which ran while the lock was still dead).
-
-3. **Renewal outlasts the work.** A function's message (and session) lock is renewed only up to host.json
-   `maxAutoLockRenewalDuration` (Azure.Messaging.ServiceBus processor, `RenewSessionLock`: the renewal is cancelled
-   after `MaxAutoLockRenewalDuration`); with 5 s locks a function still working after that loses its lock within
-   5 s. The longest the app's functions legitimately hold a message is bounded by a step (a reply later than its
-   step's CompleteBy is moot) and by the claim lease (the submission claims and starts the order within it):
-
-       maxAutoLockRenewalDuration >= max(StepTimeoutSeconds, ClaimLeaseSeconds)
-
-CRASH_HEADROOM_SECONDS covers what follows the dead lock: the Agent's call to the remote service and the reply's way
-into the orchestration (raise_event, a replay), plus a consumer restart that outlasts the lock. A restart runs
-while the lock is still dead, so only its excess over LockDuration counts: with 5 s locks a devhost or Agent restart
-of up to about 10 s fits (the simulator answers in milliseconds). A slower restart can cost an attempt; rule 2 is
-what absorbs that.
-
-`tests/product/infra/test_crash_budget.py` checks the rule on the Azure defaults (`orderflow/settings.py`, the Bicep
-queues, host.json) and on the demo's `lab/system.py` LOCAL_DEFAULTS with `servicebus.config.json`.
-"""
+`agent-requests` and `agent-replies` carry SessionId = orderId (seed 002, Sequential Convoy); a consumer that dies
+holding a session blocks the order until LockDuration runs out, so the locks are short (PT5S) and every live consumer
+renews while it holds the session (`renew_delay`). The settings keep three rules (docs/modules-product.md):
+1. StepTimeoutSeconds > LockDuration(agent-requests) + LockDuration(agent-replies) + CRASH_HEADROOM_SECONDS;
+2. (FailureThreshold - 1) x StepTimeoutSeconds + sum(backoff(n) for n in 1..FailureThreshold-1) > the same sum;
+3. host.json maxAutoLockRenewalDuration >= max(StepTimeoutSeconds, ClaimLeaseSeconds).
+`tests/product/infra/test_crash_budget.py` checks them on the Azure defaults and on the demo's LOCAL_DEFAULTS."""
 
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
 """Submission: validate a SubmitOrder, then write the order and its state record, each idempotent by orderId.
 
-- Invalid input (not JSON, missing or ill-typed field, unknown type, bad orderId, SessionId ≠ orderId, a replyTo that
-  is not an allowed reply queue) → `Rejected` with a reason naming the field; nothing is written.
-- Same orderId with the same immutable data (stable hash) → accepted again (a redelivery or a client retry); a crash
-  between the two writes is repaired by the redelivery, because each write is create-if-absent. `received` is sent
-  on every acceptance; when the order is already terminal (Processed/Error), its terminal status follows, again.
-- Same orderId with other data → `Rejected("OrderConflict")`; the stored order is never overwritten.
-
-A `CancelOrder` on the same queue and session (so strictly after its order's SubmitOrder, seed 002) → `cancel_order`:
-Pending → Cancelled with no remote call (or its compensation, when an earlier attempt sent steps); Processing → the
-record says so and the running attempt is told by the external event `CancelOrder`; Processed (or failed) →
-`rejected` on the reply queue with the reason, record unchanged; unknown order → dead-lettered `UnknownOrder`. A
-repeat changes nothing and tells no one again.
-"""
+Invalid input → `Rejected` with a reason naming the field, nothing written. Same orderId, same immutable data (stable
+hash) → accepted again, `received` sent again (and the terminal status, when the order is terminal); a crash between
+the two create-if-absent writes is repaired by the redelivery. Same orderId, other data → `Rejected("OrderConflict")`,
+the stored order never overwritten. A `CancelOrder` on the same queue and session (seed 002) → `cancel_order`,
+by the record's state: Pending, Processing, Processed (or failed), unknown order; a repeat changes nothing and tells
+no one again. What each input and each state gives: docs/modules-product.md."""
 
 from __future__ import annotations
 

@@ -1,27 +1,12 @@
 """The Supervisor: find Processing records whose CompleteBy expired and recover or escalate them.
 
-Each run scans bounded CompleteBy windows [position, position + window) with a page size, a maximum result count and
-continuation-token paging; the position is checkpointed (etag-guarded) in the state store, so no expired record is
-skipped even after a downtime longer than one window: the next run walks forward window by window, and jumps over
-empty stretches with a one-item probe. Each scan's request charge (RU) is logged and emitted as a metric.
-
-An expired attempt whose orchestration was never started (a crash fell between the Starter's claim and its
-`start_new`; the Durable client finds no instance with that id) is not a failure: the same attempt is started again
-under a new claim lease, FailureCount unchanged (state_machine.restart), at most FailureThreshold times per order.
-
-Recovery is a conditional update that checks the expired LockedBy: FailureCount+1; below the threshold → Pending,
-LockedBy null, a retry time with backoff; at the threshold → Error + operator alert + status `failed`. Two
-Supervisors at once never double-recover: the second one's update is fenced (LockedBy is no longer the expired
-instance) or loses on the etag. Each run ends with a sweep that sends the terminal notifications still owed
-(orderflow/notifications.py), so a failed send after a state write is repaired.
-
-A record skipped for a reason that may pass (its orchestration status unknown: the Durable API unreachable; a
-transient store error, `is_transient`) is held: the checkpoint stays at or before its CompleteBy, so the next run sees
-it again, however far the clock moved. A record skipped because another writer won (Fenced, IllegalTransition,
-NotFound, PreconditionFailed) needs nothing more and does not hold the checkpoint. A record that keeps failing keeps
-the checkpoint where it is; each run then reads its window again (the records handled behind it have left the result
-set), still within the result budget.
-"""
+Each run scans bounded CompleteBy windows from an etag-guarded checkpoint, so no expired record is skipped, even
+after a downtime. An attempt whose orchestration never started is started again (state_machine.restart),
+FailureCount unchanged. Recovery is a conditional update fenced on the expired LockedBy: FailureCount+1, then Pending
+with backoff, or at FailureThreshold Error + operator alert + status `failed`; two Supervisors never double-recover.
+Each run ends with the sweep of owed terminal notifications (orderflow/notifications.py). A record skipped for a
+reason that may pass holds the checkpoint; one skipped because another writer won does not.
+The scan, the restart and the checkpoint rules in detail: docs/modules-product.md."""
 
 from __future__ import annotations
 

@@ -2,14 +2,11 @@
 orderflow/tracing.py) are exported. Product code uses the OpenTelemetry API only; `configure_from_env` picks the
 exporter once per process (function_app.py for the function app, agent/__main__.py for the Agent):
 
-- APPLICATIONINSIGHTS_CONNECTION_STRING set (Azure): `azure-monitor-opentelemetry` exports traces, metrics and the
-  logs of the `orderflow` loggers to Application Insights (host.json `telemetryMode: OpenTelemetry`);
-- else OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER / OTEL_LOGS_EXPORTER = `console` (the OpenTelemetry SDK's own
-  environment variables, each for its signal): printed on stdout, locally;
-- else nothing: every span and instrument is a no-op (the tests install in-memory readers of their own).
+- APPLICATIONINSIGHTS_CONNECTION_STRING set (Azure): `azure-monitor-opentelemetry` to Application Insights;
+- else OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER / OTEL_LOGS_EXPORTER = `console`: printed on stdout, locally;
+- else nothing: every span and instrument is a no-op.
 
-docs/telemetry.md lists the metrics, the spans and the alert events.
-"""
+docs/telemetry.md lists the metrics, the spans and the alert events; docs/modules-product.md the exporters."""
 
 from __future__ import annotations
 

@@ -1,24 +1,12 @@
 """Trace context across every hop of an order: one trace per order (docs/telemetry.md).
 
-The W3C trace context (`traceparent`, and `tracestate` when there is one) travels where each hop can carry it:
-
-- a Service Bus message: its application properties `traceparent`/`tracestate` (the names the Azure SDKs use, W3C
-  Trace Context "traceparent Header"; azure-servicebus `_common/tracing.py` reads and writes the same property);
-- the Agent request and reply: also their `traceparent` field (orderflow/messages.py), which survives a transport
-  that drops application properties;
-- from the submission to the Starter: the state record's `traceparent` (written at creation, read at each claim);
-- into the Scheduler: its input (`WorkflowInput.traceparent`) and from there each activity's input. The Scheduler
-  itself opens no span: it is replayed many times, and a span per replay would be noise (seed 004: no I/O in an
-  orchestrator);
-- to the remote service: the HTTP `traceparent` header.
-
-Only the OpenTelemetry API is used here. With no SDK provider configured (locally by default, and in most tests)
-every span is a no-op: a parent that came in is passed on unchanged (W3C: a participant that does not trace still
-forwards the context), and without one nothing is written anywhere, so messages and records look as before.
-
-A malformed `traceparent` is ignored and the hop starts a new trace (W3C Trace Context, "traceparent Header": a
-vendor that cannot parse it MUST ignore it and restart the trace). Trace context never makes a message invalid.
-"""
+The W3C trace context (`traceparent`, and `tracestate` when there is one) travels where each hop can carry it: a
+Service Bus message's application properties (the names azure-servicebus `_common/tracing.py` uses), the Agent
+request's and reply's `traceparent` field, the state record (submission to Starter), the Scheduler's input and each
+activity's input, and the HTTP `traceparent` header to the remote service. The Scheduler opens no span.
+Only the OpenTelemetry API is used: with no SDK provider every span is a no-op and an incoming parent is passed on
+unchanged. A malformed `traceparent` is ignored and the hop starts a new trace (W3C Trace Context, "traceparent
+Header"); trace context never makes a message invalid. Each hop and why: docs/modules-product.md."""
 
 from __future__ import annotations
 

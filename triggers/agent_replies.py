@@ -1,18 +1,13 @@
 """Agent replies trigger: agent-replies (sessions) → `raise_event` to the named Scheduler instance.
 
 The event name is stable per step (`AgentReply:<step>`). Every reply ends in exactly one of three ways:
-
 - **Raised** (the Durable HTTP API answers 202).
-- **Completed without raising**, because it can never be used: the message is completed (never retried into the
-  dead-letter queue) and an operator alert names the field (`orderflow.replies.check_reply`): a body that is not an
-  AgentReply (`InvalidAgentReply:<field>`), an `instanceId` that breaks the Durable instance-id rules or is not
-  `<orderId>:<attempt>` of the reply (`InvalidAgentReply:instanceId`, checked before any HTTP call), a SessionId that
-  is not the reply's order (`InvalidAgentReply:sessionId`), or a raise the extension refuses for good (400:
-  `RaiseEventRejected:400`). An unknown or completed instance (404 / 410) is a late reply — for example attempt 1
-  answering after the Supervisor started attempt 2 — and is logged and completed without an alert.
+- **Completed without raising**, because it can never be used (`orderflow.replies.check_reply`, checked before any
+  HTTP call, or a raise refused for good: `RaiseEventRejected:400`): completed with an operator alert naming the
+  field; an unknown or completed instance (404 / 410) is a late reply, logged and completed without an alert.
 - **Retried** (the function raises; the message is redelivered): only a failure that may pass — the host
   unreachable, a timeout, a 5xx, 408 or 429 — or an answer whose status the client could not read.
-"""
+The reasons an unusable reply gets: docs/modules-product.md."""
 
 from __future__ import annotations
 

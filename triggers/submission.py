@@ -1,16 +1,11 @@
 """Submission trigger: orders-inbound (sessions, SessionId = orderId) → orders DB + state store, then the fast path.
 
 Uses the Service Bus SDK-type binding (`azurefunctions-extensions-bindings-servicebus`) with
-`auto_complete_messages=False`, because a poison or conflicting order must be dead-lettered with a reason that names
-the field — the plain binding can only abandon (and dead-letter later as MaxDeliveryCountExceeded). Settlement calls
-are blocking gRPC calls to the host, so they run in a worker thread (`asyncio.to_thread`) off the event loop.
-Transient failures (store or bus unavailable, throttled) are retried inside the delivery for up to 4 minutes
-(`receive_patiently`, within the 5-minute lock renewal); then, or on any other failure, the message is abandoned and
-redelivered. Each write is idempotent, so a retry or a redelivery repairs a half-done submission.
-
-Each message is handled in the span `orderflow.submission`, the root of the order's trace (or a child of the client's
-span when the message carries a `traceparent` application property); the state record keeps its context.
-"""
+`auto_complete_messages=False`, so a poison or conflicting order is dead-lettered with a reason that names the field.
+Settlement runs in a worker thread (`asyncio.to_thread`). Transient failures are retried inside the delivery for up
+to 4 minutes (`receive_patiently`), then the message is abandoned and redelivered; each write is idempotent, so a
+retry or a redelivery repairs a half-done submission. Each message is handled in the span `orderflow.submission`,
+the root of the order's trace (or a child of the client's). Why the SDK-type binding: docs/modules-product.md."""
 
 from __future__ import annotations
 

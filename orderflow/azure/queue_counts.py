@@ -2,21 +2,11 @@
 message and no key.
 
 `GET https://management.azure.com{namespace resource id}/queues/{queue}?api-version=2024-01-01` answers the queue
-(SBQueue) with its runtime counts in `properties.countDetails` (MessageCountDetails: activeMessageCount,
-deadLetterMessageCount, scheduledMessageCount, transferMessageCount, transferDeadLetterMessageCount); an error is an
-ErrorResponse `{"error": {"code", "message"}}` (https://learn.microsoft.com/rest/api/servicebus/controlplane-stable/
-queues/get; the schema: Azure/azure-rest-api-specs specification/servicebus/resource-manager/Microsoft.ServiceBus/
-stable/2024-01-01/Queue.json, SBQueueProperties.countDetails). The call needs the action
-Microsoft.ServiceBus/namespaces/queues/read, which the built-in role Reader grants (`*/read`, no data actions:
-https://learn.microsoft.com/azure/role-based-access-control/built-in-roles/general#reader). Reader reads no message
-(receiving is the data action .../receive/action) and no key (listing keys is a POST, the action
-.../authorizationRules/listkeys/action: https://learn.microsoft.com/rest/api/servicebus/controlplane-stable/
-queues-authorization-rules/list-keys).
-
+(SBQueue) with its runtime counts in `properties.countDetails`; an error is an ErrorResponse `{"error": {"code",
+"message"}}`. The call needs Microsoft.ServiceBus/namespaces/queues/read, which the built-in role Reader grants.
 The token is the app identity's, for `https://management.azure.com/.default`. Every request is bounded
-(`TIMEOUT_SECONDS`) and a 429, a 5xx or a connection failure is tried `ATTEMPTS` times at most; a queue that cannot be
-read gets an `{"error"}` entry and never hides the others.
-"""
+(`TIMEOUT_SECONDS`); a 429, a 5xx or a connection failure is tried `ATTEMPTS` times at most; a queue that cannot be
+read gets an `{"error"}` entry and never hides the others. Sources and the role's limits: docs/modules-product.md."""
 
 from __future__ import annotations
 

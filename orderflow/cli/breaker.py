@@ -4,20 +4,10 @@
     python -m orderflow.cli.breaker open  [--service NAME] [--by WHO] [--json]
     python -m orderflow.cli.breaker close [--service NAME] [--by WHO] [--json]
 
-`show` prints each breaker: its stored state, the state it is in now (an open breaker whose cool-down is over is
-half-open), the failed requests in the rolling window, openUntil, the probes left and the reason of its last change.
-`open` holds the breaker open until an operator closes it; `close` closes it and resets its counts (automatic
-again). Both write through `SharedBreaker.force` (If-Match, like every Agent) and raise the operator alert
-`CircuitOpened` / `CircuitClosed` on the operator-alerts queue (details: service, before, after, changedAt, source
-"operator", by). `--by` defaults to $USER.
-
-The service defaults to `RemoteServiceName`. App settings come from the environment under the Functions app's
-names: `CosmosDb__accountEndpoint` (`embedded://PATH` locally; in Azure the account endpoint, reached with
-`DefaultAzureCredential`), `CircuitBreakerContainerName`, the `CircuitBreaker*` rules, `ServiceBusConnection`
-(or `ServiceBusConnection__fullyQualifiedNamespace`) and `OperatorAlertsQueueName`.
-
-A failure (a missing or invalid setting, an unreachable store or bus) is one line on stderr and exit status 1.
-"""
+`show` prints each breaker's stored and current state; `open` holds it open until an operator closes it; `close`
+closes it and resets its counts. Both write through `SharedBreaker.force` and raise `CircuitOpened` / `CircuitClosed`
+on the operator-alerts queue. App settings come from the environment under the Functions app's names. A failure is
+one line on stderr and exit status 1. Output fields and settings: docs/modules-product.md."""
 
 from __future__ import annotations
 

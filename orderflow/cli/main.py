@@ -1,22 +1,11 @@
 """`orderflow` (also `python -m orderflow`): the operator's command line, against the local system and Azure from
 the same app settings.
 
-    orderflow submit [--file F | --count N] [--wait S]        send orders, follow their statuses
-    orderflow watch [REPLY_QUEUE] [--order ID] [--for S]        follow an application's reply queue
-    orderflow order ID                                          state record, steps, compensations, attempts
-    orderflow orders --state S [--older-than D]                 a paged list
-    orderflow resubmit ID --reason R                            Error / CompensationFailed, fresh budget, audited
-    orderflow cancel ID [--reason R]                            the order's CancelOrder, then what it did
-    orderflow dlq list|show|replay QUEUE                        dead-letter queues
-    orderflow breaker show|open|close                           the shared circuit breaker
-    orderflow summary                                           the figures of docs/operations.md
-    orderflow top                                               the same, live, with throughput
-    orderflow queues                                            queue counts (embedded broker)
-
+Commands: `submit`, `watch`, `order`, `orders`, `resubmit`, `cancel`, `dlq list|show|replay`,
+`breaker show|open|close`, `summary`, `top`, `queues` (`orderflow --help`; each one in docs/modules-product.md).
 Every read command but `top` takes --json. A failure (an unknown order, a refused move, a missing setting or
 permission, an unreachable store) is one line on stderr and exit status 1; bad usage or a bad value exits 2. Never a
-traceback.
-"""
+traceback."""
 
 from __future__ import annotations
 

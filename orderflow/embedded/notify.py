@@ -1,54 +1,12 @@
 """Cross-process wake-ups for the embedded broker: one Unix datagram socket per waiting receiver, and a sender
 wakes the one idle receiver that can take what it made available, not every waiter.
 
-Layout. Every waiter binds one socket file, `<notify dir>/home/<ident>` (`ident` = pid, counter, random tag).
-While it sleeps it is *registered*: its socket file is moved (os.rename) into the directory of the key it can
-take messages for, `<notify dir>/<key>/<ident>`. Keys (`queue_key`, `holder_key`) separate the waiters by what
-they can take: a queue's receivers; its dead-letter sub-queue's; on a session queue, the NEXT_AVAILABLE_SESSION
-acceptors (`queue_key(queue)`), and the one receiver holding session S under lock token T (`holder_key`). The
-broker routes a message of session S to S's holder while S is locked, else to the acceptors.
-
-Claiming. Whoever makes a message available (send, abandon, lock expiry, session release, dead-lettering) calls
-`claim(key)` after COMMIT: it moves one registered socket file back to `home/` (os.rename, so two claimers never
-claim the same waiter, and a waiter that left is simply skipped) and sends it a 1-byte datagram. A claim that
-finds a dead socket (ECONNREFUSED: its process is gone) unlinks it and claims the next one.
-
-Why no wake-up is lost, and no message stays behind while a waiter is idle. A waiter only sleeps after this
-sequence: register, then look in the database (a read first; see broker.receive). Take a commit C that makes
-message M available for key K and the claim that follows it.
-* Some waiter W was registered for K at the claim: exactly one claimer's rename moved it, so W is claimed, and
-  every look W makes from then on starts after C. W learns of the claim before it sleeps again: the datagram
-  wakes its select (and W then finds its file gone), or one of its own file operations on its registration
-  (re-registering, publishing its wake time, unregistering) fails with ENOENT. If W leaves instead of looking
-  again (it got messages, its deadline passed, it was cancelled), it leaves through `unregister`, which tells it
-  it was claimed; then it looks once more if it had nothing, and if it took messages and more are ready it claims
-  the next waiter of K (the claim's message may be one it did not take). A cancelled waiter, which cannot read
-  the database, passes the claim on blindly.
-* No waiter was registered for K at the claim: a waiter that registers later looks after registering, hence
-  after C, and finds M if it is still there. A waiter that unregistered before the claim is not idle: it is
-  returning to its caller, and registers (and looks) again before it next sleeps.
-So M is either taken, or looked at after C by a waiter that was idle. A datagram to a waiter that already noticed
-its claim (ENOENT: it moved its socket file on) counts as delivered. Observers that do not take anything
-(`EmbeddedBroker.wait_for_activity`) register under `watch_key` and `poke` wakes all of them: they must not
-absorb a claim meant for a receiver.
-
-Time. Messages also become available with no one to send a poke: a scheduled message falls due, a lock expires.
-A waiter publishes when it will wake by itself in its socket file's mtime (far in the future while it is
-undecided). For a pending due moment D of key K it is enough that one idle waiter of K wakes at or before D:
-it looks, and then re-reads the next due moment before it sleeps again. So a waiter bounds its sleep by the
-queue's next due moment only when no other idle waiter already wakes before it (`covered`); the others sleep
-until their deadline: one timer wake-up per due moment instead of one per waiter. Whoever creates a due moment
-(a scheduled send, a lock taken) calls `cover`, which claims a waiter when none wakes early enough; a waiter
-that leaves while it may have been the earliest re-reads the next due moment and covers it. A waiter that
-re-reads the due moment does so after registering, so it sees every due committed before; a due committed
-after sees the waiter in the listing (undecided or decided) and is covered by it or by a claim. A session's holder
-is its key's only waiter: it bounds its sleep by its own session's due moments (a scheduled message of the
-session, its lock's expiry). A registered file whose process is gone covers nothing (`covered` checks the pid).
-
-The notify directory lives next to the database file (`<db>.notify`) unless that path is too long for a
-Unix socket address (108 bytes), in which case a short, deterministic directory in the temp dir is used.
-Where the platform has no AF_UNIX (some Windows builds) waiters degrade to a bounded 0.25 s re-check.
-"""
+A waiter binds `<notify dir>/home/<ident>` and, while it sleeps, is registered by moving (os.rename) that file into
+its key's directory (`queue_key`, `holder_key`; observers under `watch_key`, woken all at once by `poke`). After
+COMMIT, whoever made a message available calls `claim(key)`: one rename back to `home/` plus a 1-byte datagram, so
+no wake-up is lost and no message stays behind while a waiter is idle. Due moments (scheduled messages, lock expiry)
+are `cover`ed by one idle waiter's timer. The notify directory is `<db>.notify` (or a short one in the temp dir);
+without AF_UNIX, waiters re-check every 0.25 s. The layout and the proof: docs/modules-product.md."""
 
 from __future__ import annotations
 

@@ -1,16 +1,11 @@
 """The broker's fault switch, `duplicate_delivery` (connection string option `DuplicateDelivery=true`, off by default;
-for the `duplicate-delivery` drill): Service Bus delivers at least once. A complete that the service never records
-(the link drops after the consumer sent it; the consumer believes it settled) means the same message, same MessageId
-and sequence number, is delivered again with its delivery count + 1, and duplicate detection does not help, because
-nothing was sent twice (message-transfers-locks-settlement, "Settling receive operations"; duplicate-detection: it
-acts on sends only). With the switch on, the first complete of each message on an active queue in peek-lock mode is
-lost that way: the broker answers the consumer as usual but keeps the message, unlocks it with its delivery count + 1
-(a failed delivery, so MaxDeliveryCount still applies) and delivers it again at once (to the session's holder, else
-the next acceptor); the second complete removes it. Each such message is noted in the `redeliveries` table
-(`redelivered_counts` per queue). Not duplicated: dead-lettered, deferred and receive-and-delete messages, and the
-dead-letter sub-queue. The switch belongs to the broker object (each process's connection string), not to the file:
-every process of a drill must set it. Off, `complete` deletes the message.
-"""
+for the `duplicate-delivery` drill): a complete that the service never records, so the message comes again.
+
+With the switch on, the first complete of each message on an active queue in peek-lock mode is lost: the broker
+answers the consumer as usual but keeps the message, unlocks it with its delivery count + 1 (MaxDeliveryCount still
+applies) and delivers it again at once; the second complete removes it. Each such message is noted in the
+`redeliveries` table (`redelivered_counts` per queue). The switch belongs to the broker object (each process's
+connection string), not to the file. Off, `complete` deletes the message. Source and scope: docs/modules-product.md."""
 
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
 """Embedded store adapter: the orders DB and the state store in one SQLite file, with Cosmos-like etags.
 
-WAL journal and `BEGIN IMMEDIATE` write transactions make it safe across processes (the Starter, the
-Supervisor, the Agent and the CLI may each open the same file). Every write stores a new random etag;
-`replace` is an If-Match write (PreconditionFailed on mismatch); a create on an existing id is a conflict.
-The columns the queries filter on are copied out of the JSON document and indexed; updatedAt is indexed as an
-expression on the document (`_UPDATED_AT`), which needs no column migration of an existing file. `query_expired` and
-`query_in_state` page by keyset (`ports.KeysetCursor`). There are no request units: charges are 0.
-
-Fault injection (the store drills, lab/store_drills.py): options on the endpoint, `embedded://PATH?conflictRate=
-0.1&throttleRate=0.1&seed=1&outageFile=PATH.down` (`StoreFaults`), make the file answer as a Cosmos DB account under
-contention, throttling or an outage would, and the adapter retry as azure-cosmos does (`FaultInjector`). Without
-options nothing changes and nothing is checked (one `is None` per operation).
-"""
+WAL journal and `BEGIN IMMEDIATE` write transactions make it safe across processes. Every write stores a new random
+etag; `replace` is an If-Match write (PreconditionFailed on mismatch); a create on an existing id is a conflict.
+`query_expired` and `query_in_state` page by keyset (`ports.KeysetCursor`). There are no request units: charges
+are 0. Endpoint options (`embedded://PATH?conflictRate=...&throttleRate=...&seed=...&outageFile=...`, `StoreFaults`)
+inject Cosmos-like contention, throttling or an outage for the store drills (lab/store_drills.py); without them
+nothing changes. Indexes and fault injection in detail: docs/modules-product.md."""
 
 from __future__ import annotations
 
