@@ -1,18 +1,11 @@
 """Azure Cosmos DB adapter (azure-cosmos async client) of the orders DB and the state store.
 
-Containers (names from app settings): orders `/orderId`, state `/orderId`, checkpoints `/id`. In Azure they
-are created by Bicep (identity-based data-plane access cannot create containers); `ensure_containers`
-creates them for tests. The state container needs the composite indexes in `STATE_INDEXING_POLICY` for the
-multi-field ORDER BY queries (the Starter's, the Supervisor's, the operator's listing).
-
-A point read answers 404 for a missing item (https://learn.microsoft.com/rest/api/cosmos-db/get-a-document),
-which `read_doc` returns as None. Any other error is an error: a 5xx or 408 has already been through the
-azure-cosmos retry policy when it reaches the adapter, and it propagates as a TransientStoreError. (The local
-protocol server of the contract tests answers 500 for a missing item; the test harness fixes that, see
-docs/stores.md.)
-
-`read_doc`, the other point reads and writes, `translate`, `ChargeMeter`, `CosmosNames` and `CosmosConnection` are in
-`_cosmos_io.py`; callers import `CosmosNames` and `translate` from this module, which re-exports them.
+Containers (names from app settings): orders `/orderId`, state `/orderId`, checkpoints `/id`; Bicep creates them in
+Azure, `ensure_containers` for tests. The state container needs `STATE_INDEXING_POLICY`'s composite indexes for the
+multi-field ORDER BY queries. A point read's 404 is None (https://learn.microsoft.com/rest/api/cosmos-db/
+get-a-document); any other error propagates, a 5xx or 408 as TransientStoreError after azure-cosmos's own retries.
+The point reads and writes, `translate`, `ChargeMeter`, `CosmosNames` and `CosmosConnection` live in `_cosmos_io.py`;
+this module re-exports `CosmosNames` and `translate`. Notes: docs/modules-product.md.
 """
 
 from __future__ import annotations
