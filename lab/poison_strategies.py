@@ -1,5 +1,5 @@
 """The poison messages the drills send: poison-in-session's four hand-made cases (`poison_cases`, the drill in
-lab/lifecycle_drills.py), and poison-input's strategies (hypothesis): seeded malformed messages of every family
+lab/_session_drills.py), and poison-input's strategies (hypothesis): seeded malformed messages of every family
 (submit, cancel, routing, encoding, size), drawn reproducibly by `draw_poison` (the drill in lab/input_drills.py)."""
 
 from __future__ import annotations
