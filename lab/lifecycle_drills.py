@@ -1,35 +1,11 @@
-"""Lifecycle drills (issue 12, part 5), `python -m devhost drill NAME` with NAME one of `compensation`,
-`cancel-in-flight`, `poison-in-session`, `upgrade-in-flight`: what an order's life can go through besides success —
-undoing what was done, a client's cancel at any moment, a poison message in the order's session, and a new version of
-the Scheduler deployed while orders run. Each runs on the whole local system in real processes (devhost, the Agent,
-the remote-service simulator, a client app on `app-status`, as `lab/drill.py`'s drills do), judges from the state
-store, the simulator's ledger (`GET /effects`, `GET /calls`), the queues (reply queue, dead-letter sub-queue, operator
-alerts) and devhost's durable history — never from logs — and ends with the same `Verdict` as the resilience drills:
-`{drill, passed, orders, lost, duplicate_side_effects, stuck, checks, figures}`.
+"""Lifecycle drills, `python -m devhost drill NAME` with NAME one of `compensation`, `cancel-in-flight`,
+`poison-in-session`, `upgrade-in-flight`: what an order's life goes through besides success.
 
-- `compensation`: orders whose arrange-shipping the simulator refuses permanently (scripted) are compensated:
-  refund-payment, then release-inventory (the order read from the simulator's call log), each effect applied once and
-  undone once, Compensated with `compensated` and its effects. Some of them also have refund-payment refused (scripted):
-  CompensationFailed, a CompensationFailed alert, `compensation-failed`. Control orders complete.
-- `cancel-in-flight`: one order per stage. Before the claim (held Pending by MaxOrdersInProcessing while the three
-  in-flight orders hold every slot): Cancelled, `cancelled`, no remote call at all. While each step is in flight (a
-  scripted hang: the remote applies the effect and holds its answer): the steps sent are undone newest first,
-  Compensated, `compensated`, nothing left applied. After Processed: `rejected` with the reason, the record unchanged.
-  Then a second cancel for each: nothing changes (records, statuses, remote calls).
-- `poison-in-session`: in each of four orders' sessions a poison message (not JSON; a SubmitOrder with a bad field; a
-  CancelOrder with a bad field; a CancelOrder with an internal replyTo) next to a good one: the poison is dead-lettered
-  with the reason that names the field and a PoisonMessage alert, the good one is processed, in the order sent.
-- `upgrade-in-flight`: devhost runs the product's host.json (`defaultVersion` "3.0") as version "1.0" (or, with
-  `--from-version 2.0`, "2.0") through the app
-  setting `AzureFunctionsJobHost__extensions__durableTask__defaultVersion` (devhost/config.py); orders are submitted
-  with a slow remote; while they are in flight devhost is killed (-9; `--restart stop`: SIGTERM) and started again
-  without the setting, and more orders are submitted. Every order completes: the first ones on the version-1 path
-  (ExecutionStarted.Version "1.0", record.workflowVersion null, attempt 1), the later ones on "3.0"; no orchestration
-  Failed (no non-determinism on replay); one effect per step.
-
-The drills' options, settings and system (`LifecycleOptions`, `LIFECYCLE_SETTINGS`, `lifecycle_config`) live in
-lab/_lifecycle_common.py, `cancel-in-flight` and `poison-in-session` in lab/_session_drills.py; this module re-exports
-them and runs the four.
+Each runs on the whole local system in real processes (devhost, the Agent, the simulator, a client app), judges from
+the state store, the simulator's ledger, the queues and devhost's durable history (never from logs) and ends with the
+`Verdict` every drill gives. Options, settings and system (`LifecycleOptions`, `LIFECYCLE_SETTINGS`,
+`lifecycle_config`) live in lab/_lifecycle_common.py, `cancel-in-flight` and `poison-in-session` in
+lab/_session_drills.py; this module re-exports them and runs the four. What each proves: docs/modules-lab.md.
 """
 
 from __future__ import annotations

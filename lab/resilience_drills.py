@@ -1,22 +1,9 @@
-"""Resilience drills, `retry-budget`, `remote-outage` and `backlog-flood` (issue 11: when a dependency fails). Each runs
-with its own settings (`DRILL_SETTINGS`, over `--settings`, under `--set NAME=VALUE`), samples the system every
-200 ms while the orders run (`Monitor`, in lab/_resilience_monitor.py with the breaker's history: Processing and
-Pending counts from the state store, the circuit breaker's document, the RSS of devhost and the Agent), and ends with a
-`Verdict`: `{drill, passed, orders, lost, duplicate_side_effects, stuck, checks, figures}`, the last line of `--json`;
-`passed` iff every check holds.
-- `retry-budget`: every remote call fails transiently (simulator transient_failure_rate 1), the breaker is off. Every
-  order must end failed (its sent step compensated at FailureThreshold; the drill lets compensations through) with
-  its reason and status, none stuck, and the calls per order step (the simulator's `callsByKey`) must stay within
-  `RemoteCallBudgetPerStep` (orderflow/retry_budget.py).
-- `remote-outage`: the remote is healthy, goes down (every call 503, `POST /outage`) `--outage-after` seconds after the
-  submission for `--outage-for` seconds, then recovers. No order may reach Error, every order must be Processed once,
-  and the calls that reached the remote while the breaker was not closed must be at most its probes per half-open
-  round (the breaker's document, polled, against the simulator's call log; a call arriving within
-  orderflow.breaker.CACHE_TTL of the opening was granted before it).
-- `backlog-flood`: far more orders at once than `MaxPendingOrders`, with a small `MaxOrdersInProcessing`. Every order
-  gets one answer: `rejected` (`backlog full`, no state record and no orders-DB record) or admitted and Processed in
-  attempt 1; the sampled Processing count stays within MaxOrdersInProcessing and the Pending count within
-  MaxPendingOrders; peak RSS of devhost and of the Agent is reported.
+"""Resilience drills, `retry-budget`, `remote-outage` and `backlog-flood`: when a dependency fails.
+
+Each runs with its own settings (`DRILL_SETTINGS`, over `--settings`, under `--set NAME=VALUE`), samples the system
+every 200 ms while the orders run (`Monitor`, in lab/_resilience_monitor.py with the breaker's history) and ends with a
+`Verdict`, `{drill, passed, orders, lost, duplicate_side_effects, stuck, checks, figures}`, the last line of `--json`;
+`passed` iff every check holds. What each proves: docs/modules-lab.md.
 """
 
 from __future__ import annotations

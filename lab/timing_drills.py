@@ -1,33 +1,12 @@
-"""Timing drills (issue 15), `python -m devhost drill NAME` with NAME one of `remote-hang`, `late-replies`,
-`reply-reordering`, `clock-skew`: what time does to the pattern — a remote that never answers, replies that come
-after the Scheduler stopped waiting, replies that overtake each other, an Agent whose clock is wrong. Each runs on
-the whole local system in real processes (devhost, the Agent, the remote-service simulator, a client app), as the
-other drills do, and ends with the same `Verdict` plus the invariants every drill checks (lab/invariants.py).
+"""Timing drills, `python -m devhost drill NAME` with NAME one of `remote-hang`, `late-replies`, `reply-reordering`,
+`clock-skew`: a remote that never answers, replies after the Scheduler stopped waiting, replies that overtake each
+other, an Agent whose clock is wrong.
 
-- `remote-hang`: the simulator hangs (applies the effect, holds its answer past the step's CompleteBy) on the first
-  call, or the first two calls, of a seeded share of the order steps (scripts per idempotency key). Every order must
-  end Processed, each hang costing exactly its attempt: recovered by the Supervisor and a new attempt that calls again
-  with the same key (the effect is replayed, never applied twice), the calls per step within the retry budget.
-- `late-replies`: the Agent holds a seeded share of its replies back past the step's CompleteBy (fault switch
-  AGENT_REPLY_DELAY_*, `lab.agent_faults.HeldReplies`). Each such reply reaches a finished attempt: the reply trigger
-  logs it as late and completes it; it changes no record, and the order completes once, in a later attempt.
-- `reply-reordering`: the same switch, held longer, so that a newer attempt's reply (and other orders') overtakes
-  the held one. Each attempt must take only its own reply: every reply raised to an instance is that instance's, and
-  every step of every record was recorded by the attempt whose own reply (from the Agent, for that step) it took.
-- `clock-skew`: two Agents, one with its clock ahead and one behind by the LockDuration of agent-requests (fault
-  switch AGENT_CLOCK_SKEW_SECONDS; servicebus.config.json), with a slow, sometimes failing, sometimes hanging remote:
-  the ahead Agent sees less time to the deadline and does not renew its session lock, the behind one calls past the
-  deadline. Every order must end Processed with one effect per step.
-
-Evidence, never logs (but for the figure of late replies the trigger logged): the state store, the simulator's
-ledger and call log, the client's statuses, devhost's durable history (`durable.db`: which replies each instance
-received) and a message audit that the drill installs in the embedded broker's file — SQLite triggers that copy every
-message sent to agent-requests and agent-replies (and every redelivery) into `drill_message_audit`, with the time it
-was enqueued. The product writes nothing for the audit. A reply is *late* when it was enqueued after its request's
-deadline (the step's CompleteBy, carried in the request).
-
-The drills' options, settings and system (`TimingOptions`, `TIMING_SETTINGS`, `timing_config`) live in
-lab/_timing_options.py; this module re-exports them.
+Each runs on the whole local system in real processes and ends with the `Verdict` plus the invariants every drill
+checks (lab/invariants.py). Evidence, never logs: the state store, the simulator's ledger, the client's statuses,
+devhost's durable history and a message audit installed in the embedded broker's file. Options, settings and system
+(`TimingOptions`, `TIMING_SETTINGS`, `timing_config`) live in lab/_timing_options.py; this module re-exports them.
+What each proves, and the audit: docs/modules-lab.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,17 @@
-"""No non-test Python file of the repository runs over 600 lines (issue 22): a module that grows past it is split on
-its seams (private `_*.py` modules that the module or its package re-exports, or a sibling module of its own)."""
+"""No non-test Python file runs over 600 lines, and no module docstring over 10 lines (issue 22).
+
+A module that grows past 600 lines is split on its seams (private `_*.py` modules that the module or its package
+re-exports, or a sibling module of its own). A module docstring says the concern, the contract and the source; the
+rationale and figures live in docs/modules-*.md."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 from pathlib import Path
 
 MAX_LINES = 600
+MAX_DOCSTRING_LINES = 10
 
 
 def _root() -> Path:
@@ -38,3 +43,18 @@ def test_no_non_test_python_file_is_over_600_lines() -> None:
     assert not over, f"{len(over)} non-test file(s) over {MAX_LINES} lines: " + ", ".join(
         f"{path} ({n})" for n, path in over
     )
+
+
+def test_no_module_docstring_is_over_10_lines() -> None:
+    root = _root()
+    docs = {
+        str(p.relative_to(root)): ast.get_docstring(ast.parse(p.read_text(encoding="utf-8")), clean=False)
+        for p in _non_test_python_files(root)
+    }
+    assert docs.get("function_app.py") or docs.get("orderflow/settings.py"), "the listing found no docstrings"
+    long = sorted(
+        (len(doc.splitlines()), path)
+        for path, doc in docs.items()
+        if doc and len(doc.splitlines()) > MAX_DOCSTRING_LINES
+    )
+    assert not long, f"module docstrings over {MAX_DOCSTRING_LINES} lines: " + ", ".join(f"{p} ({n})" for n, p in long)
