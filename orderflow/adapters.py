@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from orderflow import settings
+from orderflow.embedded.connection import EMBEDDED_SCHEME, is_embedded_connection
 from orderflow.ports import BusClient, DocumentStore, OrdersDb, RecoveryIndex, StateStore
 from orderflow.settings import SERVICE_BUS_CONNECTION
 
@@ -24,8 +25,6 @@ if TYPE_CHECKING:
     from azure.identity.aio import DefaultAzureCredential
 
     from orderflow.azure.cosmos import CosmosNames
-
-EMBEDDED_SCHEME = "embedded://"
 
 __all__ = [
     "EMBEDDED_SCHEME",
@@ -172,13 +171,6 @@ def aio_bus_from_settings(env: Mapping[str, str] | None = None, connection: str 
 
         return aio_client_for_namespace(namespace)
     return aio_bus_from_connection_string(connection_string_from_settings(source, connection))
-
-
-def is_embedded_connection(conn_str: str) -> bool:
-    """Whether a Service Bus connection string names the embedded broker (`Endpoint=embedded://...`)."""
-    pairs = (part.split("=", 1) for part in conn_str.split(";") if "=" in part)
-    endpoint = next((value.strip() for key, value in pairs if key.strip().lower() == "endpoint"), "")
-    return endpoint.lower().startswith(EMBEDDED_SCHEME)
 
 
 def connection_string_from_settings(source: Mapping[str, str], connection: str = SERVICE_BUS_CONNECTION) -> str:

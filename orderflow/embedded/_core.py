@@ -31,9 +31,9 @@ from azure.servicebus.exceptions import (
 from . import notify
 from .broker import ACTIVE, DEAD_LETTER, EmbeddedBroker, QueueCounts, SessionLock
 from .broker._schema import _MIN_WAIT
+from .connection import EMBEDDED_SCHEME
 from .message import Envelope, ServiceBusMessage, ServiceBusReceivedMessage, to_envelope
 
-EMBEDDED_SCHEME = "embedded://"
 DEFAULT_RECEIVE_WAIT_TIME_SECS = 60  # azure/servicebus/_common/constants.py
 MAX_MESSAGE_SIZE_BYTES = 256 * 1024  # Standard tier (service-bus-quotas)
 AnyMessage = ServiceBusMessage | SdkServiceBusMessage
@@ -58,10 +58,6 @@ def parse_connection_string(conn_str: str) -> dict[str, str]:
     """`Key=Value;...` → dict with lower-cased keys (values keep their case; '=' allowed in values)."""
     pairs = (part.split("=", 1) for part in conn_str.split(";") if part.strip())
     return {key.strip().lower(): value.strip() for key, value in pairs}
-
-
-def is_embedded(conn_str: str) -> bool:
-    return parse_connection_string(conn_str).get("endpoint", "").lower().startswith(EMBEDDED_SCHEME)
 
 
 def parse_embedded(conn_str: str) -> EmbeddedConnection:
