@@ -29,6 +29,7 @@ from orderflow.runtime import Services, Tunables
 from orderflow.state_machine import IllegalTransition, resubmit
 from orderflow.submission import CancelTooLate, Rejected, cancel_order
 from orderflow.supervisor import CHECKPOINT
+from orderflow.text import first_line
 from orderflow.workflow import CANCEL_EVENT
 
 PAGE_SIZE_MAX = 200
@@ -305,7 +306,7 @@ async def _depth_or_error(bus: BusClient, queue: str, cap: int) -> dict[str, Any
     try:
         return (await deadletters.depth(bus, queue, cap)).to_json()
     except Exception as exc:  # noqa: BLE001 - one unreadable queue must not hide the others
-        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+        return {"error": f"{type(exc).__name__}: {first_line(exc)}"}
 
 
 def _cancel_answer(order_id: str, rec: Any, *, already: bool) -> dict[str, Any]:

@@ -64,6 +64,12 @@ def shown(value: object, limit: int = DEAD_LETTER_TEXT_MAX) -> str:
     return "-" if value is None else printable(bounded(str(value), limit))
 
 
+def first_line(value: object) -> str:
+    """The first line of `str(value)` ('' for an empty one)."""
+    text = str(value)
+    return text.splitlines()[0] if text else ""
+
+
 def one_line(exc: BaseException, plain: tuple[type[BaseException], ...] = ()) -> str:
     """An exception as one line: its message, with its type unless it is a ValueError or one of `plain` (a KeyError:
     its key's message)."""

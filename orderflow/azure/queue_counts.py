@@ -19,6 +19,7 @@ from urllib.parse import quote
 import aiohttp
 
 from orderflow import settings
+from orderflow.text import first_line
 
 ARM_ENDPOINT = "https://management.azure.com"
 ARM_SCOPE = "https://management.azure.com/.default"
@@ -54,7 +55,7 @@ class ArmQueueCounts:
         try:
             token = (await self.credential.get_token(ARM_SCOPE)).token
         except Exception as exc:  # noqa: BLE001 - every queue says why, none is counted
-            reason = f"not read: no token for Azure Resource Manager ({type(exc).__name__}: {_line(exc)})"
+            reason = f"not read: no token for Azure Resource Manager ({type(exc).__name__}: {first_line(exc)})"
             return {q: {"error": reason} for q in queues}
         headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
         async with aiohttp.ClientSession(
@@ -119,11 +120,6 @@ async def _json(response: aiohttp.ClientResponse) -> Any:
         return await response.json(content_type=None)
     except ValueError:
         return None
-
-
-def _line(exc: BaseException) -> str:
-    text = str(exc)
-    return text.splitlines()[0] if text else ""
 
 
 def from_settings(env: Mapping[str, str]) -> ArmQueueCounts | None:

@@ -21,7 +21,7 @@ from rich.console import Console
 
 from orderflow.cli.common import load_settings, safe, started_by_up
 from orderflow.messages import TERMINAL_STATUSES, OrderStatus, StatusMessage
-from orderflow.text import shown
+from orderflow.text import first_line, shown
 
 
 class _Watch:
@@ -229,7 +229,7 @@ def _all_statuses(
                         except ValueError as exc:
                             print(
                                 f"not a status (left on {queue}): {shown(message.message_id)}: "
-                                f"{shown(str(exc).splitlines()[0])}",
+                                f"{shown(first_line(exc))}",
                                 file=sys.stderr,
                             )
                             continue
