@@ -4,13 +4,17 @@ every state written straight to the embedded store."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+from lab.system import LocalSystem, SystemConfig
 from orderflow.adapters import open_stores
 from orderflow.records import OrderRecord, OrderStateRecord, ProcessState, format_utc
 from orderflow.supervisor import CHECKPOINT, SupervisorRun, last_run
-from support.e2e_support import make_order
+from support.e2e_support import make_order, new_order_id
 
 NEVER = "0 0 0 1 1 *"  # once a year: the Starter and the Supervisor leave the seeded records alone
 SETTINGS = {
@@ -87,3 +91,28 @@ async def seed(endpoint: str, ids: dict[str, Any]) -> None:
             {"position": format_utc(now - timedelta(minutes=5)), "lastRun": last_run(SupervisorRun(), now)},
             None,
         )
+
+
+# The records `seed` writes, by name (besides the five Processed ones).
+SEEDED = ("error", "error_kept", "compensation_failed", "pending_oldest", "pending_cancel", "processing_expired")
+
+
+def order_ids(*extra: str) -> dict[str, Any]:
+    """Fresh order ids for `seed`'s records, and for `extra` names the test uses itself."""
+    ids: dict[str, Any] = {name: new_order_id(name.replace("_", "-")) for name in (*SEEDED, *extra)}
+    ids["processed"] = [new_order_id(f"processed{k}") for k in range(5)]
+    return ids
+
+
+def seeded_devhost(work_dir: Path, ids: dict[str, Any]) -> LocalSystem:
+    """The product app under devhost on a store seeded with `ids` (started; the caller stops it)."""
+    config = SystemConfig(work_dir=work_dir, settings=dict(SETTINGS))
+    asyncio.run(seed(config.store_endpoint, ids))
+    system = LocalSystem(config)
+    system.start_devhost()
+    return system
+
+
+def function_key(system: LocalSystem) -> str:
+    """devhost's default function key (its keys.json)."""
+    return str(json.loads((system.config.work_dir / "devhost" / "keys.json").read_text())["default"])

@@ -9,7 +9,6 @@ attempt has a real orchestration with its history. The API's function key is the
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
 import urllib.error
@@ -23,11 +22,11 @@ import pytest
 from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
 from jsonschema import Draft202012Validator, FormatChecker
 from openapi_spec_validator import validate as validate_openapi
-from support.e2e_support import ORDERS_QUEUE, REPLY_QUEUE, Client, make_order, new_order_id
+from support.e2e_support import ORDERS_QUEUE, REPLY_QUEUE, Client, make_order
 from support.hosted import wait_until
-from support.ops_api_seed import EPOCH, SETTINGS, seed
+from support.ops_api_seed import EPOCH, function_key, order_ids, seeded_devhost
 
-from lab.system import LocalSystem, SystemConfig
+from lab.system import LocalSystem
 from orderflow.messages import OrderStatus
 from orderflow.openapi import document
 from orderflow.records import OrderStateRecord, ProcessState, format_utc
@@ -94,26 +93,11 @@ class Api:
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
-    ids: dict[str, Any] = {
-        name: new_order_id(name.replace("_", "-"))
-        for name in (
-            "error",
-            "error_kept",
-            "compensation_failed",
-            "pending_oldest",
-            "pending_cancel",
-            "processing_expired",
-            "running",
-        )
-    }
-    ids["processed"] = [new_order_id(f"processed{k}") for k in range(5)]
-    config = SystemConfig(work_dir=tmp_path_factory.mktemp("ops-api"), settings=dict(SETTINGS))
-    asyncio.run(seed(config.store_endpoint, ids))
-    system = LocalSystem(config)
-    system.start_devhost()
+    ids = order_ids("running")
+    system = seeded_devhost(tmp_path_factory.mktemp("ops-api"), ids)
     client = Client(system)
     try:
-        key = json.loads((config.work_dir / "devhost" / "keys.json").read_text())["default"]
+        key = function_key(system)
         # A real order: admitted and started by the submission trigger's fast path; its first step waits for an Agent
         # that is not running, so it stays Processing with a Running orchestration.
         client.submit(make_order(ids["running"]))

@@ -11,7 +11,6 @@ Azure/azure-functions-host#10098). devhost does the same, which test_an_undeclar
 
 from __future__ import annotations
 
-import asyncio
 import json
 import string
 import urllib.error
@@ -27,10 +26,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from schemathesis.checks import CHECKS, load_all_checks
 from schemathesis.specs.openapi.checks import unsupported_method
-from support.e2e_support import new_order_id
-from support.ops_api_seed import SETTINGS, seed
+from support.ops_api_seed import function_key, order_ids, seeded_devhost
 
-from lab.system import LocalSystem, SystemConfig
 from orderflow.openapi import CONTINUATION_FORMAT, document
 from orderflow.ports import KeysetCursor
 from orderflow.records import format_utc
@@ -57,25 +54,10 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """The product app under devhost on a seeded store (as tests/product/e2e/test_ops_api_e2e.py seeds it)."""
-    ids: dict[str, Any] = {
-        name: new_order_id(name.replace("_", "-"))
-        for name in (
-            "error",
-            "error_kept",
-            "compensation_failed",
-            "pending_oldest",
-            "pending_cancel",
-            "processing_expired",
-        )
-    }
-    ids["processed"] = [new_order_id(f"processed{k}") for k in range(5)]
-    config = SystemConfig(work_dir=tmp_path_factory.mktemp("ops-api-fuzz"), settings=dict(SETTINGS))
-    asyncio.run(seed(config.store_endpoint, ids))
-    system = LocalSystem(config)
-    system.start_devhost()
+    system = seeded_devhost(tmp_path_factory.mktemp("ops-api-fuzz"), order_ids())
     try:
         assert system.devhost is not None and system.devhost.url
-        key = json.loads((config.work_dir / "devhost" / "keys.json").read_text())["default"]
+        key = function_key(system)
         yield Served(system.devhost.url, key)
     finally:
         system.stop()
