@@ -1,17 +1,17 @@
-"""Client-side logic shared by the sync and aio embedded clients: argument checks the SDK makes, session
-acquisition, settlement dispatch, message batches, connection strings, and one look of a waiting receive
-(`ReceiverCore.look`: the notify protocol's register / look / leave steps). No blocking happens here; the sync
-and aio receivers differ only in how they sleep between looks (`notify.Waiter.wait` / `wait_async`)."""
+"""Client-side logic shared by the sync and aio embedded clients: the checks the SDK makes on the client (arguments,
+message sizes, the local session-lock check, settlement), session acquisition with the SDK's retries, settlement
+dispatch, connection strings, and one look of a waiting receive (`ReceiverCore.look`: the notify protocol's register /
+look / leave steps). Nothing blocks here; the sync and aio receivers differ only in how they sleep (`_retry.Timer`).
+Sources (the SDK's files and functions) and figures: docs/modules-product.md, section orderflow/embedded/_core.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from azure.servicebus import (
@@ -19,25 +19,42 @@ from azure.servicebus import (
     ServiceBusReceiveMode,
     ServiceBusSubQueue,
 )
-from azure.servicebus import ServiceBusMessage as SdkServiceBusMessage
-from azure.servicebus import ServiceBusMessageBatch as SdkServiceBusMessageBatch
 from azure.servicebus.exceptions import (
     MessageAlreadySettled,
-    MessageSizeExceededError,
+    MessageLockLostError,
     OperationTimeoutError,
     ServiceBusError,
+    SessionLockLostError,
 )
 
 from . import notify
+from ._retry import Attempts, RetryPolicy, Timer
 from .broker import ACTIVE, DEAD_LETTER, EmbeddedBroker, QueueCounts, SessionLock
 from .broker._schema import _MIN_WAIT
 from .connection import EMBEDDED_SCHEME
-from .message import Envelope, ServiceBusMessage, ServiceBusReceivedMessage, to_envelope
+from .message import MAX_MESSAGE_SIZE_BYTES as MAX_MESSAGE_SIZE_BYTES  # re-exported
+from .message import (
+    ServiceBusReceivedMessage,
+    StoredMessage,
+    received_message,
+)
 
 DEFAULT_RECEIVE_WAIT_TIME_SECS = 60  # azure/servicebus/_common/constants.py
-MAX_MESSAGE_SIZE_BYTES = 256 * 1024  # Standard tier (service-bus-quotas)
-AnyMessage = ServiceBusMessage | SdkServiceBusMessage
+# The SDK lets the service wait this long for a NEXT_AVAILABLE_SESSION when the receiver has no max_wait_time
+# (azure/servicebus/_transport/_pyamqp_transport.py `create_receive_client`).
+DEFAULT_SESSION_ACCEPT_WAIT_SECS = 65
+_TIMEOUT_CONDITION = b"com.microsoft:timeout"
+NO_SESSION_DESCRIPTION = "No session available to receive from within max_wait_time."
+LINK_OPEN_TIMEOUT = "Timed out waiting for the AMQP link to open."  # _common/utils.py check_link_ready_deadline
+SHUTDOWN = "The handler has already been shutdown. Please use ServiceBusClient to create a new instance."
 T = TypeVar("T")
+
+
+def check_timeout(timeout: float | None) -> float | None:
+    """The SDK's check of an operation's `timeout` keyword (the budget of all its attempts)."""
+    if timeout is not None and timeout <= 0:
+        raise ValueError("The timeout must be greater than 0.")
+    return timeout
 
 
 # -- connection strings --------------------------------------------------------------------------------------
@@ -84,51 +101,6 @@ def broker_from_connection_string(conn_str: str, **kwargs: Any) -> EmbeddedBroke
     )
 
 
-# -- sending -------------------------------------------------------------------------------------------------
-
-
-class ServiceBusMessageBatch:
-    """A batch of messages sent atomically; same surface as the SDK's ServiceBusMessageBatch."""
-
-    def __init__(self, max_size_in_bytes: int | None = None) -> None:
-        self.max_size_in_bytes = max_size_in_bytes or MAX_MESSAGE_SIZE_BYTES
-        self._messages: list[AnyMessage] = []
-        self._size = 0
-
-    def add_message(self, message: AnyMessage) -> None:
-        size = len(to_envelope(message).body)
-        if self._size + size > self.max_size_in_bytes:
-            raise MessageSizeExceededError(
-                message=f"ServiceBusMessageBatch has reached its size limit: {self.max_size_in_bytes}"
-            )
-        self._messages.append(message)
-        self._size += size
-
-    @property
-    def size_in_bytes(self) -> int:
-        return self._size
-
-    def __len__(self) -> int:
-        return len(self._messages)
-
-
-def envelopes_of(message: Any, schedule_time_utc: datetime | None = None) -> list[Envelope]:
-    """One message, a list of them, or a batch (ours or the SDK's) → envelopes to store."""
-    if isinstance(message, (ServiceBusMessageBatch, SdkServiceBusMessageBatch)):
-        items: Iterable[Any] = message._messages
-    elif isinstance(message, (list, tuple)):
-        items = message
-    else:
-        items = [message]
-    envelopes = [to_envelope(item) for item in items]
-    for env in envelopes:
-        if len(env.body) > MAX_MESSAGE_SIZE_BYTES:
-            raise MessageSizeExceededError(message=f"message of {len(env.body)} bytes exceeds the size limit")
-    if schedule_time_utc is not None:
-        envelopes = [dataclasses.replace(env, scheduled_enqueue_time_utc=schedule_time_utc) for env in envelopes]
-    return envelopes
-
-
 # -- receiving -----------------------------------------------------------------------------------------------
 
 
@@ -154,6 +126,8 @@ class ReceiverCore:
         receive_mode: ServiceBusReceiveMode | str = ServiceBusReceiveMode.PEEK_LOCK,
         max_wait_time: float | None = None,
         prefetch_count: int = 0,
+        timer: Timer | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         if max_wait_time is not None and max_wait_time <= 0:
             raise ValueError("The max_wait_time must be greater than 0.")
@@ -163,8 +137,13 @@ class ReceiverCore:
         self.max_wait_time = max_wait_time
         self.prefetch_count = prefetch_count
         self.session_target = session_id
+        self.timer = timer or Timer(lambda: broker.clock())
+        self.retry = retry or RetryPolicy()
         self.lock: SessionLock | None = None
+        self.lock_lost = False  # the service said the session lock is lost: the receiver is done (SDK `_lock_lost`)
+        self.auto_renew_error: Exception | None = None
         self.running = True
+        self._linked = False
         self._last_peeked = 0
         self._waiter: notify.Waiter | None = None
         self._key = ""
@@ -172,10 +151,13 @@ class ReceiverCore:
         self._more: bool | None = None  # whether ready messages remained after the last take (None: unknown)
         self._left = 0  # the last wait session that ended through `_leave` (not cut short)
         self.expect_idle = False  # the last receive left nothing ready: the next one will most likely wait
-        self._check_entity(broker.queue_properties(queue_name).requires_session)
 
-    def _check_entity(self, requires_session: bool) -> None:
-        """Service Bus refuses a receiver whose session-ness does not match the entity."""
+    def link(self) -> None:
+        """What attaching the receive link checks, at the first operation as in the SDK (not when the receiver is
+        made): the entity exists (MessagingEntityNotFoundError), and its session-ness matches the receiver's."""
+        if self._linked:
+            return
+        requires_session = self.broker.queue_properties(self.queue).requires_session
         sessionful = self.session_target is not None
         if self.sub != ACTIVE:
             if sessionful:
@@ -190,6 +172,7 @@ class ReceiverCore:
                 f"It is not possible for an entity that does not require sessions ({self.queue}) to create a "
                 "session receiver."
             )
+        self._linked = True
 
     @property
     def is_session(self) -> bool:
@@ -197,7 +180,7 @@ class ReceiverCore:
 
     @property
     def opened(self) -> bool:
-        return not self.is_session or self.lock is not None
+        return self._linked and (not self.is_session or self.lock is not None)
 
     @property
     def session_id(self) -> str | None:
@@ -213,10 +196,52 @@ class ReceiverCore:
         return self.max_wait_time if self.max_wait_time is not None else DEFAULT_RECEIVE_WAIT_TIME_SECS
 
     def check_live(self) -> None:
+        """azure/servicebus/_base_handler.py `_check_live`: a closed receiver refuses; a session receiver whose
+        lock was lost, or whose lock expiry has passed on the LOCAL clock, raises SessionLockLostError before it
+        calls the service (`_servicebus_session.py` BaseSession._lock_expired: locked_until_utc <= utc_now())."""
         if not self.running:
-            raise ValueError(
-                "The handler has already been shutdown. Please use ServiceBusClient to create a new instance."
-            )
+            raise ValueError(SHUTDOWN)
+        if self.is_session and (self.lock_lost or self.session_lock_expired()):
+            raise SessionLockLostError(error=self.auto_renew_error)
+
+    def session_lock_expired(self) -> bool:
+        return self.lock is not None and self.lock.locked_until <= self.timer.now()
+
+    @contextmanager
+    def _session_call(self) -> Iterator[None]:
+        """A call that may learn from the service that the session lock is lost: from then on every operation raises
+        SessionLockLostError (_base_handler.py `_handle_exception`: `_session._lock_lost = True`)."""
+        try:
+            yield
+        except SessionLockLostError:
+            if self.lock is not None:
+                self.lock_lost = True
+            raise
+
+    # -- accepting a session, with the SDK's retries ------------------------------------------------------------
+
+    def attempts(self, budget: float | None) -> Attempts:
+        """The attempts of one link open (`_open_with_retry`, or the first receive's, bounded by its wait)."""
+        return Attempts(self.retry, self.timer, budget, self.session_target)
+
+    def accept_wait(self, attempt_timeout: float | None) -> tuple[float, bool]:
+        """How long one attempt waits for a session, and whether the client's own deadline (not the service's
+        wait) ends it. A named session answers at once; for NEXT_AVAILABLE_SESSION the service waits the receiver's
+        max_wait_time (the link's timeout property, `create_receive_client`) or its default."""
+        if self.session_target is not NEXT_AVAILABLE_SESSION:
+            return 0.0, False
+        service = self.max_wait_time or DEFAULT_SESSION_ACCEPT_WAIT_SECS
+        if attempt_timeout is not None and attempt_timeout < service:
+            return max(attempt_timeout, 0.0), True
+        return service, False
+
+    @staticmethod
+    def accept_timeout(client_deadline: bool) -> OperationTimeoutError:
+        """The error of an attempt that found no session: the client's link deadline (`check_link_ready_deadline`),
+        or the service's com.microsoft:timeout (the description is this mirror's)."""
+        if client_deadline:
+            return OperationTimeoutError(message=LINK_OPEN_TIMEOUT)
+        return OperationTimeoutError(message=NO_SESSION_DESCRIPTION, condition=_TIMEOUT_CONDITION)
 
     def try_open(self) -> bool:
         """Acquire the session lock (once); False while no session is available for NEXT_AVAILABLE_SESSION."""
@@ -253,13 +278,13 @@ class ReceiverCore:
         waiter = self.waiter
         if waiter.drain() or waiter.claimed:  # pokes so far are answered by this look; a later one cuts the sleep
             waiter.notice_claim(epoch)
-        if register_first and deadline > time.monotonic():
+        if register_first and deadline > self.timer.monotonic():
             waiter.ensure_registered(self._key, epoch)
         result = attempt()
-        remaining = deadline - time.monotonic()
+        remaining = deadline - self.timer.monotonic()
         if not result and remaining > 0 and waiter.ensure_registered(self._key, epoch):
             result = attempt()
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self.timer.monotonic()
         if result or remaining <= 0:
             return self._leave(attempt, result, epoch), None
         return None, self._publish_wake(remaining, epoch)
@@ -322,84 +347,114 @@ class ReceiverCore:
             self._waiter.close()
             self._waiter = None
 
-    @staticmethod
-    def no_session_error() -> OperationTimeoutError:
-        return OperationTimeoutError(message="No session available to receive from within max_wait_time.")
-
     def batch_size(self, max_message_count: int | None) -> int:
         if max_message_count is not None and max_message_count <= 0:
             raise ValueError("The max_message_count must be greater than 0")
         return max_message_count if max_message_count is not None else self.prefetch_count
 
+    def _received(self, stored: StoredMessage, **how: bool) -> ServiceBusReceivedMessage:
+        return received_message(stored, self.owner, receive_mode=self.receive_mode, **how)
+
     def try_receive(self, count: int) -> list[ServiceBusReceivedMessage]:
         delete = self.receive_mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE
-        taken = self.broker.take(self.queue, count, sub_queue=self.sub, session=self.lock, delete=delete)
+        with self._session_call():
+            taken = self.broker.take(self.queue, count, sub_queue=self.sub, session=self.lock, delete=delete)
         self._more = taken.more_ready
         self.expect_idle = not taken.more_ready
-        return [ServiceBusReceivedMessage(s, receiver=self.owner, settled=delete) for s in taken.messages]
+        return [self._received(s) for s in taken.messages]
 
     def receive_deferred(self, sequence_numbers: int | Sequence[int]) -> list[ServiceBusReceivedMessage]:
         numbers = [sequence_numbers] if isinstance(sequence_numbers, int) else list(sequence_numbers)
-        stored = self.broker.receive_deferred(self.queue, numbers, session=self.lock)
-        return [ServiceBusReceivedMessage(s, receiver=self.owner) for s in stored]
+        if not numbers:
+            return []  # _servicebus_receiver.py receive_deferred_messages: no-op on an empty list
+        with self._session_call():
+            stored = self.broker.receive_deferred(self.queue, numbers, session=self.lock)
+        return [self._received(s, deferred=True) for s in stored]
 
     def peek(self, max_message_count: int, sequence_number: int) -> list[ServiceBusReceivedMessage]:
-        self.check_live()
+        if int(max_message_count) < 0:  # _servicebus_receiver.py peek_messages
+            raise ValueError("max_message_count must be 1 or greater.")
         start = sequence_number or self._last_peeked + 1
         stored = self.broker.peek(self.queue, start, max_message_count, sub_queue=self.sub, session_id=self.session_id)
         if stored:
             self._last_peeked = stored[-1].sequence_number
-        return [ServiceBusReceivedMessage(s, receiver=self.owner, peeked=True) for s in stored]
+        now = self.broker.clock()
+        return [self._received(s, peeked=True, scheduled=s.enqueued_time_utc > now) for s in stored]
 
     def settle(self, message: ServiceBusReceivedMessage, action: str, **details: str | None) -> None:
-        """complete / abandon / defer / dead_letter, with the checks the SDK makes before it calls the service
-        (azure/servicebus/_common/receiver_mixins.py `_check_message_alive`)."""
+        """complete / abandon / defer / dead-letter, with the SDK's checks, in its order, before it calls the service
+        (_servicebus_receiver.py `_settle_message_with_retry`): `_check_live` (closed; session lock lost or expired
+        on the local clock), the message's type, `_check_message_alive` (receiver_mixins.py), then for a message of
+        a non-session receiver its lock expiry on the local clock (`message._lock_expired`). The outcome is awaited:
+        the broker's answer (MessageLockLostError, SessionLockLostError) is the call's."""
         self.check_live()
-        self._check_settleable(message, action)
-        args = (self.queue, message.sequence_number, _lock_token(message))
-        if action == "dead_letter":
-            self.broker.dead_letter(
-                *args,
-                session=self.lock,
-                reason=details.get("reason"),
-                error_description=details.get("error_description"),
-            )
-        else:
-            getattr(self.broker, action)(*args, session=self.lock)
-        message._settled = True
-
-    def _check_settleable(self, message: ServiceBusReceivedMessage, action: str) -> None:
         if not isinstance(message, ServiceBusReceivedMessage):
             raise TypeError("Parameter 'message' must be of type ServiceBusReceivedMessage")
+        self._check_message_alive(message, action)
+        if not self.is_session and self._message_lock_expired(message):
+            raise MessageLockLostError(
+                message="The lock on the message lock has expired.", error=message.auto_renew_error
+            )
+        args = (self.queue, message._stored.sequence_number, _lock_token(message))
+        with self._session_call():
+            if action == MESSAGE_DEAD_LETTER:
+                self.broker.dead_letter(
+                    *args,
+                    session=self.lock,
+                    reason=details.get("reason"),
+                    error_description=details.get("error_description"),
+                )
+            else:
+                getattr(self.broker, action)(*args, session=self.lock)
+        message._settled = True
+
+    def _message_lock_expired(self, message: ServiceBusReceivedMessage) -> bool:
+        until = message.locked_until_utc
+        return until is not None and until <= self.timer.now()
+
+    def _check_message_alive(self, message: ServiceBusReceivedMessage, action: str) -> None:
+        """receiver_mixins.py `_check_message_alive` (its texts, missing spaces included)."""
         if message._is_peeked_message:
-            raise ValueError(f"The operation {action} is not supported for peeked messages.")
+            raise ValueError(
+                f"The operation {action} is not supported for peeked messages."
+                "Only messages received using receive methods in PEEK_LOCK mode can be settled."
+            )
         if self.receive_mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE:
             raise ValueError(f"The operation {action} is not supported in 'RECEIVE_AND_DELETE' receive mode.")
         if message._settled:
             raise MessageAlreadySettled(action=action)
 
-    def renew_message_lock(self, message: ServiceBusReceivedMessage) -> datetime:
+    def renew_message_lock(self, message: ServiceBusReceivedMessage, timeout: float | None = None) -> datetime:
+        """_servicebus_receiver.py `renew_message_lock`: no local expiry check (the service answers)."""
         if self.is_session:
             raise TypeError(
-                "Renewing message lock is an invalid operation when working with sessions. "
+                "Renewing message lock is an invalid operation when working with sessions."
                 "Please renew the session lock instead."
             )
         self.check_live()
-        self._check_settleable(message, "renew_lock")
-        until = self.broker.renew_message_lock(self.queue, message.sequence_number, _lock_token(message))
+        self._check_message_alive(message, MESSAGE_RENEW_LOCK)
+        if not message.lock_token:
+            raise ValueError("Unable to renew lock - no lock token found.")
+        check_timeout(timeout)
+        until = _to_ms(
+            self.broker.renew_message_lock(self.queue, message._stored.sequence_number, _lock_token(message))
+        )
         message._expiry = until
         return until
 
     def renew_session_lock(self) -> datetime:
-        self.lock = self.broker.renew_session_lock(self.queue, self._held())
+        with self._session_call():
+            self.lock = self.broker.renew_session_lock(self.queue, self._held())
         return self.lock.locked_until
 
     def get_state(self) -> bytes | None:
-        return self.broker.get_session_state(self.queue, self._held())
+        with self._session_call():
+            return self.broker.get_session_state(self.queue, self._held())
 
     def set_state(self, state: str | bytes | bytearray | None) -> None:
         data = state.encode("utf-8") if isinstance(state, str) else (bytes(state) if state is not None else None)
-        self.broker.set_session_state(self.queue, self._held(), data)
+        with self._session_call():
+            self.broker.set_session_state(self.queue, self._held(), data)
 
     def _held(self) -> SessionLock:
         if self.lock is None:
@@ -407,16 +462,25 @@ class ReceiverCore:
         return self.lock
 
     def close(self) -> None:
-        """Release the session (its unsettled messages count as failed deliveries) and stop."""
+        """Release the session and stop. The broker counts a delivery of each unsettled message of the session;
+        Service Bus does not when a session is closed (docs/modules-product.md: a broker change is needed)."""
         if self.lock is not None:
             self.broker.release_session(self.queue, self.lock)
         self.running = False
 
 
+MESSAGE_DEAD_LETTER, MESSAGE_RENEW_LOCK = "dead-letter", "renew"  # azure/servicebus/_common/constants.py
+
+
+def _to_ms(moment: datetime) -> datetime:
+    """A time as the SDK reads it from the service: milliseconds (utc_from_timestamp(ms / 1000.0))."""
+    return datetime.fromtimestamp(int(moment.timestamp() * 1000) / 1000.0, UTC)
+
+
 def _lock_token(message: ServiceBusReceivedMessage) -> str:
     token = message._stored.lock_token
     if not token:
-        raise ValueError("Unable to settle or renew the message - no lock token found.")
+        raise ValueError("Unable to renew lock - no lock token found.")
     return token
 
 
@@ -439,24 +503,39 @@ class QueueRuntimeProperties:
 
 class ClientBase:
     """What the sync and aio embedded clients share: construction and handler creation. Subclasses name their
-    sender and receiver classes and add close / context management in their own (sync or async) style."""
+    sender and receiver classes and add close / context management in their own (sync or async) style.
+
+    Keywords as the SDK's client: `retry_total`, `retry_backoff_factor`, `retry_backoff_max`, `retry_mode` (its
+    defaults). `local_clock` (a callable returning an aware datetime): the client machine's clock, which the SDK
+    compares lock expiry with (default: the broker's clock, one machine); `_timer` replaces the whole `Timer`."""
 
     sender_class: Any = None
     receiver_class: Any = None
 
-    def __init__(self, broker: EmbeddedBroker, *, _owns_broker: bool = False) -> None:
+    def __init__(
+        self,
+        broker: EmbeddedBroker,
+        *,
+        _owns_broker: bool = False,
+        local_clock: Callable[[], datetime] | None = None,
+        _timer: Timer | None = None,
+        **options: Any,
+    ) -> None:
         self.broker = broker
         self.fully_qualified_namespace = "embedded"
         self._owns_broker = _owns_broker
+        self._timer = _timer or Timer(local_clock or (lambda: broker.clock()))  # read late: a test may set it
+        self._retry = RetryPolicy().updated(options)
         # Weak, like the SDK's handler set: a long-running process that opens a receiver per session must not keep
         # every closed receiver alive.
         self._handlers: weakref.WeakSet[Any] = weakref.WeakSet()
 
     @classmethod
     def from_connection_string(cls, conn_str: str, **kwargs: Any) -> Any:
-        """`Endpoint=embedded://<db path>[;ConfigFile=<config path>]`; `clock=` may be passed for tests."""
+        """`Endpoint=embedded://<db path>[;ConfigFile=<config path>]`; `clock=` (the broker's) may be passed for
+        tests, and the client's keywords (`local_clock=`, `retry_total=`, ...)."""
         clock = kwargs.pop("clock", None)
-        return cls(broker_from_connection_string(conn_str, clock=clock), _owns_broker=True)
+        return cls(broker_from_connection_string(conn_str, clock=clock), _owns_broker=True, **kwargs)
 
     def get_queue_sender(self, queue_name: str, **kwargs: Any) -> Any:
         sender = self.sender_class(self.broker, queue_name)
@@ -482,6 +561,8 @@ class ClientBase:
             receive_mode=receive_mode,
             max_wait_time=max_wait_time,
             prefetch_count=prefetch_count,
+            timer=self._timer,
+            retry=self._retry.updated(kwargs),
         )
         self._handlers.add(receiver)
         return receiver

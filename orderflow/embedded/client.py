@@ -7,22 +7,25 @@ exceptions (`azure.servicebus.exceptions`) and constants (`NEXT_AVAILABLE_SESSIO
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
+from azure.servicebus import ServiceBusMessageBatch
+from azure.servicebus.exceptions import ServiceBusError
+
 from ._core import (
+    MESSAGE_DEAD_LETTER,
+    SHUTDOWN,
     ClientBase,
     QueueRuntimeProperties,
     ReceiverCore,
-    ServiceBusMessageBatch,
     broker_from_connection_string,
-    envelopes_of,
+    check_timeout,
 )
 from .broker import EmbeddedBroker
 from .config import QueueProperties
-from .message import ServiceBusMessage, ServiceBusReceivedMessage
+from .message import ServiceBusMessage, ServiceBusReceivedMessage, envelopes_of, new_batch
 
 __all__ = [
     "ServiceBusAdministrationClient",
@@ -57,32 +60,50 @@ class ServiceBusClient(ClientBase):
 
 
 class ServiceBusSender:
-    """Sends to one queue; a send is durable once `send_messages` returns."""
+    """Sends to one queue; a send is durable once `send_messages` returns. As the SDK's, it checks the entity when
+    its link opens (`__enter__` or the first send), not when it is made."""
 
     def __init__(self, broker: EmbeddedBroker, queue_name: str) -> None:
-        broker.queue_properties(queue_name)  # MessagingEntityNotFoundError for an undeclared queue
         self._broker, self.entity_name = broker, queue_name
+        self._running = True
+
+    def _open(self, timeout: float | None = None) -> None:
+        if not self._running:
+            raise ValueError(SHUTDOWN)
+        check_timeout(timeout)
+        self._broker.queue_properties(self.entity_name)  # MessagingEntityNotFoundError for an undeclared queue
 
     def send_messages(self, message: Any, *, timeout: float | None = None, **kwargs: Any) -> None:
-        self._broker.send(self.entity_name, envelopes_of(message))
+        self._open(timeout)
+        envelopes = envelopes_of(message)
+        if envelopes:
+            self._broker.send(self.entity_name, envelopes)
 
     def schedule_messages(
         self, messages: Any, schedule_time_utc: datetime, *, timeout: float | None = None, **kwargs: Any
     ) -> list[int]:
-        numbers = self._broker.send(self.entity_name, envelopes_of(messages, schedule_time_utc))
+        self._open(timeout)
+        envelopes = envelopes_of(messages, schedule_time_utc)
+        numbers = self._broker.send(self.entity_name, envelopes) if envelopes else []
         return [n for n in numbers if n is not None]
 
-    def cancel_scheduled_messages(self, sequence_numbers: int | Sequence[int], **kwargs: Any) -> None:
+    def cancel_scheduled_messages(
+        self, sequence_numbers: int | Sequence[int], *, timeout: float | None = None, **kwargs: Any
+    ) -> None:
+        self._open(timeout)
         numbers = [sequence_numbers] if isinstance(sequence_numbers, int) else list(sequence_numbers)
-        self._broker.cancel_scheduled(self.entity_name, numbers)
+        if numbers:
+            self._broker.cancel_scheduled(self.entity_name, numbers)
 
     def create_message_batch(self, max_size_in_bytes: int | None = None) -> ServiceBusMessageBatch:
-        return ServiceBusMessageBatch(max_size_in_bytes)
+        self._open()
+        return new_batch(max_size_in_bytes)
 
     def close(self) -> None:
-        pass
+        self._running = False
 
     def __enter__(self) -> ServiceBusSender:
+        self._open()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -90,7 +111,8 @@ class ServiceBusSender:
 
 
 class ServiceBusSession:
-    """`receiver.session`: the locked session's id, lock and state."""
+    """`receiver.session`: the locked session's id, lock and state. Every operation checks the session lock on the
+    local clock first (`ServiceBusReceiver._check_live`), as the SDK's session does."""
 
     def __init__(self, receiver: ServiceBusReceiver) -> None:
         self._receiver = receiver
@@ -104,16 +126,24 @@ class ServiceBusSession:
         lock = self._receiver._core.lock
         return None if lock is None else lock.locked_until
 
+    @property
+    def auto_renew_error(self) -> Exception | None:
+        return self._receiver._core.auto_renew_error
+
+    @auto_renew_error.setter
+    def auto_renew_error(self, error: Exception | None) -> None:
+        self._receiver._core.auto_renew_error = error
+
     def get_state(self, *, timeout: float | None = None, **kwargs: Any) -> bytes | None:
-        self._receiver._open()
+        self._receiver._open(check_timeout(timeout))
         return self._receiver._core.get_state()
 
     def set_state(self, state: str | bytes | bytearray | None, *, timeout: float | None = None, **kwargs: Any) -> None:
-        self._receiver._open()
+        self._receiver._open(check_timeout(timeout))
         self._receiver._core.set_state(state)
 
     def renew_lock(self, *, timeout: float | None = None, **kwargs: Any) -> datetime:
-        self._receiver._open()
+        self._receiver._open(check_timeout(timeout))
         return self._receiver._core.renew_session_lock()
 
 
@@ -140,42 +170,54 @@ class ServiceBusReceiver:
                 register_first = False
                 if sleep is None:
                     return result
-                core.waiter.wait(sleep)
+                core.timer.wait(core.waiter, sleep)
         finally:
             core.end_wait(epoch)
 
-    def _open(self, wait: float | None = None) -> None:
-        self._core.check_live()
-        if self._core.opened:
+    def _open(self, budget: float | None = None) -> None:
+        """Open the link: check the entity and, for a session receiver, accept its session with the SDK's retries
+        (`_open_with_retry`; `budget` bounds them all, as the first receive's wait does)."""
+        core = self._core
+        core.check_live()
+        core.link()
+        if core.opened:
             return
-        deadline = time.monotonic() + self._core.default_wait(wait)
-        if not self._wait_for(self._core.try_open, deadline):
-            raise self._core.no_session_error()
+        attempts = core.attempts(budget)
+        while True:
+            try:
+                wait, client_deadline = core.accept_wait(attempts.attempt_timeout())
+                if self._wait_for(core.try_open, core.timer.monotonic() + wait):
+                    return
+                raise core.accept_timeout(client_deadline)
+            except ServiceBusError as error:
+                pause = attempts.failed(error)
+            core.timer.sleep(pause)
 
     def receive_messages(
         self, max_message_count: int | None = 1, max_wait_time: float | None = None
     ) -> list[ServiceBusReceivedMessage]:
-        """Up to `max_message_count` messages; waits up to `max_wait_time` for the first one."""
-        self._core.check_live()
-        count = self._core.batch_size(max_message_count)
-        wait = self._core.default_wait(max_wait_time)
+        """Up to `max_message_count` messages; waits up to `max_wait_time` for the first one. On a receiver not yet
+        open, accepting its session is part of that one wait (_servicebus_receiver.py `_receive`)."""
+        core = self._core
+        core.check_live()
+        wait = core.default_wait(max_wait_time)
+        count = core.batch_size(max_message_count)
+        deadline = core.timer.monotonic() + wait
         self._open(wait)
         if count == 0:
             return []
-        return (
-            self._wait_for(lambda: self._core.try_receive(count), time.monotonic() + wait, self._core.expect_idle) or []
-        )
+        return self._wait_for(lambda: core.try_receive(count), deadline, core.expect_idle) or []
 
     def receive_deferred_messages(
-        self, sequence_numbers: int | Sequence[int], **kwargs: Any
+        self, sequence_numbers: int | Sequence[int], *, timeout: float | None = None, **kwargs: Any
     ) -> list[ServiceBusReceivedMessage]:
-        self._open()
+        self._open(check_timeout(timeout))
         return self._core.receive_deferred(sequence_numbers)
 
     def peek_messages(
-        self, max_message_count: int = 1, *, sequence_number: int = 0, **kwargs: Any
+        self, max_message_count: int = 1, *, sequence_number: int = 0, timeout: float | None = None, **kwargs: Any
     ) -> list[ServiceBusReceivedMessage]:
-        self._open()
+        self._open(check_timeout(timeout))
         return self._core.peek(max_message_count, sequence_number)
 
     def complete_message(self, message: ServiceBusReceivedMessage) -> None:
@@ -193,13 +235,17 @@ class ServiceBusReceiver:
         reason: str | None = None,
         error_description: str | None = None,
     ) -> None:
-        self._core.settle(message, "dead_letter", reason=reason, error_description=error_description)
+        self._core.settle(message, MESSAGE_DEAD_LETTER, reason=reason, error_description=error_description)
 
-    def renew_message_lock(self, message: ServiceBusReceivedMessage, **kwargs: Any) -> datetime:
-        return self._core.renew_message_lock(message)
+    def renew_message_lock(
+        self, message: ServiceBusReceivedMessage, *, timeout: float | None = None, **kwargs: Any
+    ) -> datetime:
+        return self._core.renew_message_lock(message, timeout)
 
     def __iter__(self) -> Iterator[ServiceBusReceivedMessage]:
-        """Messages one by one until `max_wait_time` (of the receiver) passes without one; forever if None."""
+        """Messages one by one until `max_wait_time` (of the receiver) passes without one; forever if None. The
+        link opens first with the SDK's retries (`_iter_next`)."""
+        self._open()
         while True:
             wait = self._core.max_wait_time or DEFAULT_ITER_WAIT
             messages = self.receive_messages(1, max_wait_time=wait)

@@ -8,22 +8,25 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
+from azure.servicebus import ServiceBusMessageBatch
+from azure.servicebus.exceptions import ServiceBusError
+
 from ._core import (
+    MESSAGE_DEAD_LETTER,
+    SHUTDOWN,
     ClientBase,
     QueueRuntimeProperties,
     ReceiverCore,
-    ServiceBusMessageBatch,
     broker_from_connection_string,
-    envelopes_of,
+    check_timeout,
 )
 from .broker import EmbeddedBroker
 from .config import QueueProperties
-from .message import ServiceBusMessage, ServiceBusReceivedMessage
+from .message import ServiceBusMessage, ServiceBusReceivedMessage, envelopes_of, new_batch
 
 __all__ = [
     "ServiceBusAdministrationClient",
@@ -74,32 +77,50 @@ class ServiceBusClient(ClientBase):
 
 
 class ServiceBusSender:
-    """Sends to one queue; a send is durable once `send_messages` returns."""
+    """Sends to one queue; a send is durable once `send_messages` returns. As the SDK's, it checks the entity when
+    its link opens (`__aenter__` or the first send), not when it is made."""
 
     def __init__(self, broker: EmbeddedBroker, queue_name: str) -> None:
-        broker.queue_properties(queue_name)
         self._broker, self.entity_name = broker, queue_name
+        self._running = True
+
+    async def _open(self, timeout: float | None = None) -> None:
+        if not self._running:
+            raise ValueError(SHUTDOWN)
+        check_timeout(timeout)
+        await _run(self._broker.queue_properties, self.entity_name)  # MessagingEntityNotFoundError
 
     async def send_messages(self, message: Any, *, timeout: float | None = None, **kwargs: Any) -> None:
-        await _run(self._broker.send, self.entity_name, envelopes_of(message))
+        await self._open(timeout)
+        envelopes = envelopes_of(message)
+        if envelopes:
+            await _run(self._broker.send, self.entity_name, envelopes)
 
     async def schedule_messages(
         self, messages: Any, schedule_time_utc: datetime, *, timeout: float | None = None, **kwargs: Any
     ) -> list[int]:
-        numbers = await _run(self._broker.send, self.entity_name, envelopes_of(messages, schedule_time_utc))
+        await self._open(timeout)
+        envelopes = envelopes_of(messages, schedule_time_utc)
+        numbers = await _run(self._broker.send, self.entity_name, envelopes) if envelopes else []
         return [n for n in numbers if n is not None]
 
-    async def cancel_scheduled_messages(self, sequence_numbers: int | Sequence[int], **kwargs: Any) -> None:
+    async def cancel_scheduled_messages(
+        self, sequence_numbers: int | Sequence[int], *, timeout: float | None = None, **kwargs: Any
+    ) -> None:
+        await self._open(timeout)
         numbers = [sequence_numbers] if isinstance(sequence_numbers, int) else list(sequence_numbers)
-        await _run(self._broker.cancel_scheduled, self.entity_name, numbers)
+        if numbers:
+            await _run(self._broker.cancel_scheduled, self.entity_name, numbers)
 
     async def create_message_batch(self, max_size_in_bytes: int | None = None) -> ServiceBusMessageBatch:
-        return ServiceBusMessageBatch(max_size_in_bytes)
+        await self._open()
+        return new_batch(max_size_in_bytes)
 
     async def close(self) -> None:
-        pass
+        self._running = False
 
     async def __aenter__(self) -> ServiceBusSender:
+        await self._open()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -107,7 +128,8 @@ class ServiceBusSender:
 
 
 class ServiceBusSession:
-    """`receiver.session`: the locked session's id, lock and state (awaitable operations)."""
+    """`receiver.session`: the locked session's id, lock and state (awaitable operations); every operation checks
+    the session lock on the local clock first, as the SDK's session does."""
 
     def __init__(self, receiver: ServiceBusReceiver) -> None:
         self._receiver = receiver
@@ -121,18 +143,26 @@ class ServiceBusSession:
         lock = self._receiver._core.lock
         return None if lock is None else lock.locked_until
 
+    @property
+    def auto_renew_error(self) -> Exception | None:
+        return self._receiver._core.auto_renew_error
+
+    @auto_renew_error.setter
+    def auto_renew_error(self, error: Exception | None) -> None:
+        self._receiver._core.auto_renew_error = error
+
     async def get_state(self, *, timeout: float | None = None, **kwargs: Any) -> bytes | None:
-        await self._receiver._open()
+        await self._receiver._open(check_timeout(timeout))
         return await _run(self._receiver._core.get_state)
 
     async def set_state(
         self, state: str | bytes | bytearray | None, *, timeout: float | None = None, **kwargs: Any
     ) -> None:
-        await self._receiver._open()
+        await self._receiver._open(check_timeout(timeout))
         await _run(self._receiver._core.set_state, state)
 
     async def renew_lock(self, *, timeout: float | None = None, **kwargs: Any) -> datetime:
-        await self._receiver._open()
+        await self._receiver._open(check_timeout(timeout))
         return await _run(self._receiver._core.renew_session_lock)
 
 
@@ -161,40 +191,52 @@ class ServiceBusReceiver:
                 register_first = False
                 if sleep is None:
                     return result
-                await core.waiter.wait_async(sleep)
+                await core.timer.wait_async(core.waiter, sleep)
         finally:
             core.end_wait(epoch)
 
-    async def _open(self, wait: float | None = None) -> None:
-        self._core.check_live()
-        if self._core.opened:
+    async def _open(self, budget: float | None = None) -> None:
+        """As the sync receiver's `_open`: the entity check, then the session accept with the SDK's retries."""
+        core = self._core
+        core.check_live()
+        if not core.opened:
+            await _run(core.link)
+        if core.opened:
             return
-        deadline = time.monotonic() + self._core.default_wait(wait)
-        if not await self._wait_for(self._core.try_open, deadline):
-            raise self._core.no_session_error()
+        attempts = core.attempts(budget)
+        while True:
+            try:
+                wait, client_deadline = core.accept_wait(attempts.attempt_timeout())
+                if await self._wait_for(core.try_open, core.timer.monotonic() + wait):
+                    return
+                raise core.accept_timeout(client_deadline)
+            except ServiceBusError as error:
+                pause = attempts.failed(error)
+            await core.timer.sleep_async(pause)
 
     async def receive_messages(
         self, max_message_count: int | None = 1, max_wait_time: float | None = None
     ) -> list[ServiceBusReceivedMessage]:
-        self._core.check_live()
-        count = self._core.batch_size(max_message_count)
-        wait = self._core.default_wait(max_wait_time)
+        core = self._core
+        core.check_live()
+        wait = core.default_wait(max_wait_time)
+        count = core.batch_size(max_message_count)
+        deadline = core.timer.monotonic() + wait
         await self._open(wait)
         if count == 0:
             return []
-        deadline, idle = time.monotonic() + wait, self._core.expect_idle
-        return await self._wait_for(lambda: self._core.try_receive(count), deadline, idle) or []
+        return await self._wait_for(lambda: core.try_receive(count), deadline, core.expect_idle) or []
 
     async def receive_deferred_messages(
-        self, sequence_numbers: int | Sequence[int], **kwargs: Any
+        self, sequence_numbers: int | Sequence[int], *, timeout: float | None = None, **kwargs: Any
     ) -> list[ServiceBusReceivedMessage]:
-        await self._open()
+        await self._open(check_timeout(timeout))
         return await _run(self._core.receive_deferred, sequence_numbers)
 
     async def peek_messages(
-        self, max_message_count: int = 1, *, sequence_number: int = 0, **kwargs: Any
+        self, max_message_count: int = 1, *, sequence_number: int = 0, timeout: float | None = None, **kwargs: Any
     ) -> list[ServiceBusReceivedMessage]:
-        await self._open()
+        await self._open(check_timeout(timeout))
         return await _run(self._core.peek, max_message_count, sequence_number)
 
     async def complete_message(self, message: ServiceBusReceivedMessage) -> None:
@@ -212,12 +254,15 @@ class ServiceBusReceiver:
         reason: str | None = None,
         error_description: str | None = None,
     ) -> None:
-        await _run(self._core.settle, message, "dead_letter", reason=reason, error_description=error_description)
+        await _run(self._core.settle, message, MESSAGE_DEAD_LETTER, reason=reason, error_description=error_description)
 
-    async def renew_message_lock(self, message: ServiceBusReceivedMessage, **kwargs: Any) -> datetime:
-        return await _run(self._core.renew_message_lock, message)
+    async def renew_message_lock(
+        self, message: ServiceBusReceivedMessage, *, timeout: float | None = None, **kwargs: Any
+    ) -> datetime:
+        return await _run(self._core.renew_message_lock, message, timeout)
 
     async def __aiter__(self) -> AsyncIterator[ServiceBusReceivedMessage]:
+        await self._open()
         while True:
             messages = await self.receive_messages(1, max_wait_time=self._core.max_wait_time or 3600.0)
             if messages:

@@ -1,25 +1,50 @@
-"""Messages of the embedded broker, shaped like azure-servicebus' ServiceBusMessage and ReceivedMessage.
-
-`ServiceBusMessage` takes the SDK constructor's keywords. `to_envelope` also accepts the real
-`azure.servicebus.ServiceBusMessage`, so code written against the SDK sends through the embedded client
-unchanged. `ServiceBusReceivedMessage` exposes the SDK's received-message properties; like the SDK, `body`
-of a data message is an iterable of bytes sections (`b"".join(msg.body)`) and `str(msg)` is the decoded body.
-"""
+"""Messages of the embedded broker, as azure-servicebus has them: what is sent is the SDK's own `ServiceBusMessage`
+(re-exported, so its checks and encoding apply), and what is received is the SDK's own `ServiceBusReceivedMessage`,
+built from the AMQP message Service Bus would deliver (header, x-opt-* annotations, properties, application
+properties with the dead-letter reason and description, one data section) and decoded by the SDK's AMQP decoder,
+so every property reads as the SDK reads it (bytes keys and string values, a UUID lock token, ms timestamps).
+`encoded_size` is the SDK's size of a message on the wire. Sources: docs/modules-product.md."""
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from azure.servicebus import ServiceBusMessage as SdkServiceBusMessage
+from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch, ServiceBusMessageState, ServiceBusReceiveMode
+from azure.servicebus import ServiceBusReceivedMessage as SdkServiceBusReceivedMessage
+from azure.servicebus._common.constants import (
+    _X_OPT_DEAD_LETTER_SOURCE,
+    _X_OPT_ENQUEUED_TIME,
+    _X_OPT_LOCKED_UNTIL,
+    _X_OPT_PARTITION_KEY,
+    _X_OPT_SCHEDULED_ENQUEUE_TIME,
+    _X_OPT_SEQUENCE_NUMBER,
+    MESSAGE_STATE_NAME,
+    PROPERTIES_DEAD_LETTER_ERROR_DESCRIPTION,
+    PROPERTIES_DEAD_LETTER_REASON,
+)
+from azure.servicebus._common.utils import transform_outbound_messages
+from azure.servicebus._pyamqp import utils as amqp_utils
+from azure.servicebus._pyamqp._decode import decode_payload
+from azure.servicebus._pyamqp._encode import encode_payload
+from azure.servicebus._pyamqp.error import ErrorCondition
+from azure.servicebus._pyamqp.message import Header, Message, Properties
+from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
+from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 from azure.servicebus.amqp import AmqpMessageBodyType
+from azure.servicebus.exceptions import MessageSizeExceededError
 
+__all__ = ["Envelope", "ServiceBusMessage", "ServiceBusReceivedMessage", "StoredMessage", "encoded_size"]
 PrimitiveTypes = int | float | bool | str | bytes | uuid.UUID | datetime | None
+_UINT_MAX = 2**32 - 1  # the AMQP header's ttl is a uint of milliseconds
+# Service Bus Standard: max-message-size announced on a sender link and the batch limit the SDK derives from it
+# (azure/servicebus/_common/constants.py MAX_BATCH_SIZE_STANDARD; service-bus-quotas).
+MAX_MESSAGE_SIZE_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -58,143 +83,164 @@ class StoredMessage:
     state: str
 
 
-class ServiceBusMessage:
-    """An outgoing message; same constructor keywords as `azure.servicebus.ServiceBusMessage`."""
+class ServiceBusReceivedMessage(SdkServiceBusReceivedMessage):
+    """The SDK's received message, plus the broker's record of it (`_stored`: sequence number and lock token)."""
 
-    def __init__(
-        self,
-        body: str | bytes | None,
-        *,
-        application_properties: dict[Any, PrimitiveTypes] | None = None,
-        session_id: str | None = None,
-        message_id: str | None = None,
-        scheduled_enqueue_time_utc: datetime | None = None,
-        time_to_live: timedelta | int | None = None,
-        content_type: str | None = None,
-        correlation_id: str | None = None,
-        subject: str | None = None,
-        partition_key: str | None = None,
-        to: str | None = None,
-        reply_to: str | None = None,
-        reply_to_session_id: str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self._encoding: str = kwargs.pop("encoding", "UTF-8")
-        if not (body is None or isinstance(body, (str, bytes))):
-            raise TypeError("ServiceBusMessage body must be a string, bytes, or None.")
-        self._body: bytes = body.encode(self._encoding) if isinstance(body, str) else (body or b"")
-        self.application_properties = application_properties
-        self.session_id = session_id
-        self.message_id = message_id
-        self.scheduled_enqueue_time_utc = scheduled_enqueue_time_utc
-        self.time_to_live = timedelta(seconds=time_to_live) if isinstance(time_to_live, int) else time_to_live
-        self.content_type = content_type
-        self.correlation_id = correlation_id
-        self.subject = subject
-        self.partition_key = partition_key
-        self.to = to
-        self.reply_to = reply_to
-        self.reply_to_session_id = reply_to_session_id
-
-    @property
-    def body(self) -> Iterator[bytes]:
-        """The data body as the SDK returns it: an iterable of bytes sections."""
-        return iter((self._body,))
-
-    @property
-    def body_type(self) -> AmqpMessageBodyType:
-        return AmqpMessageBodyType.DATA
-
-    def __str__(self) -> str:
-        return self._body.decode(self._encoding)
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(body={str(self)[:200]!r}, session_id={self.session_id!r}, "
-            f"message_id={self.message_id!r}, subject={self.subject!r})"
-        )
+    _stored: StoredMessage
 
 
-class ServiceBusReceivedMessage(ServiceBusMessage):
-    """A message handed out by the embedded broker; settle it through the receiver that received it."""
+def received_message(
+    stored: StoredMessage,
+    receiver: Any,
+    *,
+    receive_mode: ServiceBusReceiveMode = ServiceBusReceiveMode.PEEK_LOCK,
+    peeked: bool = False,
+    deferred: bool = False,
+    scheduled: bool = False,
+) -> ServiceBusReceivedMessage:
+    """The SDK's `ServiceBusReceivedMessage` of a stored message, through the SDK's AMQP encoder and decoder (as
+    `ServiceBusReceivedMessage.from_bytes` builds one); the lock token goes in as the transport passes it."""
+    output = bytearray()
+    encode_payload(output, _amqp_message(stored, scheduled))
+    token = stored.lock_token
+    message = ServiceBusReceivedMessage(
+        decode_payload(memoryview(output)),
+        receive_mode=receive_mode,
+        receiver=receiver,
+        lock_token=uuid.UUID(token) if token and not peeked else None,
+        is_peeked_message=peeked,
+        is_deferred_message=deferred,
+    )
+    message._stored = stored
+    return message
 
-    def __init__(self, stored: StoredMessage, *, receiver: Any, peeked: bool = False, settled: bool = False):
-        env = stored.envelope
-        super().__init__(
-            env.body,
-            application_properties=dict(env.application_properties) or None,
-            session_id=env.session_id,
+
+def _ms(moment: datetime | None) -> dict[str, Any] | None:
+    if moment is None:
+        return None
+    return {TYPE: AMQPTypes.timestamp, VALUE: int(_aware(moment).timestamp() * 1000)}  # type: ignore[union-attr]
+
+
+def _amqp_message(stored: StoredMessage, scheduled: bool) -> Message:
+    """What Service Bus delivers for a stored message (the annotations the SDK reads: _common/message.py)."""
+    env = stored.envelope
+    ttl = env.time_to_live  # a message TTL over the queue's default is cut to it, as Service Bus adjusts it
+    if ttl is not None and stored.expires_at_utc is not None:
+        ttl = min(ttl, stored.expires_at_utc - stored.enqueued_time_utc)
+    ttl_ms = int(ttl.total_seconds() * 1000) if ttl is not None else None
+    state = ServiceBusMessageState.DEFERRED if stored.state == "deferred" else ServiceBusMessageState.ACTIVE
+    annotations: dict[bytes, Any] = {
+        _X_OPT_ENQUEUED_TIME: _ms(stored.enqueued_time_utc),
+        _X_OPT_SEQUENCE_NUMBER: {TYPE: AMQPTypes.long, VALUE: stored.sequence_number},
+        _X_OPT_LOCKED_UNTIL: _ms(stored.locked_until_utc),
+        _X_OPT_SCHEDULED_ENQUEUE_TIME: _ms(env.scheduled_enqueue_time_utc),
+        _X_OPT_PARTITION_KEY: env.partition_key,
+        _X_OPT_DEAD_LETTER_SOURCE: stored.dead_letter_source,
+        MESSAGE_STATE_NAME: int(ServiceBusMessageState.SCHEDULED if scheduled else state),
+    }
+    properties: dict[Any, Any] = dict(env.application_properties)
+    # Service Bus keeps a dead-letter reason and description as application properties (service-bus-dead-letter-
+    # queues); the SDK reads them there (_common/message.py dead_letter_reason).
+    for key, value in (
+        (PROPERTIES_DEAD_LETTER_REASON, stored.dead_letter_reason),
+        (PROPERTIES_DEAD_LETTER_ERROR_DESCRIPTION, stored.dead_letter_error_description),
+    ):
+        if value is not None:
+            properties[key.decode()] = value
+    return Message(
+        header=Header(
+            delivery_count=stored.delivery_count,
+            ttl=ttl_ms if ttl_ms is not None and 0 < ttl_ms <= _UINT_MAX else None,
+        ),
+        message_annotations={k: v for k, v in annotations.items() if v is not None},
+        properties=Properties(
             message_id=env.message_id,
-            scheduled_enqueue_time_utc=env.scheduled_enqueue_time_utc,
-            time_to_live=env.time_to_live,
-            content_type=env.content_type,
-            correlation_id=env.correlation_id,
-            subject=env.subject,
-            partition_key=env.partition_key,
             to=env.to,
+            subject=env.subject,
             reply_to=env.reply_to,
-            reply_to_session_id=env.reply_to_session_id,
+            correlation_id=env.correlation_id,
+            content_type=env.content_type,
+            group_id=env.session_id,
+            reply_to_group_id=env.reply_to_session_id,
+        ),
+        application_properties=properties or None,
+        data=[env.body],
+    )
+
+
+def encoded_size(message: ServiceBusMessage) -> int:
+    """The size of `message` as the SDK encodes it for a transfer (`get_message_encoded_size`): body, header,
+    properties, annotations and application properties."""
+    outgoing = PyamqpTransport.to_outgoing_amqp_message(message.raw_amqp_message)
+    return int(amqp_utils.get_message_encoded_size(outgoing))  # type: ignore[no-untyped-call]
+
+
+def new_batch(max_size_in_bytes: int | None = None) -> ServiceBusMessageBatch:
+    """`create_message_batch`: the SDK's own batch, sized as it sizes one (azure/servicebus/_servicebus_sender.py
+    `create_message_batch`; the link's max batch size is Service Bus Standard's)."""
+    if max_size_in_bytes and max_size_in_bytes > MAX_MESSAGE_SIZE_BYTES:
+        raise ValueError(
+            f"Max message size: {max_size_in_bytes} is too large, "
+            f"acceptable max batch size is: {MAX_MESSAGE_SIZE_BYTES} bytes."
         )
-        self._stored = stored
-        self._receiver = receiver
-        self._is_peeked_message = peeked
-        self._settled = settled
-        self._expiry: datetime | None = stored.locked_until_utc
-
-    @property
-    def delivery_count(self) -> int:
-        """Deliveries attempted before this one (0 on the first delivery, as the SDK reports it)."""
-        return self._stored.delivery_count
-
-    @property
-    def enqueued_time_utc(self) -> datetime:
-        return self._stored.enqueued_time_utc
-
-    @property
-    def expires_at_utc(self) -> datetime | None:
-        return self._stored.expires_at_utc
-
-    @property
-    def sequence_number(self) -> int:
-        return self._stored.sequence_number
-
-    @property
-    def enqueued_sequence_number(self) -> int:
-        return self._stored.sequence_number
-
-    @property
-    def lock_token(self) -> str | None:
-        return None if self._settled or self._is_peeked_message else self._stored.lock_token
-
-    @property
-    def locked_until_utc(self) -> datetime | None:
-        """None once settled and for session messages (their lock is the session's), as in the SDK."""
-        return None if self._settled else self._expiry
-
-    @property
-    def dead_letter_reason(self) -> str | None:
-        return self._stored.dead_letter_reason
-
-    @property
-    def dead_letter_error_description(self) -> str | None:
-        return self._stored.dead_letter_error_description
-
-    @property
-    def dead_letter_source(self) -> str | None:
-        return self._stored.dead_letter_source
-
-    @property
-    def state(self) -> str:
-        return self._stored.state
+    return ServiceBusMessageBatch(max_size_in_bytes=max_size_in_bytes or MAX_MESSAGE_SIZE_BYTES)
 
 
-def to_envelope(message: ServiceBusMessage | SdkServiceBusMessage) -> Envelope:
-    """Normalise our message or the SDK's (data body only) into what the broker stores."""
-    if isinstance(message, SdkServiceBusMessage):
-        if message.body_type != AmqpMessageBodyType.DATA:
-            raise TypeError("the embedded broker supports data bodies only (str or bytes)")
-    elif not isinstance(message, ServiceBusMessage):
+def _outgoing(message: Any) -> tuple[list[ServiceBusMessage], bool]:
+    """What `send_messages` sends (azure/servicebus/_servicebus_sender.py `send_messages`): a batch as it is; a list
+    made into one batch (MessageSizeExceededError past the batch limit, from the SDK's `ServiceBusMessageBatch`); one
+    message as it is. A dict or AmqpAnnotatedMessage becomes a ServiceBusMessage as the SDK converts it."""
+    if isinstance(message, ServiceBusMessageBatch):
+        return list(message._messages), False
+    converted = transform_outbound_messages(message, ServiceBusMessage, PyamqpTransport.to_outgoing_amqp_message)
+    if isinstance(converted, list):
+        batch = new_batch()
+        batch._from_list(converted)
+        return list(batch._messages), False
+    return [converted], True
+
+
+def _check_size(message: ServiceBusMessage) -> None:
+    """The service refuses a transfer over the link's max-message-size (amqp:link:message-size-exceeded), which the
+    SDK raises as MessageSizeExceededError (_transport/_pyamqp_transport.py _ERROR_CODE_TO_ERROR_MAPPING). The
+    description is this mirror's; the class and condition are the SDK's."""
+    size = encoded_size(message)
+    if size > MAX_MESSAGE_SIZE_BYTES:
+        raise MessageSizeExceededError(
+            message=f"The received message (size: {size} bytes) exceeds the limit ({MAX_MESSAGE_SIZE_BYTES} bytes) "
+            "currently allowed on the link.",
+            condition=ErrorCondition.LinkMessageSizeExceeded,
+        )
+
+
+def envelopes_of(message: Any, schedule_time_utc: datetime | None = None) -> list[Envelope]:
+    """What `send_messages` (or, with a time, `schedule_messages`) stores, sized as the SDK and the service size it:
+    scheduled messages go in one management request, unbatched, each message within the link's limit."""
+    try:
+        if len(message) == 0:  # the SDK sends nothing for an empty list or batch
+            return []
+    except TypeError:
+        pass
+    if schedule_time_utc is None:
+        outgoing, single = _outgoing(message)
+    else:
+        converted = transform_outbound_messages(message, ServiceBusMessage, PyamqpTransport.to_outgoing_amqp_message)
+        outgoing, single = (converted if isinstance(converted, list) else [converted]), True
+    if single:  # a batch was sized by the SDK; each single transfer is sized by the service
+        for item in outgoing:
+            _check_size(item)
+    envelopes = [to_envelope(item) for item in outgoing]
+    if schedule_time_utc is not None:
+        envelopes = [dataclasses.replace(env, scheduled_enqueue_time_utc=schedule_time_utc) for env in envelopes]
+    return envelopes
+
+
+def to_envelope(message: ServiceBusMessage) -> Envelope:
+    """An SDK message (data body only) → what the broker stores."""
+    if not isinstance(message, ServiceBusMessage):
         raise TypeError(f"expected ServiceBusMessage, got {type(message).__name__}")
+    if message.body_type != AmqpMessageBodyType.DATA:
+        raise TypeError("the embedded broker supports data bodies only (str or bytes)")
     ttl = message.time_to_live
     return Envelope(
         body=b"".join(message.body),

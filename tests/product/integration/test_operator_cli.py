@@ -215,7 +215,13 @@ async def test_dlq_list_show_and_replay_with_the_marker(system: Services, cli: C
         "InvalidField:items",
     )
     shown = cli.json("dlq", "show", "orders-inbound", str(seq))
-    assert shown["body"] == {"orderId": "o-p"} and shown["applicationProperties"] == {"source": "test"}
+    # Service Bus keeps the dead-letter reason and description as application properties (the SDK reads them there:
+    # azure/servicebus/_common/message.py dead_letter_reason), so `dlq show` lists them with the sender's.
+    assert shown["body"] == {"orderId": "o-p"} and shown["applicationProperties"] == {
+        "source": "test",
+        "DeadLetterReason": "InvalidField:items",
+        "DeadLetterErrorDescription": "InvalidField:items: the field",
+    }
     missing, _, err = cli("dlq", "show", "orders-inbound", str(seq + 100))
     assert missing == 1 and err.strip() == (
         f"orderflow dlq: error: no dead-lettered message with sequence number {seq + 100} on orders-inbound"

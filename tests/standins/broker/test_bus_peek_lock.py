@@ -192,8 +192,15 @@ def test_batch_receive_is_fifo_and_bounded(client, queue):
 
 
 def test_unknown_queue_raises_entity_not_found(client):
+    # As the SDK: handlers are made without a call to the service; the link's attach fails on first use
+    # (azure/servicebus/_servicebus_sender.py and _servicebus_receiver.py `_open`).
+    sender = client.get_queue_sender("no-such-queue")
     with pytest.raises(MessagingEntityNotFoundError):
-        client.get_queue_sender("no-such-queue")
+        sender.send_messages(ServiceBusMessage("x"))
+    with pytest.raises(MessagingEntityNotFoundError):
+        sender.__enter__()
+    with pytest.raises(MessagingEntityNotFoundError):
+        client.get_queue_receiver("no-such-queue").receive_messages(max_wait_time=SHORT)
 
 
 def test_closed_receiver_refuses_to_work(client, queue):

@@ -65,7 +65,9 @@ def sessions(conn: str, queue: str, name: str, count: int) -> None:
     sending = _start_sending(client, queue, name, count, sessions=True)
     while True:
         try:
-            receiver = client.get_queue_receiver(queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1.0)
+            receiver = client.get_queue_receiver(
+                queue, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1.0, retry_total=0
+            )
             receiver.__enter__()
         except OperationTimeoutError:
             if not sending.is_alive():
