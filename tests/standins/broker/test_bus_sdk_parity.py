@@ -87,26 +87,29 @@ def test_an_expired_session_lock_is_refused_locally_before_any_operation(client,
     # by receive_messages, _settle_message_with_retry, peek_messages, receive_deferred_messages and the session's
     # get_state / set_state / renew_lock (_servicebus_session.py); `_lock_expired` compares with utc_now().
     q = queue(requires_session=True, lock_duration="PT30S")
-    _send(client, q, "A", "a1")
-    receiver = client.get_queue_receiver(q, session_id="A")
-    [msg] = receiver.receive_messages(max_wait_time=SHORT)
-    clock.advance(30)  # the lock's expiry: expired (locked_until_utc <= utc_now())
     operations = {
-        "receive_messages": lambda: receiver.receive_messages(max_wait_time=SHORT),  # nothing ready: no broker error
-        "peek_messages": lambda: receiver.peek_messages(),  # a peek does not check the session lock at the broker
-        "receive_deferred_messages": lambda: receiver.receive_deferred_messages([msg.sequence_number]),
-        "complete_message": lambda: receiver.complete_message(msg),
-        "abandon_message": lambda: receiver.abandon_message(msg),
-        "defer_message": lambda: receiver.defer_message(msg),
-        "dead_letter_message": lambda: receiver.dead_letter_message(msg, reason="r"),
-        "session.renew_lock": lambda: receiver.session.renew_lock(),
-        "session.get_state": lambda: receiver.session.get_state(),
-        "session.set_state": lambda: receiver.session.set_state("s"),
+        "receive_messages": lambda r, m: r.receive_messages(max_wait_time=SHORT),
+        "peek_messages": lambda r, m: r.peek_messages(),  # the broker does not check the session lock for a peek
+        "receive_deferred_messages": lambda r, m: r.receive_deferred_messages([m.sequence_number]),
+        "complete_message": lambda r, m: r.complete_message(m),
+        "abandon_message": lambda r, m: r.abandon_message(m),
+        "defer_message": lambda r, m: r.defer_message(m),
+        "dead_letter_message": lambda r, m: r.dead_letter_message(m, reason="r"),
+        "session.renew_lock": lambda r, m: r.session.renew_lock(),
+        "session.get_state": lambda r, m: r.session.get_state(),
+        "session.set_state": lambda r, m: r.session.set_state("s"),
     }
+    held = {}
+    for name in operations:  # one session each: an answer of the service about one lock does not affect another
+        _send(client, q, name, "m")
+        receiver = client.get_queue_receiver(q, session_id=name)
+        held[name] = receiver, receiver.receive_messages(max_wait_time=SHORT)[0]
+    clock.advance(30)  # the locks' expiry: expired (locked_until_utc <= utc_now())
     for name, operation in operations.items():
         with pytest.raises(SessionLockLostError) as lost:
-            operation()
+            operation(*held[name])
         assert str(lost.value) == SESSION_LOCK_LOST, name
+    assert client.broker.counts(q).locked == len(operations)  # no settlement reached the broker
 
 
 def test_the_local_clock_ahead_of_the_service_loses_a_lock_the_service_still_holds(broker, queue, clock):
@@ -163,6 +166,8 @@ async def test_the_aio_receiver_checks_the_session_lock_on_the_local_clock(broke
         async with aclient.get_queue_receiver(q, session_id="A") as receiver:
             [msg] = await receiver.receive_messages(max_wait_time=SHORT)
             clock.advance(30)
+            with pytest.raises(SessionLockLostError):
+                await receiver.peek_messages()  # the client's answer: the broker does not check a peek's session
             with pytest.raises(SessionLockLostError):
                 await receiver.receive_messages(max_wait_time=SHORT)
             with pytest.raises(SessionLockLostError):
