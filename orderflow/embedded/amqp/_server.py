@@ -289,7 +289,8 @@ class Endpoint:
 
     def __init__(self, broker: EmbeddedBroker, host: str = "127.0.0.1", port: int = 5672) -> None:
         self.broker = broker
-        self.container = Container(_GuardedDispatcher(self))
+        self._dispatcher = _GuardedDispatcher(self)
+        self.container = Container(self._dispatcher)
         self.container.container_id = CONTAINER_ID
         self.injector = EventInjector()
         self.container.selectable(self.injector)
@@ -301,6 +302,10 @@ class Endpoint:
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"amqp://{host}:{self.port}"
+
+    def identities(self) -> list[ConnectionIdentity]:
+        """Who each open connection authenticated as (CBS tokens): where a later issue enforces rights."""
+        return [_state(connection).identity for connection in list(self._dispatcher.connections)]
 
     def run(self) -> None:
         """Serve until `stop`."""
