@@ -315,8 +315,9 @@ def entity_not_found(bus: Bus, q: Queues) -> None:
 def session_fifo(bus: Bus, q: Queues) -> None:
     with bus.client() as client:
         with client.get_queue_sender(q.sessions) as sender:
+            sender.send_messages(ServiceBusMessage("b0", session_id="B"))  # the oldest message is another session's
             sender.send_messages([ServiceBusMessage(f"a{i}", session_id="A") for i in range(3)])
-            sender.send_messages(ServiceBusMessage("b0", session_id="B"))
+            sender.send_messages(ServiceBusMessage("b1", session_id="B"))
             sender.send_messages(ServiceBusMessage("a3", session_id="A"))
         with client.get_queue_receiver(q.sessions, session_id="A") as receiver:
             assert receiver.session.session_id == "A"
