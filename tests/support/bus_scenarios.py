@@ -135,7 +135,8 @@ def send_and_receive_properties(bus: Bus, q: Queues) -> None:
             assert (message.content_type, message.reply_to, message.to) == ("application/json", "replies", "someone")
             assert message.time_to_live == timedelta(minutes=5)
             assert props(message) == {"tenant": "contoso", "n": 7}
-            assert message.sequence_number >= 1 and message.enqueued_time_utc is not None
+            assert message.sequence_number >= 1 and message.enqueued_sequence_number == message.sequence_number
+            assert abs(message.enqueued_time_utc - datetime.now(UTC)) < timedelta(minutes=1)
             assert message.delivery_count == 0  # pyamqp reports the AMQP header: 0 on the first delivery
             assert message.lock_token is not None and message.locked_until_utc > datetime.now(UTC)
             receiver.complete_message(message)

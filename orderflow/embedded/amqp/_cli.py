@@ -4,6 +4,7 @@ declare the queues of the config, serve AMQP until SIGINT/SIGTERM, and print `li
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -34,6 +35,9 @@ def serve(host: str, port: int, state_dir: Path, config: Path | None) -> int:
         print(f"devhost servicebus: config file not found: {config}", file=sys.stderr, flush=True)
         return 1
     from ._server import Endpoint  # proton is loaded only by the command that serves
+
+    # proton logs every write to a socket its client already closed (pyamqp closes right after its Close frame).
+    logging.getLogger("proton").setLevel(logging.CRITICAL)
 
     broker = EmbeddedBroker(state_dir / DB_NAME, config=config)
     try:

@@ -95,22 +95,28 @@ class DeliveryLink:
             self._open(lock)
             return
 
-        def accepted(found: SessionLock | None) -> None:
+        def accepted(found: SessionLock | AmqpError | None) -> None:
             self._wait = None
             if self.closed:
-                if found is not None:
+                if isinstance(found, SessionLock):
                     self.broker.release_session(self.address.queue, found, count_delivery=False)
                 return
             if found is None:
                 refuse(AmqpError(TIMEOUT, "No session is available within the requested timeout.", 408))
+            elif isinstance(found, AmqpError):
+                refuse(found)
             else:
                 self._open(found)
 
-        self._wait = Wait(
-            self.container, self.core, lambda: self.broker.accept_session(self.address.queue, None), accepted,
-            _accept_timeout(self.link), register_first=True,
-        )  # fmt: skip
+        timeout = _accept_timeout(self.link)
+        self._wait = Wait(self.container, self.core, self._accept_next, accepted, timeout, register_first=True)
         self._wait.start()
+
+    def _accept_next(self) -> SessionLock | AmqpError | None:
+        try:
+            return self.broker.accept_session(self.address.queue, None)
+        except Exception as exc:  # noqa: BLE001 - the attach is refused with it
+            return classify(exc)
 
     def _open(self, lock: SessionLock | None = None) -> None:
         link = self.link

@@ -112,3 +112,11 @@ def test_cbs_keeps_the_key_name_and_the_audience_of_each_connection(in_process: 
     assert token.audience == f"sb://127.0.0.1:{in_process.port}/{queues.plain}"
     assert token.resource == token.audience and token.expires_at is not None
     assert identity.for_address(f"sb://127.0.0.1:{in_process.port}/{queues.plain}") == token
+
+
+def test_a_drain_gives_the_unused_credit_back(connection: BlockingConnection, queues: Queues) -> None:
+    connection.create_sender(queues.plain).send(Message(body=b"one", inferred=True))
+    receiver = connection.create_receiver(queues.plain, credit=0)
+    receiver.link.drain(5)  # as the SDK does when it closes a peek-lock receiver (drain_and_release_messages)
+    connection.wait(lambda: not receiver.link.draining(), timeout=TIMEOUT, msg="draining")
+    assert receiver.link.credit == 0 and receiver.fetcher.has_message  # one delivered, four given back
