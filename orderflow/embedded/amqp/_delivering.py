@@ -101,12 +101,12 @@ class DeliveryLink:
                 if isinstance(found, SessionLock):
                     self.broker.release_session(self.address.queue, found, count_delivery=False)
                 return
-            if found is None:
-                refuse(AmqpError(TIMEOUT, "No session is available within the requested timeout.", 408))
-            elif isinstance(found, AmqpError):
-                refuse(found)
-            else:
+            if isinstance(found, SessionLock):
                 self._open(found)
+                return
+            self.closed = True
+            self.core.close_waiter()
+            refuse(found or AmqpError(TIMEOUT, "No session is available within the requested timeout.", 408))
 
         timeout = _accept_timeout(self.link)
         self._wait = Wait(self.container, self.core, self._accept_next, accepted, timeout, register_first=True)

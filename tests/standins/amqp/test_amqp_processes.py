@@ -11,8 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus._pyamqp import constants as pyamqp_constants
+from azure.servicebus.exceptions import SessionCannotBeLockedError
 from conftest import BASE_CONFIG, ROOT, Served, start_subprocess, stop_subprocess
 from support.bus_scenarios import Queues, props
 
@@ -100,3 +102,24 @@ def test_the_default_port_is_the_one_the_sdk_uses_when_the_emulator_string_has_n
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert parser.parse_args([]).port == pyamqp_constants.PORT == 5672
+
+
+def test_a_receiver_that_crashes_keeps_its_session_locked_until_the_lock_expires(amqp_server: Served) -> None:
+    # message-sessions: the lock is released on close, or when it expires if the receiver cannot close.
+    q = amqp_server.declare(Queues.fresh())
+    with ServiceBusClient.from_connection_string(amqp_server.connection_string, retry_total=0) as client:
+        with client.get_queue_sender(q.sessions) as sender:
+            sender.send_messages(ServiceBusMessage("in flight", session_id="K"))
+        script = (
+            "import os\n"
+            "from azure.servicebus import ServiceBusClient\n"
+            f"c = ServiceBusClient.from_connection_string({amqp_server.connection_string!r}, retry_total=0)\n"
+            f"r = c.get_queue_receiver({q.sessions!r}, session_id='K')\n"
+            "r.__enter__()\n"
+            "assert len(r.receive_messages(max_wait_time=5)) == 1\n"
+            "os._exit(0)\n"  # no detach, no close: the socket just goes
+        )
+        assert subprocess.run([sys.executable, "-c", script], cwd=ROOT, timeout=60).returncode == 0
+        with pytest.raises(SessionCannotBeLockedError):
+            with client.get_queue_receiver(q.sessions, session_id="K") as receiver:
+                receiver.receive_messages(max_wait_time=1)
