@@ -1,131 +1,26 @@
-"""Fixtures for the AMQP endpoint: the endpoint as `python -m devhost servicebus` in a subprocess (one for the
-session), or on a thread of this process over a broker whose clock the test moves; fresh queues declared in the
-broker file the endpoint serves; and the unmodified azure-servicebus SDK, sync or aio, connected with the
-emulator's connection string."""
+"""Fixtures for the AMQP endpoint (tests/support/amqp_endpoint.py): the endpoint as `python -m devhost servicebus`
+in a subprocess, one for the session; one on a thread of this process per test, over a broker whose clock the test
+moves; and the event loop the aio SDK runs on."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import threading
+import json
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
-from azure.servicebus import ServiceBusClient
-from azure.servicebus.aio import ServiceBusClient as AioServiceBusClient
-from support.aio_bridge import LoopThread, Synced
-from support.bus_scenarios import Queues
-
-from orderflow.embedded.amqp import Endpoint
-from orderflow.embedded.broker import EmbeddedBroker
-
-ROOT = Path(__file__).resolve().parents[3]
-START_TIMEOUT = 30.0
-# Microsoft's emulator connection string, unchanged but for the port (azure/servicebus/_base_handler.py: with
-# UseDevelopmentEmulator=true the SDK speaks plain AMQP and keeps the port).
-EMULATOR = (
-    "Endpoint=sb://127.0.0.1:{port};SharedAccessKeyName=RootManageSharedAccessKey;"
-    "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;"
-)
-BASE_CONFIG = {"UserConfig": {"Namespaces": [{"Name": "t", "Queues": [{"Name": "ping", "Properties": {}}]}]}}
-
-
-@dataclass
-class Served:
-    """An endpoint that serves the broker file `db_path` on `port`."""
-
-    port: int
-    db_path: Path
-
-    @property
-    def connection_string(self) -> str:
-        return EMULATOR.format(port=self.port)
-
-    def declare(self, queues: Queues) -> Queues:
-        broker = EmbeddedBroker(self.db_path)
-        broker.load_config(queues.config())
-        broker.close()
-        return queues
-
-
-def start_subprocess(state_dir: Path, config: Path) -> tuple[subprocess.Popen[str], int]:
-    """`python -m devhost servicebus --port 0`, ready once it printed `listening on amqp://HOST:PORT`."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
-    command = [sys.executable, "-m", "devhost", "servicebus", "--port", "0", "--state-dir", str(state_dir)]
-    process = subprocess.Popen(
-        [*command, "--config", str(config)], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
-    )
-    assert process.stdout is not None
-    line: list[str] = []
-    reader = threading.Thread(target=lambda: line.append(process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-    reader.start()
-    reader.join(START_TIMEOUT)
-    if not line or not line[0].startswith("listening on amqp://127.0.0.1:"):
-        process.kill()
-        raise AssertionError(f"the endpoint did not start: {line!r}")
-    return process, int(line[0].strip().rsplit(":", 1)[1])
-
-
-def stop_subprocess(process: subprocess.Popen[str]) -> int:
-    process.send_signal(signal.SIGTERM)
-    try:
-        return process.wait(10)
-    finally:
-        if process.poll() is None:
-            process.kill()
+from support.aio_bridge import LoopThread
+from support.amqp_endpoint import BASE_CONFIG, InProcess, Served, in_process_endpoint, start_subprocess, stop_subprocess
 
 
 @pytest.fixture(scope="session")
 def amqp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     state_dir = tmp_path_factory.mktemp("amqp-endpoint")
     config = state_dir / "servicebus.config.json"
-    config.write_text(__import__("json").dumps(BASE_CONFIG), encoding="utf-8")
+    config.write_text(json.dumps(BASE_CONFIG), encoding="utf-8")
     process, port = start_subprocess(state_dir, config)
     yield Served(port, state_dir / "servicebus.db")
     assert stop_subprocess(process) == 0
-
-
-class OffsetClock:
-    """The real time plus an offset the test moves: the SDK's own clock checks stay coherent with the broker's."""
-
-    def __init__(self) -> None:
-        self.offset = timedelta(0)
-
-    def __call__(self) -> datetime:
-        return datetime.now(UTC) + self.offset
-
-    def advance(self, seconds: float) -> None:
-        self.offset += timedelta(seconds=seconds)
-
-
-@dataclass
-class InProcess(Served):
-    clock: OffsetClock
-    endpoint: Any
-
-
-@contextmanager
-def in_process_endpoint(state_dir: Path) -> Iterator[InProcess]:
-    """The endpoint on a thread of this process, over a broker on an `OffsetClock`."""
-    clock = OffsetClock()
-    broker = EmbeddedBroker(state_dir / "servicebus.db", clock=clock)
-    endpoint = Endpoint(broker, "127.0.0.1", 0)
-    thread = threading.Thread(target=endpoint.run, name="amqp-endpoint", daemon=True)
-    thread.start()
-    try:
-        yield InProcess(endpoint.port, state_dir / "servicebus.db", clock, endpoint)
-    finally:
-        endpoint.stop()
-        thread.join(10)
-        broker.close()
-    assert not thread.is_alive()
 
 
 @pytest.fixture
@@ -139,27 +34,3 @@ def aio_loop() -> Iterator[LoopThread]:
     loop = LoopThread()
     yield loop
     loop.close()
-
-
-@dataclass
-class SdkBus:
-    """The unmodified azure-servicebus SDK (sync, or aio through the bridge) on an endpoint."""
-
-    served: Served
-    flavor: str
-    loop: LoopThread
-
-    @property
-    def controls_clock(self) -> bool:
-        return isinstance(self.served, InProcess)
-
-    def client(self) -> Any:
-        conn_str = self.served.connection_string
-        if self.flavor == "sync":
-            return ServiceBusClient.from_connection_string(conn_str, retry_total=0)
-        aio = self.loop.call(lambda: AioServiceBusClient.from_connection_string(conn_str, retry_total=0))
-        return Synced(aio, self.loop)
-
-    def advance(self, seconds: float) -> None:
-        assert isinstance(self.served, InProcess)
-        self.served.clock.advance(seconds)

@@ -15,7 +15,7 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus._pyamqp import constants as pyamqp_constants
 from azure.servicebus.exceptions import SessionCannotBeLockedError
-from conftest import BASE_CONFIG, ROOT, Served, start_subprocess, stop_subprocess
+from support.amqp_endpoint import BASE_CONFIG, ROOT, Served, start_subprocess, stop_subprocess
 from support.bus_scenarios import Queues, props
 
 from orderflow.embedded.amqp._cli import DB_NAME

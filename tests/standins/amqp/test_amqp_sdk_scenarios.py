@@ -14,8 +14,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import InProcess, SdkBus, Served, in_process_endpoint
 from support.aio_bridge import LoopThread
+from support.amqp_endpoint import InProcess, SdkBus, Served, in_process_endpoint
 from support.bus_scenarios import SCENARIOS, Queues, Scenario
 
 FLAVORS = ("sync", "aio")

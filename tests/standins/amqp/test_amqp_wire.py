@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
-from conftest import InProcess
 from proton import Delivery, Message, Timeout
 from proton.reactor import AtMostOnce
 from proton.utils import BlockingConnection, BlockingReceiver, LinkDetached, SendException
+from support.amqp_endpoint import InProcess
 from support.bus_scenarios import Queues
 
 from orderflow.embedded.amqp._codec import MAX_MESSAGE_SIZE
