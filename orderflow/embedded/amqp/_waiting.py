@@ -76,9 +76,11 @@ class Wait(Handler, Generic[T]):
                 self._attempt, self._deadline, self._epoch, register_first=self._register_first
             )
         except BaseException:
-            self._finish()
+            self.cancel()
             raise
         self._register_first = False
+        if not self.active:  # cancelled from inside the look (the attempt ended the link)
+            return
         if sleep is None:
             self._finish()
             self._done(result)
