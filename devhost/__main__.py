@@ -42,6 +42,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
+    b = sub.add_parser(
+        "servicebus",
+        help="serve the embedded broker's queues over AMQP 1.0 (Service Bus's dialect, for the unmodified SDKs)",
+        description="Open STATE_DIR/servicebus.db (the embedded client's broker file), declare the queues of "
+        "--config and serve them over AMQP 1.0 on a plain TCP port until SIGINT/SIGTERM. Clients connect with the "
+        "emulator's connection string: Endpoint=sb://HOST:PORT;SharedAccessKeyName=RootManageSharedAccessKey;"
+        "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true; (docs/devhost.md, 'The AMQP endpoint').",
+    )
+    from orderflow.embedded.amqp import add_arguments as add_servicebus_arguments
+
+    add_servicebus_arguments(b)
+
     # submit, cancel and queues: aliases of the operator CLI's client commands (orderflow/cli/client.py), one
     # implementation. `cancel` here is the client app's (no state-store check), as before the CLI existed.
     from orderflow.cli.client import add_commands
@@ -104,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         _quiet_third_party_loggers()
         return asyncio.run(_serve(args))
+    if args.command == "servicebus":
+        from orderflow.embedded.amqp import serve
+
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return serve(args.host, args.port, args.state_dir, args.config)
     if args.command in LAB_COMMANDS:
         from lab.__main__ import run
 

@@ -347,8 +347,11 @@ class BrokerBase:
         tx.wakes[notify.queue_key(queue, DEAD_LETTER)] += 1
         tx.watches.add(notify.watch_key(queue, DEAD_LETTER))
 
-    def _release_session(self, tx: _Tx, queue: str, props: QueueProperties, session_id: str, token: str) -> None:
-        """The session lock ends (expiry or close): its unsettled messages count as failed deliveries.
+    def _release_session(
+        self, tx: _Tx, queue: str, props: QueueProperties, session_id: str, token: str, *, count: bool = True
+    ) -> None:
+        """The session lock ends (expiry or close): its unsettled messages count as failed deliveries, unless
+        `count` is False (a receiver that closes its AMQP link: Service Bus counts no delivery then).
 
         Only the holder of `token` may end it: a receiver whose lock already expired (and was taken by another
         consumer) must not release the new holder's messages when it closes."""
@@ -362,8 +365,8 @@ class BrokerBase:
             "AND lock_token IS NOT NULL AND locked_until IS NULL",
             (queue, session_id),
         ).fetchall()
-        for seq, count, state in held:
-            self._release(tx, queue, props, seq, ACTIVE, count + 1, session_id, state)
+        for seq, delivered, state in held:
+            self._release(tx, queue, props, seq, ACTIVE, delivered + 1 if count else delivered, session_id, state)
         tx.conn.execute(
             "UPDATE sessions SET lock_token = NULL, locked_until = NULL "
             "WHERE queue = ? AND session_id = ? AND lock_token = ?",

@@ -1,10 +1,11 @@
 """Receiving from and settling on the embedded broker: peek-lock, receive-and-delete, deferred messages, peek,
-complete, abandon, defer, dead-letter and lock renewal."""
+complete, abandon, release, defer, dead-letter and lock renewal."""
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -13,14 +14,14 @@ from azure.servicebus.exceptions import MessageLockLostError, MessageNotFoundErr
 
 from orderflow.embedded import notify
 from orderflow.embedded.config import QueueProperties
-from orderflow.embedded.message import StoredMessage
+from orderflow.embedded.message import StoredMessage, decode_properties, encode_properties
 
 from ._faults import Faults
 from ._schema import _COLUMNS, _READY, ACTIVE, DEAD_LETTER, SessionLock, Taken, _dt, _stored, _Tx
 
 
 class Receiving(Faults):
-    """receive, take, receive_deferred, peek and the settlements."""
+    """receive, take, receive_deferred, peek, the settlements and the lock-token lookup."""
 
     def receive(
         self,
@@ -147,15 +148,58 @@ class Receiving(Faults):
                 return
             tx.conn.execute("DELETE FROM messages WHERE seq = ?", (seq,))
 
-    def abandon(self, queue: str, seq: int, lock_token: str, *, session: SessionLock | None = None) -> None:
+    def abandon(
+        self,
+        queue: str,
+        seq: int,
+        lock_token: str,
+        *,
+        session: SessionLock | None = None,
+        properties: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Unlock with a failed delivery (count + 1; MaxDeliveryCount applies); `properties` are merged into the
+        message's application properties (Service Bus `propertiesToModify`)."""
         with self._locked_message(queue, seq, lock_token, session) as (tx, props, row):
+            self._modify_properties(tx, seq, properties)
             self._release(tx, queue, props, seq, row[0], row[1] + 1, row[2], row[3])
 
-    def defer(self, queue: str, seq: int, lock_token: str, *, session: SessionLock | None = None) -> None:
+    def release(self, queue: str, seq: int, lock_token: str, *, session: SessionLock | None = None) -> None:
+        """Unlock without counting a delivery (AMQP `released`: the message was not processed)."""
+        with self._locked_message(queue, seq, lock_token, session) as (tx, props, row):
+            self._release(tx, queue, props, seq, row[0], row[1], row[2], row[3])
+
+    def defer(
+        self,
+        queue: str,
+        seq: int,
+        lock_token: str,
+        *,
+        session: SessionLock | None = None,
+        properties: Mapping[str, Any] | None = None,
+    ) -> None:
         with self._locked_message(queue, seq, lock_token, session) as (tx, _props, _row):
+            self._modify_properties(tx, seq, properties)
             tx.conn.execute(
                 "UPDATE messages SET state = 1, lock_token = NULL, locked_until = NULL WHERE seq = ?", (seq,)
             )
+
+    @staticmethod
+    def _modify_properties(tx: _Tx, seq: int, properties: Mapping[str, Any] | None) -> None:
+        if not properties:
+            return
+        meta = json.loads(tx.conn.execute("SELECT meta FROM messages WHERE seq = ?", (seq,)).fetchone()[0])
+        merged = decode_properties(meta["application_properties"]) | dict(properties)
+        meta["application_properties"] = encode_properties(merged)
+        tx.conn.execute("UPDATE messages SET meta = ? WHERE seq = ?", (json.dumps(meta), seq))
+
+    def locked_sequence(self, queue: str, lock_token: str) -> int | None:
+        """The sequence number of the message of `queue` (or its dead-letter queue) locked under `lock_token`."""
+        row = (
+            self._conn()
+            .execute("SELECT seq FROM messages WHERE queue = ? AND lock_token = ?", (queue, lock_token))
+            .fetchone()
+        )
+        return None if row is None else int(row[0])
 
     def dead_letter(
         self,
@@ -166,8 +210,10 @@ class Receiving(Faults):
         reason: str | None = None,
         error_description: str | None = None,
         session: SessionLock | None = None,
+        properties: Mapping[str, Any] | None = None,
     ) -> None:
         with self._locked_message(queue, seq, lock_token, session) as (tx, _props, _row):
+            self._modify_properties(tx, seq, properties)
             self._dead_letter(tx, queue, seq, reason, error_description)
 
     def renew_message_lock(self, queue: str, seq: int, lock_token: str) -> datetime:

@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[3]
 DEPLOYED = ["function_app.py", "triggers", "activities", "orchestrators", "orderflow", "agent"]
 LOCAL = {"function_app", "triggers", "activities", "orchestrators", "orderflow", "agent", "lab"}
 # The operator CLI is in the package but in neither artifact (.funcignore, the Agent's .dockerignore): it runs on the
-# operator's machine with requirements-dev.txt (rich). Nor is the lab (drills, demo, fault switches).
-NOT_DEPLOYED = ("orderflow/cli/", "orderflow/__main__.py", "lab/")
+# operator's machine with requirements-dev.txt (rich). Nor is the lab (drills, demo, fault switches), nor the local
+# AMQP endpoint (python-qpid-proton, a dev requirement).
+NOT_DEPLOYED = ("orderflow/cli/", "orderflow/__main__.py", "orderflow/embedded/amqp/", "lab/")
 # The simulator image (infra/agent/Dockerfile.simulator) adds the lab's simulator to the Agent's code.
 SIMULATOR_IMAGE = ["lab/__init__.py", "lab/simulator.py", "lab/simulator_ledger.py"]
 
