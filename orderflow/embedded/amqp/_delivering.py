@@ -99,7 +99,7 @@ class DeliveryLink:
             self._wait = None
             if self.closed:
                 if isinstance(found, SessionLock):
-                    self.broker.release_session(self.address.queue, found, count_delivery=False)
+                    self.broker.release_session(self.address.queue, found)
                 return
             if isinstance(found, SessionLock):
                 self._open(found)
@@ -285,7 +285,7 @@ class DeliveryLink:
         if self.session is not None and release:
             # Service Bus counts no delivery for the messages of a session whose receiver closes its link.
             try:
-                self.broker.release_session(self.address.queue, self.session, count_delivery=False)
+                self.broker.release_session(self.address.queue, self.session)
             except Exception:  # noqa: BLE001 - the queue is gone: nothing is held
                 pass
         self.session = None

@@ -151,6 +151,7 @@ class _Dispatcher(Handler):
         address = _address(source)
         self.broker.queue_properties(address.queue)
         node = DeliveryLink(self.broker, self.endpoint.container, link, address)
+        node.core.link()  # the entity's session-ness against the link's filter (ServiceBusError: amqp:not-allowed)
         node.attach(lambda error: refuse_link(link, error))
         return node
 

@@ -350,8 +350,8 @@ class BrokerBase:
     def _release_session(
         self, tx: _Tx, queue: str, props: QueueProperties, session_id: str, token: str, *, count: bool = True
     ) -> None:
-        """The session lock ends (expiry or close): its unsettled messages count as failed deliveries, unless
-        `count` is False (a receiver that closes its AMQP link: Service Bus counts no delivery then).
+        """The session lock ends (expiry or close): on expiry its unsettled messages count as failed deliveries; a
+        receiver that closes (`count` False) counts none, as on Service Bus.
 
         Only the holder of `token` may end it: a receiver whose lock already expired (and was taken by another
         consumer) must not release the new holder's messages when it closes."""

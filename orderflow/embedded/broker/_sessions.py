@@ -77,12 +77,13 @@ class Sessions(Waiting):
             )
         return SessionLock(session.session_id, session.token, _dt(until))  # type: ignore[arg-type]
 
-    def release_session(self, queue: str, session: SessionLock, *, count_delivery: bool = True) -> None:
-        """Give the session up (receiver closed); a no-op if the lock was already lost. With `count_delivery`
-        False its unsettled messages come back without a failed delivery (a closed AMQP session link)."""
+    def release_session(self, queue: str, session: SessionLock) -> None:
+        """Give the session up (receiver closed); a no-op if the lock was already lost. Its unsettled messages come
+        back without a failed delivery: Service Bus counts one only when the session lock expires (message-sessions,
+        "Impact of delivery count": session closed with messages locked, delivery count incremented: No)."""
         props = self.queue_properties(queue)
         with self._tx() as tx:
-            self._release_session(tx, queue, props, session.session_id, session.token, count=count_delivery)
+            self._release_session(tx, queue, props, session.session_id, session.token, count=False)
 
     def get_session_state(self, queue: str, session: SessionLock) -> bytes | None:
         with self._tx() as tx:

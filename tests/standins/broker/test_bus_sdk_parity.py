@@ -262,12 +262,6 @@ async def test_the_aio_receiver_retries_as_the_sync_one(broker, queue, timer):
 # -- 3. closing a receiver without settling: the delivery count -------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="embedded broker: release_session (receiver closed) counts a delivery of each unsettled message of the "
-    "session, as a lock expiry does; Service Bus does not. Needs a broker change (orderflow/embedded/broker/_base.py "
-    "_release_session), not made by the mirror.",
-)
 def test_closing_a_session_receiver_without_settling_counts_no_delivery(client, queue):
     # learn.microsoft.com/azure/service-bus-messaging/message-sessions#impact-of-delivery-count: "Session is
     # accepted, the messages within the session aren't completed (even if they're locked), and the session is
