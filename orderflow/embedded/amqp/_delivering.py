@@ -237,9 +237,11 @@ class DeliveryLink:
             broker.dead_letter(queue, seq, token, reason=reason, error_description=description, session=session)
         elif kind == Disposition.MODIFIED and remote.undeliverable:
             broker.defer(queue, seq, token, session=session, properties=_properties(remote.annotations))
-        elif kind == Disposition.MODIFIED and remote.failed:
+        elif kind == Disposition.MODIFIED:
+            # Abandon, delivery-failed or not: the JavaScript SDK abandons with `modified` and no delivery-failed
+            # (@azure/service-bus receiverHelpers settleMessage), pyamqp with delivery-failed; both count one.
             broker.abandon(queue, seq, token, session=session, properties=_properties(remote.annotations))
-        else:  # released, or modified without delivery-failed: back without counting a delivery
+        else:  # released (pyamqp releases what arrives outside a receive call): back without counting a delivery
             broker.release(queue, seq, token, session=session)
 
     # -- session lock ---------------------------------------------------------------------------------------

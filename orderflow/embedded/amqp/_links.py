@@ -29,9 +29,12 @@ def open_link(link: Link) -> None:
 
 def refuse_link(link: Link, error: AmqpError) -> None:
     """Refuse an attach as Service Bus does: attach (with source and target: pyamqp drops an attach without them,
-    azure/servicebus/_pyamqp/link.py `_incoming_attach`), then detach with the error."""
+    azure/servicebus/_pyamqp/link.py `_incoming_attach`), then detach with the error. The echoed source carries no
+    filter: @azure/service-bus reads a session filter echoed back as a granted session and only then sees the
+    detach (messageSession.js `createRheaLink`: a named session answered without its id is SessionCannotBeLocked)."""
     if link.state & Link.LOCAL_UNINIT:
         open_link(link)
+        link.source.filter.clear()
     link.condition = error.to_condition()
     link.close()
 

@@ -71,7 +71,7 @@ def _receive_one(receiver: BlockingReceiver) -> tuple[Message, int]:
     return message, message.delivery_count
 
 
-def test_released_and_modified_without_failure_count_no_delivery_modified_failed_does(
+def test_released_counts_no_delivery_and_modified_counts_one_with_or_without_delivery_failed(
     connection: BlockingConnection, queues: Queues
 ) -> None:
     connection.create_sender(queues.plain).send(Message(body=b"m", inferred=True))
@@ -81,13 +81,13 @@ def test_released_and_modified_without_failure_count_no_delivery_modified_failed
     receiver.release(delivered=False)  # released: the SDK releases what arrives outside a receive call
     _, count = _receive_one(receiver)
     assert count == 0
-    receiver.release(delivered=True)  # modified, delivery-failed false
+    receiver.release(delivered=True)  # modified, delivery-failed false: @azure/service-bus's abandon
     _, count = _receive_one(receiver)
-    assert count == 0
-    receiver.fetcher.unsettled[0].local.failed = True  # modified, delivery-failed: the SDK's abandon
+    assert count == 1
+    receiver.fetcher.unsettled[0].local.failed = True  # modified, delivery-failed: pyamqp's abandon
     receiver.settle(Delivery.MODIFIED)
     again, count = _receive_one(receiver)
-    assert count == 1 and _annotation(again, "x-opt-sequence-number") == _annotation(first, "x-opt-sequence-number")
+    assert count == 2 and _annotation(again, "x-opt-sequence-number") == _annotation(first, "x-opt-sequence-number")
     receiver.accept()
 
 
