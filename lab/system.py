@@ -21,8 +21,8 @@ from orderflow.settings import SETTINGS
 
 ROOT = Path(__file__).resolve().parent.parent
 _LISTENING = re.compile(r"listening on ((?:http|amqp)://\S+)")
-# What each process prints when it is ready (shared with `python -m devhost up`, lab/up.py): devhost, the simulator
-# and the AMQP endpoint print "... listening on URL"; the Agent logs "agent serving QUEUE ..." once its senders are open.
+# What each process prints when it is ready (shared with `python -m devhost up`, lab/up.py): devhost, the simulator and
+# the AMQP endpoint print "... listening on URL"; the Agent logs "agent serving QUEUE ..." once its senders are open.
 READY = {
     "devhost": _LISTENING,
     "simulator": _LISTENING,
