@@ -7,6 +7,7 @@ benchmarks/results/<name>.json (<name>.quick.json with --quick), refresh README'
     python -m benchmarks --table              # print the results table from the committed JSON
     python -m benchmarks compare [--quick] [--json]   # ours against DBOS (needs requirements-bench.txt: make bench)
     python -m benchmarks azure_cost [--orders N] [--json]   # what an order costs on Azure, counted from a run
+    python -m benchmarks transports [--orders N] [--rounds R]   # the demo on the embedded client and over AMQP
 A quick run's table comes from <name>.quick.json.
 """
 
@@ -58,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import azure_cost
 
         return azure_cost.main([a for a in argv if a != "azure_cost"])
+    if "transports" in argv and "--table" not in argv:  # its own options and result document (benchmarks/transports.py)
+        from . import transports
+
+        return transports.main([a for a in argv if a != "transports"])
     args = _parser().parse_args(argv)
     from . import report
 

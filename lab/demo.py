@@ -31,7 +31,7 @@ from rich.table import Table
 
 from orderflow.messages import TERMINAL_STATUSES, OrderStatus, StatusMessage, SubmitOrder
 
-from .system import ROOT, LocalSystem, SystemConfig
+from .system import ROOT, TRANSPORTS, LocalSystem, SystemConfig
 
 # The statuses after which a submitting app expects nothing more for an order: its terminal status (completed,
 # failed), or `rejected` (admission control: `backlog full`, nothing was stored; resubmit later with a new MessageId).
@@ -156,7 +156,7 @@ async def client_app(system: LocalSystem) -> AsyncIterator[ClientApp]:
     from orderflow.adapters import aio_bus_from_connection_string
 
     env = system.env()
-    bus = aio_bus_from_connection_string(system.config.bus_connection)
+    bus = aio_bus_from_connection_string(system.app_bus_connection)
     client = ClientApp(bus, env.get("OrdersQueueName", "orders-inbound"), system.config.reply_queue)
     stop = asyncio.Event()
     listener = asyncio.create_task(client.listen(stop))
@@ -286,6 +286,7 @@ async def _run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         permanent_failure_rate=args.permanent_failure_rate,
         hang_rate=args.hang_rate,
         hosts=getattr(args, "hosts", 1),
+        transport=getattr(args, "transport", "embedded"),
     )
     system = LocalSystem(config)
     orders = make_orders(args.orders, args.seed, config.reply_queue)
@@ -322,6 +323,7 @@ async def _run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "elapsed_s": round(elapsed, 3),
         "orders_per_s": round(len(orders) / elapsed, 2) if elapsed else 0.0,
         "latency_ms": {"p50": round(_percentile(latencies, 0.5), 1), "p99": round(_percentile(latencies, 0.99), 1)},
+        "transport": config.transport,
         "work_dir": str(config.work_dir),
     }
 
@@ -373,6 +375,13 @@ def add_command(sub: Any) -> None:
         type=int,
         default=1,
         help="devhost hosts on one task hub, as a scaled-out app (default 1; docs/devhost.md)",
+    )
+    d.add_argument(
+        "--transport",
+        choices=TRANSPORTS,
+        default="embedded",
+        help="Service Bus path of every process: the embedded client (default), or amqp: the real azure-servicebus SDK "
+        "over `python -m devhost servicebus` on the same broker file (docs/devhost.md)",
     )
     d.add_argument("--json", action="store_true", help="print one JSON object with the figures as the last line")
 

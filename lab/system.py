@@ -20,10 +20,18 @@ from typing import IO
 from orderflow.settings import SETTINGS
 
 ROOT = Path(__file__).resolve().parent.parent
-_LISTENING = re.compile(r"listening on (http://\S+)")
-# What each process prints when it is ready (shared with `python -m devhost up`, lab/up.py): devhost and the
-# simulator print "... listening on URL"; the Agent logs "agent serving QUEUE ..." once its senders are open.
-READY = {"devhost": _LISTENING, "simulator": _LISTENING, "agent": re.compile(r"agent serving \S+")}
+_LISTENING = re.compile(r"listening on ((?:http|amqp)://\S+)")
+# What each process prints when it is ready (shared with `python -m devhost up`, lab/up.py): devhost, the simulator and
+# the AMQP endpoint print "... listening on URL"; the Agent logs "agent serving QUEUE ..." once its senders are open.
+READY = {
+    "devhost": _LISTENING,
+    "simulator": _LISTENING,
+    "servicebus": _LISTENING,
+    "agent": re.compile(r"agent serving \S+"),
+}
+# The transports of the local system's Service Bus: the embedded client on the broker file, or the real azure-servicebus
+# SDK over AMQP 1.0 to `python -m devhost servicebus` on the same file (docs/devhost.md, "The AMQP endpoint").
+TRANSPORTS = ("embedded", "amqp")
 
 
 def simulator_args(port: int, db: Path, *extra: str) -> list[str]:
@@ -34,6 +42,20 @@ def simulator_args(port: int, db: Path, *extra: str) -> list[str]:
 def devhost_args(app_dir: Path, port: int, state_dir: Path) -> list[str]:
     """`python -m devhost start` arguments (after the interpreter)."""
     return ["-m", "devhost", "start", "--app-dir", str(app_dir), "--port", str(port), "--state-dir", str(state_dir)]
+
+
+def servicebus_args(state_dir: Path, config: Path) -> list[str]:
+    """`python -m devhost servicebus` arguments (after the interpreter), on a free port."""
+    return ["-m", "devhost", "servicebus", "--port", "0", "--state-dir", str(state_dir), "--config", str(config)]
+
+
+def emulator_connection_string(amqp_url: str) -> str:
+    """The Service Bus emulator's connection string form for the endpoint at `amqp://HOST:PORT`."""
+    address = amqp_url.removeprefix("amqp://").rstrip("/")
+    return (
+        f"Endpoint=sb://{address};SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey=SAS_KEY_VALUE;"
+        "UseDevelopmentEmulator=true;"
+    )
 
 
 def agent_args(*extra: str) -> list[str]:
@@ -75,9 +97,13 @@ class SystemConfig:
     servicebus_config: Path = ROOT / "servicebus.config.json"
     # devhost processes sharing one task hub, state folder, broker and store (scale-out: devhost/durable/hub.py).
     hosts: int = 1
+    # "embedded" (the embedded client in every process) or "amqp" (the real SDK over the AMQP endpoint): TRANSPORTS.
+    transport: str = "embedded"
 
     @property
     def bus_connection(self) -> str:
+        """The embedded client's connection string of the broker file: what the lab's own checks read, whatever the
+        processes' transport (`LocalSystem.app_bus_connection`)."""
         return f"Endpoint=embedded://{self.work_dir / 'servicebus.db'};ConfigFile={self.servicebus_config}"
 
     @property
@@ -159,10 +185,23 @@ class LocalSystem:
     def __init__(self, config: SystemConfig) -> None:
         self.config = config
         config.work_dir.mkdir(parents=True, exist_ok=True)
+        if config.transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, not {config.transport!r}")
         self.simulator: Process | None = None
+        self.servicebus: Process | None = None  # the AMQP endpoint, with transport "amqp"
         self.agent: Process | None = None
         self.devhost: Process | None = None  # the first host
         self.devhosts: list[Process | None] = [None] * config.hosts
+
+    @property
+    def app_bus_connection(self) -> str:
+        """The connection string every process of the system gets (`ServiceBusConnection`): the embedded broker's, or
+        with transport "amqp" the emulator form pointing at the running endpoint, so each uses the real SDK."""
+        if self.config.transport == "embedded":
+            return self.config.bus_connection
+        if self.servicebus is None or self.servicebus.url is None:
+            raise RuntimeError("transport amqp: start the AMQP endpoint first (LocalSystem.start_servicebus)")
+        return emulator_connection_string(self.servicebus.url)
 
     def env(self) -> dict[str, str]:
         c = self.config
@@ -171,7 +210,7 @@ class LocalSystem:
         env.update({s.name: s.default for s in SETTINGS if s.default is not None and s.name not in env})
         env.update(
             {
-                "ServiceBusConnection": c.bus_connection,
+                "ServiceBusConnection": self.app_bus_connection,
                 "CosmosDb__accountEndpoint": c.store_endpoint,
                 "AllowedReplyQueues": c.reply_queue,
                 "PYTHONUNBUFFERED": "1",
@@ -209,6 +248,12 @@ class LocalSystem:
         ).start()
         return self.simulator
 
+    def start_servicebus(self) -> Process:
+        """`python -m devhost servicebus` on the system's broker file and queue config (transport "amqp")."""
+        c = self.config
+        self.servicebus = self._process("servicebus", servicebus_args(c.work_dir, c.servicebus_config)).start()
+        return self.servicebus
+
     def start_agent(self) -> Process:
         self.agent = self._process("agent", agent_args("--jitter-seed", str(self.config.seed)))
         self.agent.start(wait_for_url=False)
@@ -225,6 +270,8 @@ class LocalSystem:
         return host
 
     def start(self) -> LocalSystem:
+        if self.config.transport == "amqp":
+            self.start_servicebus()
         self.start_simulator()
         self.start_agent()
         for index in range(self.config.hosts):
@@ -232,7 +279,7 @@ class LocalSystem:
         return self
 
     def stop(self) -> None:
-        for p in (*self.devhosts, self.agent, self.simulator):
+        for p in (*self.devhosts, self.agent, self.simulator, self.servicebus):
             if p is not None:
                 p.stop()
 

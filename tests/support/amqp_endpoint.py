@@ -80,6 +80,16 @@ def stop_subprocess(process: subprocess.Popen[str]) -> int:
             process.kill()
 
 
+@contextmanager
+def served_subprocess(state_dir: Path, config: Path) -> Iterator[Served]:
+    """`python -m devhost servicebus` on `state_dir` and `config` for the block; stopped after it."""
+    process, port = start_subprocess(state_dir, config)
+    try:
+        yield Served(port, state_dir / "servicebus.db")
+    finally:
+        stop_subprocess(process)
+
+
 class OffsetClock:
     """The real time plus an offset the test moves: the SDK's own clock checks stay coherent with the broker's."""
 

@@ -17,11 +17,12 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode, ServiceBusSubQueue
 
-from lab.system import LocalSystem, SystemConfig
+from lab.system import ROOT, LocalSystem, SystemConfig
 from orderflow.adapters import bus_from_connection_string, open_stores
 from orderflow.messages import AgentReply, OperatorAlert, OrderStatus, StatusMessage, SubmitOrder
 from orderflow.records import OrderRecord, OrderStateRecord
@@ -82,7 +83,8 @@ class Client:
     _dead: dict[str, DeadLetter] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.bus = bus_from_connection_string(self.system.config.bus_connection)
+        # The system's own transport: the embedded client, or the real SDK over the AMQP endpoint (SystemConfig).
+        self.bus = bus_from_connection_string(self.system.app_bus_connection)
 
     # --- sending --------------------------------------------------------------------------------------------
     def send(self, body: str | bytes, *, message_id: str, session_id: str) -> None:
@@ -209,6 +211,20 @@ class Client:
 
     def close(self) -> None:
         self.bus.close()
+
+
+def short_lock_config(work: Path) -> Path:
+    """servicebus.config.json with every queue locking 5 s, written under `work`. The Agent queues already lock 5 s in
+    the product (the crash budget of orderflow/session_locks.py); `orders-inbound` and `app-status` lock 1 minute, so
+    a submission or a status that a killed process held would make a test wait that long, although it costs no
+    attempt."""
+    config = json.loads((ROOT / "servicebus.config.json").read_text())
+    for namespace in config["UserConfig"]["Namespaces"]:
+        for queue in namespace["Queues"]:
+            queue["Properties"]["LockDuration"] = "PT5S"
+    path = work / "servicebus.config.json"
+    path.write_text(json.dumps(config))
+    return path
 
 
 @contextmanager

@@ -8,17 +8,15 @@ resumption (devhost runs the work it had persisted), not through the Supervisor'
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from support.e2e_support import FAST_SETTINGS, Client, make_order, new_order_id, running_client
+from support.e2e_support import FAST_SETTINGS, Client, make_order, new_order_id, running_client, short_lock_config
 from support.hosted import wait_until
 
-from lab.system import ROOT, SystemConfig
+from lab.system import SystemConfig
 from orderflow.messages import STEPS, TERMINAL_STATUSES, OrderStatus
 from orderflow.records import ProcessState
 
@@ -42,19 +40,6 @@ CRASH_TIMEOUT_SECONDS = "20"
 MAX_SECOND_ATTEMPTS = 2
 
 
-def _short_locks(work: Path) -> Path:
-    """Every queue with 5 s locks. The Agent queues already lock 5 s in the product (the crash budget of
-    orderflow/session_locks.py); `orders-inbound` and `app-status` lock 1 minute, so a submission or a status that the
-    killed host or client held would make the test wait that long, although it costs no attempt."""
-    config = json.loads((ROOT / "servicebus.config.json").read_text())
-    for namespace in config["UserConfig"]["Namespaces"]:
-        for queue in namespace["Queues"]:
-            queue["Properties"]["LockDuration"] = "PT5S"
-    path = work / "servicebus.config.json"
-    path.write_text(json.dumps(config))
-    return path
-
-
 @pytest.fixture()
 def crash_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
     work = tmp_path_factory.mktemp("crash")
@@ -62,7 +47,7 @@ def crash_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
         work_dir=work,
         seed=11,
         latency_ms_mean=40.0,
-        servicebus_config=_short_locks(work),
+        servicebus_config=short_lock_config(work),
         settings={
             **FAST_SETTINGS,
             "FailureThreshold": "10",

@@ -43,9 +43,21 @@ def test_local_auth_is_disabled_on_every_resource_that_has_it(type_name: str) ->
         assert value is True, f"{resource.file.name}: {resource.symbol} keeps local auth"
 
 
+# The one key-shaped text allowed: the Service Bus emulator's connection string with Microsoft's fixed placeholder key
+# (overview-emulator: "SharedAccessKey=SAS_KEY_VALUE"), on the loopback address only, in the `func start` sample and
+# its comment, which point Core Tools at `python -m devhost servicebus`. Its removal leaves nothing else key-shaped.
+EMULATOR_PLACEHOLDER = re.compile(
+    r"Endpoint=sb://(?:127\.0\.0\.1|localhost)(?::\d+)?;SharedAccessKeyName=RootManageSharedAccessKey;"
+    r"SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;|SharedAccessKey=SAS_KEY_VALUE"
+)
+PLACEHOLDER_ALLOWED = {REPO / "local.settings.func.sample.json"}
+
+
 @pytest.mark.parametrize("path", CHECKED_TEXT, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_no_keys_sas_or_secret_connection_strings(path) -> None:
     source = path.read_text()
+    if path in PLACEHOLDER_ALLOWED:
+        source = EMULATOR_PLACEHOLDER.sub("", source)
     for pattern in FORBIDDEN:
         assert not re.search(pattern, source, re.IGNORECASE), f"{path.name} contains {pattern}"
 
@@ -53,6 +65,15 @@ def test_no_keys_sas_or_secret_connection_strings(path) -> None:
 def test_the_forbidden_patterns_catch_a_key() -> None:
     leaked = "value: 'Endpoint=sb://x/;SharedAccessKeyName=a;SharedAccessKey=${sb.listKeys().primaryKey}'"
     assert sum(bool(re.search(p, leaked, re.IGNORECASE)) for p in FORBIDDEN) >= 3
+
+
+def test_the_emulator_allowance_removes_only_the_placeholder_on_loopback() -> None:
+    real_key = "Endpoint=sb://ns.servicebus.windows.net;SharedAccessKeyName=a;SharedAccessKey=abc123=;"
+    remote = "Endpoint=sb://10.0.0.4;SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey=abc;"
+    for text in (real_key, remote):
+        assert any(re.search(p, EMULATOR_PLACEHOLDER.sub("", text), re.IGNORECASE) for p in FORBIDDEN)
+    emulator = "Endpoint=sb://127.0.0.1;SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;"
+    assert not any(re.search(p, EMULATOR_PLACEHOLDER.sub("", emulator), re.IGNORECASE) for p in FORBIDDEN)
 
 
 def test_storage_is_identity_only() -> None:

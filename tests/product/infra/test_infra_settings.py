@@ -37,6 +37,19 @@ LOCAL_ONLY = {s.name for s in settings.SETTINGS if s.doc.startswith("Local only"
 HOST_JSON = json.loads((REPO / "host.json").read_text())
 SAMPLE = json.loads((REPO / "local.settings.sample.json").read_text())  # devhost's
 FUNC_SAMPLE = json.loads((REPO / "local.settings.func.sample.json").read_text())  # `func start`'s
+AZURE_ONLY = {
+    "CosmosDb__clientId",
+    "AZURE_CLIENT_ID",
+    "ServiceBusConnection__fullyQualifiedNamespace",
+    "ServiceBusNamespaceResourceId",
+}
+FUNC_START_SECTION = (REPO / "README.md").read_text().split("### With `func start` and Azurite", 1)[1].split("\n## ", 1)[0]
+# The Service Bus emulator's connection string (learn.microsoft.com/azure/service-bus-messaging/overview-emulator),
+# its fixed placeholder key included, on the default AMQP port of `python -m devhost servicebus`.
+EMULATOR_CONNECTION = (
+    "Endpoint=sb://127.0.0.1;SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey=SAS_KEY_VALUE;"
+    "UseDevelopmentEmulator=true;"
+)
 # The settings the Starter (function app) and the Agent must both read alike: they share the breaker documents.
 BREAKER_TUNABLES = (
     "RemoteServiceName",
@@ -264,9 +277,11 @@ def test_sample_lists_every_registered_setting() -> None:
     for setting in settings.SETTINGS:
         if setting.default is not None:
             assert setting.name in SAMPLE["Values"], setting.name
-        elif setting.name in {"CosmosDb__clientId", "AZURE_CLIENT_ID"}:
-            # A user-assigned identity's client id: Azure only (infra); locally `az login` is the credential.
+        elif setting.name in AZURE_ONLY:
+            # A user-assigned identity's client id and the namespace's identity-based connection and ARM id: Azure
+            # only (infra). Both samples are zero cloud; README's `func start` section names them for Azure resources.
             assert setting.name not in SAMPLE["Values"] and setting.name not in FUNC_SAMPLE["Values"]
+            assert setting.name in FUNC_START_SECTION or setting.name.endswith("clientId") or "CLIENT_ID" in setting.name
         else:
             assert setting.name in SAMPLE["Values"] or setting.name in FUNC_SAMPLE["Values"], setting.name
 
@@ -284,24 +299,21 @@ def test_sample_runs_locally_with_zero_cloud() -> None:
     assert set(SAMPLE) == {"//", "IsEncrypted", "Values"} == set(FUNC_SAMPLE)
 
 
-def test_func_start_sample_uses_azurite_and_identity_based_azure_connections() -> None:
+def test_func_start_sample_is_zero_cloud_azurite_the_amqp_endpoint_and_the_embedded_store() -> None:
     values = FUNC_SAMPLE["Values"]
     assert values["FUNCTIONS_WORKER_RUNTIME"] == "python"
     assert values["AzureWebJobsStorage"] == "UseDevelopmentStorage=true"  # Azurite: host storage and task hub
-    # The real host's Service Bus extension cannot use the embedded broker: no ServiceBusConnection string, but the
-    # identity-based form (Functions docs, "identity-based connections": <CONNECTION>__fullyQualifiedNamespace;
-    # locally the credential is DefaultAzureCredential, i.e. `az login`, so no __credential=managedidentity).
-    assert "ServiceBusConnection" not in values
-    assert values["ServiceBusConnection__fullyQualifiedNamespace"].endswith(".servicebus.windows.net")
-    assert values["CosmosDb__accountEndpoint"].startswith("https://")
+    # The real host's Service Bus extension cannot use the embedded broker's file, but it speaks AMQP to
+    # `python -m devhost servicebus` with the Service Bus emulator's connection string (Azure.Messaging.ServiceBus
+    # reads UseDevelopmentEmulator=true: plain AMQP, port 5672 when none is given; azure-servicebus does the same,
+    # azure/servicebus/_servicebus_client.py from_connection_string). Nothing else on the namespace: no ARM id.
+    assert values["ServiceBusConnection"] == EMULATOR_CONNECTION
+    assert "ServiceBusConnection__fullyQualifiedNamespace" not in values
+    assert "ServiceBusNamespaceResourceId" not in values
+    # The embedded store runs inside the Python worker (orderflow/adapters.py picks it for embedded://).
+    assert values["CosmosDb__accountEndpoint"] == "embedded://.devhost/store.db"
     assert not [k for k in values if k.endswith(("__credential", "__clientId"))]
-    assert not re.search(r"AccountKey|SharedAccessKey|embedded://", json.dumps(values))
     assert all(value != "" for value in values.values()), "an empty value would shadow a default"
-    # The ops summary reads the real namespace's queue counts from ARM (orderflow/azure/queue_counts.py).
-    assert re.fullmatch(
-        r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.ServiceBus/namespaces/[^/]+",
-        values["ServiceBusNamespaceResourceId"],
-    )
     # The two samples differ exactly in the connections; every tunable is the same.
     connections = {
         "ServiceBusConnection",
