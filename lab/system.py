@@ -222,8 +222,8 @@ class LocalSystem:
             env["AGENT_REMOTE_URL"] = self.simulator.url
         return env
 
-    def _process(self, name: str, argv: list[str]) -> Process:
-        return Process(name, [sys.executable, *argv], self.env(), self.config.work_dir / f"{name}.log")
+    def _process(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
+        return Process(name, [sys.executable, *argv], env or self.env(), self.config.work_dir / f"{name}.log")
 
     def start_simulator(self) -> Process:
         c = self.config
@@ -251,7 +251,9 @@ class LocalSystem:
     def start_servicebus(self) -> Process:
         """`python -m devhost servicebus` on the system's broker file and queue config (transport "amqp")."""
         c = self.config
-        self.servicebus = self._process("servicebus", servicebus_args(c.work_dir, c.servicebus_config)).start()
+        # The endpoint itself reads the broker file from its arguments; it gets no ServiceBusConnection of its own.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")} | {"PYTHONUNBUFFERED": "1"}
+        self.servicebus = self._process("servicebus", servicebus_args(c.work_dir, c.servicebus_config), env).start()
         return self.servicebus
 
     def start_agent(self) -> Process:
