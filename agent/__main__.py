@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -13,6 +12,7 @@ from typing import cast
 from agent.config import config_from_args
 from agent.worker import AgentBus, serve
 from orderflow import telemetry
+from orderflow.telemetry import configure_logging
 
 AGENT_SERVICE_NAME = "orderflow-agent"
 
@@ -32,7 +32,7 @@ def create_client(connection: str | None, env: Mapping[str, str]) -> AgentBus:
 
 async def _run(argv: Sequence[str] | None) -> int:
     config, args = config_from_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(args.log_level)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

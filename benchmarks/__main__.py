@@ -4,11 +4,10 @@ benchmarks/results/<name>.json (<name>.quick.json with --quick), refresh README'
     python -m benchmarks --quick              # short run of everything (~2.25 minutes on 2 cores)
     python -m benchmarks bus durable          # pick benchmarks: bus, durable, pipeline, idle, supervisor_scan
     python -m benchmarks pipeline --profile   # also record devhost and the Agent with py-spy
-    python -m benchmarks --table              # print the results table from the committed JSON
+    python -m benchmarks --table              # the results table from the committed JSON (<name>.quick.json: --quick)
     python -m benchmarks compare [--quick] [--json]   # ours against DBOS (needs requirements-bench.txt: make bench)
     python -m benchmarks azure_cost [--orders N] [--json]   # what an order costs on Azure, counted from a run
     python -m benchmarks transports [--orders N] [--rounds R]   # the demo on the embedded client and over AMQP
-A quick run's table comes from <name>.quick.json.
 """
 
 from __future__ import annotations

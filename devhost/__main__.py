@@ -92,29 +92,12 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-# Third-party loggers that are chatty at INFO. `uamqp.c_uamqp`: the Functions Service Bus SDK-type binding
-# (azurefunctions-extensions-bindings-servicebus) decodes each message with uamqp, whose C library logs about eight
-# INFO lines per decode ("Bad arguments: value = (nil)", "Type is not described or composite") that are not errors.
-# The Azure SDK's HTTP and AMQP layers log every request/frame at INFO. At --log-level DEBUG they are left alone.
-NOISY_LOGGERS = (
-    "uamqp",
-    "azure.core.pipeline.policies.http_logging_policy",
-    "azure.servicebus._pyamqp",
-    "azure.identity",
-)
-
-
-def _quiet_third_party_loggers() -> None:
-    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
-        for name in NOISY_LOGGERS:
-            logging.getLogger(name).setLevel(logging.WARNING)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "start":
-        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        _quiet_third_party_loggers()
+        from orderflow.telemetry import configure_logging
+
+        configure_logging(args.log_level, "%(asctime)s %(levelname)s %(name)s: %(message)s")
         return asyncio.run(_serve(args))
     if args.command == "servicebus":
         from orderflow.embedded.amqp import serve

@@ -31,6 +31,7 @@ from orderflow import telemetry
 from orderflow.clock import SystemClock
 from orderflow.clock import WaitingClock as Clock
 from orderflow.settings import Setting
+from orderflow.telemetry import configure_logging
 
 log = logging.getLogger("agent")
 
@@ -267,7 +268,7 @@ async def _run(argv: Sequence[str] | None) -> int:
     given, rest = split_args(argv)
     config, args = config_from_args(rest)
     faults = faults_from_env({**os.environ, **given}, config.jitter_seed)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(args.log_level)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

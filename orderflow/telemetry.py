@@ -28,6 +28,29 @@ ALERT_EVENT_NAME = "OrderflowAlert"
 CONSOLE = "console"
 
 
+# Third-party loggers that are chatty at INFO: the Azure SDK's AMQP layer (pyamqp) logs every connection, session and
+# link state change (about 190 lines an order in the Agent over AMQP: 9,415 lines for 50 orders), its HTTP and
+# identity layers every request; `uamqp.c_uamqp` (the Service Bus SDK-type binding decodes with uamqp) about eight
+# INFO lines a message that are not errors. They log at WARNING unless the process runs at DEBUG.
+NOISY_LOGGERS = (
+    "uamqp",
+    "azure.core.pipeline.policies.http_logging_policy",
+    "azure.servicebus._pyamqp",
+    "azure.servicebus.aio._base_handler_async",
+    "azure.servicebus._base_handler",
+    "azure.identity",
+)
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+def configure_logging(level: str, fmt: str = LOG_FORMAT) -> None:
+    """`logging.basicConfig` at `level`, with NOISY_LOGGERS at WARNING unless `level` is DEBUG."""
+    logging.basicConfig(level=level.upper(), format=fmt)
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        for name in NOISY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def configure_from_env(env: Mapping[str, str] | None = None, *, service_name: str | None = None) -> bool:
     """Export to Application Insights when APPLICATIONINSIGHTS_CONNECTION_STRING is set (Azure; identity-based
     ingestion via APPLICATIONINSIGHTS_AUTHENTICATION_STRING), else to the console for each signal whose

@@ -19,8 +19,8 @@ import pytest
 from azure.servicebus import ServiceBusMessage
 from support.hosted import SAMPLE, HostedSample, wait_until
 
-from devhost.__main__ import _quiet_third_party_loggers
 from lab.system import ROOT
+from orderflow.telemetry import configure_logging
 
 
 def start(app_dir: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -87,7 +87,7 @@ def fresh_logging() -> Iterator[None]:
 @pytest.mark.usefixtures("fresh_logging")
 def test_uamqp_info_is_quiet_at_the_default_level() -> None:
     logging.getLogger().setLevel(logging.INFO)  # devhost start's default --log-level
-    _quiet_third_party_loggers()
+    configure_logging("INFO")  # what devhost start and the Agent run at their default level
     c_logger = logging.getLogger("uamqp.c_uamqp")  # the logger uamqp's C library writes through
     assert not c_logger.isEnabledFor(logging.INFO)
     assert c_logger.isEnabledFor(logging.WARNING)
@@ -104,7 +104,7 @@ def test_uamqp_decode_writes_no_info_through_devhost_logging(caplog: pytest.LogC
     from orderflow.adapters import bus_from_connection_string
 
     logging.getLogger().setLevel(logging.INFO)
-    _quiet_third_party_loggers()
+    configure_logging("INFO")  # what devhost start and the Agent run at their default level
     conn = f"Endpoint=embedded://{tmp_path / 'bus.db'};ConfigFile={SAMPLE / 'servicebus.config.json'}"
     with bus_from_connection_string(conn) as client:
         with client.get_queue_sender("work") as sender:

@@ -43,7 +43,8 @@ AZURE_ONLY = {
     "ServiceBusConnection__fullyQualifiedNamespace",
     "ServiceBusNamespaceResourceId",
 }
-FUNC_START_SECTION = (REPO / "README.md").read_text().split("### With `func start` and Azurite", 1)[1].split("\n## ", 1)[0]
+FUNC_START_SECTION = (REPO / "README.md").read_text().split("### With `func start` and Azurite", 1)[1]
+FUNC_START_SECTION = FUNC_START_SECTION.split("\n## ", 1)[0]
 # The Service Bus emulator's connection string (learn.microsoft.com/azure/service-bus-messaging/overview-emulator),
 # its fixed placeholder key included, on the default AMQP port of `python -m devhost servicebus`.
 EMULATOR_CONNECTION = (
@@ -281,7 +282,7 @@ def test_sample_lists_every_registered_setting() -> None:
             # A user-assigned identity's client id and the namespace's identity-based connection and ARM id: Azure
             # only (infra). Both samples are zero cloud; README's `func start` section names them for Azure resources.
             assert setting.name not in SAMPLE["Values"] and setting.name not in FUNC_SAMPLE["Values"]
-            assert setting.name in FUNC_START_SECTION or setting.name.endswith("clientId") or "CLIENT_ID" in setting.name
+            assert setting.name in FUNC_START_SECTION or setting.name in {"CosmosDb__clientId", "AZURE_CLIENT_ID"}
         else:
             assert setting.name in SAMPLE["Values"] or setting.name in FUNC_SAMPLE["Values"], setting.name
 
