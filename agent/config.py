@@ -19,6 +19,11 @@ from orderflow.settings import Setting
 AGENT_SETTINGS: tuple[Setting, ...] = (
     Setting("AGENT_REMOTE_URL", "http://127.0.0.1:8765", "Base URL of the remote service (POST /steps/{step})."),
     Setting("AGENT_MAX_CONCURRENT_SESSIONS", "8", "Sessions (orders) the Agent processes at once."),
+    Setting(
+        "AGENT_SESSION_ACCEPTORS",
+        "4",
+        "Session accepts under way at once (each opens an AMQP connection with the real SDK, about 0.5 s).",
+    ),
     Setting("AGENT_MAX_RETRIES", "4", "Retries after the first call, all inside the request's deadline."),
     Setting("AGENT_BACKOFF_BASE_MS", "100", "Base of the exponential backoff between retries (ms)."),
     Setting("AGENT_BACKOFF_MAX_MS", "5000", "Cap of one backoff delay (ms)."),
@@ -37,6 +42,7 @@ class AgentConfig:
     alerts_queue: str
     remote_url: str
     max_concurrent_sessions: int
+    session_acceptors: int
     max_retries: int
     backoff_base_ms: int
     backoff_max_ms: int
@@ -57,6 +63,8 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if self.max_concurrent_sessions < 1:
             raise ValueError("max_concurrent_sessions must be at least 1")
+        if self.session_acceptors < 1:
+            raise ValueError("session_acceptors must be at least 1")
         if self.max_retries < 0:
             raise ValueError("max_retries must not be negative")
         for name in ("backoff_base_ms", "backoff_max_ms", "call_timeout_ms", "receive_wait_ms"):
@@ -87,6 +95,7 @@ def config_from_env(env: Mapping[str, str] | None = None) -> AgentConfig:
         alerts_queue=_queue("OperatorAlertsQueueName", source),
         remote_url=source.get("AGENT_REMOTE_URL") or str(_AGENT_DEFAULTS["AGENT_REMOTE_URL"]),
         max_concurrent_sessions=_agent_int("AGENT_MAX_CONCURRENT_SESSIONS", source),
+        session_acceptors=_agent_int("AGENT_SESSION_ACCEPTORS", source),
         max_retries=_agent_int("AGENT_MAX_RETRIES", source),
         backoff_base_ms=_agent_int("AGENT_BACKOFF_BASE_MS", source),
         backoff_max_ms=_agent_int("AGENT_BACKOFF_MAX_MS", source),
@@ -104,6 +113,7 @@ _FLAGS: dict[str, tuple[str, type, str]] = {
     "--alerts-queue": ("alerts_queue", str, "OperatorAlertsQueueName"),
     "--remote-url": ("remote_url", str, "AGENT_REMOTE_URL"),
     "--max-concurrent-sessions": ("max_concurrent_sessions", int, "AGENT_MAX_CONCURRENT_SESSIONS"),
+    "--session-acceptors": ("session_acceptors", int, "AGENT_SESSION_ACCEPTORS"),
     "--max-retries": ("max_retries", int, "AGENT_MAX_RETRIES"),
     "--backoff-base-ms": ("backoff_base_ms", int, "AGENT_BACKOFF_BASE_MS"),
     "--backoff-max-ms": ("backoff_max_ms", int, "AGENT_BACKOFF_MAX_MS"),

@@ -1,12 +1,12 @@
 """The Agent's receive loop: sessions of `agent-requests`, several at once, FIFO within each, graceful stop.
 
-`AgentWorker` holds up to `max_concurrent_sessions` sessions; one acceptor takes the next available session (one
-order) and hands it to a task that handles its requests in order (`agent.handler`) and releases it when idle for
-`receive_wait_ms` (seed 002, Sequential Convoy). Session locks are renewed while held. Written against the
+`AgentWorker` holds up to `max_concurrent_sessions` sessions; `session_acceptors` acceptors take the next available
+session (one order) and hand it to a task that handles its requests in order (`agent.handler`) and releases it when
+idle for `receive_wait_ms` (seed 002, Sequential Convoy). Session locks are renewed while held. Written against the
 azure-servicebus aio API only (the client is injected); a bus failure abandons the request and the rest of its batch.
 Shutdown (SIGTERM/SIGINT set `stop`): nothing new is taken, in-flight work gets `shutdown_grace_ms`, then is cancelled
 unsettled. `serve` gives every request the one `SharedBreaker` of `RemoteServiceName`; with the breaker on and no
-`CosmosDb__accountEndpoint`, the Agent refuses to start. Why one acceptor, the lock figures: docs/modules-product.md."""
+`CosmosDb__accountEndpoint`, the Agent refuses to start. Why a few acceptors, lock figures: docs/modules-product.md."""
 
 from __future__ import annotations
 
@@ -133,22 +133,31 @@ class AgentWorker:
                 breaker = self._make_breaker(circuit_alerter(alerts, self._clock))
             handler = RequestHandler(self._caller, outbox, cfg.retry_policy(), self._clock, breaker)
             sessions: set[asyncio.Task[None]] = set()
-            acceptor = asyncio.create_task(self._accept_sessions(handler, stop, sessions), name="agent-acceptor")
+            # Up to `session_acceptors` accepts under way at once, all taking the same slots.
+            slots = asyncio.Semaphore(cfg.max_concurrent_sessions)
+            acceptors = [
+                asyncio.create_task(self._acceptor(handler, stop, sessions, slots), name=f"agent-acceptor-{i}")
+                for i in range(min(cfg.session_acceptors, cfg.max_concurrent_sessions))
+            ]
             log.info("agent serving %s with %d session slot(s)", cfg.requests_queue, cfg.max_concurrent_sessions)
             await stop.wait()
-            acceptor.cancel()  # takes no new session; an accept under way is given up
+            for acceptor in acceptors:  # takes no new session; an accept under way is given up
+                acceptor.cancel()
             held = list(sessions)
             for session in held:  # sessions waiting for a message stop at once; those handling one get the grace
                 if session not in self._busy:
                     session.cancel()
-            await _finish([acceptor, *held], cfg.shutdown_grace_ms / 1000)
+            await _finish([*acceptors, *held], cfg.shutdown_grace_ms / 1000)
         log.info("agent stopped: %s", dict(self.stats))
 
-    async def _accept_sessions(
-        self, handler: RequestHandler, stop: asyncio.Event, sessions: set[asyncio.Task[None]]
+    async def _acceptor(
+        self,
+        handler: RequestHandler,
+        stop: asyncio.Event,
+        sessions: set[asyncio.Task[None]],
+        slots: asyncio.Semaphore,
     ) -> None:
-        """Whenever a slot is free, take the next available session and serve it in a task of its own."""
-        slots = asyncio.Semaphore(self._config.max_concurrent_sessions)
+        """One acceptor: whenever a slot is free, take the next available session and serve it in a task."""
         while not stop.is_set():
             await slots.acquire()
             try:

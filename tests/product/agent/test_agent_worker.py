@@ -1,6 +1,6 @@
 """The receive loop on fakes: happy path through the simulator, FIFO per session, concurrency cap, poison,
-redelivery after a failed reply, graceful stop with a request in flight, one wait for a session at a time and the
-slots it hands out."""
+redelivery after a failed reply, graceful stop with a request in flight, a few waits for a session at a time and
+the slots they hand out."""
 
 from __future__ import annotations
 
@@ -138,14 +138,27 @@ async def test_failed_reply_send_abandons_and_redelivers_once_replied(bus: FakeB
     assert worker.stats["abandoned"] == 1
 
 
-async def test_one_receiver_waits_for_a_session_however_many_slots_are_free(bus: FakeBus) -> None:
+async def test_a_few_receivers_wait_for_a_session_however_many_slots_are_free(bus: FakeBus) -> None:
     # A receiver waiting for a session is woken by every message sent to the queue (the embedded broker pokes each
-    # waiter; on Service Bus each wait is an open link): one wait at a time, not one per free slot.
+    # waiter; on Service Bus each wait is an open link, and with the real SDK each accept opens its own connection,
+    # about 0.5 s): `session_acceptors` waits at a time, not one per free slot, and not one in all (one accept at a
+    # time capped the Agent at about 2 sessions/s over AMQP: docs/modules-product.md, agent/worker.py).
     caller = Tracking(Instant())
-    worker = AgentWorker(bus, caller, agent_config(max_concurrent_sessions=8))
-    await enqueue_orders(bus, 6)
-    await run_until(worker, bus, lambda: len(bus.queue(REPLIES).active) == 18)
-    assert bus.peak_session_waiters == 1
+    worker = AgentWorker(bus, caller, agent_config(max_concurrent_sessions=8, session_acceptors=3))
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        for _ in range(1000):  # yield to the loop until the acceptors wait (no timer: each turn runs every ready task)
+            if bus.session_waiters == 3:
+                break
+            await asyncio.sleep(0)
+        assert bus.session_waiters == 3  # all three wait at once, before any session exists
+        await enqueue_orders(bus, 6)
+        await bus.wait_for(lambda: len(bus.queue(REPLIES).active) == 18)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+    assert bus.peak_session_waiters == 3
     assert 1 < caller.peak <= 8  # still several sessions at once
     assert all(caller.order[f"o-{i}"] == [s.value for s in STEPS] for i in range(6))  # FIFO
 
