@@ -286,6 +286,19 @@ def test_a_session_lock_that_expires_counts_a_delivery(client, queue, clock):
     assert msg.delivery_count == 1
 
 
+def test_a_session_lock_that_expired_before_the_close_counts_a_delivery(client, queue, clock):
+    # The same table: the lock expired while the receiver held it; closing the receiver afterwards does not make
+    # the expiry a close (the broker's release_session).
+    q = queue(requires_session=True, lock_duration="PT30S")
+    _send(client, q, "A", "a1")
+    with client.get_queue_receiver(q, session_id="A") as receiver:
+        receiver.receive_messages(max_wait_time=SHORT)
+        clock.advance(31)
+    with client.get_queue_receiver(q, session_id="A") as again:
+        [msg] = again.receive_messages(max_wait_time=SHORT)
+    assert msg.delivery_count == 1
+
+
 def test_closing_a_receiver_leaves_its_unsettled_messages_locked_until_the_lock_expires(client, queue, clock):
     # _servicebus_receiver.py `_close_handler` releases only the deliveries the link buffered and never handed out
     # (drain_and_release_messages; a release counts no delivery); a message handed to the caller keeps its lock,
