@@ -16,10 +16,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from azure.servicebus import ServiceBusSubQueue
-from azure.servicebus.exceptions import MessagingEntityNotFoundError, OperationTimeoutError
+from azure.servicebus.exceptions import OperationTimeoutError, ServiceBusError
 from rich.console import Console
 
 from orderflow.cli.common import load_settings, safe, started_by_up
+from orderflow.errors import is_missing_entity
 from orderflow.messages import TERMINAL_STATUSES, OrderStatus, StatusMessage
 from orderflow.text import first_line, shown
 
@@ -108,7 +109,9 @@ def _follow(
                 return 1, statuses
     except OperationTimeoutError:
         pass
-    except MessagingEntityNotFoundError:
+    except ServiceBusError as exc:  # a missing queue, as the SDK raises it (orderflow.errors.is_missing_entity)
+        if not is_missing_entity(exc):
+            raise
         console.print(
             f"[yellow]there is no reply queue {safe(repr(reply_to))}: the system cannot answer this order "
             f"(replyTo must be an existing, allowed reply queue)[/]"
@@ -273,7 +276,9 @@ def _follow_cancel(
                 return 0 if status.state in CANCEL_DONE else 1
     except OperationTimeoutError:
         pass
-    except MessagingEntityNotFoundError:
+    except ServiceBusError as exc:
+        if not is_missing_entity(exc):
+            raise
         console.print(f"[yellow]there is no reply queue {safe(repr(reply_to))}[/]")
         return 1
     console.print(

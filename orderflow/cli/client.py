@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
-from azure.servicebus.exceptions import MessagingEntityNotFoundError
+from azure.servicebus.exceptions import ServiceBusError
 from rich.console import Console
 from rich.table import Table
 
 from orderflow.adapters import bus_from_connection_string
 from orderflow.cli._follow import _all_statuses, _diagnose, _follow, _follow_cancel, _Watch
 from orderflow.cli.common import CliError, load_settings, safe
+from orderflow.errors import is_missing_entity
 from orderflow.messages import (
     TERMINAL_STATUSES,
     InvalidMessage,
@@ -316,7 +317,9 @@ def watch(args: argparse.Namespace) -> int:
                         f"  {status.timestamp.isoformat()}  {status.order_id}  {status.state.value:<19} "
                         f"attempt {status.attempt}  {safe(status.reason)}"
                     )
-        except MessagingEntityNotFoundError as exc:
+        except ServiceBusError as exc:
+            if not is_missing_entity(exc):
+                raise
             raise CliError(f"there is no queue {args.queue!r}") from exc
     return 0
 

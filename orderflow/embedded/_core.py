@@ -6,6 +6,7 @@ Sources (the SDK's files and functions) and figures: docs/modules-product.md, se
 
 from __future__ import annotations
 
+import logging
 import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -19,9 +20,12 @@ from azure.servicebus import (
     ServiceBusReceiveMode,
     ServiceBusSubQueue,
 )
+from azure.servicebus._pyamqp.error import TokenAuthFailure
+from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 from azure.servicebus.exceptions import (
     MessageAlreadySettled,
     MessageLockLostError,
+    MessagingEntityNotFoundError,
     OperationTimeoutError,
     ServiceBusError,
     SessionLockLostError,
@@ -31,6 +35,7 @@ from . import notify
 from ._retry import Attempts, RetryPolicy, Timer
 from .broker import ACTIVE, DEAD_LETTER, EmbeddedBroker, QueueCounts, SessionLock
 from .broker._schema import _MIN_WAIT
+from .config import QueueProperties
 from .connection import EMBEDDED_SCHEME
 from .message import MAX_MESSAGE_SIZE_BYTES as MAX_MESSAGE_SIZE_BYTES  # re-exported
 from .message import (
@@ -48,6 +53,7 @@ NO_SESSION_DESCRIPTION = "No session available to receive from within max_wait_t
 LINK_OPEN_TIMEOUT = "Timed out waiting for the AMQP link to open."  # _common/utils.py check_link_ready_deadline
 SHUTDOWN = "The handler has already been shutdown. Please use ServiceBusClient to create a new instance."
 T = TypeVar("T")
+_LOG = logging.getLogger("azure.servicebus")
 
 
 def check_timeout(timeout: float | None) -> float | None:
@@ -55,6 +61,18 @@ def check_timeout(timeout: float | None) -> float | None:
     if timeout is not None and timeout <= 0:
         raise ValueError("The timeout must be greater than 0.")
     return timeout
+
+
+def check_entity(broker: EmbeddedBroker, queue: str, entity_path: str | None = None) -> QueueProperties:
+    """What opening a link learns of its entity. Service Bus answers the put-token of a queue that does not exist
+    with 404, which the SDK raises as a retryable ServiceBusAuthenticationError carrying a TokenAuthFailure
+    (_pyamqp/cbs.py `handle_token`, _pyamqp_transport.py `create_servicebus_exception`): built by the SDK's code."""
+    try:
+        return broker.queue_properties(queue)
+    except MessagingEntityNotFoundError:
+        text = f"The messaging entity 'sb://embedded/{entity_path or queue}' could not be found."
+        failure = TokenAuthFailure(404, text.encode())  # type: ignore[no-untyped-call]
+        raise PyamqpTransport.create_servicebus_exception(_LOG, failure) from None
 
 
 # -- connection strings --------------------------------------------------------------------------------------
@@ -154,10 +172,11 @@ class ReceiverCore:
 
     def link(self) -> None:
         """What attaching the receive link checks, at the first operation as in the SDK (not when the receiver is
-        made): the entity exists (MessagingEntityNotFoundError), and its session-ness matches the receiver's."""
+        made): the entity exists (`check_entity`), and its session-ness matches the receiver's."""
         if self._linked:
             return
-        requires_session = self.broker.queue_properties(self.queue).requires_session
+        path = self.queue if self.sub == ACTIVE else f"{self.queue}/$DeadLetterQueue"
+        requires_session = check_entity(self.broker, self.queue, path).requires_session
         sessionful = self.session_target is not None
         if self.sub != ACTIVE:
             if sessionful:
@@ -462,8 +481,8 @@ class ReceiverCore:
         return self.lock
 
     def close(self) -> None:
-        """Release the session and stop. The broker counts a delivery of each unsettled message of the session;
-        Service Bus does not when a session is closed (docs/modules-product.md: a broker change is needed)."""
+        """Release the session and stop: its unsettled messages count no delivery, unless its lock had expired
+        (the broker's `release_session`, as Service Bus)."""
         if self.lock is not None:
             self.broker.release_session(self.queue, self.lock)
         self.running = False
@@ -538,7 +557,7 @@ class ClientBase:
         return cls(broker_from_connection_string(conn_str, clock=clock), _owns_broker=True, **kwargs)
 
     def get_queue_sender(self, queue_name: str, **kwargs: Any) -> Any:
-        sender = self.sender_class(self.broker, queue_name)
+        sender = self.sender_class(self.broker, queue_name, timer=self._timer, retry=self._retry.updated(kwargs))
         self._handlers.add(sender)
         return sender
 

@@ -21,8 +21,10 @@ from ._core import (
     QueueRuntimeProperties,
     ReceiverCore,
     broker_from_connection_string,
+    check_entity,
     check_timeout,
 )
+from ._retry import Attempts, RetryPolicy, Timer
 from .broker import EmbeddedBroker
 from .config import QueueProperties
 from .message import ServiceBusMessage, ServiceBusReceivedMessage, envelopes_of, new_batch
@@ -61,17 +63,25 @@ class ServiceBusClient(ClientBase):
 
 class ServiceBusSender:
     """Sends to one queue; a send is durable once `send_messages` returns. As the SDK's, it checks the entity when
-    its link opens (`__enter__` or the first send), not when it is made."""
+    its link opens (`__enter__` or the first operation, with the SDK's retries), not when it is made."""
 
-    def __init__(self, broker: EmbeddedBroker, queue_name: str) -> None:
+    def __init__(self, broker: EmbeddedBroker, queue_name: str, *, timer: Timer, retry: RetryPolicy) -> None:
         self._broker, self.entity_name = broker, queue_name
-        self._running = True
+        self._timer, self._retry = timer, retry
+        self._running, self._linked = True, False
 
     def _open(self, timeout: float | None = None) -> None:
+        """`_open_with_retry` / `_do_retryable_operation(timeout=...)`: `check_entity` until the link opens."""
         if not self._running:
             raise ValueError(SHUTDOWN)
         check_timeout(timeout)
-        self._broker.queue_properties(self.entity_name)  # MessagingEntityNotFoundError for an undeclared queue
+        attempts = Attempts(self._retry, self._timer, timeout)
+        while not self._linked:
+            try:
+                check_entity(self._broker, self.entity_name)
+                self._linked = True
+            except ServiceBusError as error:
+                self._timer.sleep(attempts.failed(error))
 
     def send_messages(self, message: Any, *, timeout: float | None = None, **kwargs: Any) -> None:
         self._open(timeout)
@@ -175,16 +185,18 @@ class ServiceBusReceiver:
             core.end_wait(epoch)
 
     def _open(self, budget: float | None = None) -> None:
-        """Open the link: check the entity and, for a session receiver, accept its session with the SDK's retries
+        """Open the link: check the entity and, for a session receiver, accept its session, with the SDK's retries
         (`_open_with_retry`; `budget` bounds them all, as the first receive's wait does)."""
         core = self._core
         core.check_live()
-        core.link()
         if core.opened:
             return
         attempts = core.attempts(budget)
         while True:
             try:
+                core.link()
+                if core.opened:
+                    return
                 wait, client_deadline = core.accept_wait(attempts.attempt_timeout())
                 if self._wait_for(core.try_open, core.timer.monotonic() + wait):
                     return

@@ -22,8 +22,10 @@ from ._core import (
     QueueRuntimeProperties,
     ReceiverCore,
     broker_from_connection_string,
+    check_entity,
     check_timeout,
 )
+from ._retry import Attempts, RetryPolicy, Timer
 from .broker import EmbeddedBroker
 from .config import QueueProperties
 from .message import ServiceBusMessage, ServiceBusReceivedMessage, envelopes_of, new_batch
@@ -78,17 +80,25 @@ class ServiceBusClient(ClientBase):
 
 class ServiceBusSender:
     """Sends to one queue; a send is durable once `send_messages` returns. As the SDK's, it checks the entity when
-    its link opens (`__aenter__` or the first send), not when it is made."""
+    its link opens (`__aenter__` or the first operation, with the SDK's retries), not when it is made."""
 
-    def __init__(self, broker: EmbeddedBroker, queue_name: str) -> None:
+    def __init__(self, broker: EmbeddedBroker, queue_name: str, *, timer: Timer, retry: RetryPolicy) -> None:
         self._broker, self.entity_name = broker, queue_name
-        self._running = True
+        self._timer, self._retry = timer, retry
+        self._running, self._linked = True, False
 
     async def _open(self, timeout: float | None = None) -> None:
+        """As the sync sender's `_open`."""
         if not self._running:
             raise ValueError(SHUTDOWN)
         check_timeout(timeout)
-        await _run(self._broker.queue_properties, self.entity_name)  # MessagingEntityNotFoundError
+        attempts = Attempts(self._retry, self._timer, timeout)
+        while not self._linked:
+            try:
+                await _run(check_entity, self._broker, self.entity_name)
+                self._linked = True
+            except ServiceBusError as error:
+                await self._timer.sleep_async(attempts.failed(error))
 
     async def send_messages(self, message: Any, *, timeout: float | None = None, **kwargs: Any) -> None:
         await self._open(timeout)
@@ -199,13 +209,14 @@ class ServiceBusReceiver:
         """As the sync receiver's `_open`: the entity check, then the session accept with the SDK's retries."""
         core = self._core
         core.check_live()
-        if not core.opened:
-            await _run(core.link)
         if core.opened:
             return
         attempts = core.attempts(budget)
         while True:
             try:
+                await _run(core.link)
+                if core.opened:
+                    return
                 wait, client_deadline = core.accept_wait(attempts.attempt_timeout())
                 if await self._wait_for(core.try_open, core.timer.monotonic() + wait):
                     return

@@ -19,6 +19,7 @@ from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch, ServiceB
 from azure.servicebus import ServiceBusReceivedMessage as SdkServiceBusReceivedMessage
 from azure.servicebus._common.constants import (
     _X_OPT_DEAD_LETTER_SOURCE,
+    _X_OPT_ENQUEUE_SEQUENCE_NUMBER,
     _X_OPT_ENQUEUED_TIME,
     _X_OPT_LOCKED_UNTIL,
     _X_OPT_PARTITION_KEY,
@@ -132,6 +133,8 @@ def _amqp_message(stored: StoredMessage, scheduled: bool) -> Message:
     annotations: dict[bytes, Any] = {
         _X_OPT_ENQUEUED_TIME: _ms(stored.enqueued_time_utc),
         _X_OPT_SEQUENCE_NUMBER: {TYPE: AMQPTypes.long, VALUE: stored.sequence_number},
+        # No auto-forwarding here: the sequence number of the first enqueue is the message's own.
+        _X_OPT_ENQUEUE_SEQUENCE_NUMBER: {TYPE: AMQPTypes.long, VALUE: stored.sequence_number},
         _X_OPT_LOCKED_UNTIL: _ms(stored.locked_until_utc),
         _X_OPT_SCHEDULED_ENQUEUE_TIME: _ms(env.scheduled_enqueue_time_utc),
         _X_OPT_PARTITION_KEY: env.partition_key,

@@ -12,7 +12,6 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,8 @@ from azure.servicebus.aio import ServiceBusClient as AioServiceBusClient
 
 from orderflow.embedded.amqp import Endpoint
 from orderflow.embedded.broker import EmbeddedBroker
-from support.aio_bridge import LoopThread, Synced
-from support.bus_scenarios import Queues
+from support.aio_bridge import LoopThread
+from support.bus_scenarios import FlavoredBus, OffsetClock, Queues, declare
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 30.0
@@ -47,10 +46,7 @@ class Served:
         return EMULATOR.format(port=self.port)
 
     def declare(self, queues: Queues) -> Queues:
-        broker = EmbeddedBroker(self.db_path)
-        broker.load_config(queues.config())
-        broker.close()
-        return queues
+        return declare(self.db_path, queues)
 
 
 def start_subprocess(state_dir: Path, config: Path) -> tuple[subprocess.Popen[str], int]:
@@ -90,19 +86,6 @@ def served_subprocess(state_dir: Path, config: Path) -> Iterator[Served]:
         stop_subprocess(process)
 
 
-class OffsetClock:
-    """The real time plus an offset the test moves: the SDK's own clock checks stay coherent with the broker's."""
-
-    def __init__(self) -> None:
-        self.offset = timedelta(0)
-
-    def __call__(self) -> datetime:
-        return datetime.now(UTC) + self.offset
-
-    def advance(self, seconds: float) -> None:
-        self.offset += timedelta(seconds=seconds)
-
-
 @dataclass
 class InProcess(Served):
     clock: OffsetClock
@@ -126,25 +109,16 @@ def in_process_endpoint(state_dir: Path) -> Iterator[InProcess]:
     assert not thread.is_alive()
 
 
-@dataclass
-class SdkBus:
-    """The unmodified azure-servicebus SDK (sync, or aio through the bridge) on an endpoint."""
+class SdkBus(FlavoredBus):
+    """The unmodified azure-servicebus SDK (sync, or aio through the bridge) on an endpoint; the broker's clock is
+    the test's when the endpoint runs in this process."""
 
-    served: Served
-    flavor: str
-    loop: LoopThread
+    def __init__(self, served: Served, flavor: str, loop: LoopThread) -> None:
+        self.served, self.flavor, self.loop = served, flavor, loop
+        self.clock = served.clock if isinstance(served, InProcess) else None
 
-    @property
-    def controls_clock(self) -> bool:
-        return isinstance(self.served, InProcess)
+    def sync_client(self) -> Any:
+        return ServiceBusClient.from_connection_string(self.served.connection_string, retry_total=0)
 
-    def client(self) -> Any:
-        conn_str = self.served.connection_string
-        if self.flavor == "sync":
-            return ServiceBusClient.from_connection_string(conn_str, retry_total=0)
-        aio = self.loop.call(lambda: AioServiceBusClient.from_connection_string(conn_str, retry_total=0))
-        return Synced(aio, self.loop)
-
-    def advance(self, seconds: float) -> None:
-        assert isinstance(self.served, InProcess)
-        self.served.clock.advance(seconds)
+    def aio_client(self) -> Any:
+        return AioServiceBusClient.from_connection_string(self.served.connection_string, retry_total=0)

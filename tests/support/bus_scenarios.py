@@ -1,27 +1,38 @@
 """The Service Bus behaviours every client path is held to, as a table of scenarios: each a function of a `Bus`
-(a client factory, and a clock when the scenario needs time to pass) and fresh `Queues`. The AMQP endpoint runs
-them with the unmodified azure-servicebus SDK (sync and aio, tests/standins/amqp/); the embedded client and the
-JavaScript SDK are to run the same table. Each scenario names the Azure source of what it expects."""
+(a client factory, and a clock when the scenario needs time to pass) and fresh `Queues`. The unmodified
+azure-servicebus SDK runs them against the AMQP endpoint (tests/standins/amqp/, `SdkBus`), the embedded client on the
+broker file (tests/standins/broker/test_bus_scenarios_embedded.py, `EmbeddedBus`), each sync and aio, concurrently
+(`run_concurrently`). Each scenario names the Azure source of what it expects."""
 
 from __future__ import annotations
 
+import logging
 import time
+import traceback
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusMessage, ServiceBusMessageState, ServiceBusReceiveMode
+from azure.servicebus._pyamqp.error import TokenAuthFailure
+from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 from azure.servicebus.exceptions import (
     MessageLockLostError,
     MessageSizeExceededError,
     OperationTimeoutError,
     ServiceBusAuthenticationError,
+    ServiceBusError,
     SessionCannotBeLockedError,
     SessionLockLostError,
 )
+
+from orderflow.embedded.broker import EmbeddedBroker
+from support.aio_bridge import LoopThread, Synced
 
 LOCK_SECONDS = 30  # every queue's LockDuration: long against the test, short against the clock's steps
 MAX_DELIVERY_COUNT = 5
@@ -62,6 +73,58 @@ class Bus(Protocol):
     def client(self) -> Any: ...
 
     def advance(self, seconds: float) -> None: ...
+
+
+def declare(db_path: Path, queues: Queues) -> Queues:
+    """Declare `queues` in the broker file `db_path` (what every bus of the scenarios serves)."""
+    broker = EmbeddedBroker(db_path)
+    broker.load_config(queues.config())
+    broker.close()
+    return queues
+
+
+class OffsetClock:
+    """The real time plus an offset the test moves: a client's own clock checks stay coherent with the broker's."""
+
+    def __init__(self) -> None:
+        self.offset = timedelta(0)
+
+    def __call__(self) -> datetime:
+        return datetime.now(UTC) + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += timedelta(seconds=seconds)
+
+
+FLAVORS = ("sync", "aio")
+
+
+class FlavoredBus:
+    """A `Bus` on a client library's sync client, or its aio client driven through support.aio_bridge; `clock` is
+    the broker's when the test moves it. Subclasses make the two clients."""
+
+    flavor: str
+    loop: LoopThread
+    clock: OffsetClock | None
+
+    @property
+    def controls_clock(self) -> bool:
+        return self.clock is not None
+
+    def sync_client(self) -> Any:
+        raise NotImplementedError
+
+    def aio_client(self) -> Any:
+        raise NotImplementedError
+
+    def client(self) -> Any:
+        if self.flavor == "sync":
+            return self.sync_client()
+        return Synced(self.loop.call(self.aio_client), self.loop)  # made on the loop, as an aio client expects
+
+    def advance(self, seconds: float) -> None:
+        assert self.clock is not None, "this bus does not control the broker's clock"
+        self.clock.advance(seconds)
 
 
 @dataclass(frozen=True)
@@ -106,6 +169,14 @@ def receive(receiver: Any, count: int, wait: float = 5.0) -> list[Any]:
 
 def nothing_more(receiver: Any) -> None:
     assert receiver.receive_messages(max_message_count=1, max_wait_time=0.5) == []
+
+
+def put_token_refused(status: int, entity: str = "sb://example.servicebus.windows.net/nowhere") -> ServiceBusError:
+    """What the SDK raises when a link's put-token is answered `status` (404: no such queue), built by its own code:
+    _pyamqp/cbs.py `handle_token` raises TokenAuthFailure, _pyamqp_transport.py `create_servicebus_exception` maps
+    it (ServiceBusAuthenticationError)."""
+    failure = TokenAuthFailure(status, f"The messaging entity '{entity}' could not be found.".encode())
+    return PyamqpTransport.create_servicebus_exception(logging.getLogger("azure.servicebus"), failure)
 
 
 # -- sending and receiving --------------------------------------------------------------------------------------
@@ -443,3 +514,32 @@ def scheduled_delivery(bus: Bus, q: Queues) -> None:
             [message] = receive(receiver, 1)
             assert str(message) == "at noon"
             receiver.complete_message(message)
+
+
+# -- running them ------------------------------------------------------------------------------------------------
+
+SCENARIO_TIMEOUT = 90.0
+Outcome = tuple[BaseException, str] | None
+
+
+def run_concurrently(jobs: dict[tuple[str, str], Callable[[], None]]) -> dict[tuple[str, str], Outcome]:
+    """Run every job at once, each on its own thread (the clients spend most of a scenario waiting); what each
+    raised, with its traceback, or None."""
+
+    def outcome(job: Callable[[], None]) -> Outcome:
+        try:
+            job()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test of that scenario
+            return exc, traceback.format_exc()
+        return None
+
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        futures = {key: pool.submit(outcome, job) for key, job in jobs.items()}
+        return {key: future.result(SCENARIO_TIMEOUT) for key, future in futures.items()}
+
+
+def report(outcome: Outcome) -> None:
+    """Fail the calling test with what its scenario raised."""
+    if outcome is not None:
+        exc, trace = outcome
+        raise AssertionError(f"{type(exc).__name__}: {exc}\n\n{trace}") from exc

@@ -80,10 +80,16 @@ class Sessions(Waiting):
     def release_session(self, queue: str, session: SessionLock) -> None:
         """Give the session up (receiver closed); a no-op if the lock was already lost. Its unsettled messages come
         back without a failed delivery: Service Bus counts one only when the session lock expires (message-sessions,
-        "Impact of delivery count": session closed with messages locked, delivery count incremented: No)."""
+        "Impact of delivery count": session closed with messages locked, delivery count incremented: No). A lock
+        that expired before the close was lost, not given up: its messages count the failed delivery."""
         props = self.queue_properties(queue)
         with self._tx() as tx:
-            self._release_session(tx, queue, props, session.session_id, session.token, count=False)
+            row = tx.conn.execute(
+                "SELECT locked_until FROM sessions WHERE queue = ? AND session_id = ? AND lock_token = ?",
+                (queue, session.session_id, session.token),
+            ).fetchone()
+            expired = row is not None and row[0] is not None and row[0] <= tx.now
+            self._release_session(tx, queue, props, session.session_id, session.token, count=expired)
 
     def get_session_state(self, queue: str, session: SessionLock) -> bytes | None:
         with self._tx() as tx:

@@ -13,7 +13,9 @@ from azure.servicebus import exceptions as bus_exceptions
 from azure.servicebus.exceptions import (
     MessageLockLostError,
     MessageSizeExceededError,
+    MessagingEntityNotFoundError,
     OperationTimeoutError,
+    ServiceBusAuthenticationError,
     ServiceBusCommunicationError,
     ServiceBusConnectionError,
     ServiceBusError,
@@ -21,6 +23,7 @@ from azure.servicebus.exceptions import (
     SessionCannotBeLockedError,
     SessionLockLostError,
 )
+from support.bus_scenarios import put_token_refused
 
 from orderflow import errors as orderflow_errors
 from orderflow.adapters import open_stores
@@ -34,6 +37,7 @@ from orderflow.errors import (
     PreconditionFailed,
     StoreError,
     TransientStoreError,
+    is_missing_entity,
     is_transient,
 )
 from orderflow.ports import OrdersDb, StateStore
@@ -169,6 +173,25 @@ def test_bus_outages_and_throttling_are_transient(cls: type[ServiceBusError]) ->
 )
 def test_lock_and_size_errors_are_permanent(cls: type[ServiceBusError]) -> None:
     assert not is_transient(_raise_bus_error(cls))
+
+
+def test_a_missing_queue_is_permanent_as_the_real_sdk_raises_it() -> None:
+    """On Service Bus (and the local AMQP endpoint) a link to a queue that does not exist has its put-token answered
+    404, which the pyamqp SDK raises as ServiceBusAuthenticationError, retryable (azure-sdk-for-python
+    tests/test_sessions.py test_session_connection_failure_is_idempotent; tests/support/bus_scenarios.py
+    entity_not_found): no retry finds the queue, so the product gives up at once, as for
+    MessagingEntityNotFoundError."""
+    error = put_token_refused(404)
+    assert isinstance(error, ServiceBusAuthenticationError) and error._retryable  # the SDK's own view
+    assert is_missing_entity(error) and not is_transient(error)
+    not_found = _raise_bus_error(MessagingEntityNotFoundError)
+    assert is_missing_entity(not_found) and not is_transient(not_found)
+
+
+def test_an_authentication_failure_that_is_not_a_404_stays_transient() -> None:
+    # A token refused (401) while a role assignment propagates: retrying lets it (BUS_TRANSIENT).
+    error = put_token_refused(401)
+    assert isinstance(error, ServiceBusAuthenticationError) and not is_missing_entity(error) and is_transient(error)
 
 
 def test_the_store_reexports_the_one_classifier() -> None:

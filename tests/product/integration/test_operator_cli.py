@@ -21,6 +21,7 @@ from support.ops_support import app_dir, direct_counts, seed
 from orderflow.adapters import aio_bus_from_connection_string
 from orderflow.cli.main import main
 from orderflow.clock import FakeClock
+from orderflow.embedded._retry import Timer
 from orderflow.embedded.store import open_sqlite_stores
 from orderflow.messages import OrderStatus, StatusMessage
 from orderflow.records import ProcessState
@@ -333,6 +334,18 @@ async def test_watch_follows_a_reply_queue(system: Services, cli: Cli) -> None:
         ("o-1", "received"),
         ("o-2", "failed"),
     ]
+
+
+async def test_watch_on_a_missing_queue_says_there_is_none(
+    system: Services, cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The SDK raises a missing queue as ServiceBusAuthenticationError (the put-token's 404, orderflow.errors
+    # is_missing_entity), after its retries (_base_handler.py `_open_with_retry`): the backoffs are recorded, not slept.
+    slept: list[float] = []
+    monkeypatch.setattr(Timer, "sleep", lambda self, seconds: slept.append(seconds))
+    code, _, err = cli("watch", "no-such-queue", "--for", "10")
+    assert code == 1 and "there is no queue 'no-such-queue'" in err
+    assert slept == [1.6, 3.2, 6.4]
 
 
 async def test_breaker_open_and_show_through_the_cli(system: Services, cli: Cli) -> None:

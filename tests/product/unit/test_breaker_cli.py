@@ -21,6 +21,7 @@ import pytest
 from orderflow.adapters import bus_from_connection_string
 from orderflow.breaker import BreakerDoc, BreakerState
 from orderflow.cli import breaker as breaker_cli
+from orderflow.embedded._retry import Timer
 from orderflow.embedded.store import open_sqlite_documents
 from orderflow.messages import AlertKind, OperatorAlert
 from orderflow.records import format_utc
@@ -120,6 +121,13 @@ class Env:
 @pytest.fixture
 def env(tmp_path: Path) -> Env:
     return Env(tmp_path)
+
+
+def _recording(slept: list[float]) -> Any:
+    async def sleep_async(self: Timer, seconds: float) -> None:
+        slept.append(seconds)
+
+    return sleep_async
 
 
 def assert_one_line_error(done: subprocess.CompletedProcess[str], *fragments: str) -> None:
@@ -284,9 +292,13 @@ def test_open_then_close_of_another_service(env: Env) -> None:
     assert len({m for m, _, _ in alerts}) == 2
 
 
-def test_the_alert_queue_setting_is_honoured(env: Env) -> None:
+def test_the_alert_queue_setting_is_honoured(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A missing queue is retried as the SDK retries it (_base_handler.py `_open_with_retry`): recorded, not slept.
+    slept: list[float] = []
+    monkeypatch.setattr(Timer, "sleep_async", _recording(slept))
     done = env.run("open", OperatorAlertsQueueName="no-such-queue")
     assert_one_line_error(done, "no-such-queue", "could not be sent")
+    assert slept == [1.6, 3.2, 6.4]
     doc = env.get()  # the breaker was forced; the line says so
     assert doc is not None and doc.state is BreakerState.OPEN
     assert "forced open by carol" in done.stderr

@@ -7,33 +7,14 @@ closes), so the scenarios run concurrently, once per session, each on its own qu
 
 from __future__ import annotations
 
-import traceback
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
 from support.aio_bridge import LoopThread
 from support.amqp_endpoint import InProcess, SdkBus, Served, in_process_endpoint
-from support.bus_scenarios import SCENARIOS, Queues, Scenario
-
-FLAVORS = ("sync", "aio")
-SCENARIO_TIMEOUT = 90.0
-Outcome = tuple[BaseException, str] | None
-
-
-def _run_all(jobs: dict[tuple[str, str], Callable[[], None]]) -> dict[tuple[str, str], Outcome]:
-    def outcome(job: Callable[[], None]) -> Outcome:
-        try:
-            job()
-        except BaseException as exc:  # noqa: BLE001 - reported by the test of that scenario
-            return exc, traceback.format_exc()
-        return None
-
-    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-        futures = {key: pool.submit(outcome, job) for key, job in jobs.items()}
-        return {key: future.result(SCENARIO_TIMEOUT) for key, future in futures.items()}
+from support.bus_scenarios import FLAVORS, SCENARIOS, Outcome, Queues, Scenario, report, run_concurrently
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +29,7 @@ def untimed_outcomes(amqp_server: Served, aio_loop: LoopThread) -> dict[tuple[st
         if not case.needs_clock
         for flavor in FLAVORS
     }
-    return _run_all(jobs)
+    return run_concurrently(jobs)
 
 
 @contextmanager
@@ -71,22 +52,16 @@ def timed_outcomes(
             )
             for (case, flavor), served in zip(cases, endpoints, strict=True)
         }
-        yield _run_all(jobs)
-
-
-def _report(outcome: Outcome) -> None:
-    if outcome is not None:
-        exc, trace = outcome
-        raise AssertionError(f"{type(exc).__name__}: {exc}\n\n{trace}") from exc
+        yield run_concurrently(jobs)
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
 @pytest.mark.parametrize("case", [s for s in SCENARIOS if not s.needs_clock], ids=lambda s: s.name)
 def test_scenario_over_amqp(case: Scenario, flavor: str, untimed_outcomes: dict[tuple[str, str], Outcome]) -> None:
-    _report(untimed_outcomes[(case.name, flavor)])
+    report(untimed_outcomes[(case.name, flavor)])
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
 @pytest.mark.parametrize("case", [s for s in SCENARIOS if s.needs_clock], ids=lambda s: s.name)
 def test_timed_scenario_over_amqp(case: Scenario, flavor: str, timed_outcomes: dict[tuple[str, str], Outcome]) -> None:
-    _report(timed_outcomes[(case.name, flavor)])
+    report(timed_outcomes[(case.name, flavor)])

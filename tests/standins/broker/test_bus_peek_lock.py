@@ -14,11 +14,11 @@ from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
 from azure.servicebus.exceptions import (
     MessageAlreadySettled,
     MessageLockLostError,
-    MessagingEntityNotFoundError,
+    ServiceBusAuthenticationError,
     ServiceBusError,
 )
 
-from orderflow.embedded.client import ServiceBusMessage
+from orderflow.embedded.client import ServiceBusClient, ServiceBusMessage
 
 SHORT = 0.05  # max_wait_time for "nothing is there" checks
 
@@ -191,16 +191,18 @@ def test_batch_receive_is_fifo_and_bounded(client, queue):
     assert [str(m) for m in receiver.receive_messages(10, max_wait_time=SHORT)] == ["3", "4"]
 
 
-def test_unknown_queue_raises_entity_not_found(client):
-    # As the SDK: handlers are made without a call to the service; the link's attach fails on first use
-    # (azure/servicebus/_servicebus_sender.py and _servicebus_receiver.py `_open`).
-    sender = client.get_queue_sender("no-such-queue")
-    with pytest.raises(MessagingEntityNotFoundError):
-        sender.send_messages(ServiceBusMessage("x"))
-    with pytest.raises(MessagingEntityNotFoundError):
-        sender.__enter__()
-    with pytest.raises(MessagingEntityNotFoundError):
-        client.get_queue_receiver("no-such-queue").receive_messages(max_wait_time=SHORT)
+def test_unknown_queue_fails_when_the_link_opens(broker):
+    # As the SDK: handlers are made without a call to the service; the link's put-token fails on first use
+    # (azure/servicebus/_servicebus_sender.py and _servicebus_receiver.py `_open`), answered 404 and raised as
+    # ServiceBusAuthenticationError (_pyamqp/cbs.py `handle_token`). Its retries: test_bus_sdk_parity.py.
+    with ServiceBusClient(broker, retry_total=0) as client:
+        sender = client.get_queue_sender("no-such-queue")
+        with pytest.raises(ServiceBusAuthenticationError):
+            sender.send_messages(ServiceBusMessage("x"))
+        with pytest.raises(ServiceBusAuthenticationError):
+            sender.__enter__()
+        with pytest.raises(ServiceBusAuthenticationError):
+            client.get_queue_receiver("no-such-queue").receive_messages(max_wait_time=SHORT)
 
 
 def test_closed_receiver_refuses_to_work(client, queue):

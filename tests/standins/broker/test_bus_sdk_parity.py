@@ -10,9 +10,11 @@ from datetime import timedelta
 
 import pytest
 from azure.servicebus import NEXT_AVAILABLE_SESSION
+from azure.servicebus._pyamqp.error import TokenAuthFailure
 from azure.servicebus.exceptions import (
     MessageLockLostError,
     OperationTimeoutError,
+    ServiceBusAuthenticationError,
     SessionCannotBeLockedError,
     SessionLockLostError,
 )
@@ -286,6 +288,19 @@ def test_a_session_lock_that_expires_counts_a_delivery(client, queue, clock):
     assert msg.delivery_count == 1
 
 
+def test_a_session_lock_that_expired_before_the_close_counts_a_delivery(client, queue, clock):
+    # The same table: the lock expired while the receiver held it; closing the receiver afterwards does not make
+    # the expiry a close (the broker's release_session).
+    q = queue(requires_session=True, lock_duration="PT30S")
+    _send(client, q, "A", "a1")
+    with client.get_queue_receiver(q, session_id="A") as receiver:
+        receiver.receive_messages(max_wait_time=SHORT)
+        clock.advance(31)
+    with client.get_queue_receiver(q, session_id="A") as again:
+        [msg] = again.receive_messages(max_wait_time=SHORT)
+    assert msg.delivery_count == 1
+
+
 def test_closing_a_receiver_leaves_its_unsettled_messages_locked_until_the_lock_expires(client, queue, clock):
     # _servicebus_receiver.py `_close_handler` releases only the deliveries the link buffered and never handed out
     # (drain_and_release_messages; a release counts no delivery); a message handed to the caller keeps its lock,
@@ -298,3 +313,43 @@ def test_closing_a_receiver_leaves_its_unsettled_messages_locked_until_the_lock_
     clock.advance(31)
     [msg] = client.get_queue_receiver(q).receive_messages(max_wait_time=SHORT)
     assert msg.delivery_count == 1
+
+
+# -- 4. a queue that does not exist --------------------------------------------------------------------------------
+
+
+def _not_found(error: ServiceBusAuthenticationError, entity: str) -> None:
+    """What the SDK raised over the AMQP endpoint and on Service Bus (azure-sdk-for-python tests/test_sessions.py
+    test_session_connection_failure_is_idempotent): the put-token's 404 in the inner TokenAuthFailure."""
+    assert error._condition == "amqp:client-error" and error._retryable
+    inner = error.inner_exception
+    assert isinstance(inner, TokenAuthFailure) and inner.status_code == 404
+    assert inner.status_description == f"The messaging entity 'sb://embedded/{entity}' could not be found.".encode()
+
+
+def test_a_missing_queue_is_retried_then_raised_as_the_sdk_raises_it(timed, timer):
+    # exceptions.py: ServiceBusAuthenticationError is retryable; `_open_with_retry` tries four times, no budget.
+    with pytest.raises(ServiceBusAuthenticationError) as sending:
+        timed.get_queue_sender("nowhere").__enter__()
+    _not_found(sending.value, "nowhere")
+    assert timer.sleeps == [1.6, 3.2, 6.4]
+    with pytest.raises(ServiceBusAuthenticationError) as dead:
+        timed.get_queue_receiver("nowhere", sub_queue="deadletter").__enter__()
+    _not_found(dead.value, "nowhere/$DeadLetterQueue")
+
+
+def test_a_missing_queue_within_a_receive_is_retried_within_its_wait(timed, timer):
+    # _servicebus_receiver.py receive_messages: `_do_retryable_operation(timeout=max_wait_time)`; `_backoff` backs
+    # off only when the backoff fits in what is left (1.6 and 3.2 fit in 5 s, 6.4 does not).
+    with pytest.raises(ServiceBusAuthenticationError) as receiving:
+        timed.get_queue_receiver("nowhere").receive_messages(max_wait_time=5)
+    _not_found(receiving.value, "nowhere")
+    assert timer.sleeps == [1.6, 3.2]
+
+
+async def test_the_aio_sender_retries_a_missing_queue_as_the_sync_one(broker, timer):
+    async with client_aio.ServiceBusClient(broker, _timer=timer) as aclient:
+        with pytest.raises(ServiceBusAuthenticationError) as sending:
+            await aclient.get_queue_sender("nowhere").send_messages(ServiceBusMessage("x"))
+    _not_found(sending.value, "nowhere")
+    assert timer.sleeps == [1.6, 3.2, 6.4]
