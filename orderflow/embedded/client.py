@@ -25,6 +25,7 @@ from ._core import (
     check_timeout,
 )
 from ._retry import Attempts, RetryPolicy, Timer
+from ._session_view import SessionView
 from .broker import EmbeddedBroker
 from .config import QueueProperties
 from .message import ServiceBusMessage, ServiceBusReceivedMessage, envelopes_of, new_batch
@@ -120,29 +121,14 @@ class ServiceBusSender:
         self.close()
 
 
-class ServiceBusSession:
+class ServiceBusSession(SessionView):
     """`receiver.session`: the locked session's id, lock and state. Every operation checks the session lock on the
     local clock first (`ServiceBusReceiver._check_live`), as the SDK's session does."""
 
+    _receiver: ServiceBusReceiver
+
     def __init__(self, receiver: ServiceBusReceiver) -> None:
         self._receiver = receiver
-
-    @property
-    def session_id(self) -> str | None:
-        return self._receiver._core.session_id
-
-    @property
-    def locked_until_utc(self) -> datetime | None:
-        lock = self._receiver._core.lock
-        return None if lock is None else lock.locked_until
-
-    @property
-    def auto_renew_error(self) -> Exception | None:
-        return self._receiver._core.auto_renew_error
-
-    @auto_renew_error.setter
-    def auto_renew_error(self, error: Exception | None) -> None:
-        self._receiver._core.auto_renew_error = error
 
     def get_state(self, *, timeout: float | None = None, **kwargs: Any) -> bytes | None:
         self._receiver._open(check_timeout(timeout))
