@@ -22,6 +22,7 @@ from orderflow.embedded.broker import DEAD_LETTER, EmbeddedBroker, SessionLock, 
 from ._codec import Address, delivery_tag, encode_stored, to_ticks
 from ._errors import DEAD_LETTER as DEAD_LETTER_CONDITION
 from ._errors import SESSION_LOCK_LOST, TIMEOUT, AmqpError, classify
+from ._links import echo_terminus
 from ._waiting import Wait, guarded
 
 SESSION_FILTER = symbol("com.microsoft:session-filter")
@@ -120,10 +121,7 @@ class DeliveryLink:
 
     def _open(self, lock: SessionLock | None = None) -> None:
         link = self.link
-        link.source.copy(link.remote_source)
-        link.target.copy(link.remote_target)
-        link.snd_settle_mode = link.remote_snd_settle_mode
-        link.rcv_settle_mode = link.remote_rcv_settle_mode
+        echo_terminus(link)
         if lock is not None:
             self.session = self.core.lock = lock
             link.source.filter.clear()

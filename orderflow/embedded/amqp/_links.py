@@ -18,12 +18,17 @@ MAX_REQUEST = 1024 * 1024  # a `$management` or `$cbs` request (a scheduled batc
 Consumer = Callable[[bytes, Link], None]  # raises AmqpError (or a broker exception) to reject the transfer
 
 
-def open_link(link: Link) -> None:
-    """Answer an attach with the client's own source and target (the SDKs compare the echoed address)."""
+def echo_terminus(link: Link) -> None:
+    """Take the client's own source, target and settle modes as the answer's (the SDKs compare the echoed address)."""
     link.source.copy(link.remote_source)
     link.target.copy(link.remote_target)
     link.snd_settle_mode = link.remote_snd_settle_mode
     link.rcv_settle_mode = link.remote_rcv_settle_mode
+
+
+def open_link(link: Link) -> None:
+    """Answer an attach with the client's own terminus (`echo_terminus`)."""
+    echo_terminus(link)
     link.open()
 
 
