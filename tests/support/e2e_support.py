@@ -24,7 +24,7 @@ from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode, ServiceBu
 
 from lab.system import ROOT, LocalSystem, SystemConfig
 from orderflow.adapters import bus_from_connection_string, open_stores
-from orderflow.messages import AgentReply, OperatorAlert, OrderStatus, StatusMessage, SubmitOrder
+from orderflow.messages import TERMINAL_STATUSES, AgentReply, OperatorAlert, OrderStatus, StatusMessage, SubmitOrder
 from orderflow.records import OrderRecord, OrderStateRecord
 from support.hosted import wait_until
 
@@ -180,6 +180,14 @@ class Client:
         """Compensation effects applied per compensation of one order (the simulator's ledger)."""
         report = self._http("GET", f"{self._simulator_url}/effects")
         return {c["compensation"]: c["applied"] for c in report["compensations"] if c["orderId"] == order_id}
+
+    def applied(self) -> int:
+        """Remote side effects applied so far, every order (the simulator's ledger)."""
+        return int(self._http("GET", f"{self._simulator_url}/effects")["totalApplied"])
+
+    def terminal(self, order_id: str) -> bool:
+        """Whether a terminal status of `order_id` reached the reply queue."""
+        return any(s.state in TERMINAL_STATUSES for s in self.statuses(order_id))
 
     def calls(self, key: str) -> int:
         return int(self._http("GET", f"{self._simulator_url}/effects")["callsByKey"].get(key, 0))

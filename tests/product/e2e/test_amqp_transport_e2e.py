@@ -29,7 +29,7 @@ from support.e2e_support import (
 from support.hosted import wait_until
 
 from lab.system import ROOT, SystemConfig
-from orderflow.messages import STEPS, TERMINAL_STATUSES
+from orderflow.messages import STEPS
 from orderflow.records import ProcessState
 
 ORDERS = 6
@@ -51,14 +51,6 @@ def amqp_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
         yield client
 
 
-def _terminal(client: Client, order_id: str) -> bool:
-    return any(s.state in TERMINAL_STATUSES for s in client.statuses(order_id))
-
-
-def _applied(client: Client) -> int:
-    return int(client._http("GET", f"{client._simulator_url}/effects")["totalApplied"])
-
-
 @pytest.mark.slow
 def test_orders_a_poison_message_and_an_agent_crash_over_amqp(amqp_client: Client) -> None:
     client = amqp_client
@@ -72,15 +64,15 @@ def test_orders_a_poison_message_and_an_agent_crash_over_amqp(amqp_client: Clien
     poison = new_order_id("poison")
     client.send(b"{not json", message_id=f"{poison}:bad", session_id=poison)
 
-    wait_until(lambda: _applied(client) >= 2, timeout=60, what="remote work under way")
+    wait_until(lambda: client.applied() >= 2, timeout=60, what="remote work under way")
     assert system.agent is not None
     system.agent.kill()
-    assert _applied(client) < ORDERS * len(STEPS), "every order finished before the crash: the test proves nothing"
+    assert client.applied() < ORDERS * len(STEPS), "every order finished before the crash: the test proves nothing"
     system.start_agent()
 
     dead = client.wait_dead_letter(f"{poison}:bad", timeout=30)
     assert dead.reason == "InvalidJson" and dead.body == b"{not json"
-    wait_until(lambda: all(_terminal(client, o) for o in order_ids), timeout=120, what="every order terminal")
+    wait_until(lambda: all(client.terminal(o) for o in order_ids), timeout=120, what="every order terminal")
     for order_id in order_ids:
         record = client.state(order_id)
         assert record is not None and record.process_state is ProcessState.PROCESSED, (order_id, record)

@@ -17,7 +17,7 @@ from support.e2e_support import FAST_SETTINGS, Client, make_order, new_order_id,
 from support.hosted import wait_until
 
 from lab.system import SystemConfig
-from orderflow.messages import STEPS, TERMINAL_STATUSES, OrderStatus
+from orderflow.messages import STEPS, OrderStatus
 from orderflow.records import ProcessState
 
 ORDERS = 30
@@ -59,14 +59,6 @@ def crash_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
         yield client
 
 
-def _applied(client: Client) -> int:
-    return int(client._http("GET", f"{client._simulator_url}/effects")["totalApplied"])
-
-
-def _terminal(client: Client, order_id: str) -> bool:
-    return any(s.state in TERMINAL_STATUSES for s in client.statuses(order_id))
-
-
 def _unfinished_activities(client: Client) -> set[str]:
     """Instances whose activity work items devhost had persisted and not finished when it was killed
     (devhost/durable/store.py, table `work`: a work item is removed with the commit of its result)."""
@@ -85,20 +77,20 @@ def test_kill_9_of_devhost_and_agent_mid_burst_loses_and_duplicates_nothing(cras
     # Kill once some remote side effects happened (one cheap read of the simulator's ledger), far from all 90, and
     # while devhost holds unfinished activity work items: those instances can only go on through resumption.
     wait_until(
-        lambda: _applied(client) >= 10 and len(_unfinished_activities(client)) >= 3,
+        lambda: client.applied() >= 10 and len(_unfinished_activities(client)) >= 3,
         timeout=60,
         what="work under way, with activities in flight",
     )
     assert system.devhost and system.agent
     system.devhost.kill()
     system.agent.kill()
-    assert _applied(client) < ORDERS * len(STEPS), "every order finished before the crash: the test proves nothing"
+    assert client.applied() < ORDERS * len(STEPS), "every order finished before the crash: the test proves nothing"
     unfinished = _unfinished_activities(client)
     assert unfinished, "no activity was in flight at the kill: the test proves nothing about resumption"
 
     system.start_devhost()
     system.start_agent()
-    wait_until(lambda: all(_terminal(client, o) for o in order_ids), timeout=120, what="every order terminal")
+    wait_until(lambda: all(client.terminal(o) for o in order_ids), timeout=120, what="every order terminal")
 
     for order_id in order_ids:
         record = client.state(order_id)
