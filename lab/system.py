@@ -82,6 +82,11 @@ def terminate_group(pid: int, alive: Callable[[], bool], timeout: float) -> bool
     return True
 
 
+def _inherited_env() -> dict[str, str]:
+    """This process's environment, less pytest's own variables, for a child process of the system."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+
+
 @dataclass
 class SystemConfig:
     work_dir: Path
@@ -205,7 +210,7 @@ class LocalSystem:
 
     def env(self) -> dict[str, str]:
         c = self.config
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+        env = _inherited_env()
         # Every registered app setting with its documented default, as local.settings.sample.json lists them.
         env.update({s.name: s.default for s in SETTINGS if s.default is not None and s.name not in env})
         env.update(
@@ -252,7 +257,7 @@ class LocalSystem:
         """`python -m devhost servicebus` on the system's broker file and queue config (transport "amqp")."""
         c = self.config
         # The endpoint itself reads the broker file from its arguments; it gets no ServiceBusConnection of its own.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")} | {"PYTHONUNBUFFERED": "1"}
+        env = _inherited_env() | {"PYTHONUNBUFFERED": "1"}
         self.servicebus = self._process("servicebus", servicebus_args(c.work_dir, c.servicebus_config), env).start()
         return self.servicebus
 
