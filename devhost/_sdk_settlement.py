@@ -28,6 +28,8 @@ from azurefunctions.extensions.bindings.servicebus import (
 from google.protobuf.empty_pb2 import Empty
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from orderflow.text import DEAD_LETTER_TEXT_MAX, utf16_length
+
 from .servicebus_trigger import Delivery
 
 log = logging.getLogger("devhost.sdk_servicebus")
@@ -135,6 +137,9 @@ class _SettlementServicer(settlement_pb2_grpc.SettlementServicer):
         description = (
             request.deadletterErrorDescription.value if request.HasField("deadletterErrorDescription") else None
         )
+        self._call(context, lambda: self._delivery(request.locktoken))  # the host looks the lock token up first
+        self._check_length(context, "deadLetterReason", reason)
+        self._check_length(context, "deadLetterErrorDescription", description)
         return self._settle(
             context,
             request.locktoken,
@@ -224,6 +229,15 @@ class _SettlementServicer(settlement_pb2_grpc.SettlementServicer):
 
         self._call(context, settle)
         return Empty()
+
+    @staticmethod
+    def _check_length(context: grpc.ServicerContext, name: str, value: str | None) -> None:
+        """The host's SDK refuses a dead-letter reason or description over 4,096 characters (.NET's String.Length,
+        UTF-16 code units) before it calls the service, and the host's Settlement service answers the exception's
+        text with status Unknown; the message stays locked, unsettled. Sources: docs/modules-host.md."""
+        if value is not None and utf16_length(value) > DEAD_LETTER_TEXT_MAX:
+            text = f"The argument '{name}' cannot exceed {DEAD_LETTER_TEXT_MAX} characters. (Parameter '{name}')"
+            context.abort(grpc.StatusCode.UNKNOWN, f"System.ArgumentOutOfRangeException: {text}")
 
     @staticmethod
     def _reject_property_changes(context: grpc.ServicerContext, properties_to_modify: bytes) -> None:

@@ -75,6 +75,47 @@ def test_deadletter_without_reason_sends_none(settlement: SettlementServer, regi
     assert delivery.receiver.calls[0][2] == {"reason": None, "error_description": None}
 
 
+# The host's SDK refuses a reason or description past 4,096 characters before it calls the service: Azure.Messaging.
+# ServiceBus AmqpReceiver.DeadLetterInternalAsync, `Argument.AssertNotTooLong(deadLetterReason,
+# Constants.MaxDeadLetterReasonLength, ...)`: ArgumentOutOfRangeException "The argument '{name}' cannot exceed
+# {max} characters."; the extension's SettlementService.Deadletter answers `new RpcException(new
+# Status(StatusCode.Unknown, ex.ToString()))` (azure-sdk-for-net, sdk/servicebus). .NET counts UTF-16 code units.
+@pytest.mark.parametrize(
+    ("reason", "description", "refused"),
+    [
+        ("r" * 4097, None, "deadLetterReason"),
+        ("BadInput", "d" * 4097, "deadLetterErrorDescription"),
+        ("\U0001f600" * 2049, None, "deadLetterReason"),  # 2,049 code points, 4,098 UTF-16 code units
+    ],
+    ids=["reason", "description", "astral-reason"],
+)
+def test_deadletter_text_over_4096_characters_is_refused_as_the_host_refuses_it(
+    settlement: SettlementServer, registry: DeliveryRegistry, reason: str, description: str | None, refused: str
+) -> None:
+    delivery = in_flight(registry)
+    with pytest.raises(SettlementError) as info:
+        ServiceBusMessageActions.get_instance().deadletter(
+            to_sdk_message(delivery.message), deadletter_reason=reason, deadletter_error_description=description
+        )
+    assert _status(info.value) == grpc.StatusCode.UNKNOWN
+    assert info.value.original.details() == (
+        f"System.ArgumentOutOfRangeException: The argument '{refused}' cannot exceed 4096 characters. "
+        f"(Parameter '{refused}')"
+    )
+    assert delivery.receiver.calls == [] and not delivery.settled  # still locked: the function may settle it again
+
+
+def test_deadletter_text_of_exactly_4096_characters_is_accepted(
+    settlement: SettlementServer, registry: DeliveryRegistry
+) -> None:
+    delivery = in_flight(registry)
+    ServiceBusMessageActions.get_instance().deadletter(
+        to_sdk_message(delivery.message), deadletter_reason="r" * 4096, deadletter_error_description="\U0001f600" * 2048
+    )
+    assert delivery.receiver.calls[0][2] == {"reason": "r" * 4096, "error_description": "\U0001f600" * 2048}
+    assert delivery.settled
+
+
 def test_renew_message_lock_does_not_settle(settlement: SettlementServer, registry: DeliveryRegistry) -> None:
     delivery = in_flight(registry)
     ServiceBusMessageActions.get_instance().renew_message_lock(to_sdk_message(delivery.message))
