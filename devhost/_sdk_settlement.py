@@ -182,7 +182,7 @@ class _SettlementServicer(settlement_pb2_grpc.SettlementServicer):
 
     def ReleaseSession(self, request: settlement_pb2.ReleaseSessionRequest, context: grpc.ServicerContext) -> Empty:
         def release() -> None:
-            self._session(request.sessionId)  # NOT_FOUND when no delivery of that session is in flight
+            self._session(request.sessionId)  # refused when no delivery of that session is in flight
             if self._server.on_release_session is None:
                 raise _Abort(grpc.StatusCode.UNIMPLEMENTED, "this host does not release sessions on request")
             self._server.on_release_session(request.sessionId)
@@ -192,20 +192,21 @@ class _SettlementServicer(settlement_pb2_grpc.SettlementServicer):
 
     # -- helpers --
     def _delivery(self, lock_token: str) -> Delivery:
+        """The delivery in flight under `lock_token`, or the host's answer when there is none (a malformed token
+        included): FailedPrecondition "LockToken {token} not found." (SettlementService.cs, every settlement)."""
         try:
-            key = normalize_lock_token(lock_token)
+            delivery = self._server.lookup(normalize_lock_token(lock_token))
         except ValueError:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed lock token {lock_token!r}") from None
-        delivery = self._server.lookup(key)
+            delivery = None
         if delivery is None:
-            raise _Abort(grpc.StatusCode.NOT_FOUND, f"no message in flight with lock token {key}")
+            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION, f"LockToken {lock_token} not found.")
         return delivery
 
     def _session(self, session_id: str) -> Any:
         delivery = self._server.lookup_session(session_id) if self._server.lookup_session else None
         session = getattr(delivery.receiver, "session", None) if delivery else None
-        if session is None:
-            raise _Abort(grpc.StatusCode.NOT_FOUND, f"no session {session_id!r} held by a running function")
+        if session is None:  # the host's answer (SettlementService.cs Get/Set)
+            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION, f"SessionId {session_id} not found.")
         return session
 
     def _settle(

@@ -19,6 +19,7 @@ from agent.config import AGENT_SETTINGS, build_parser
 from agent.errors import Classification, ErrorCode
 from agent.remote import CallResult
 from agent.worker import AgentWorker, serve
+from lab._timing_options import TimingOptions
 from lab.agent_faults import (
     FAULT_SETTINGS,
     AgentFaults,
@@ -256,6 +257,13 @@ async def test_the_skew_moves_the_bus_clients_clock_too(tmp_path: Path, skew: fl
     # locked_until_utc <= utc_now(); _base_handler.py _check_live raises SessionLockLostError before it calls the
     # service): a client ahead by the LockDuration sees the lock it was just granted as expired.
     assert await _session_lock_seen(tmp_path, skew) is usable
+
+
+def test_the_clock_skew_drill_leaves_the_agent_ahead_a_second_of_each_lock() -> None:
+    # agent-requests' LockDuration is 5 s (servicebus.config.json): ahead by 4 s, an Agent can still use its sessions.
+    options = TimingOptions("clock-skew")
+    assert options.skew_s == 4.0 and options.settings_values()["AGENT_CLOCK_SKEW_SECONDS"] == "4.0"
+    assert TimingOptions("clock-skew", overrides=(("AGENT_CLOCK_SKEW_SECONDS", "-5"),)).skew_s == 5.0
 
 
 def test_a_skewed_clock_is_refused_for_a_bus_client_that_cannot_take_it() -> None:

@@ -516,7 +516,7 @@ def session_renew_and_state(bus: Bus, q: Queues) -> None:
             assert receiver.session.get_state() is None
 
 
-@scenario("issue 23: closing a session receiver without settling counts no delivery (Service Bus semantics)")
+@scenario("message-sessions, Impact of delivery count: a session closed with its messages unsettled counts none")
 def session_close_counts_no_delivery(bus: Bus, q: Queues) -> None:
     with bus.client() as client:
         with client.get_queue_sender(q.sessions) as sender:
@@ -548,7 +548,7 @@ def message_lock_expiry(bus: Bus, q: Queues) -> None:
             receiver.complete_message(again)
 
 
-@scenario("message-sessions: an expired session lock is lost; SessionLockLostError", needs_clock=True)
+@scenario("message-sessions, Impact of delivery count: an expired session lock counts one", needs_clock=True)
 def session_lock_expiry(bus: Bus, q: Queues) -> None:
     with bus.client() as client:
         with client.get_queue_sender(q.sessions) as sender:

@@ -123,11 +123,15 @@ def test_renew_message_lock_does_not_settle(settlement: SettlementServer, regist
     assert not delivery.settled
 
 
+# The host's answer when no delivery is in flight under a lock token, or for no session (SettlementService.cs:
+# `new RpcException(new Status(StatusCode.FailedPrecondition, $"LockToken {request.Locktoken} not found."))`, and
+# "SessionId {request.SessionId} not found.").
 def test_unknown_lock_token_is_not_found(settlement: SettlementServer, registry: DeliveryRegistry) -> None:
     stranger = to_sdk_message(BrokerMessage())  # never registered: no delivery in flight with its token
     with pytest.raises(SettlementError) as info:
         ServiceBusMessageActions.get_instance().complete(stranger)
-    assert _status(info.value) == grpc.StatusCode.NOT_FOUND
+    assert _status(info.value) == grpc.StatusCode.FAILED_PRECONDITION
+    assert info.value.original.details() == f"LockToken {stranger.lock_token} not found."
 
 
 def test_finished_delivery_is_no_longer_found(settlement: SettlementServer, registry: DeliveryRegistry) -> None:
@@ -135,7 +139,7 @@ def test_finished_delivery_is_no_longer_found(settlement: SettlementServer, regi
     registry.remove(delivery)  # the runner's on_done hook
     with pytest.raises(SettlementError) as info:
         ServiceBusMessageActions.get_instance().abandon(to_sdk_message(delivery.message))
-    assert _status(info.value) == grpc.StatusCode.NOT_FOUND
+    assert _status(info.value) == grpc.StatusCode.FAILED_PRECONDITION
     assert len(registry) == 0 and delivery.receiver.calls == []
 
 
@@ -173,7 +177,8 @@ def test_unknown_session_is_not_found(settlement: SettlementServer, registry: De
     in_flight(registry, BrokerMessage(session_id="o-7"))
     with pytest.raises(SettlementError) as info:
         ServiceBusMessageActions.get_instance().set_session_state("o-8", b"x")
-    assert _status(info.value) == grpc.StatusCode.NOT_FOUND
+    assert _status(info.value) == grpc.StatusCode.FAILED_PRECONDITION
+    assert info.value.original.details() == "SessionId o-8 not found."
 
 
 def test_release_session_needs_a_host_hook(settlement: SettlementServer, registry: DeliveryRegistry) -> None:
@@ -240,10 +245,14 @@ def raw_stub(settlement: SettlementServer) -> Iterator[settlement_pb2_grpc.Settl
         yield settlement_pb2_grpc.SettlementStub(channel)
 
 
-def test_malformed_lock_token_is_invalid_argument(raw_stub: settlement_pb2_grpc.SettlementStub) -> None:
+def test_malformed_lock_token_is_not_found(raw_stub: settlement_pb2_grpc.SettlementStub) -> None:
+    # The host looks any string up in its cache of lock tokens: not there, FailedPrecondition.
     with pytest.raises(grpc.RpcError) as info:
         raw_stub.Complete(settlement_pb2.CompleteRequest(locktoken="not-a-uuid"), timeout=10)
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "LockToken not-a-uuid not found.",
+    )
 
 
 def test_properties_to_modify_is_refused_not_dropped(
