@@ -36,10 +36,9 @@ from orderflow.messages import (
 )
 from orderflow.outbound import about_message
 from orderflow.records import format_utc
+from orderflow.text import bounded
 
 log = logging.getLogger("agent")
-
-DEAD_LETTER_REASON_MAX = 4096  # Service Bus caps DeadLetterReason/ErrorDescription property values
 
 
 class Disposition(StrEnum):
@@ -173,8 +172,9 @@ class RequestHandler:
         await self._outbox.alerts.send_messages(alert_message(alert))
         await receiver.dead_letter_message(
             message,
-            reason=poison.reason[:DEAD_LETTER_REASON_MAX],
-            error_description=poison.description[:DEAD_LETTER_REASON_MAX],
+            # InvalidMessage bounds both already (orderflow/text.py: .NET's 4,096 UTF-16 code units); again here.
+            reason=bounded(poison.reason),
+            error_description=bounded(poison.description),
         )
         log.warning("request %s dead-lettered: %s", message.message_id, poison)
 

@@ -40,6 +40,10 @@ log = logging.getLogger("agent")
 
 BATCH_SIZE = 10
 ERROR_PAUSE_SECONDS = 1.0
+# How long a slot waits after a session came with its lock already expired on this Agent's clock (the clock runs at
+# least the LockDuration ahead of the broker's: the SDK refuses every operation on such a session). Long enough not
+# to take sessions from healthy Agents every second; short enough to resume soon after the clock is set right.
+CLOCK_AHEAD_PAUSE_SECONDS = 30.0
 
 # Builds the circuit breaker once the alerts sender is open: given the `on_transition` that alerts on it.
 BreakerFactory = Callable[[OnTransition], CallGate]
@@ -205,6 +209,10 @@ class AgentWorker:
         """Handle an accepted session until it is idle, lost, or stop; then release it (close its receiver). The
         slot stays taken for `ERROR_PAUSE_SECONDS` after a failure, so a failing bus is not hammered."""
         receiver, stack = session
+        if self._expired_on_arrival(receiver):
+            await stack.aclose()  # give the session back at once: a healthy Agent can take it
+            await _wait(stop, CLOCK_AHEAD_PAUSE_SECONDS)
+            return
         try:
             async with stack:
                 renewer = asyncio.create_task(self._keep_session_locked(receiver))
@@ -220,6 +228,26 @@ class AgentWorker:
             self.stats["errors"] += 1
             log.exception("agent session error; pausing")
             await _wait(stop, ERROR_PAUSE_SECONDS)
+
+    def _expired_on_arrival(self, receiver: SessionReceiver) -> bool:
+        """Whether the session's lock had expired on this Agent's clock when the broker granted it. The SDK judges a
+        session lock on the machine's clock (`_servicebus_session.py` `_lock_expired`), so every receive, settlement
+        and renewal on it would raise SessionLockLostError: the clock runs at least the LockDuration ahead."""
+        session = receiver.session
+        until, now = getattr(session, "locked_until_utc", None), self._clock.now()
+        if until is None or until > now:
+            return False
+        self.stats["expired_on_arrival"] += 1
+        log.error(
+            "session %s was granted with its lock already expired on this Agent's clock (locked until %s, now %s): "
+            "this machine's clock runs at least the LockDuration ahead of Service Bus; session given back, slot "
+            "paused %g s",
+            getattr(session, "session_id", "?"),
+            until.isoformat(),
+            now.isoformat(),
+            CLOCK_AHEAD_PAUSE_SECONDS,
+        )
+        return True
 
     async def _drain_session(
         self, receiver: SessionReceiver, handler: RequestHandler, stop: asyncio.Event, wait: float

@@ -28,6 +28,8 @@ from azurefunctions.extensions.bindings.servicebus import (
 from google.protobuf.empty_pb2 import Empty
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from orderflow.text import DEAD_LETTER_TEXT_MAX, utf16_length
+
 from .servicebus_trigger import Delivery
 
 log = logging.getLogger("devhost.sdk_servicebus")
@@ -135,6 +137,9 @@ class _SettlementServicer(settlement_pb2_grpc.SettlementServicer):
         description = (
             request.deadletterErrorDescription.value if request.HasField("deadletterErrorDescription") else None
         )
+        self._call(context, lambda: self._delivery(request.locktoken))  # the host looks the lock token up first
+        self._check_length(context, "deadLetterReason", reason)
+        self._check_length(context, "deadLetterErrorDescription", description)
         return self._settle(
             context,
             request.locktoken,
@@ -177,7 +182,7 @@ class _SettlementServicer(settlement_pb2_grpc.SettlementServicer):
 
     def ReleaseSession(self, request: settlement_pb2.ReleaseSessionRequest, context: grpc.ServicerContext) -> Empty:
         def release() -> None:
-            self._session(request.sessionId)  # NOT_FOUND when no delivery of that session is in flight
+            self._session(request.sessionId)  # refused when no delivery of that session is in flight
             if self._server.on_release_session is None:
                 raise _Abort(grpc.StatusCode.UNIMPLEMENTED, "this host does not release sessions on request")
             self._server.on_release_session(request.sessionId)
@@ -187,20 +192,21 @@ class _SettlementServicer(settlement_pb2_grpc.SettlementServicer):
 
     # -- helpers --
     def _delivery(self, lock_token: str) -> Delivery:
+        """The delivery in flight under `lock_token`, or the host's answer when there is none (a malformed token
+        included): FailedPrecondition "LockToken {token} not found." (SettlementService.cs, every settlement)."""
         try:
-            key = normalize_lock_token(lock_token)
+            delivery = self._server.lookup(normalize_lock_token(lock_token))
         except ValueError:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed lock token {lock_token!r}") from None
-        delivery = self._server.lookup(key)
+            delivery = None
         if delivery is None:
-            raise _Abort(grpc.StatusCode.NOT_FOUND, f"no message in flight with lock token {key}")
+            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION, f"LockToken {lock_token} not found.")
         return delivery
 
     def _session(self, session_id: str) -> Any:
         delivery = self._server.lookup_session(session_id) if self._server.lookup_session else None
         session = getattr(delivery.receiver, "session", None) if delivery else None
-        if session is None:
-            raise _Abort(grpc.StatusCode.NOT_FOUND, f"no session {session_id!r} held by a running function")
+        if session is None:  # the host's answer (SettlementService.cs Get/Set)
+            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION, f"SessionId {session_id} not found.")
         return session
 
     def _settle(
@@ -224,6 +230,15 @@ class _SettlementServicer(settlement_pb2_grpc.SettlementServicer):
 
         self._call(context, settle)
         return Empty()
+
+    @staticmethod
+    def _check_length(context: grpc.ServicerContext, name: str, value: str | None) -> None:
+        """The host's SDK refuses a dead-letter reason or description over 4,096 characters (.NET's String.Length,
+        UTF-16 code units) before it calls the service, and the host's Settlement service answers the exception's
+        text with status Unknown; the message stays locked, unsettled. Sources: docs/modules-host.md."""
+        if value is not None and utf16_length(value) > DEAD_LETTER_TEXT_MAX:
+            text = f"The argument '{name}' cannot exceed {DEAD_LETTER_TEXT_MAX} characters. (Parameter '{name}')"
+            context.abort(grpc.StatusCode.UNKNOWN, f"System.ArgumentOutOfRangeException: {text}")
 
     @staticmethod
     def _reject_property_changes(context: grpc.ServicerContext, properties_to_modify: bytes) -> None:

@@ -2,8 +2,9 @@
 on the embedded broker and on Azure Service Bus alike.
 
 Semantics of the Functions Service Bus extension (functions-bindings-service-bus-trigger and host.json reference):
-peek-lock, completed on success and abandoned on an exception (autoCompleteMessages, the default), or settled by the
-function with `auto_complete_messages=False`; a session locked by one consumer at a time, its messages in order, up to
+peek-lock, completed on success (autoCompleteMessages, the default) or settled by the function with
+`auto_complete_messages=False`, and abandoned on an exception unless the function settled it, whatever
+autoCompleteMessages says; a session locked by one consumer at a time, its messages in order, up to
 `maxConcurrentSessions`, released after `sessionIdleTimeout`; without sessions up to `maxConcurrentCalls` at once; the
 message or session lock renewed up to `maxAutoLockRenewalDuration` at half its remaining time (at once below 0.4 s),
 a session lock also while the consumer waits for the session's next message. Details, sources: docs/modules-host.md.
@@ -195,12 +196,14 @@ class ServiceBusTriggerRunner:
         )
         try:
             await self._invoke(delivery)
-        except Exception as exc:  # noqa: BLE001 - any failure of the function counts; auto-complete abandons
+        except Exception as exc:  # noqa: BLE001 - any failure of the function counts
             self.failed += 1
             log.warning(
                 "function %s failed on message %s (delivery %s): %s", self.name, msg.message_id, msg.delivery_count, exc
             )
-            if self.auto_complete and not delivery.settled:
+            # The processor abandons a failed message the function left unsettled, whatever autoCompleteMessages says
+            # (Azure.Messaging.ServiceBus ReceiverManager.ProcessOneMessage; docs/modules-host.md).
+            if not delivery.settled:
                 await self._settle(receiver.abandon_message, msg)
         else:
             self.processed += 1

@@ -35,8 +35,8 @@ TIMING_SETTINGS: dict[str, dict[str, str]] = {
     },
     "late-replies": {"StepTimeoutSeconds": "5", "ClaimLeaseSeconds": "5", "FailureThreshold": "8"},
     "reply-reordering": {"StepTimeoutSeconds": "5", "ClaimLeaseSeconds": "5", "FailureThreshold": "8"},
-    # Steps of 10 s: the Agent ahead by the 5 s lock still has 5 s per request. Four sessions per Agent, so that the
-    # orders are shared between the two Agents (one with 32 slots would take them all).
+    # Steps of 10 s: the Agent ahead by 4 s (the 5 s lock less a second) still has 6 s per request. Four sessions per
+    # Agent, so that the orders are shared between the two Agents (one with 32 slots would take them all).
     "clock-skew": {
         "StepTimeoutSeconds": "10",
         "ClaimLeaseSeconds": "10",
@@ -53,6 +53,7 @@ HOLD: dict[str, tuple[float, float, float]] = {"late-replies": (2, 5, 0.2), "rep
 LATE_MARGIN_S = 2.0  # a reply this late was certainly after its timer fired (devhost fires timers within ~0.1 s)
 HANG_SHARE = {"remote-hang": (0.2, 0.6), "clock-skew": (0.0, 0.5)}  # (two hangs below, one hang below) per order
 CLOCK_SKEW_LATENCY_MS, CLOCK_SKEW_TRANSIENT = 300.0, 0.1
+CLOCK_SKEW_LOCK_MARGIN_S = 1.0  # clock-skew's default skew: agent-requests' LockDuration less this
 SETTLE_S = 30.0  # the longest the drill waits, after the last final status and any held reply, for queues to drain
 
 
@@ -65,7 +66,7 @@ class TimingOptions:
     overrides: tuple[tuple[str, str], ...] = ()
     timeout: float = 900.0
     hang_seconds: float = 8.0  # remote-hang: how long a hang holds the answer (must exceed the step's deadline)
-    servicebus_config: Path | None = None  # the broker's queues (clock-skew: the default skew is their LockDuration)
+    servicebus_config: Path | None = None  # the broker's queues (clock-skew's default skew comes from LockDuration)
 
     def __post_init__(self) -> None:
         if self.drill not in TIMING_DRILLS:
@@ -104,9 +105,12 @@ class TimingOptions:
 
     @property
     def skew_s(self) -> float:
-        """clock-skew: the Agents run at +skew and -skew (default: LockDuration of agent-requests)."""
+        """clock-skew: the Agents run at +skew and -skew (default: the LockDuration of agent-requests less a second,
+        the most an Agent ahead can be off and still use a session: its bus client judges the lock on its clock)."""
         given = dict(self.overrides).get("AGENT_CLOCK_SKEW_SECONDS")
-        return abs(float(given)) if given else lock_duration_s("agent-requests", self.servicebus_config)
+        if given:
+            return abs(float(given))
+        return max(0.5, lock_duration_s("agent-requests", self.servicebus_config) - CLOCK_SKEW_LOCK_MARGIN_S)
 
     def _base(self) -> dict[str, str]:
         return {**base_settings(self.settings), **_COMMON, **TIMING_SETTINGS[self.drill], **dict(self.overrides)}

@@ -28,9 +28,10 @@ from agent.handler import Sender
 from agent.retry import unit_hash
 from agent.worker import serve
 from orderflow import telemetry
+from orderflow.adapters import aio_bus_from_connection_string, is_embedded_connection
 from orderflow.clock import SystemClock
 from orderflow.clock import WaitingClock as Clock
-from orderflow.settings import Setting
+from orderflow.settings import SERVICE_BUS_CONNECTION, Setting
 from orderflow.telemetry import configure_logging
 
 log = logging.getLogger("agent")
@@ -51,7 +52,8 @@ FAULT_SETTINGS: tuple[Setting, ...] = (
     Setting(
         "AGENT_CLOCK_SKEW_SECONDS",
         "0",
-        "Fault switch: seconds added to the Agent's clock (negative: behind); the broker's clock is not skewed.",
+        "Fault switch: seconds added to the Agent's clock and its bus client's (negative: behind); the broker's "
+        "clock is not skewed.",
     ),
 )
 _DEFAULTS = {s.name: str(s.default) for s in FAULT_SETTINGS}
@@ -135,7 +137,8 @@ class SkewedClock:
     behind, negative) of `inner`. Only `now()` moves; waiting is a duration and is not skewed. Every time the Agent
     reads goes through it: the deadline checks of a request and of its retries, lock renewal (against the expiry the
     broker stamps, as the azure-servicebus lock renewer compares it with the local clock), the breaker's times, the
-    reply's completedAt. The broker keeps its own clock, as Service Bus does."""
+    reply's completedAt, and its bus client's lock checks (`agent_bus`). The broker keeps its own clock, as Service
+    Bus does."""
 
     def __init__(self, inner: Clock, skew: float) -> None:
         self._inner = inner
@@ -146,6 +149,22 @@ class SkewedClock:
 
     async def sleep(self, seconds: float) -> None:
         await self._inner.sleep(seconds)
+
+
+def agent_bus(connection: str | None, env: Mapping[str, str], faults: AgentFaults, clock: Clock) -> Any:
+    """The Agent's bus client (`agent.__main__.create_client`); with the skew switch on, one whose local clock is the
+    Agent's skewed `clock`: the SDK judges lock expiry on the machine's clock (`_servicebus_session.py`
+    `_lock_expired`, `_common/message.py` `_lock_expired`: `locked_until_utc <= utc_now()`), and the embedded client
+    on its `local_clock`. Only the embedded client takes one; a skewed clock on another client is refused."""
+    if not faults.clock_skew_seconds:
+        return create_client(connection, env)
+    conn = connection or env.get(SERVICE_BUS_CONNECTION, "")
+    if not is_embedded_connection(conn):
+        raise ValueError(
+            "AGENT_CLOCK_SKEW_SECONDS skews the bus client's clock too, which only the embedded client allows "
+            "(Endpoint=embedded://...)"
+        )
+    return aio_bus_from_connection_string(conn, local_clock=clock.now)
 
 
 def agent_clock(faults: AgentFaults, clock: Clock) -> Clock:
@@ -274,7 +293,7 @@ async def _run(argv: Sequence[str] | None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     clock = agent_clock(faults, SystemClock())
-    async with create_client(args.connection, os.environ) as client:
+    async with agent_bus(args.connection, os.environ, faults, clock) as client:
         faulty = with_faults(client, config.replies_queue, faults, clock, config.shutdown_grace_ms / 1000)
         await serve(faulty, config, stop, clock=clock, env=os.environ)
     return 0

@@ -3,8 +3,8 @@ in a dead-letter reason, an alert, a status, a log line or a terminal.
 
 - `quote(value)`: a value as a reason quotes it, at most `QUOTE_MAX` characters of it, with its length said when cut
   (`'aaaa…' (204800 characters)`).
-- `bounded(text, limit)`: free text cut to `limit` characters (default: Service Bus's dead-letter limit), its length
-  said when cut.
+- `bounded(text, limit)`: free text cut to `limit` characters as .NET counts them (UTF-16 code units; default:
+  Service Bus's dead-letter limit), its length said when cut.
 - `printable(text)`: control, format and line-separator characters written as escapes, so text can neither start a
   new log line nor drive a terminal.
 """
@@ -14,9 +14,9 @@ from __future__ import annotations
 import reprlib
 import unicodedata
 
-# Azure.Messaging.ServiceBus refuses a dead-letter reason or error description longer than 4,096 characters
-# (ServiceBusReceiver.DeadLetterMessageAsync: ArgumentOutOfRangeException, "Maximum permitted length is 4096";
-# Azure/azure-sdk-for-net PR #32396; Microsoft.Azure.ServiceBus Constants.MaxDeadLetterReasonLength). The Functions
+# Azure.Messaging.ServiceBus refuses a dead-letter reason or error description longer than 4,096 characters, .NET's
+# String.Length: UTF-16 code units (AmqpReceiver.DeadLetterInternalAsync, Argument.AssertNotTooLong: an
+# ArgumentOutOfRangeException; Constants.MaxDeadLetterReasonLength; Azure/azure-sdk-for-net PR #32396). The Functions
 # host settles through that SDK, so a longer reason from a Python trigger fails the settlement.
 DEAD_LETTER_TEXT_MAX = 4096
 QUOTE_MAX = 64  # characters of a sender's name or value quoted in a reason
@@ -27,12 +27,25 @@ _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, QUOTE_MAX, QUOTE_MAX, QUOTE_MAX
 
 
+def utf16_length(text: str) -> int:
+    """`text`'s length as .NET's String.Length counts it: UTF-16 code units, two for a character past U+FFFF."""
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
 def bounded(text: str, limit: int = DEAD_LETTER_TEXT_MAX) -> str:
-    """`text` when it has at most `limit` characters, else its start, '…' and its length, `limit` characters in all."""
-    if len(text) <= limit:
+    """`text` when it has at most `limit` characters (`utf16_length`), else its start, '…' and its length, `limit`
+    characters in all; a character is never split."""
+    length = utf16_length(text)
+    if length <= limit:
         return text
-    suffix = f"… ({len(text)} characters)"
-    return text[: max(0, limit - len(suffix))] + suffix
+    suffix = f"… ({length} characters)"
+    room, end = max(0, limit - len(suffix)), 0
+    for char in text[:room]:  # at most `room` characters fit in `room` code units
+        room -= 2 if ord(char) > 0xFFFF else 1
+        if room < 0:
+            break
+        end += 1
+    return text[:end] + suffix
 
 
 def quote(value: object, limit: int = QUOTE_MAX) -> str:

@@ -28,7 +28,7 @@ from ._retry import Attempts, RetryPolicy, Timer
 from ._session_view import SessionView
 from .broker import EmbeddedBroker
 from .config import QueueProperties
-from .message import ServiceBusMessage, ServiceBusReceivedMessage, envelopes_of, new_batch
+from .message import STANDARD, ServiceBusMessage, ServiceBusReceivedMessage, SizeLimits, envelopes_of, new_batch
 
 __all__ = [
     "ServiceBusAdministrationClient",
@@ -70,6 +70,7 @@ class ServiceBusSender:
         self._broker, self.entity_name = broker, queue_name
         self._timer, self._retry = timer, retry
         self._running, self._linked = True, False
+        self._limits = STANDARD  # what the link allows, once it is open (the entity's sizes)
 
     def _open(self, timeout: float | None = None) -> None:
         """`_open_with_retry` / `_do_retryable_operation(timeout=...)`: `check_entity` until the link opens."""
@@ -79,14 +80,14 @@ class ServiceBusSender:
         attempts = Attempts(self._retry, self._timer, timeout)
         while not self._linked:
             try:
-                check_entity(self._broker, self.entity_name)
+                self._limits = SizeLimits.of(check_entity(self._broker, self.entity_name))
                 self._linked = True
             except ServiceBusError as error:
                 self._timer.sleep(attempts.failed(error))
 
     def send_messages(self, message: Any, *, timeout: float | None = None, **kwargs: Any) -> None:
         self._open(timeout)
-        envelopes = envelopes_of(message)
+        envelopes = envelopes_of(message, limits=self._limits)
         if envelopes:
             self._broker.send(self.entity_name, envelopes)
 
@@ -94,7 +95,7 @@ class ServiceBusSender:
         self, messages: Any, schedule_time_utc: datetime, *, timeout: float | None = None, **kwargs: Any
     ) -> list[int]:
         self._open(timeout)
-        envelopes = envelopes_of(messages, schedule_time_utc)
+        envelopes = envelopes_of(messages, schedule_time_utc, self._limits)
         numbers = self._broker.send(self.entity_name, envelopes) if envelopes else []
         return [n for n in numbers if n is not None]
 
@@ -108,7 +109,7 @@ class ServiceBusSender:
 
     def create_message_batch(self, max_size_in_bytes: int | None = None) -> ServiceBusMessageBatch:
         self._open()
-        return new_batch(max_size_in_bytes)
+        return new_batch(max_size_in_bytes, self._limits)
 
     def close(self) -> None:
         self._running = False

@@ -3,7 +3,8 @@
 `servicebus.config.json` (repo root) uses the property names of the Service Bus emulator's Config.json
 (UserConfig → Namespaces → Queues → Name, Properties). Defaults are the Service Bus defaults
 (https://learn.microsoft.com/azure/service-bus-messaging/service-bus-quotas and the emulator's Config.json):
-LockDuration PT1M, MaxDeliveryCount 10, DuplicateDetectionHistoryTimeWindow PT10M, no message expiry.
+LockDuration PT1M, MaxDeliveryCount 10, DuplicateDetectionHistoryTimeWindow PT10M, no message expiry, Standard's
+256 KB messages (MaxMessageSizeInKilobytes, an ARM property the emulator lacks, makes a queue Premium-sized).
 """
 
 from __future__ import annotations
@@ -26,12 +27,19 @@ _CONFIG_NAMES: dict[str, str] = {
     "MaxDeliveryCount": "max_delivery_count",
     "DefaultMessageTimeToLive": "default_message_time_to_live",
     "DeadLetteringOnMessageExpiration": "dead_lettering_on_message_expiration",
+    "MaxMessageSizeInKilobytes": "max_message_size_in_kilobytes",
 }
 # Emulator properties we accept but do not implement (forwarding); an empty value is the only legal one.
 _IGNORED_IF_EMPTY = frozenset({"ForwardTo", "ForwardDeadLetteredMessagesTo"})
 _DURATIONS = frozenset({"duplicate_detection_history_time_window", "lock_duration", "default_message_time_to_live"})
 # Service Bus expresses "never expires" as TimeSpan.MaxValue; anything this long is treated as no TTL.
 _NO_EXPIRY = timedelta(days=3650)
+# Message sizes (service-bus-quotas; service-bus-premium-messaging, "Large messages support"): 256 KB on Standard; on
+# Premium the entity's maxMessageSizeInKilobytes, 1,024 (its default) to 102,400. The SDK's batches: 256 KB, or 1 MB
+# once the link allows 1 MB or more (azure/servicebus/_servicebus_sender.py `_open`, MAX_BATCH_SIZE_PREMIUM).
+STANDARD_MESSAGE_KB = 256
+PREMIUM_MESSAGE_KB = (1024, 102_400)
+_PREMIUM_BATCH_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -45,12 +53,35 @@ class QueueProperties:
     max_delivery_count: int = 10
     default_message_time_to_live: timedelta | None = None
     dead_lettering_on_message_expiration: bool = False
+    max_message_size_in_kilobytes: int = STANDARD_MESSAGE_KB
 
     def __post_init__(self) -> None:
         if self.max_delivery_count < 1:
             raise ValueError("MaxDeliveryCount must be at least 1")
         if self.lock_duration <= timedelta(0):
             raise ValueError("LockDuration must be positive")
+        size, (low, high) = self.max_message_size_in_kilobytes, PREMIUM_MESSAGE_KB
+        if (
+            isinstance(size, bool)
+            or not isinstance(size, int)
+            or not (size == STANDARD_MESSAGE_KB or low <= size <= high)
+        ):
+            raise ValueError(
+                f"MaxMessageSizeInKilobytes must be {STANDARD_MESSAGE_KB} (Standard) or {low} to {high} (Premium), "
+                f"got {size!r}"
+            )
+
+    @property
+    def max_message_size_bytes(self) -> int:
+        """The largest message the entity takes, its whole encoded AMQP message (what its links announce)."""
+        return self.max_message_size_in_kilobytes * 1024
+
+    @property
+    def max_batch_size_bytes(self) -> int:
+        """The SDK's batch limit on a link to this entity (`create_message_batch`)."""
+        if self.max_message_size_bytes >= _PREMIUM_BATCH_BYTES:
+            return _PREMIUM_BATCH_BYTES
+        return self.max_message_size_bytes
 
     @classmethod
     def create(cls, **properties: Any) -> QueueProperties:

@@ -40,11 +40,14 @@ from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 from azure.servicebus.amqp import AmqpMessageBodyType
 from azure.servicebus.exceptions import MessageSizeExceededError
 
-__all__ = ["Envelope", "ServiceBusMessage", "ServiceBusReceivedMessage", "StoredMessage", "encoded_size"]
+from .config import QueueProperties
+
+__all__ = ["Envelope", "ServiceBusMessage", "ServiceBusReceivedMessage", "SizeLimits", "StoredMessage", "encoded_size"]
 PrimitiveTypes = int | float | bool | str | bytes | uuid.UUID | datetime | None
 _UINT_MAX = 2**32 - 1  # the AMQP header's ttl is a uint of milliseconds
 # Service Bus Standard: max-message-size announced on a sender link and the batch limit the SDK derives from it
-# (azure/servicebus/_common/constants.py MAX_BATCH_SIZE_STANDARD; service-bus-quotas).
+# (azure/servicebus/_common/constants.py MAX_BATCH_SIZE_STANDARD; service-bus-quotas); a Premium-sized queue has its
+# own (`SizeLimits`, from orderflow/embedded/config.py).
 MAX_MESSAGE_SIZE_BYTES = 256 * 1024
 
 
@@ -178,18 +181,33 @@ def encoded_size(message: ServiceBusMessage) -> int:
     return int(amqp_utils.get_message_encoded_size(outgoing))  # type: ignore[no-untyped-call]
 
 
-def new_batch(max_size_in_bytes: int | None = None) -> ServiceBusMessageBatch:
+@dataclass(frozen=True)
+class SizeLimits:
+    """What a sender's link allows: one message (the entity's max-message-size, announced on attach) and one batch
+    (the SDK's `_max_batch_size_on_link`, derived from it: orderflow/embedded/config.py)."""
+
+    message: int = MAX_MESSAGE_SIZE_BYTES
+    batch: int = MAX_MESSAGE_SIZE_BYTES
+
+    @classmethod
+    def of(cls, properties: QueueProperties) -> SizeLimits:
+        return cls(properties.max_message_size_bytes, properties.max_batch_size_bytes)
+
+
+STANDARD = SizeLimits()
+
+
+def new_batch(max_size_in_bytes: int | None = None, limits: SizeLimits = STANDARD) -> ServiceBusMessageBatch:
     """`create_message_batch`: the SDK's own batch, sized as it sizes one (azure/servicebus/_servicebus_sender.py
-    `create_message_batch`; the link's max batch size is Service Bus Standard's)."""
-    if max_size_in_bytes and max_size_in_bytes > MAX_MESSAGE_SIZE_BYTES:
+    `create_message_batch`, against the link's max batch size)."""
+    if max_size_in_bytes and max_size_in_bytes > limits.batch:
         raise ValueError(
-            f"Max message size: {max_size_in_bytes} is too large, "
-            f"acceptable max batch size is: {MAX_MESSAGE_SIZE_BYTES} bytes."
+            f"Max message size: {max_size_in_bytes} is too large, acceptable max batch size is: {limits.batch} bytes."
         )
-    return ServiceBusMessageBatch(max_size_in_bytes=max_size_in_bytes or MAX_MESSAGE_SIZE_BYTES)
+    return ServiceBusMessageBatch(max_size_in_bytes=max_size_in_bytes or limits.batch)
 
 
-def _outgoing(message: Any) -> tuple[list[ServiceBusMessage], bool]:
+def _outgoing(message: Any, limits: SizeLimits) -> tuple[list[ServiceBusMessage], bool]:
     """What `send_messages` sends (azure/servicebus/_servicebus_sender.py `send_messages`): a batch as it is; a list
     made into one batch (MessageSizeExceededError past the batch limit, from the SDK's `ServiceBusMessageBatch`); one
     message as it is. A dict or AmqpAnnotatedMessage becomes a ServiceBusMessage as the SDK converts it."""
@@ -197,26 +215,28 @@ def _outgoing(message: Any) -> tuple[list[ServiceBusMessage], bool]:
         return list(message._messages), False
     converted = transform_outbound_messages(message, ServiceBusMessage, PyamqpTransport.to_outgoing_amqp_message)
     if isinstance(converted, list):
-        batch = new_batch()
+        batch = new_batch(limits=limits)
         batch._from_list(converted)
         return list(batch._messages), False
     return [converted], True
 
 
-def _check_size(message: ServiceBusMessage) -> None:
+def _check_size(message: ServiceBusMessage, limit: int) -> None:
     """The service refuses a transfer over the link's max-message-size (amqp:link:message-size-exceeded), which the
     SDK raises as MessageSizeExceededError (_transport/_pyamqp_transport.py _ERROR_CODE_TO_ERROR_MAPPING). The
     description is this mirror's; the class and condition are the SDK's."""
     size = encoded_size(message)
-    if size > MAX_MESSAGE_SIZE_BYTES:
+    if size > limit:
         raise MessageSizeExceededError(
-            message=f"The received message (size: {size} bytes) exceeds the limit ({MAX_MESSAGE_SIZE_BYTES} bytes) "
+            message=f"The received message (size: {size} bytes) exceeds the limit ({limit} bytes) "
             "currently allowed on the link.",
             condition=ErrorCondition.LinkMessageSizeExceeded,
         )
 
 
-def envelopes_of(message: Any, schedule_time_utc: datetime | None = None) -> list[Envelope]:
+def envelopes_of(
+    message: Any, schedule_time_utc: datetime | None = None, limits: SizeLimits = STANDARD
+) -> list[Envelope]:
     """What `send_messages` (or, with a time, `schedule_messages`) stores, sized as the SDK and the service size it:
     scheduled messages go in one management request, unbatched, each message within the link's limit."""
     try:
@@ -225,13 +245,13 @@ def envelopes_of(message: Any, schedule_time_utc: datetime | None = None) -> lis
     except TypeError:
         pass
     if schedule_time_utc is None:
-        outgoing, single = _outgoing(message)
+        outgoing, single = _outgoing(message, limits)
     else:
         converted = transform_outbound_messages(message, ServiceBusMessage, PyamqpTransport.to_outgoing_amqp_message)
         outgoing, single = (converted if isinstance(converted, list) else [converted]), True
     if single:  # a batch was sized by the SDK; each single transfer is sized by the service
         for item in outgoing:
-            _check_size(item)
+            _check_size(item, limits.message)
     envelopes = [to_envelope(item) for item in outgoing]
     if schedule_time_utc is not None:
         envelopes = [dataclasses.replace(env, scheduled_enqueue_time_utc=schedule_time_utc) for env in envelopes]

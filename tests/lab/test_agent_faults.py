@@ -7,28 +7,33 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from azure.servicebus import ServiceBusMessage
+from azure.servicebus.exceptions import SessionLockLostError
 from support.agent_fakes import REPLIES, REQUESTS, FakeBus, FakeClock, agent_config, make_request, request_message
 
 from agent.config import AGENT_SETTINGS, build_parser
 from agent.errors import Classification, ErrorCode
 from agent.remote import CallResult
 from agent.worker import AgentWorker, serve
+from lab._timing_options import TimingOptions
 from lab.agent_faults import (
     FAULT_SETTINGS,
     AgentFaults,
     HeldReplies,
     ReplyDelay,
     SkewedClock,
+    agent_bus,
     agent_clock,
     faults_from_env,
     split_args,
     with_faults,
 )
 from orderflow.clock import SystemClock
+from orderflow.embedded.broker import EmbeddedBroker
 from orderflow.messages import AgentReply
 
 NO_BREAKER = {"CircuitBreakerFailureThreshold": "0"}
@@ -224,6 +229,52 @@ async def test_an_agent_clock_behind_calls_past_the_deadline(bus: FakeBus) -> No
     reply = await _serve_one(bus, clock_skew_seconds=-1.5)
     assert reply.error_code in (ErrorCode.RETRIES_EXHAUSTED, ErrorCode.DEADLINE_EXCEEDED)
     assert "remote not called" not in (reply.error or "")
+
+
+async def _session_lock_seen(tmp_path: Path, skew: float) -> bool:
+    """Whether the Agent's bus client (as `python -m lab agent` builds it with this skew) can use a session it was
+    just granted: a 5 s session lock, judged on the client's clock."""
+    connection = f"Endpoint=embedded://{tmp_path / 'bus.db'}"
+    setup = EmbeddedBroker(tmp_path / "bus.db")
+    setup.declare_queue(REQUESTS, requires_session=True, lock_duration=timedelta(seconds=5))
+    setup.close()
+    faults = AgentFaults(clock_skew_seconds=skew)
+    async with agent_bus(connection, {}, faults, agent_clock(faults, SystemClock())) as client:
+        async with client.get_queue_sender(REQUESTS) as sender:
+            await sender.send_messages(ServiceBusMessage("r", session_id="o-1"))
+        async with client.get_queue_receiver(REQUESTS, session_id="o-1") as receiver:
+            try:
+                [message] = await receiver.receive_messages(max_message_count=1, max_wait_time=5)
+            except SessionLockLostError:
+                return False
+            await receiver.complete_message(message)
+            return True
+
+
+@pytest.mark.parametrize(("skew", "usable"), [(0.0, True), (4.0, True), (-5.0, True), (5.0, False), (6.0, False)])
+async def test_the_skew_moves_the_bus_clients_clock_too(tmp_path: Path, skew: float, usable: bool) -> None:
+    # The SDK judges a session lock on the machine's clock (_servicebus_session.py BaseSession._lock_expired:
+    # locked_until_utc <= utc_now(); _base_handler.py _check_live raises SessionLockLostError before it calls the
+    # service): a client ahead by the LockDuration sees the lock it was just granted as expired.
+    assert await _session_lock_seen(tmp_path, skew) is usable
+
+
+def test_the_clock_skew_drill_leaves_the_agent_ahead_a_second_of_each_lock() -> None:
+    # agent-requests' LockDuration is 5 s (servicebus.config.json): ahead by 4 s, an Agent can still use its sessions.
+    options = TimingOptions("clock-skew")
+    assert options.skew_s == 4.0 and options.settings_values()["AGENT_CLOCK_SKEW_SECONDS"] == "4.0"
+    assert TimingOptions("clock-skew", overrides=(("AGENT_CLOCK_SKEW_SECONDS", "-5"),)).skew_s == 5.0
+
+
+def test_a_skewed_clock_is_refused_for_a_bus_client_that_cannot_take_it() -> None:
+    faults = AgentFaults(clock_skew_seconds=5.0)
+    emulator = "Endpoint=sb://127.0.0.1:5672;SharedAccessKeyName=k;SharedAccessKey=v;UseDevelopmentEmulator=true"
+    with pytest.raises(ValueError, match="only the embedded client"):
+        agent_bus(emulator, {}, faults, SystemClock())
+    with pytest.raises(ValueError, match="only the embedded client"):
+        agent_bus(
+            None, {"ServiceBusConnection__fullyQualifiedNamespace": "x.servicebus.windows.net"}, faults, SystemClock()
+        )
 
 
 # --- helpers ----------------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ QUEUE_PROPERTIES: dict[str, dict[str, Any]] = {
     "plain": {"LockDuration": f"PT{LOCK_SECONDS}S", "MaxDeliveryCount": MAX_DELIVERY_COUNT},
     "sessions": {"RequiresSession": True, "LockDuration": f"PT{LOCK_SECONDS}S", "MaxDeliveryCount": MAX_DELIVERY_COUNT},
     "dedup": {"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "PT10M"},
+    "premium": {"MaxMessageSizeInKilobytes": 1024},  # a Premium entity's own limit (Premium's default, 1 MB)
 }
 
 
@@ -51,12 +52,13 @@ class Queues:
     plain: str
     sessions: str
     dedup: str
+    premium: str
     missing: str
 
     @classmethod
     def fresh(cls) -> Queues:
         tag = uuid.uuid4().hex[:10]
-        return cls(f"plain-{tag}", f"sessions-{tag}", f"dedup-{tag}", f"missing-{tag}")
+        return cls(f"plain-{tag}", f"sessions-{tag}", f"dedup-{tag}", f"premium-{tag}", f"missing-{tag}")
 
     def config(self) -> dict[str, Any]:
         """These queues as a Config.json document."""
@@ -367,6 +369,65 @@ def message_size_limit(bus: Bus, q: Queues) -> None:
             assert [str(m) for m in receive(receiver, 1)] == ["small"]
 
 
+@scenario("service-bus-quotas: the message size includes the size of properties (system and user) and the payload")
+def message_size_counts_properties(bus: Bus, q: Queues) -> None:
+    body = b"b" * (200 * 1024)
+    # Two properties of 30,000 characters: within the service's 32 KB per property and 64 KB for the whole header.
+    heavy = {"note-1": "n" * 30_000, "note-2": "m" * 30_000}
+    with bus.client() as client:
+        with client.get_queue_sender(q.plain) as sender:
+            sender.send_messages(ServiceBusMessage(body, message_id="body-only"))
+            with pytest.raises(MessageSizeExceededError):  # the body fits; with its properties the message does not
+                sender.send_messages(
+                    ServiceBusMessage(body, message_id="with-properties", application_properties=heavy)
+                )
+            with pytest.raises(MessageSizeExceededError):
+                sender.schedule_messages(
+                    ServiceBusMessage(body, application_properties=heavy), datetime.now(UTC) + timedelta(hours=1)
+                )
+        with client.get_queue_receiver(q.plain, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver:
+            assert [m.message_id for m in receive(receiver, 1)] == ["body-only"]
+            nothing_more(receiver)
+
+
+@scenario(
+    "service-bus-premium-messaging, large messages: the entity's maxMessageSizeInKilobytes; _servicebus_sender.py"
+)
+def premium_message_size(bus: Bus, q: Queues) -> None:
+    # The link announces the entity's 1 MB; the SDK then makes batches of MAX_BATCH_SIZE_PREMIUM (1 MB:
+    # _servicebus_sender.py `_open`), and the service refuses a single message past the entity's limit.
+    big = b"p" * (600 * 1024)  # over Standard's 256 KB
+    with bus.client() as client:
+        with client.get_queue_sender(q.premium) as sender:
+            assert sender.create_message_batch().max_size_in_bytes == 1024 * 1024
+            with pytest.raises(ValueError):
+                sender.create_message_batch(max_size_in_bytes=1024 * 1024 + 1)
+            sender.send_messages(ServiceBusMessage(big, message_id="large"))
+            with pytest.raises(MessageSizeExceededError):
+                sender.send_messages(ServiceBusMessage(b"q" * (1024 * 1024), message_id="too-large"))
+            with pytest.raises(MessageSizeExceededError):  # a list is one batch, of at most 1 MB
+                sender.send_messages([ServiceBusMessage(big), ServiceBusMessage(big)])
+        with client.get_queue_receiver(q.premium, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver:
+            [message] = receive(receiver, 1)
+            assert message.message_id == "large" and b"".join(message.body) == big
+            nothing_more(receiver)
+
+
+@scenario("service-bus-quotas: MessageId, SessionId 128 characters; _common/message.py ServiceBusMessage setters")
+def message_and_session_id_lengths(bus: Bus, q: Queues) -> None:
+    longest = "i" * 128
+    for field in ("message_id", "session_id", "partition_key"):
+        with pytest.raises(ValueError, match=f"{field} cannot be longer than 128 characters"):
+            ServiceBusMessage("x", **{field: "i" * 129})
+    with bus.client() as client:
+        with client.get_queue_sender(q.sessions) as sender:
+            sender.send_messages(ServiceBusMessage("x", message_id=longest, session_id=longest))
+        with client.get_queue_receiver(q.sessions, session_id=longest) as receiver:
+            [message] = receive(receiver, 1)
+            assert (message.message_id, message.session_id, receiver.session.session_id) == (longest,) * 3
+            receiver.complete_message(message)
+
+
 @scenario("azure-sdk-for-python tests/test_sessions.py test_session_connection_failure_is_idempotent: put-token 404")
 def entity_not_found(bus: Bus, q: Queues) -> None:
     with bus.client() as client:
@@ -455,7 +516,7 @@ def session_renew_and_state(bus: Bus, q: Queues) -> None:
             assert receiver.session.get_state() is None
 
 
-@scenario("issue 23: closing a session receiver without settling counts no delivery (Service Bus semantics)")
+@scenario("message-sessions, Impact of delivery count: a session closed with its messages unsettled counts none")
 def session_close_counts_no_delivery(bus: Bus, q: Queues) -> None:
     with bus.client() as client:
         with client.get_queue_sender(q.sessions) as sender:
@@ -487,7 +548,7 @@ def message_lock_expiry(bus: Bus, q: Queues) -> None:
             receiver.complete_message(again)
 
 
-@scenario("message-sessions: an expired session lock is lost; SessionLockLostError", needs_clock=True)
+@scenario("message-sessions, Impact of delivery count: an expired session lock counts one", needs_clock=True)
 def session_lock_expiry(bus: Bus, q: Queues) -> None:
     with bus.client() as client:
         with client.get_queue_sender(q.sessions) as sender:

@@ -10,7 +10,7 @@ from azure.servicebus import ServiceBusMessage
 
 from devhost.sdk_servicebus import to_sdk_message
 from orderflow import runtime
-from orderflow.text import DEAD_LETTER_TEXT_MAX
+from orderflow.text import DEAD_LETTER_TEXT_MAX, utf16_length
 from support.integration_support import Pipeline
 from support.replies_support import ScriptedDurableApi
 from triggers import submission as submission_trigger
@@ -18,8 +18,8 @@ from triggers import submission as submission_trigger
 
 class RecordingActions:
     """ServiceBusMessageActions in the submission trigger's hands: records each settlement as (kind, kwargs), refusing
-    what the host's SDK refuses (a dead-letter reason or description past 4,096 characters: Azure.Messaging.ServiceBus
-    ServiceBusReceiver.DeadLetterMessageAsync, as orderflow/text.py cites)."""
+    what the host's SDK refuses (a dead-letter reason or description past 4,096 UTF-16 code units: Azure.Messaging.
+    ServiceBus AmqpReceiver.DeadLetterInternalAsync, as orderflow/text.py and devhost's Settlement service cite)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
@@ -32,8 +32,8 @@ class RecordingActions:
 
     def deadletter(self, message: Any, **kwargs: Any) -> None:
         for name in ("deadletter_reason", "deadletter_error_description"):
-            if len(kwargs.get(name) or "") > DEAD_LETTER_TEXT_MAX:
-                raise ValueError(f"Maximum permitted length is {DEAD_LETTER_TEXT_MAX} (Parameter '{name}')")
+            if utf16_length(kwargs.get(name) or "") > DEAD_LETTER_TEXT_MAX:
+                raise ValueError(f"The argument '{name}' cannot exceed {DEAD_LETTER_TEXT_MAX} characters.")
         self.calls.append(("deadletter", kwargs))
 
 

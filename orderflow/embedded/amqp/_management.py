@@ -12,7 +12,7 @@ from proton import Array, Data, Message, int32, symbol
 
 from orderflow.embedded.broker import EmbeddedBroker, SessionLock
 
-from ._codec import MAX_MESSAGE_SIZE, Address, decode_transfer, encode_stored, owned, to_timestamp
+from ._codec import Address, decode_transfer, encode_stored, owned, to_timestamp
 from ._delivering import DeliveryLink
 from ._errors import (
     ARGUMENT_ERROR,
@@ -201,10 +201,11 @@ def _update_disposition(request: Request) -> tuple[int, Any]:
 
 def _schedule(request: Request) -> tuple[int, Any]:
     envelopes = []
+    limit = request.broker.queue_properties(request.queue).max_message_size_bytes
     for item in _items(request.body.get("messages")):
         entry = {str(k): v for k, v in dict(item).items()}
-        payload = bytes(entry.get("message") or b"")
-        if len(payload) > MAX_MESSAGE_SIZE:
+        payload = bytes(entry.get("message") or b"")  # the whole encoded message, as a transfer would carry it
+        if len(payload) > limit:
             raise AmqpError(MESSAGE_SIZE_EXCEEDED, f"The message of {len(payload)} bytes is over the limit.", 413)
         envelopes.extend(decode_transfer(payload))
     if request.address.sub_queue:

@@ -131,16 +131,22 @@ class _Dispatcher(Handler):
             node.open(announce_size=False)
             return node
         address = _address(target)
-        if address.management:
-            node = InboundLink(link, self._management_request(address), MAX_REQUEST)
+        if address.management:  # a scheduled message travels in a request: room for the queue's largest
+            node = InboundLink(link, self._management_request(address), MAX_REQUEST + self._message_limit(address))
             node.open(announce_size=False)
             return node
         if address.sub_queue == DEAD_LETTER:
             raise AmqpError(NOT_ALLOWED, "Messages cannot be sent to a dead-letter queue.", 400)
-        self.broker.queue_properties(address.queue)
-        node = InboundLink(link, queue_consumer(self.broker, address))
+        limit = self.broker.queue_properties(address.queue).max_message_size_bytes  # Standard's, or Premium's
+        node = InboundLink(link, queue_consumer(self.broker, address), limit)
         node.open(announce_size=True)
         return node
+
+    def _message_limit(self, address: Address) -> int:
+        try:
+            return self.broker.queue_properties(address.queue).max_message_size_bytes
+        except MessagingEntityNotFoundError:  # its requests are answered 404
+            return 0
 
     def _attach_sender(self, link: Sender) -> ReplyLink | DeliveryLink:
         """A client's receiver: of `$cbs` or `$management` responses, or of a queue's messages."""

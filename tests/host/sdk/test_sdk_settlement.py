@@ -75,6 +75,47 @@ def test_deadletter_without_reason_sends_none(settlement: SettlementServer, regi
     assert delivery.receiver.calls[0][2] == {"reason": None, "error_description": None}
 
 
+# The host's SDK refuses a reason or description past 4,096 characters before it calls the service: Azure.Messaging.
+# ServiceBus AmqpReceiver.DeadLetterInternalAsync, `Argument.AssertNotTooLong(deadLetterReason,
+# Constants.MaxDeadLetterReasonLength, ...)`: ArgumentOutOfRangeException "The argument '{name}' cannot exceed
+# {max} characters."; the extension's SettlementService.Deadletter answers `new RpcException(new
+# Status(StatusCode.Unknown, ex.ToString()))` (azure-sdk-for-net, sdk/servicebus). .NET counts UTF-16 code units.
+@pytest.mark.parametrize(
+    ("reason", "description", "refused"),
+    [
+        ("r" * 4097, None, "deadLetterReason"),
+        ("BadInput", "d" * 4097, "deadLetterErrorDescription"),
+        ("\U0001f600" * 2049, None, "deadLetterReason"),  # 2,049 code points, 4,098 UTF-16 code units
+    ],
+    ids=["reason", "description", "astral-reason"],
+)
+def test_deadletter_text_over_4096_characters_is_refused_as_the_host_refuses_it(
+    settlement: SettlementServer, registry: DeliveryRegistry, reason: str, description: str | None, refused: str
+) -> None:
+    delivery = in_flight(registry)
+    with pytest.raises(SettlementError) as info:
+        ServiceBusMessageActions.get_instance().deadletter(
+            to_sdk_message(delivery.message), deadletter_reason=reason, deadletter_error_description=description
+        )
+    assert _status(info.value) == grpc.StatusCode.UNKNOWN
+    assert info.value.original.details() == (
+        f"System.ArgumentOutOfRangeException: The argument '{refused}' cannot exceed 4096 characters. "
+        f"(Parameter '{refused}')"
+    )
+    assert delivery.receiver.calls == [] and not delivery.settled  # still locked: the function may settle it again
+
+
+def test_deadletter_text_of_exactly_4096_characters_is_accepted(
+    settlement: SettlementServer, registry: DeliveryRegistry
+) -> None:
+    delivery = in_flight(registry)
+    ServiceBusMessageActions.get_instance().deadletter(
+        to_sdk_message(delivery.message), deadletter_reason="r" * 4096, deadletter_error_description="\U0001f600" * 2048
+    )
+    assert delivery.receiver.calls[0][2] == {"reason": "r" * 4096, "error_description": "\U0001f600" * 2048}
+    assert delivery.settled
+
+
 def test_renew_message_lock_does_not_settle(settlement: SettlementServer, registry: DeliveryRegistry) -> None:
     delivery = in_flight(registry)
     ServiceBusMessageActions.get_instance().renew_message_lock(to_sdk_message(delivery.message))
@@ -82,11 +123,15 @@ def test_renew_message_lock_does_not_settle(settlement: SettlementServer, regist
     assert not delivery.settled
 
 
+# The host's answer when no delivery is in flight under a lock token, or for no session (SettlementService.cs:
+# `new RpcException(new Status(StatusCode.FailedPrecondition, $"LockToken {request.Locktoken} not found."))`, and
+# "SessionId {request.SessionId} not found.").
 def test_unknown_lock_token_is_not_found(settlement: SettlementServer, registry: DeliveryRegistry) -> None:
     stranger = to_sdk_message(BrokerMessage())  # never registered: no delivery in flight with its token
     with pytest.raises(SettlementError) as info:
         ServiceBusMessageActions.get_instance().complete(stranger)
-    assert _status(info.value) == grpc.StatusCode.NOT_FOUND
+    assert _status(info.value) == grpc.StatusCode.FAILED_PRECONDITION
+    assert info.value.original.details() == f"LockToken {stranger.lock_token} not found."
 
 
 def test_finished_delivery_is_no_longer_found(settlement: SettlementServer, registry: DeliveryRegistry) -> None:
@@ -94,7 +139,7 @@ def test_finished_delivery_is_no_longer_found(settlement: SettlementServer, regi
     registry.remove(delivery)  # the runner's on_done hook
     with pytest.raises(SettlementError) as info:
         ServiceBusMessageActions.get_instance().abandon(to_sdk_message(delivery.message))
-    assert _status(info.value) == grpc.StatusCode.NOT_FOUND
+    assert _status(info.value) == grpc.StatusCode.FAILED_PRECONDITION
     assert len(registry) == 0 and delivery.receiver.calls == []
 
 
@@ -132,7 +177,8 @@ def test_unknown_session_is_not_found(settlement: SettlementServer, registry: De
     in_flight(registry, BrokerMessage(session_id="o-7"))
     with pytest.raises(SettlementError) as info:
         ServiceBusMessageActions.get_instance().set_session_state("o-8", b"x")
-    assert _status(info.value) == grpc.StatusCode.NOT_FOUND
+    assert _status(info.value) == grpc.StatusCode.FAILED_PRECONDITION
+    assert info.value.original.details() == "SessionId o-8 not found."
 
 
 def test_release_session_needs_a_host_hook(settlement: SettlementServer, registry: DeliveryRegistry) -> None:
@@ -199,10 +245,14 @@ def raw_stub(settlement: SettlementServer) -> Iterator[settlement_pb2_grpc.Settl
         yield settlement_pb2_grpc.SettlementStub(channel)
 
 
-def test_malformed_lock_token_is_invalid_argument(raw_stub: settlement_pb2_grpc.SettlementStub) -> None:
+def test_malformed_lock_token_is_not_found(raw_stub: settlement_pb2_grpc.SettlementStub) -> None:
+    # The host looks any string up in its cache of lock tokens: not there, FailedPrecondition.
     with pytest.raises(grpc.RpcError) as info:
         raw_stub.Complete(settlement_pb2.CompleteRequest(locktoken="not-a-uuid"), timeout=10)
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "LockToken not-a-uuid not found.",
+    )
 
 
 def test_properties_to_modify_is_refused_not_dropped(

@@ -158,3 +158,47 @@ async def test_the_agent_holds_an_orders_session_while_it_works_four_lock_durati
             await asyncio.wait_for(task, 20)
     assert caller.calls == 1  # never redelivered
     assert worker.stats["succeeded"] == 1 and worker.stats["errors"] == 0
+
+
+class Ahead:
+    """The Agent's machine clock, `LOCK` ahead of the broker's."""
+
+    def __init__(self, broker_clock: SteppedClock) -> None:
+        self.broker_clock = broker_clock
+
+    def now(self) -> datetime:
+        return self.broker_clock.now() + LOCK
+
+    async def sleep(self, seconds: float) -> None:
+        await self.broker_clock.sleep(seconds)
+
+
+async def test_an_agent_a_lock_duration_ahead_gives_each_session_back_and_pauses(tmp_path: Path) -> None:
+    # The SDK judges a session lock on the machine's clock (_servicebus_session.py BaseSession._lock_expired:
+    # locked_until_utc <= utc_now(); _base_handler.py _check_live raises SessionLockLostError before any call), so an
+    # Agent whose clock runs the LockDuration ahead cannot use a session it is granted. It gives it back at once,
+    # uncounted (the broker's lock had not expired), and its slot waits CLOCK_AHEAD_PAUSE_SECONDS instead of taking
+    # the order from a healthy Agent again every ERROR_PAUSE_SECONDS.
+    clock = SteppedClock()
+    ahead = Ahead(clock)
+    conn = f"Endpoint=embedded://{tmp_path / 'bus.db'};ConfigFile={REPO / 'servicebus.config.json'}"
+    async with aio_bus_from_connection_string(conn, clock=clock, local_clock=ahead.now) as client:
+        broker = client.broker
+        async with client.get_queue_sender(REQUESTS) as sender:
+            await sender.send_messages(request_message(make_request("o-1", deadline=clock.now() + LOCK * 10)))
+        caller = Gated()
+        worker = AgentWorker(client, caller, agent_config(max_concurrent_sessions=1, session_acceptors=1), ahead)
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        try:
+            async with asyncio.timeout(20):
+                while not worker.stats["expired_on_arrival"]:
+                    await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)  # the slot is paused: nothing else is taken meanwhile
+            lock = broker.accept_session(REQUESTS, "o-1")  # given back: another consumer gets the order at once
+            [message] = broker.take(REQUESTS, 1, session=lock).messages
+            assert message.delivery_count == 0  # the give-back counted no delivery
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 20)
+    assert (caller.calls, worker.stats["expired_on_arrival"], worker.stats["errors"]) == (0, 1, 0)

@@ -1,10 +1,10 @@
 """Sender-chosen text: bounded and escaped (orderflow/text.py), and what the message parser makes of hostile bodies.
 
-A dead-letter reason or description past 4,096 characters is refused by the Service Bus SDK the Functions host settles
-with (Azure.Messaging.ServiceBus ServiceBusReceiver.DeadLetterMessageAsync, ArgumentOutOfRangeException "Maximum
-permitted length is 4096"; Azure/azure-sdk-for-net PR #32396). json.loads raises RecursionError past the interpreter's
-recursion limit and ValueError for an integer past Python's digit limit (docs.python.org, "Integer string conversion
-length limitation").
+A dead-letter reason or description past 4,096 characters (UTF-16 code units) is refused by the Service Bus SDK the
+Functions host settles with (Azure.Messaging.ServiceBus AmqpReceiver.DeadLetterInternalAsync: ArgumentOutOfRange-
+Exception "The argument 'deadLetterReason' cannot exceed 4096 characters."; Azure/azure-sdk-for-net PR #32396).
+json.loads raises RecursionError past the interpreter's recursion limit and ValueError for an integer past Python's
+digit limit (docs.python.org, "Integer string conversion length limitation").
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from orderflow.messages import (
     parse_message,
     parse_submit_order,
 )
-from orderflow.text import DEAD_LETTER_TEXT_MAX, QUOTE_MAX, bounded, printable, quote, shown
+from orderflow.text import DEAD_LETTER_TEXT_MAX, QUOTE_MAX, bounded, printable, quote, shown, utf16_length
 
 ORDER = {
     "type": "SubmitOrder",
@@ -54,6 +54,17 @@ def test_bounded_keeps_short_text_and_cuts_long_text_saying_its_length() -> None
     cut = bounded("x" * 10_000)
     assert len(cut) == DEAD_LETTER_TEXT_MAX and cut.endswith("x… (10000 characters)")
     assert len(bounded("y" * 500, 100)) == 100
+
+
+def test_bounded_counts_characters_as_dotnet_does_utf16_code_units() -> None:
+    # .NET's String.Length, which the host's SDK checks (AmqpReceiver.DeadLetterInternalAsync, Argument.
+    # AssertNotTooLong): a character past U+FFFF is two code units, so 2,049 of them are over 4,096.
+    emoji = "\U0001f600"
+    assert utf16_length("a" + emoji) == 3 and bounded(emoji * 2048) == emoji * 2048
+    cut = bounded(emoji * 5000)
+    assert utf16_length(cut) == DEAD_LETTER_TEXT_MAX and cut.endswith(f"{emoji}… (10000 characters)")
+    odd = bounded("a" + emoji * 5000)  # the last character that fits would be split: it is left out
+    assert utf16_length(odd) == DEAD_LETTER_TEXT_MAX - 1 and "\ud83d" not in odd
 
 
 def test_quote_cuts_a_long_value_and_says_its_length() -> None:

@@ -75,3 +75,18 @@ def test_admin_client_creates_queues_and_reports_runtime_properties(broker, clie
         1,
     )
     assert props.total_message_count == 3
+
+
+def test_a_queue_is_standard_sized_unless_it_declares_a_premium_message_size():
+    # service-bus-quotas: 256 KB on Standard; service-bus-premium-messaging ("Large messages support"): a Premium
+    # entity's maxMessageSizeInKilobytes, 1,024 (the default) to 102,400. The SDK's batch on such a link is 1 MB
+    # (azure/servicebus/_servicebus_sender.py `_open`: MAX_BATCH_SIZE_PREMIUM once the link allows that much).
+    standard = QueueProperties()
+    assert (standard.max_message_size_bytes, standard.max_batch_size_bytes) == (256 * 1024, 256 * 1024)
+    premium = QueueProperties.from_config({"MaxMessageSizeInKilobytes": 102_400})
+    assert (premium.max_message_size_bytes, premium.max_batch_size_bytes) == (100 * 1024 * 1024, 1024 * 1024)
+    assert QueueProperties.from_json(premium.to_json()) == premium
+    assert QueueProperties.from_json('{"lock_duration": 60}') == standard  # a broker file from before the property
+    for wrong in (0, 512, 1023, 102_401, "1024", True):
+        with pytest.raises(ValueError, match="MaxMessageSizeInKilobytes must be 256"):
+            QueueProperties.from_config({"MaxMessageSizeInKilobytes": wrong})
