@@ -274,6 +274,10 @@ def test_the_hub_name_from_an_app_setting_is_checked_once_resolved(tmp_path: Pat
     )
     # Not set: TryResolveWholeString fails and the name stays as written, which the provider refuses.
     assert refusal(config(tmp_path, host_json, {}), durable_app()) == HUB_ERROR.format("%MyTaskHub%")
+    # Every `%Name%` in the text is resolved, or none: one missing setting leaves the whole text as written.
+    joined = {"extensions": {"durableTask": {"hubName": "orders%Env%%Region%"}}}
+    assert config(tmp_path, joined, {"Env": "Prod", "Region": "Eu"}).durable_options().hub_name == "ordersProdEu"
+    assert config(tmp_path, joined, {"Env": "Prod"}).durable_options().hub_name == "orders%Env%%Region%"
 
 
 def test_an_app_without_durable_bindings_is_not_checked_for_its_hub_name(tmp_path: Path) -> None:
@@ -477,3 +481,13 @@ def test_the_product_starts_with_its_host_json_and_sample_settings_and_not_with_
     verdicts = json.loads(done.stdout.strip().splitlines()[-1])
     assert verdicts["sample"] is None
     assert verdicts["scheduler"].startswith("extensions.durableTask.storageProvider.type is 'azureManaged'")
+
+
+def test_the_lab_gives_devhost_the_settings_host_json_names() -> None:
+    # The demo, the drills and the end-to-end tests run the product without local.settings.json: its hub name
+    # setting comes from the sample, as Bicep's TaskHubName does on Azure, or devhost refuses "%TaskHubName%".
+    from lab.system import host_json_settings
+
+    assert host_json_settings() == {"TaskHubName": "orderflow"}
+    cfg = HostConfig.load(ROOT, environ=host_json_settings())
+    assert cfg.durable_options().hub_name == "orderflow"
