@@ -171,7 +171,7 @@ def parse_range(text: str) -> VersionRange | None:
 
 @dataclass(frozen=True)
 class ExtensionBundle:
-    """host.json `extensionBundle`, read as ExtensionBundleConfigurationHelper reads it (config.HostConfig)."""
+    """host.json `extensionBundle`: the bundle id and its version range (`extension_bundle` reads it)."""
 
     id: str
     version: VersionRange
