@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,8 @@ class HostConfig:
     values: dict[str, str] = field(default_factory=dict)
     # The host.json values app settings replaced (`AzureFunctionsJobHost__path__to__key`): dotted path -> value.
     overrides: dict[str, str] = field(default_factory=dict)
+    # The app settings as the host resolves `%Name%` in host.json: the environment over local.settings.json Values.
+    settings: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def load(cls, app_dir: Path, environ: Mapping[str, str] | None = None) -> HostConfig:
@@ -36,7 +39,7 @@ class HostConfig:
         values = {str(k): str(v) for k, v in (local.get("Values") or {}).items()}
         settings = {**values, **(os.environ if environ is None else environ)}
         host_json, overrides = apply_host_json_overrides(host_json, settings)
-        return cls(app_dir=app_dir, host_json=host_json, values=values, overrides=overrides)
+        return cls(app_dir=app_dir, host_json=host_json, values=values, overrides=overrides, settings=settings)
 
     def apply_environment(self, environ: os._Environ[str] | dict[str, str] = os.environ) -> None:
         """Values become environment variables, as with `func start`; variables already set win (as in Core Tools)."""
@@ -44,7 +47,7 @@ class HostConfig:
             environ.setdefault(key, value)
 
     def extension(self, name: str) -> dict[str, Any]:
-        return dict((self.host_json.get("extensions") or {}).get(name) or {})
+        return dict(setting(setting(self.host_json, "extensions") or {}, name) or {})
 
     def service_bus_options(self) -> ServiceBusOptions:
         sb = self.extension("serviceBus")
@@ -69,21 +72,41 @@ class HostConfig:
 
     def durable_options(self) -> DurableOptions:
         dt = self.extension("durableTask")
+        provider = dict(setting(dt, "storageProvider") or {})
+        # DurableTaskOptions.StorageProvider is a plain dictionary: "type" is looked up as spelled
+        # (DurableTaskExtension.GetDurabilityProviderFactory); absent, the provider is Azure Storage.
+        storage_type = config_text(provider.get("type")) or "AzureStorage"
+        hub_name, is_default = self._hub_name(config_text(setting(dt, "hubName")))
+        if is_default and storage_type.lower() == "azurestorage":
+            hub_name = sanitized_hub_name(hub_name)  # AzureStorageDurabilityProviderFactory: adopted, never refused
         return DurableOptions(
-            hub_name=resolve(str(dt.get("hubName", "devhost")), os.environ, lenient=True),
+            hub_name=hub_name,
+            hub_name_is_default=is_default,
+            storage_type=storage_type,
+            storage_provider=provider,
             max_concurrent_activities=int(dt.get("maxConcurrentActivityFunctions", 8)),
             # Taken literally: the extension resolves `%Setting%` in hubName but not in defaultVersion, so
             # "%APP_VERSION%" is the version itself (Azure/azure-functions-durable-extension #3279).
-            default_version=_default_version(_setting(dt, "defaultVersion")),
+            default_version=_default_version(setting(dt, "defaultVersion")),
             version_match_strategy=_enum_setting(
                 dt, "versionMatchStrategy", VERSION_MATCH_STRATEGIES, "CurrentOrOlder"
             ),
             version_failure_strategy=_enum_setting(dt, "versionFailureStrategy", VERSION_FAILURE_STRATEGIES, "Reject"),
             partition_count=_partition_count((dt.get("storageProvider") or {}).get("partitionCount", 4)),
             max_queue_polling_interval_s=_max_queue_polling_interval(
-                _setting(dt.get("storageProvider") or {}, "maxQueuePollingInterval")
+                setting(dt.get("storageProvider") or {}, "maxQueuePollingInterval")
             ),
         )
+
+    def _hub_name(self, configured: str | None) -> tuple[str, bool]:
+        """DurableTaskOptions.HubName and whether it is the default: host.json's hubName with every `%Name%` resolved
+        from the app settings (ResolveAppSettingOptions: TryResolveWholeString, all or nothing, so a missing setting
+        leaves the text as written); absent, WEBSITE_SITE_NAME or "TestHubName"."""
+        if configured is None:
+            site = self.settings.get("WEBSITE_SITE_NAME")
+            return (DEFAULT_HUB_NAME if site is None else site), True
+        resolved = resolve_whole_string(configured, self.settings)
+        return (configured if resolved is None else resolved), False
 
     def listener_lock_recovery_seconds(self) -> float:
         """host.json `singleton.listenerLockRecoveryPollingInterval` (SingletonOptions; one minute by default)."""
@@ -103,6 +126,9 @@ class ServiceBusOptions:
 class DurableOptions:
     hub_name: str
     max_concurrent_activities: int
+    hub_name_is_default: bool = False
+    storage_type: str = "AzureStorage"  # storageProvider.type as written ("azureManaged": Durable Task Scheduler)
+    storage_provider: dict[str, Any] = field(default_factory=dict)  # the effective storageProvider section
     default_version: str | None = None
     version_match_strategy: str = "CurrentOrOlder"
     version_failure_strategy: str = "Reject"
@@ -118,12 +144,44 @@ VERSION_MATCH_STRATEGIES = ("None", "Strict", "CurrentOrOlder")
 VERSION_FAILURE_STRATEGIES = ("Reject", "Fail")
 
 
-def _setting(section: Mapping[str, Any], name: str) -> Any:
+def setting(section: Mapping[str, Any], name: str) -> Any:
     """A key of a host.json section, found case-insensitively as .NET configuration keys are."""
     for key, value in section.items():
         if key.lower() == name.lower():
             return value
     return None
+
+
+def config_text(value: Any) -> str | None:
+    """A configuration value as the binder sees it: text, or None for null or an object."""
+    if value is None or isinstance(value, (dict, list)):
+        return None
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    return str(value)
+
+
+def resolve_whole_string(value: str, settings: Mapping[str, str]) -> str | None:
+    """WebJobs NameResolverExtensions.TryResolveWholeString: every `%Name%` replaced by the setting (names looked up
+    ignoring case, as .NET configuration keys are); None when a '%' has no closing one or a name is not set."""
+    folded = {k.lower(): v for k, v in settings.items()}
+    out: list[str] = []
+    i = 0
+    while i < len(value):
+        start = value.find("%", i)
+        if start < 0:
+            out.append(value[i:])
+            break
+        end = value.find("%", start + 1)
+        if end < 0:
+            return None
+        name = value[start + 1 : end]
+        found = settings.get(name, folded.get(name.lower()))
+        if found is None:
+            return None
+        out.append(value[i:start] + found)
+        i = end + 1
+    return "".join(out)
 
 
 def _default_version(value: Any) -> str | None:
@@ -141,7 +199,7 @@ def _enum_setting(section: Mapping[str, Any], name: str, names: tuple[str, ...],
     """An enum option as the configuration binder reads it (`Enum.Parse`, ignoring case and surrounding spaces, or
     the member's number); null or absent is the default; anything else stops the host, as the binder's
     InvalidOperationException does."""
-    value = _setting(section, name)
+    value = setting(section, name)
     if value is None:
         return default
     text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else None
@@ -230,6 +288,45 @@ def resolve(value: str, env: Mapping[str, str] = os.environ, *, lenient: bool = 
 # host.json: `[-]d` (whole days) or `[-][d.]hh:mm[:ss[.fffffff]]`, with hh < 24, mm < 60, ss < 60
 # (learn.microsoft.com/dotnet/api/system.timespan.parse). Note that "00:30" is 30 minutes, not 30 seconds.
 _TIMESPAN = re.compile(r"^\s*(-)?(?:(\d+)|(?:(\d+)\.)?(\d{1,2}):(\d{1,2})(?::(\d{1,2})(?:\.(\d{1,7}))?)?)\s*$")
+
+
+# The task hub's name as the Azure Storage provider checks it (Azure/azure-functions-durable-extension v3.x,
+# Options/AzureStorageOptions.cs ValidateHubName and IsSanitizedHubName, Storage/NameValidator.cs; the default is
+# DurableTaskOptions.DefaultHubName). docs/modules-host.md, "devhost/config.py", has the fine print.
+DEFAULT_HUB_NAME = "TestHubName"
+_MIN_HUB_NAME, _MAX_HUB_NAME = 3, 45  # the numbers the error message names (the check itself allows 50)
+_TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]*$")
+_CONTAINER_OR_QUEUE_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+_LETTER_OR_DIGIT = {"Lu", "Ll", "Lt", "Lm", "Lo", "Nd"}  # .NET char.IsLetterOrDigit
+
+
+def task_hub_name_error(name: str) -> str | None:
+    """The extension's message when `name` is not a valid Azure Storage task hub name, else None: the name must
+    pass Azure Storage's blob, container, table and queue name rules (container and queue lower-cased) and be at
+    most 50 characters, i.e. a letter, then letters and digits, 3 to 50 in all."""
+    blob = bool(name.strip()) and len(name) <= 1024  # NameValidator.ValidateBlobName
+    lower = name.lower()  # ValidateContainerName and ValidateQueueName get ToLowerInvariant()
+    container_and_queue = 3 <= len(lower) <= 63 and _CONTAINER_OR_QUEUE_NAME.match(lower) is not None
+    table = 3 <= len(name) <= 63 and _TABLE_NAME.match(name) is not None  # ValidateTableName
+    if blob and container_and_queue and table and len(name) <= 50:
+        return None
+    return (
+        f"Task hub name '{name}' should contain only alphanumeric characters, start with a letter, and have length "
+        f"between {_MIN_HUB_NAME} and {_MAX_HUB_NAME}."
+    )
+
+
+def sanitized_hub_name(name: str) -> str:
+    """The default hub name as the provider adopts it (never refused): its letters and digits (UTF-16 units, as
+    .NET sees them), a 't' before a leading digit, at most 45 characters, 'Hub' appended under 3; 'DefaultTaskHub'
+    when nothing is left."""
+    kept = [c for c in name if ord(c) <= 0xFFFF and unicodedata.category(c) in _LETTER_OR_DIGIT]
+    if not kept:
+        return "DefaultTaskHub"
+    if unicodedata.category(kept[0]) == "Nd":  # char.IsNumber (Nd, Nl, No); only Nd survives the filter
+        kept.insert(0, "t")
+    sanitized = "".join(kept[:_MAX_HUB_NAME])
+    return sanitized if len(sanitized) >= _MIN_HUB_NAME else sanitized + "Hub"
 
 
 def _partition_count(value: Any) -> int:

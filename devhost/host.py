@@ -17,6 +17,7 @@ from aiohttp import web
 from .app_loader import FunctionSpec, describe, index, load_app
 from .config import HostConfig, resolve
 from .durable.http_api import add_routes as add_durable_routes
+from .extensions import check_app
 from .http_trigger import HttpTriggers, KeyStore
 from .servicebus_trigger import Delivery, ServiceBusTriggerRunner, function_message
 from .singleton import ListenerLock
@@ -96,6 +97,7 @@ class Host:
         os.chdir(opts.app_dir)  # relative paths in settings resolve against the app dir, as under `func start`
         app = load_app(opts.app_dir)
         self.functions = index(app)
+        check_app(config, self.functions)  # what the real host would refuse: devhost/extensions.py
         durable = config.durable_options()
 
         web_app = web.Application(client_max_size=64 * 1024 * 1024)

@@ -87,6 +87,16 @@ def _inherited_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
 
 
+def host_json_settings() -> dict[str, str]:
+    """The app settings host.json names (`%TaskHubName%`), as local.settings.sample.json sets them: the host, and
+    devhost, refuse a task hub name whose setting is missing (devhost/extensions.py)."""
+    import json
+
+    names = re.findall(r"%([A-Za-z0-9_]+)%", (ROOT / "host.json").read_text())
+    values = json.loads((ROOT / "local.settings.sample.json").read_text())["Values"]
+    return {name: str(values[name]) for name in names if name in values}
+
+
 @dataclass
 class SystemConfig:
     work_dir: Path
@@ -213,6 +223,7 @@ class LocalSystem:
         env = _inherited_env()
         # Every registered app setting with its documented default, as local.settings.sample.json lists them.
         env.update({s.name: s.default for s in SETTINGS if s.default is not None and s.name not in env})
+        env.update({k: v for k, v in host_json_settings().items() if k not in env})
         env.update(
             {
                 "ServiceBusConnection": self.app_bus_connection,
