@@ -8,6 +8,7 @@ and results are the typed models of orderflow/activity_models.py, as plain JSON;
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -23,6 +24,7 @@ from orderflow.advance import Decision, advance
 from orderflow.messages import AgentRequest, idempotency_key
 from orderflow.notifications import entered_end
 from orderflow.outbound import send_agent_request
+from orderflow.patience import patiently
 from orderflow.records import OrderRecord, OrderStateRecord, ProcessState
 from orderflow.recovery_index import index_deadline
 from orderflow.runtime import Services, get_services
@@ -110,7 +112,7 @@ async def advance_order(request: ActivityInput) -> dict[str, Any] | None:
 
     Idempotent: the recovery-index entry is written before the CompleteBy, the write is a no-op when repeated, the
     request's MessageId `<instanceId>:<step>` lets duplicate detection absorb a resend, and a terminal record still
-    owing its notification sends it."""
+    owing its notification sends it. A transient bus failure of the request is retried here until the CompleteBy."""
     with traced(fn.ADVANCE_ORDER, request) as span:
         services = await get_services()
         now = services.clock.now()
@@ -158,5 +160,14 @@ async def advance_order(request: ActivityInput) -> dict[str, Any] | None:
                 "traceparent": tracing.current_traceparent(),
             }
         )
-        await send_agent_request(services.bus, services.tunables.agent_requests_queue, message)
+        # A bus outage is waited out here until the step's CompleteBy (orderflow/patience.py): failing, the activity
+        # would be retried 3 times 1 s apart, then end the attempt, which the Supervisor counts as a failure.
+        await patiently(
+            lambda: send_agent_request(services.bus, services.tunables.agent_requests_queue, message),
+            services.clock,
+            complete_by,
+            what=f"request {message.message_id()}",
+            sleep=getattr(services.clock, "sleep", asyncio.sleep),
+            logger=log,
+        )
         return AdvanceOrderResult(send=decision.send).to_dict()

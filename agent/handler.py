@@ -4,7 +4,8 @@ parse → poison: OperatorAlert, then dead-letter with the reason; deadline pass
 call; else call the remote service with retries inside the deadline (agent.retry) through the shared circuit breaker
 (open before any call: failed reply, CircuitOpen, result.retryAfterSeconds) → send the AgentReply (SessionId =
 orderId, MessageId = `<instanceId>:<step>:reply`) → complete the request, only after the reply is sent. A crash before
-`complete` redelivers the request; the remote's idempotency key and duplicate detection absorb the repeats.
+`complete` redelivers the request; the remote's idempotency key and duplicate detection absorb the repeats. A bus
+outage is waited out in place, the reply and the complete retried until the deadline (`orderflow.patience`).
 Spans `orderflow.agent.handle` (child of the sending activity) and `orderflow.agent.dead_letter`; `circuit_alerter`
 raises `CircuitOpened` / `CircuitClosed`. The flow, the failed reply and the alerts: docs/modules-product.md."""
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -35,6 +37,7 @@ from orderflow.messages import (
     OperatorAlert,
 )
 from orderflow.outbound import about_message
+from orderflow.patience import patiently
 from orderflow.records import format_utc
 from orderflow.text import bounded
 
@@ -110,8 +113,9 @@ class RequestHandler:
             outcome = await self._execute(request)
             span.set_attribute("orderflow.outcome", "succeeded" if outcome.succeeded else "failed")
             span.set_attribute("orderflow.calls", outcome.attempts)
-            await self._outbox.replies.send_messages(reply_message(self.reply_for(request, outcome)))
-            await receiver.complete_message(message)
+            reply = reply_message(self.reply_for(request, outcome))
+            await self._patiently(lambda: self._outbox.replies.send_messages(reply), request, "reply")
+            await self._patiently(lambda: receiver.complete_message(message), request, "complete")
         log.info(
             "request %s %s after %d call(s)%s",
             request.message_id(),
@@ -120,6 +124,13 @@ class RequestHandler:
             f": {outcome.error_code} {outcome.error}" if outcome.error_code else "",
         )
         return Disposition.SUCCEEDED if outcome.succeeded else Disposition.FAILED
+
+    async def _patiently(self, send: Callable[[], Awaitable[None]], request: AgentRequest, what: str) -> None:
+        """A transient bus failure of the reply or of the settlement is waited out here, until the request's deadline
+        (`orderflow.patience`): given back, the request would cost a delivery (agent-requests' MaxDeliveryCount
+        dead-letters it after five) and call the remote again, and a reply after the deadline is of no use."""
+        name = f"{what} of request {request.message_id()}"
+        await patiently(send, self._clock, request.deadline, what=name, sleep=self._clock.sleep, logger=log)
 
     async def _execute(self, request: AgentRequest) -> StepOutcome:
         if request.deadline <= self._clock.now():

@@ -78,7 +78,8 @@ def add_command(sub: Any) -> None:
         "duplicate-delivery, poison-input, state-store-conflicts, store-outage, "
         "starter-race and supervisor-race (issue 15; docs/devhost.md, docs/reliability.md) "
         "each inject their fault; durable-api-outage makes the Durable HTTP API answer 503 "
-        "while attempts expire; scale-out runs three devhost hosts on one task hub and "
+        "while attempts expire; bus-outage makes Service Bus busy, then time out, for devhost "
+        "and the Agent; scale-out runs three devhost hosts on one task hub and "
         "kills them in turn. Every drill also checks the invariants of "
         "lab/invariants.py. When every order has its final status, print the figures "
         "(a table, or "
@@ -93,7 +94,8 @@ def add_command(sub: Any) -> None:
         help="number of orders to submit (default 100; retry-budget 20, backlog-flood 300, compensation "
         "8; upgrade-in-flight: 8 before the restart and half as many after; cancel-in-flight and "
         "poison-in-session run a fixed set; remote-hang, late-replies, reply-reordering 12, "
-        "clock-skew 10; starter-race 60, supervisor-race 12; scale-out 200; durable-api-outage 8)",
+        "clock-skew 10; starter-race 60, supervisor-race 12; scale-out 200; durable-api-outage 8; bus-outage 12 "
+        "and half as many as the outage begins)",
     )
     d.add_argument(
         "--kills",
@@ -119,7 +121,8 @@ def add_command(sub: Any) -> None:
         type=float,
         default=15.0,
         help="remote-outage: seconds the remote stays down; store-outage: the state store; "
-        "durable-api-outage: the Durable HTTP API's start and status routes (default 15)",
+        "durable-api-outage: the Durable HTTP API's start and status routes; bus-outage: Service Bus, split "
+        "between its kinds (default 15)",
     )
     d.add_argument(
         "--seed", type=int, default=1, help="seed of the gaps, the orders and the Agent's jitter (default 1)"
@@ -168,8 +171,8 @@ def add_command(sub: Any) -> None:
         "--latency-ms",
         type=float,
         default=800.0,
-        help="upgrade-in-flight: the simulator's mean latency per call, so orders are in flight at the "
-        "restart (default 800)",
+        help="upgrade-in-flight, store-outage, bus-outage: the simulator's mean latency per call, so orders "
+        "are in flight at the restart or the outage (default 800)",
     )
     d.add_argument(
         "--restart",

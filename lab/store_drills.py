@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from azure.durable_functions.models.history import HistoryEventType
 
@@ -155,23 +155,25 @@ def store_config(work_dir: Path, options: StoreDrillOptions, servicebus_config: 
 
 @dataclass(frozen=True)
 class FaultLedger:
-    """The fault ledger: one entry per injected answer {at, pid, op, status, retried}."""
+    """A fault ledger: one entry per injected answer, {at, pid, op, status, retried} for the store's, {at, pid, op,
+    queue, fault, retried} for the broker's (`field` names what was injected: "status" or "fault")."""
 
     entries: list[dict[str, Any]]
+    field: str = "status"
 
     @classmethod
-    def read(cls, path: Path) -> FaultLedger:
+    def read(cls, path: Path, field: str = "status") -> FaultLedger:
         if not path.exists():
-            return cls([])
-        return cls([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+            return cls([], field)
+        return cls([json.loads(line) for line in path.read_text().splitlines() if line.strip()], field)
 
-    def by_op(self, status: int, retried: bool | None = None) -> dict[str, int]:
+    def by_op(self, status: int | str, retried: bool | None = None) -> dict[str, int]:
         counted = Counter(
-            e["op"] for e in self.entries if e["status"] == status and (retried is None or e["retried"] is retried)
+            e["op"] for e in self.entries if e[self.field] == status and (retried is None or e["retried"] is retried)
         )
         return dict(sorted(counted.items()))
 
-    def count(self, status: int, retried: bool | None = None) -> int:
+    def count(self, status: int | str, retried: bool | None = None) -> int:
         return sum(self.by_op(status, retried).values())
 
 
@@ -236,12 +238,22 @@ def _dead_letter_sessions(system: LocalSystem) -> set[str]:
     return found
 
 
+class RunOptions(Protocol):
+    """What `_finish` and `StoreRun` read of a drill's options (a store drill's, the bus drill's)."""
+
+    @property
+    def drill(self) -> str: ...
+
+    @property
+    def timeout(self) -> float: ...
+
+
 @dataclass
 class StoreRun:
-    """What a store drill saw, for its verdict."""
+    """What a store drill (or the bus drill, lab/bus_drills.py) saw, for its verdict."""
 
-    options: StoreDrillOptions
-    system: FaultySystem
+    options: RunOptions
+    system: LocalSystem
     order_ids: list[str]
     client: ClientApp
     states: StateSummary
@@ -269,7 +281,7 @@ class StoreRun:
         lost = sum(1 for o in self.order_ids if o not in self.client.terminal_at or o not in self.states.state_of)
         stuck = sum(1 for o in self.order_ids if self.states.state_of.get(o) in UNFINISHED)
         duplicates = int(self.effects.get("duplicates", -1))  # -1: the ledger could not be read
-        entered = processed_entries(self.system.store, self.order_ids)
+        entered = processed_entries(store_path(self.system.env()), self.order_ids)
         durable = DurableFigures.read(self.system.config.work_dir / "devhost" / "durable.db")
         common = {
             "none lost": lost == 0,
@@ -293,7 +305,7 @@ class StoreRun:
 
 
 async def _finish(
-    system: FaultySystem, options: StoreDrillOptions, client: ClientApp, order_ids: list[str], started: float
+    system: LocalSystem, options: RunOptions, client: ClientApp, order_ids: list[str], started: float
 ) -> StoreRun:
     """Wait for every final status (or the rest dead-lettered), then read what the verdict is judged on."""
     await until(lambda: settled(system, client, order_ids), options.timeout, every=0.5)  # else the verdict says

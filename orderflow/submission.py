@@ -18,7 +18,6 @@ from typing import Any
 
 from orderflow import admission, telemetry, tracing
 from orderflow.admission import BACKLOG_FULL, backlog_gate
-from orderflow.errors import is_transient
 from orderflow.messages import (
     AlertKind,
     CancelOrder,
@@ -31,13 +30,15 @@ from orderflow.messages import (
 )
 from orderflow.notifications import entered_end, send_terminal_status
 from orderflow.outbound import about_message, raise_alert, send_status
+from orderflow.patience import LONGEST_WAIT as LONGEST_WAIT  # re-exported: the patience's bound (tests, host.json)
+from orderflow.patience import patiently
 from orderflow.records import OrderRecord, OrderStateRecord, ProcessState, instance_id
 from orderflow.recovery_index import index_deadline
 from orderflow.runtime import Services
 from orderflow.starter import claims_allowed, workflow_input
 from orderflow.state_machine import TERMINAL_STATES, CancelRefused, Wrote, cancel
 from orderflow.state_machine import claim as claim_record
-from orderflow.text import QUOTE_MAX, bounded, quote, shown
+from orderflow.text import bounded, quote
 from orderflow.workflow import WorkflowInput
 
 
@@ -48,6 +49,7 @@ class Accepted:
     # The fast path (`receive(..., claim=True)`): the state record was created already claimed for attempt 1 (one
     # write instead of a Pending create and a claim); the caller starts this Scheduler.
     claimed: WorkflowInput | None = None
+    state: OrderStateRecord | None = None  # the stored state record (what `acknowledge_order` answers with)
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,6 @@ log = logging.getLogger("orderflow.submission")
 # dead-lettering them (issue 15, the store-outage drill: every delivery used to be abandoned at once and redelivered
 # at once, and 5 deliveries within 2 s dead-lettered every order submitted during an outage).
 PATIENCE = timedelta(seconds=240)
-FIRST_WAIT, LONGEST_WAIT = 0.5, 8.0
 
 
 async def receive_patiently(
@@ -128,18 +129,26 @@ async def receive_patiently(
 ) -> Accepted | Rejected | Refused | CancelDone | CancelTooLate:
     """`receive`, retried on a transient failure of the store or the bus (`orderflow.errors.is_transient`:
     throttled, busy, unavailable, timed out, connection lost) with waits doubling from 0.5 s to 8 s for at most
-    `patience`; then, or on any other failure, it raises (the trigger abandons the message). Every step of `receive`
-    is idempotent, so a retry repairs a half-done one."""
-    started, wait = services.clock.now(), FIRST_WAIT
-    while True:
-        try:
-            return await receive(services, body, session_id, message_id, sequence_number, claim=claim)
-        except Exception as exc:
-            if not is_transient(exc) or services.clock.now() - started + timedelta(seconds=wait) > patience:
-                raise
-            log.warning("submission of %r: %s; retrying in %.1f s", session_id, shown(exc, QUOTE_MAX * 4), wait)
-            await sleep(wait)
-            wait = min(wait * 2, LONGEST_WAIT)
+    `patience` (`orderflow.patience`); then, or on any other failure, it raises (the trigger abandons the message).
+    Every step of `receive` is idempotent, so a retry repairs a half-done one. An accepted order is acknowledged
+    (`acknowledge_order`) after its writes, in the same patience, retried on its own: a bus that refuses the
+    `received` status does not redo the writes, and a record the fast path created claimed keeps its claim and its
+    admission slot."""
+    until = services.clock.now() + patience
+    what = f"submission of {session_id!r}"
+    outcome = await patiently(
+        lambda: receive(services, body, session_id, message_id, sequence_number, claim=claim, acknowledge=False),
+        services.clock,
+        until,
+        what=what,
+        sleep=sleep,
+        logger=log,
+    )
+    if isinstance(outcome, Accepted):
+        await patiently(
+            lambda: acknowledge_order(services, outcome), services.clock, until, what=what, sleep=sleep, logger=log
+        )
+    return outcome
 
 
 async def receive(
@@ -150,16 +159,17 @@ async def receive(
     sequence_number: int | None = None,
     *,
     claim: bool = False,
+    acknowledge: bool = True,
 ) -> Accepted | Rejected | Refused | CancelDone | CancelTooLate:
     """One orders-inbound message, by its `type`: a SubmitOrder (`submit`) or a CancelOrder (`cancel_order`).
-    `claim`: the submission trigger's fast path (see `submit`)."""
+    `claim`: the submission trigger's fast path; `acknowledge` False: the caller acknowledges (see `submit`)."""
     try:
         kind = inbound_type(body)
     except InvalidMessage:
         kind = "SubmitOrder"  # `submit` rejects it with the reason that names the field
     if kind == "CancelOrder":
         return await cancel_order(services, body, session_id, message_id, sequence_number)
-    return await submit(services, body, session_id, message_id, sequence_number, claim=claim)
+    return await submit(services, body, session_id, message_id, sequence_number, claim=claim, acknowledge=acknowledge)
 
 
 async def cancel_order(
@@ -219,8 +229,11 @@ async def submit(
     sequence_number: int | None = None,
     *,
     claim: bool = False,
+    acknowledge: bool = True,
 ) -> Accepted | Rejected | Refused:
-    """Validate and store one order. The caller settles the message: complete on Accepted, dead-letter on Rejected.
+    """Validate and store one order, then acknowledge it (`acknowledge_order`; unless the caller will, after the
+    admission bookkeeping: `acknowledge=False`). The caller settles the message: complete on Accepted, dead-letter
+    on Rejected.
     Alerts name the message (queue, MessageId, SessionId, SequenceNumber, whole) and, when the body parsed, the
     order.
 
@@ -270,6 +283,8 @@ async def submit(
             gate.release()  # an order already stored, a conflict, or a failure: not a new Pending record
         if slot and not (isinstance(outcome, Accepted) and outcome.claimed is not None):
             await admission.release(services, 1)  # the record existed, or the write failed: no claim was made
+    if acknowledge and isinstance(outcome, Accepted):
+        await acknowledge_order(services, outcome)
     return outcome
 
 
@@ -314,8 +329,17 @@ async def _store(
             kind=AlertKind.ORDER_CONFLICT,
             where=where,
         ), False
-    # Sent on every acceptance (stable MessageId: duplicate detection absorbs repeats), so a crash after the writes
-    # and before this send is repaired by the redelivery too.
+    claimed = workflow_input(services, state) if claim_slot and state_created else None
+    return Accepted(order=order, created=order_created or state_created, claimed=claimed, state=state), state_created
+
+
+async def acknowledge_order(services: Services, accepted: Accepted) -> None:
+    """Answer an accepted order on its reply queue: `received`, sent on every acceptance (stable MessageId: duplicate
+    detection absorbs repeats), so a crash after the writes and before this send is repaired by the redelivery too.
+    A resubmission of a finished order (a client retrying after a timeout, past the duplicate window) gets its
+    terminal status again — same state, reason, attempt and MessageId as the original, so a repeat inside the window
+    is absorbed. No operator alert: that was raised when the order ended."""
+    order, state = accepted.order, accepted.state
     await send_status(
         services.bus,
         order.reply_to,
@@ -323,15 +347,10 @@ async def _store(
         state=OrderStatus.RECEIVED,
         attempt=0,
         reason="order accepted",
-        now=now,
+        now=services.clock.now(),
     )
-    if state.process_state in TERMINAL_STATES:
-        # A resubmission of a finished order (a client retrying after a timeout, past the duplicate window): answer
-        # with its terminal status again — same state, reason, attempt and MessageId as the original, so a repeat
-        # inside the window is absorbed. No operator alert: that was raised when the order ended.
+    if state is not None and state.process_state in TERMINAL_STATES:
         await send_terminal_status(services, state)
-    claimed = workflow_input(services, state) if claim_slot and state_created else None
-    return Accepted(order=order, created=order_created or state_created, claimed=claimed), state_created
 
 
 async def _reject(

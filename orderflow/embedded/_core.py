@@ -34,6 +34,7 @@ from azure.servicebus.exceptions import (
 from . import notify
 from ._retry import Attempts, RetryPolicy, Timer
 from .broker import ACTIVE, DEAD_LETTER, EmbeddedBroker, QueueCounts, SessionLock
+from .broker._bus_faults import BusFaults, split_endpoint
 from .broker._schema import _MIN_WAIT
 from .config import QueueProperties
 from .connection import EMBEDDED_SCHEME
@@ -80,13 +81,14 @@ def check_entity(broker: EmbeddedBroker, queue: str, entity_path: str | None = N
 
 @dataclass(frozen=True)
 class EmbeddedConnection:
-    """A parsed `Endpoint=embedded://<db path>[;ConfigFile=<config path>][;DuplicateDelivery=true]` connection
-    string. `DuplicateDelivery` is a fault-injection switch (orderflow/embedded/broker/): every message completed in
-    peek-lock mode is delivered a second time."""
+    """A parsed `Endpoint=embedded://<db path>[?<faults>][;ConfigFile=<config path>][;DuplicateDelivery=true]`
+    connection string. `DuplicateDelivery` and the endpoint's options (`BusFaults`) are fault-injection switches
+    (orderflow/embedded/broker/): a lost first complete; server busy, timeouts and dropped connections."""
 
     db_path: str
     config_file: str | None
     duplicate_delivery: bool = False
+    faults: BusFaults | None = None
 
 
 def parse_connection_string(conn_str: str) -> dict[str, str]:
@@ -100,22 +102,21 @@ def parse_embedded(conn_str: str) -> EmbeddedConnection:
     endpoint = parts.get("endpoint", "")
     if not endpoint.lower().startswith(EMBEDDED_SCHEME):
         raise ValueError("not an embedded connection string: Endpoint must start with embedded://")
-    path = endpoint[len(EMBEDDED_SCHEME) :]
+    path, faults = split_endpoint(endpoint[len(EMBEDDED_SCHEME) :])
     if not path:
         raise ValueError("embedded connection string needs a database path: Endpoint=embedded://<path>")
     config = parts.get("configfile")
     duplicate = parts.get("duplicatedelivery", "false").lower()
     if duplicate not in ("true", "false"):
         raise ValueError(f"DuplicateDelivery must be true or false, got {duplicate!r}")
-    return EmbeddedConnection(
-        os.path.abspath(path), os.path.abspath(config) if config else None, duplicate_delivery=duplicate == "true"
-    )
+    config_file = os.path.abspath(config) if config else None
+    return EmbeddedConnection(os.path.abspath(path), config_file, duplicate == "true", faults)
 
 
 def broker_from_connection_string(conn_str: str, **kwargs: Any) -> EmbeddedBroker:
-    connection = parse_embedded(conn_str)
+    c = parse_embedded(conn_str)
     return EmbeddedBroker(
-        connection.db_path, config=connection.config_file, duplicate_delivery=connection.duplicate_delivery, **kwargs
+        c.db_path, config=c.config_file, duplicate_delivery=c.duplicate_delivery, faults=c.faults, **kwargs
     )
 
 
@@ -400,20 +401,11 @@ class ReceiverCore:
         now = self.broker.clock()
         return [self._received(s, peeked=True, scheduled=s.enqueued_time_utc > now) for s in stored]
 
-    def settle(self, message: ServiceBusReceivedMessage, action: str, **details: str | None) -> None:
-        """complete / abandon / defer / dead-letter, with the SDK's checks, in its order, before it calls the service
-        (_servicebus_receiver.py `_settle_message_with_retry`): `_check_live` (closed; session lock lost or expired
-        on the local clock), the message's type, `_check_message_alive` (receiver_mixins.py), then for a message of
-        a non-session receiver its lock expiry on the local clock (`message._lock_expired`). The outcome is awaited:
-        the broker's answer (MessageLockLostError, SessionLockLostError) is the call's."""
-        self.check_live()
-        if not isinstance(message, ServiceBusReceivedMessage):
-            raise TypeError("Parameter 'message' must be of type ServiceBusReceivedMessage")
-        self._check_message_alive(message, action)
-        if not self.is_session and self._message_lock_expired(message):
-            raise MessageLockLostError(
-                message="The lock on the message lock has expired.", error=message.auto_renew_error
-            )
+    def settle(self, message: ServiceBusReceivedMessage, action: str, checked: bool = False, **details: Any) -> None:
+        """complete / abandon / defer / dead-letter, with the SDK's checks first (`check_settle`, unless `checked`).
+        The outcome is awaited: the broker's answer (MessageLockLostError, SessionLockLostError) is the call's."""
+        if not checked:
+            self.check_settle(message, action)
         args = (self.queue, message._stored.sequence_number, _lock_token(message))
         with self._session_call():
             if action == MESSAGE_DEAD_LETTER:
@@ -426,6 +418,20 @@ class ReceiverCore:
             else:
                 getattr(self.broker, action)(*args, session=self.lock)
         message._settled = True
+
+    def check_settle(self, message: ServiceBusReceivedMessage, action: str) -> None:
+        """The SDK's checks, in its order, before it calls the service (_servicebus_receiver.py
+        `_settle_message_with_retry`): `_check_live` (closed; session lock lost or expired on the local clock), the
+        message's type, `_check_message_alive` (receiver_mixins.py), then for a message of a non-session receiver
+        its lock expiry on the local clock (`message._lock_expired`)."""
+        self.check_live()
+        if not isinstance(message, ServiceBusReceivedMessage):
+            raise TypeError("Parameter 'message' must be of type ServiceBusReceivedMessage")
+        self._check_message_alive(message, action)
+        if not self.is_session and self._message_lock_expired(message):
+            raise MessageLockLostError(
+                message="The lock on the message lock has expired.", error=message.auto_renew_error
+            )
 
     def _message_lock_expired(self, message: ServiceBusReceivedMessage) -> bool:
         until = message.locked_until_utc
@@ -482,8 +488,8 @@ class ReceiverCore:
 
     def close(self) -> None:
         """Release the session and stop: its unsettled messages count no delivery, unless its lock had expired
-        (the broker's `release_session`, as Service Bus)."""
-        if self.lock is not None:
+        (the broker's `release_session`, as Service Bus) or was lost (its connection dropped: left to expire)."""
+        if self.lock is not None and not self.lock_lost:
             self.broker.release_session(self.queue, self.lock)
         self.running = False
 

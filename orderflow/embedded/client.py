@@ -24,6 +24,7 @@ from ._core import (
     check_entity,
     check_timeout,
 )
+from ._faulted import guard
 from ._retry import Attempts, RetryPolicy, Timer
 from ._session_view import SessionView
 from .broker import EmbeddedBroker
@@ -80,15 +81,21 @@ class ServiceBusSender:
         attempts = Attempts(self._retry, self._timer, timeout)
         while not self._linked:
             try:
+                guard(self._broker, self.entity_name, "open", attempts, self._timer)
                 self._limits = SizeLimits.of(check_entity(self._broker, self.entity_name))
                 self._linked = True
             except ServiceBusError as error:
                 self._timer.sleep(attempts.failed(error))
 
+    def _guard(self, op: str, timeout: float | None) -> None:
+        """The operation's injected faults, with the SDK's retries (`_do_retryable_operation(timeout=...)`)."""
+        guard(self._broker, self.entity_name, op, Attempts(self._retry, self._timer, timeout), self._timer)
+
     def send_messages(self, message: Any, *, timeout: float | None = None, **kwargs: Any) -> None:
         self._open(timeout)
         envelopes = envelopes_of(message, limits=self._limits)
         if envelopes:
+            self._guard("send", timeout)
             self._broker.send(self.entity_name, envelopes)
 
     def schedule_messages(
@@ -96,6 +103,8 @@ class ServiceBusSender:
     ) -> list[int]:
         self._open(timeout)
         envelopes = envelopes_of(messages, schedule_time_utc, self._limits)
+        if envelopes:
+            self._guard("schedule-message", timeout)
         numbers = self._broker.send(self.entity_name, envelopes) if envelopes else []
         return [n for n in numbers if n is not None]
 
@@ -105,6 +114,7 @@ class ServiceBusSender:
         self._open(timeout)
         numbers = [sequence_numbers] if isinstance(sequence_numbers, int) else list(sequence_numbers)
         if numbers:
+            self._guard("cancel-scheduled-message", timeout)
             self._broker.cancel_scheduled(self.entity_name, numbers)
 
     def create_message_batch(self, max_size_in_bytes: int | None = None) -> ServiceBusMessageBatch:
@@ -133,14 +143,17 @@ class ServiceBusSession(SessionView):
 
     def get_state(self, *, timeout: float | None = None, **kwargs: Any) -> bytes | None:
         self._receiver._open(check_timeout(timeout))
+        self._receiver._guard("get-session-state", timeout)
         return self._receiver._core.get_state()
 
     def set_state(self, state: str | bytes | bytearray | None, *, timeout: float | None = None, **kwargs: Any) -> None:
         self._receiver._open(check_timeout(timeout))
+        self._receiver._guard("set-session-state", timeout)
         self._receiver._core.set_state(state)
 
     def renew_lock(self, *, timeout: float | None = None, **kwargs: Any) -> datetime:
         self._receiver._open(check_timeout(timeout))
+        self._receiver._guard("renew-session-lock", timeout)
         return self._receiver._core.renew_session_lock()
 
 
@@ -181,6 +194,7 @@ class ServiceBusReceiver:
         attempts = core.attempts(budget)
         while True:
             try:
+                guard(core.broker, core.queue, "open", attempts, core.timer)
                 core.link()
                 if core.opened:
                     return
@@ -205,28 +219,42 @@ class ServiceBusReceiver:
         self._open(wait)
         if count == 0:
             return []
+        self._guard("receive", wait)
         return self._wait_for(lambda: core.try_receive(count), deadline, core.expect_idle) or []
+
+    def _guard(self, op: str, timeout: float | None) -> None:
+        """The operation's injected faults, with the SDK's retries, after its local checks (`_check_live`)."""
+        core = self._core
+        core.check_live()
+        guard(core.broker, core.queue, op, core.attempts(timeout), core.timer, core)
 
     def receive_deferred_messages(
         self, sequence_numbers: int | Sequence[int], *, timeout: float | None = None, **kwargs: Any
     ) -> list[ServiceBusReceivedMessage]:
         self._open(check_timeout(timeout))
+        self._guard("receive-by-sequence-number", timeout)
         return self._core.receive_deferred(sequence_numbers)
 
     def peek_messages(
         self, max_message_count: int = 1, *, sequence_number: int = 0, timeout: float | None = None, **kwargs: Any
     ) -> list[ServiceBusReceivedMessage]:
         self._open(check_timeout(timeout))
+        self._guard("peek-message", timeout)
         return self._core.peek(max_message_count, sequence_number)
 
+    def _settle(self, message: ServiceBusReceivedMessage, action: str, **details: str | None) -> None:
+        self._core.check_settle(message, action)
+        self._guard(action, None)
+        self._core.settle(message, action, checked=True, **details)
+
     def complete_message(self, message: ServiceBusReceivedMessage) -> None:
-        self._core.settle(message, "complete")
+        self._settle(message, "complete")
 
     def abandon_message(self, message: ServiceBusReceivedMessage) -> None:
-        self._core.settle(message, "abandon")
+        self._settle(message, "abandon")
 
     def defer_message(self, message: ServiceBusReceivedMessage) -> None:
-        self._core.settle(message, "defer")
+        self._settle(message, "defer")
 
     def dead_letter_message(
         self,
@@ -234,11 +262,13 @@ class ServiceBusReceiver:
         reason: str | None = None,
         error_description: str | None = None,
     ) -> None:
-        self._core.settle(message, MESSAGE_DEAD_LETTER, reason=reason, error_description=error_description)
+        self._settle(message, MESSAGE_DEAD_LETTER, reason=reason, error_description=error_description)
 
     def renew_message_lock(
         self, message: ServiceBusReceivedMessage, *, timeout: float | None = None, **kwargs: Any
     ) -> datetime:
+        if not self._core.is_session:  # a session receiver's TypeError comes first
+            self._guard("renew-lock", timeout)
         return self._core.renew_message_lock(message, timeout)
 
     def __iter__(self) -> Iterator[ServiceBusReceivedMessage]:

@@ -25,6 +25,7 @@ from ._core import (
     check_entity,
     check_timeout,
 )
+from ._faulted import guard_async
 from ._retry import Attempts, RetryPolicy, Timer
 from ._session_view import SessionView
 from .broker import EmbeddedBroker
@@ -97,15 +98,22 @@ class ServiceBusSender:
         attempts = Attempts(self._retry, self._timer, timeout)
         while not self._linked:
             try:
+                await guard_async(self._broker, self.entity_name, "open", attempts, self._timer)
                 self._limits = SizeLimits.of(await _run(check_entity, self._broker, self.entity_name))
                 self._linked = True
             except ServiceBusError as error:
                 await self._timer.sleep_async(attempts.failed(error))
 
+    async def _guard(self, op: str, timeout: float | None) -> None:
+        """As the sync sender's `_guard`."""
+        attempts = Attempts(self._retry, self._timer, timeout)
+        await guard_async(self._broker, self.entity_name, op, attempts, self._timer)
+
     async def send_messages(self, message: Any, *, timeout: float | None = None, **kwargs: Any) -> None:
         await self._open(timeout)
         envelopes = envelopes_of(message, limits=self._limits)
         if envelopes:
+            await self._guard("send", timeout)
             await _run(self._broker.send, self.entity_name, envelopes)
 
     async def schedule_messages(
@@ -113,6 +121,8 @@ class ServiceBusSender:
     ) -> list[int]:
         await self._open(timeout)
         envelopes = envelopes_of(messages, schedule_time_utc, self._limits)
+        if envelopes:
+            await self._guard("schedule-message", timeout)
         numbers = await _run(self._broker.send, self.entity_name, envelopes) if envelopes else []
         return [n for n in numbers if n is not None]
 
@@ -122,6 +132,7 @@ class ServiceBusSender:
         await self._open(timeout)
         numbers = [sequence_numbers] if isinstance(sequence_numbers, int) else list(sequence_numbers)
         if numbers:
+            await self._guard("cancel-scheduled-message", timeout)
             await _run(self._broker.cancel_scheduled, self.entity_name, numbers)
 
     async def create_message_batch(self, max_size_in_bytes: int | None = None) -> ServiceBusMessageBatch:
@@ -150,16 +161,19 @@ class ServiceBusSession(SessionView):
 
     async def get_state(self, *, timeout: float | None = None, **kwargs: Any) -> bytes | None:
         await self._receiver._open(check_timeout(timeout))
+        await self._receiver._guard("get-session-state", timeout)
         return await _run(self._receiver._core.get_state)
 
     async def set_state(
         self, state: str | bytes | bytearray | None, *, timeout: float | None = None, **kwargs: Any
     ) -> None:
         await self._receiver._open(check_timeout(timeout))
+        await self._receiver._guard("set-session-state", timeout)
         await _run(self._receiver._core.set_state, state)
 
     async def renew_lock(self, *, timeout: float | None = None, **kwargs: Any) -> datetime:
         await self._receiver._open(check_timeout(timeout))
+        await self._receiver._guard("renew-session-lock", timeout)
         return await _run(self._receiver._core.renew_session_lock)
 
 
@@ -201,6 +215,7 @@ class ServiceBusReceiver:
         attempts = core.attempts(budget)
         while True:
             try:
+                await guard_async(core.broker, core.queue, "open", attempts, core.timer)
                 await _run(core.link)
                 if core.opened:
                     return
@@ -223,28 +238,42 @@ class ServiceBusReceiver:
         await self._open(wait)
         if count == 0:
             return []
+        await self._guard("receive", wait)
         return await self._wait_for(lambda: core.try_receive(count), deadline, core.expect_idle) or []
+
+    async def _guard(self, op: str, timeout: float | None) -> None:
+        """As the sync receiver's `_guard`."""
+        core = self._core
+        core.check_live()
+        await guard_async(core.broker, core.queue, op, core.attempts(timeout), core.timer, core)
 
     async def receive_deferred_messages(
         self, sequence_numbers: int | Sequence[int], *, timeout: float | None = None, **kwargs: Any
     ) -> list[ServiceBusReceivedMessage]:
         await self._open(check_timeout(timeout))
+        await self._guard("receive-by-sequence-number", timeout)
         return await _run(self._core.receive_deferred, sequence_numbers)
 
     async def peek_messages(
         self, max_message_count: int = 1, *, sequence_number: int = 0, timeout: float | None = None, **kwargs: Any
     ) -> list[ServiceBusReceivedMessage]:
         await self._open(check_timeout(timeout))
+        await self._guard("peek-message", timeout)
         return await _run(self._core.peek, max_message_count, sequence_number)
 
+    async def _settle(self, message: ServiceBusReceivedMessage, action: str, **details: str | None) -> None:
+        self._core.check_settle(message, action)
+        await self._guard(action, None)
+        await _run(self._core.settle, message, action, True, **details)
+
     async def complete_message(self, message: ServiceBusReceivedMessage) -> None:
-        await _run(self._core.settle, message, "complete")
+        await self._settle(message, "complete")
 
     async def abandon_message(self, message: ServiceBusReceivedMessage) -> None:
-        await _run(self._core.settle, message, "abandon")
+        await self._settle(message, "abandon")
 
     async def defer_message(self, message: ServiceBusReceivedMessage) -> None:
-        await _run(self._core.settle, message, "defer")
+        await self._settle(message, "defer")
 
     async def dead_letter_message(
         self,
@@ -252,11 +281,13 @@ class ServiceBusReceiver:
         reason: str | None = None,
         error_description: str | None = None,
     ) -> None:
-        await _run(self._core.settle, message, MESSAGE_DEAD_LETTER, reason=reason, error_description=error_description)
+        await self._settle(message, MESSAGE_DEAD_LETTER, reason=reason, error_description=error_description)
 
     async def renew_message_lock(
         self, message: ServiceBusReceivedMessage, *, timeout: float | None = None, **kwargs: Any
     ) -> datetime:
+        if not self._core.is_session:  # a session receiver's TypeError comes first
+            await self._guard("renew-lock", timeout)
         return await _run(self._core.renew_message_lock, message, timeout)
 
     async def __aiter__(self) -> AsyncIterator[ServiceBusReceivedMessage]:

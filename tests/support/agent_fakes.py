@@ -94,6 +94,7 @@ class FakeBus:
         self.locked_sessions: set[tuple[str, str]] = set()
         self.events: list[str] = []  # settlement and send log, in order
         self.send_failures: dict[str, int] = {}  # queue → number of sends to fail
+        self.send_error: type[Exception] = ConnectionError  # what they raise (ConnectionError: transient)
         self.receive_failures = 0  # number of receive_messages calls to fail (in any session)
         self._changed = asyncio.Condition()
         self._seq = itertools.count(1)
@@ -128,7 +129,7 @@ class FakeBus:
         failures = self.send_failures.get(queue_name, 0)
         if failures:
             self.send_failures[queue_name] = failures - 1
-            raise ConnectionError(f"injected send failure on {queue_name}")
+            raise self.send_error(f"injected send failure on {queue_name}")
         fake = to_fake(message, next(self._seq))
         q = self.queue(queue_name)
         self.events.append(f"send:{queue_name}:{fake.message_id}")

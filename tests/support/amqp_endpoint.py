@@ -19,7 +19,7 @@ from azure.servicebus import ServiceBusClient
 from azure.servicebus.aio import ServiceBusClient as AioServiceBusClient
 
 from orderflow.embedded.amqp import Endpoint
-from orderflow.embedded.broker import EmbeddedBroker
+from orderflow.embedded.broker import BusFaults, EmbeddedBroker
 from support.aio_bridge import LoopThread
 from support.bus_scenarios import FlavoredBus, OffsetClock, Queues, declare
 
@@ -93,10 +93,10 @@ class InProcess(Served):
 
 
 @contextmanager
-def in_process_endpoint(state_dir: Path) -> Iterator[InProcess]:
-    """The endpoint on a thread of this process, over a broker on an `OffsetClock`."""
+def in_process_endpoint(state_dir: Path, faults: BusFaults | None = None) -> Iterator[InProcess]:
+    """The endpoint on a thread of this process, over a broker on an `OffsetClock` (with `faults`, if given)."""
     clock = OffsetClock()
-    broker = EmbeddedBroker(state_dir / "servicebus.db", clock=clock)
+    broker = EmbeddedBroker(state_dir / "servicebus.db", clock=clock, faults=faults)
     endpoint = Endpoint(broker, "127.0.0.1", 0)
     thread = threading.Thread(target=endpoint.run, name="amqp-endpoint", daemon=True)
     thread.start()

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import FrameType
 
 from orderflow.embedded.broker import EmbeddedBroker
+from orderflow.embedded.broker._bus_faults import BusFaults
 
 DB_NAME = "servicebus.db"  # as lab/system.py and local.settings.sample.json name it under the state dir
 
@@ -27,19 +28,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=Path("servicebus.config.json"),
         help="queues to declare, in the emulator's Config.json format (default servicebus.config.json)",
     )
+    parser.add_argument(
+        "--faults",
+        default="",
+        metavar="OPTIONS",
+        help="inject faults, as the embedded broker's endpoint options (serverBusyRate=0.1&outageFile=PATH&...); "
+        "default none",
+    )
 
 
-def serve(host: str, port: int, state_dir: Path, config: Path | None) -> int:
+def serve(host: str, port: int, state_dir: Path, config: Path | None, faults: str = "") -> int:
     """Serve until a signal; returns the exit status."""
     if config is not None and not config.is_file():
         print(f"devhost servicebus: config file not found: {config}", file=sys.stderr, flush=True)
+        return 1
+    try:
+        injected = BusFaults.parse(faults, (state_dir / DB_NAME).resolve())
+    except ValueError as exc:
+        print(f"devhost servicebus: --faults: {exc}", file=sys.stderr, flush=True)
         return 1
     from ._server import Endpoint  # proton is loaded only by the command that serves
 
     # proton logs every write to a socket its client already closed (pyamqp closes right after its Close frame).
     logging.getLogger("proton").setLevel(logging.CRITICAL)
 
-    broker = EmbeddedBroker(state_dir / DB_NAME, config=config)
+    broker = EmbeddedBroker(state_dir / DB_NAME, config=config, faults=injected)
     try:
         endpoint = Endpoint(broker, host, port)
     except OSError as exc:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusReceiveMode, ServiceBusSubQueue
-from proton import Condition, Delivery, Disposition, Handler, Link, Sender, symbol
+from proton import Condition, Delivery, Disposition, Link, Sender, symbol
 from proton.reactor import Container
 
 if TYPE_CHECKING:
@@ -22,8 +23,9 @@ from orderflow.embedded.broker import DEAD_LETTER, EmbeddedBroker, SessionLock, 
 from ._codec import Address, delivery_tag, encode_stored, to_ticks
 from ._errors import DEAD_LETTER as DEAD_LETTER_CONDITION
 from ._errors import SESSION_LOCK_LOST, TIMEOUT, AmqpError, classify
+from ._faults import WireFaults
 from ._links import echo_terminus
-from ._waiting import Wait, guarded
+from ._waiting import Later, Wait
 
 SESSION_FILTER = symbol("com.microsoft:session-filter")
 LOCKED_UNTIL = symbol("com.microsoft:locked-until-utc")
@@ -58,8 +60,16 @@ def _accept_timeout(link: Link) -> float:
 class DeliveryLink:
     """One receiver link of a client: what it receives from, how, and the messages it has not settled."""
 
-    def __init__(self, broker: EmbeddedBroker, container: Container, link: Sender, address: Address) -> None:
+    def __init__(
+        self,
+        broker: EmbeddedBroker,
+        container: Container,
+        link: Sender,
+        address: Address,
+        faults: WireFaults | None = None,
+    ) -> None:
         self.broker, self.container, self.link, self.address = broker, container, link, address
+        self.faults = faults
         self.name = link.name
         self.delete = link.remote_snd_settle_mode == Link.SND_SETTLED  # pre-settled deliveries: receive-and-delete
         self.wanted = session_filter(link)
@@ -133,6 +143,18 @@ class DeliveryLink:
         self.pump()
 
     # -- delivering -------------------------------------------------------------------------------------------
+
+    def on_flow(self) -> None:
+        """The client gave credit (a receive call): an injected fault detaches the link (or drops the connection)
+        in place of delivering."""
+        if self.opened and not self.closed and self.link.credit > 0 and self._fault("receive", self.detach):
+            return
+        self.pump()
+
+    def _fault(self, op: str, reply: Callable[[AmqpError], None]) -> bool:
+        if self.faults is None:
+            return False
+        return self.faults.answer(op, self.address.queue, self.link.connection, reply)
 
     def pump(self) -> None:
         """Deliver what the credit allows; with credit left, wait for more (or, when draining, give it back)."""
@@ -216,14 +238,17 @@ class DeliveryLink:
         seq, token = entry
         delivery.lock = None
         remote = delivery.remote
+        op = _SETTLEMENTS.get(remote.type)
+        if op == "abandon" and remote.undeliverable:
+            op = "defer"
+        if op is not None and self._fault(op, partial(_answer, delivery, remote=remote)):
+            return  # the message stays locked: the SDK settles again by lock token ($management update-disposition)
         try:
             self._apply(remote, seq, token)
             outcome: Any = remote.type
         except Exception as exc:  # noqa: BLE001 - answered as the condition the SDK maps
             outcome = classify(exc)
-        if not delivery.settled:
-            _set_outcome(delivery, outcome, remote)
-        delivery.settle()
+        _answer(delivery, outcome, remote)
 
     def _apply(self, remote: Disposition, seq: int, token: str) -> None:
         broker, queue, session = self.broker, self.address.queue, self.session
@@ -257,7 +282,7 @@ class DeliveryLink:
         if lock is None:
             return
         delay = max((lock.locked_until - self.broker.clock()).total_seconds(), 0.0)
-        self._expiry = self.container.schedule(delay + 0.01, _Callback(self._check_expiry))
+        self._expiry = self.container.schedule(delay + 0.01, Later(self._check_expiry))
 
     def _check_expiry(self) -> None:
         self._expiry = None
@@ -321,6 +346,20 @@ def _properties(annotations: Any) -> dict[str, Any] | None:
     return {str(key): value for key, value in dict(annotations).items()}
 
 
+# The client's dispositions by their outcome, as the operations the fault switch knows.
+_SETTLEMENTS: dict[Any, str] = {
+    Disposition.ACCEPTED: "complete",
+    Disposition.REJECTED: "dead-letter",
+    Disposition.MODIFIED: "abandon",
+}
+
+
+def _answer(delivery: Delivery, outcome: Any, remote: Disposition) -> None:
+    if not delivery.settled:
+        _set_outcome(delivery, outcome, remote)
+    delivery.settle()
+
+
 def _set_outcome(delivery: Delivery, outcome: Any, remote: Disposition) -> None:
     """Echo the client's outcome (a bare `rejected` for a dead-letter: a rejected with an error is a refusal to
     the SDKs, azure/servicebus/_pyamqp/receiver.py `check_disposition_outcome`), or reject with the error."""
@@ -332,14 +371,3 @@ def _set_outcome(delivery: Delivery, outcome: Any, remote: Disposition) -> None:
         delivery.local.failed = remote.failed
         delivery.local.undeliverable = remote.undeliverable
     delivery.update(outcome)
-
-
-class _Callback(Handler):
-    """A reactor timer that calls a function."""
-
-    def __init__(self, function: Callable[[], None]) -> None:
-        super().__init__()
-        self._function = function
-
-    def on_timer_task(self, event: object) -> None:
-        guarded(self._function)

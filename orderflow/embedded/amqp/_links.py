@@ -12,6 +12,7 @@ from orderflow.embedded.broker import EmbeddedBroker
 
 from ._codec import MAX_MESSAGE_SIZE, Address, decode_transfer
 from ._errors import MESSAGE_SIZE_EXCEEDED, AmqpError, classify
+from ._faults import WireFaults
 
 CREDIT = 100  # transfers a client may send before the endpoint tops its credit up again
 MAX_REQUEST = 1024 * 1024  # a `$management` or `$cbs` request (a scheduled batch) may be larger than a message
@@ -48,8 +49,16 @@ class InboundLink:
     """A client's sender link: every complete transfer goes to `consume`; accepted, or rejected with the
     condition of what it raised."""
 
-    def __init__(self, link: Receiver, consume: Consumer, max_size: int = MAX_MESSAGE_SIZE) -> None:
+    def __init__(
+        self,
+        link: Receiver,
+        consume: Consumer,
+        max_size: int = MAX_MESSAGE_SIZE,
+        *,
+        faults: tuple[WireFaults, str] | None = None,
+    ) -> None:
         self.link, self.consume, self.max_size = link, consume, max_size
+        self.faults = faults  # a queue's sender link: the broker's injected faults answer its sends ("send")
         self.closed = False
 
     def open(self, *, announce_size: bool) -> None:
@@ -71,6 +80,10 @@ class InboundLink:
         if delivery.aborted:
             delivery.settle()
             return
+        if self.faults is not None:
+            faults, queue = self.faults
+            if faults.answer("send", queue, self.link.connection, lambda error: self._settle(delivery, error)):
+                return
         outcome: AmqpError | None = None
         try:
             if len(payload) > self.max_size:
@@ -83,6 +96,12 @@ class InboundLink:
             self.consume(payload, self.link)
         except Exception as exc:  # noqa: BLE001 - rejected with the condition the SDK maps
             outcome = classify(exc)
+        self._settle(delivery, outcome)
+
+    def _settle(self, delivery: Delivery, outcome: AmqpError | None) -> None:
+        """Accept the transfer, or reject it with the error; top the credit up."""
+        if self.closed:
+            return
         if not delivery.settled:
             if outcome is None:
                 delivery.update(Delivery.ACCEPTED)

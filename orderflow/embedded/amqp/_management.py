@@ -85,17 +85,24 @@ def respond(request: Request) -> Message:
         if handler is None:
             raise AmqpError(NOT_IMPLEMENTED, f"The operation '{request.operation}' is not supported locally.", 501)
         status, body = handler(request)
-        description, condition = ("OK" if status == 200 else "No Content"), None
     except Exception as exc:  # noqa: BLE001 - answered with its status and condition
-        error = classify(exc)
-        status, body, description, condition = error.status, None, error.description, error.condition
+        return refusal(request.message, classify(exc))
+    return _response(request.message, status, body, "OK" if status == 200 else "No Content", None)
+
+
+def refusal(message: Message, error: AmqpError) -> Message:
+    """The response to a request that failed with `error`: its status, description and condition."""
+    return _response(message, error.status, None, error.description, error.condition)
+
+
+def _response(message: Message, status: int, body: Any, description: str, condition: str | None) -> Message:
     properties: dict[str, Any] = {"statusCode": int32(status), "statusDescription": description}
     if condition is not None:
         properties["errorCondition"] = symbol(condition)
-    request_id = request.message.id if request.message.id is not None else request.message.correlation_id
+    request_id = message.id if message.id is not None else message.correlation_id
     response = Message(body=body, correlation_id=request_id, properties=properties)
-    if request.message.reply_to is not None:
-        response.address = request.message.reply_to
+    if message.reply_to is not None:
+        response.address = message.reply_to
     return response
 
 

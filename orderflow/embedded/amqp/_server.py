@@ -19,9 +19,10 @@ from orderflow.embedded.broker import DEAD_LETTER, EmbeddedBroker
 from ._codec import Address, owned, parse_address
 from ._delivering import DeliveryLink
 from ._errors import NOT_ALLOWED, NOT_FOUND, AmqpError, classify
+from ._faults import WireFaults
 from ._identity import CBS_NODE, ConnectionIdentity, put_token
 from ._links import MAX_REQUEST, InboundLink, ReplyLink, open_link, queue_consumer, refuse_link
-from ._management import Request, respond
+from ._management import Request, refusal, respond
 from ._waiting import guarded
 
 CONTAINER_ID = "orderflow-devhost-servicebus"
@@ -64,6 +65,14 @@ class _Dispatcher(Handler):
         self.endpoint = endpoint
         self.broker = endpoint.broker
         self.connections: set[Connection] = set()
+        self._faults: WireFaults | None = None
+
+    @property
+    def faults(self) -> WireFaults:
+        """The broker's injected faults, answered on the wire (made once the endpoint's container exists)."""
+        if self._faults is None:
+            self._faults = WireFaults(self.broker, self.endpoint.container)
+        return self._faults
 
     # -- connection and session -------------------------------------------------------------------------------
 
@@ -111,6 +120,9 @@ class _Dispatcher(Handler):
         link = _present(event.link)
         if not link.state & ProtonEndpoint.LOCAL_UNINIT:
             return
+        queue = _queue_of(link)
+        if queue is not None and self.faults.answer("open", queue, link.connection, partial(refuse_link, link)):
+            return
         try:
             if isinstance(link, Receiver):
                 node: Any = self._attach_receiver(link)
@@ -138,7 +150,7 @@ class _Dispatcher(Handler):
         if address.sub_queue == DEAD_LETTER:
             raise AmqpError(NOT_ALLOWED, "Messages cannot be sent to a dead-letter queue.", 400)
         limit = self.broker.queue_properties(address.queue).max_message_size_bytes  # Standard's, or Premium's
-        node = InboundLink(link, queue_consumer(self.broker, address), limit)
+        node = InboundLink(link, queue_consumer(self.broker, address), limit, faults=(self.faults, address.queue))
         node.open(announce_size=True)
         return node
 
@@ -156,7 +168,7 @@ class _Dispatcher(Handler):
             return ReplyLink(link)
         address = _address(source)
         self.broker.queue_properties(address.queue)
-        node = DeliveryLink(self.broker, self.endpoint.container, link, address)
+        node = DeliveryLink(self.broker, self.endpoint.container, link, address, self.faults)
         node.core.link()  # the entity's session-ness against the link's filter (ServiceBusError: amqp:not-allowed)
         node.attach(lambda error: refuse_link(link, error))
         return node
@@ -180,7 +192,7 @@ class _Dispatcher(Handler):
     def on_link_flow(self, event: Event) -> None:
         node = getattr(event.link, "endpoint_node", None)
         if isinstance(node, DeliveryLink):
-            node.pump()
+            node.on_flow()
         elif isinstance(node, ReplyLink):
             node.flush()
 
@@ -226,6 +238,14 @@ class _Dispatcher(Handler):
     def _management_request(self, address: Address) -> Callable[[bytes, Link], None]:
         def consume(payload: bytes, link: Link) -> None:
             request = _decoded(payload)
+            raw: dict[Any, Any] = dict(request.properties or {})
+            operation = str(raw.get("operation") or "").removeprefix("com.microsoft:")
+
+            def refuse(error: AmqpError) -> None:
+                self._reply(link, request, refusal(request, error))
+
+            if self.faults.answer(operation, address.queue, link.connection, refuse):
+                return
             state = _state(link.connection)
             self._reply(link, request, respond(Request(self.broker, address, request, state.delivery_links)))
 
@@ -272,6 +292,14 @@ def _decoded(payload: bytes) -> Message:
     except Exception as exc:  # noqa: BLE001
         raise AmqpError("amqp:decode-error", f"The request could not be decoded: {exc}", 400) from exc
     return message
+
+
+def _queue_of(link: Link) -> str | None:
+    """The queue a link to or from a queue (or its dead-letter queue) names; None for `$cbs` and `$management`."""
+    terminus = link.remote_target if isinstance(link, Receiver) else link.remote_source
+    address = terminus.address
+    parsed = None if address == CBS_NODE else parse_address(address)
+    return None if parsed is None or parsed.management else parsed.queue
 
 
 def _address(address: str | None) -> Address:

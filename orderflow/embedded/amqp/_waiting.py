@@ -32,6 +32,17 @@ def guarded(function: Callable[[], None]) -> None:
         _LOG.exception("AMQP endpoint callback failed")
 
 
+class Later(Handler):
+    """A reactor timer that calls a function (`Container.schedule(delay, Later(function))`), guarded."""
+
+    def __init__(self, function: Callable[[], None]) -> None:
+        super().__init__()
+        self._function = function
+
+    def on_timer_task(self, event: object) -> None:
+        guarded(self._function)
+
+
 def waiter_socket(core: ReceiverCore) -> socket.socket | None:
     """The datagram socket a sender pokes (None without AF_UNIX). notify.Waiter keeps it private; the reactor
     must select on it rather than block a thread in `Waiter.wait`."""

@@ -4,13 +4,14 @@ Several OS processes may use the same file at once (devhost, the Agent worker, a
 `BEGIN IMMEDIATE` transaction per state change, and cross-process wake-ups through `notify` (one idle waiter per
 message, not every waiter). Semantics follow Service Bus (https://learn.microsoft.com/azure/service-bus-messaging/):
 peek-lock and redelivery, dead-letter queues, sessions, duplicate detection, scheduled messages and TTL. Time comes
-from an injectable `clock`. Split on its seams: `_schema`, `_base`, `_send`, `_receive`, `_sessions`, `_faults` and
-`_waiting`; this package re-exports what callers use. Wake-ups and the Service Bus pages: docs/modules-product.md."""
+from an injectable `clock`. Split on its seams: `_schema`, `_base`, `_send`, `_receive`, `_sessions`, `_faults`,
+`_bus_faults` and `_waiting`; this package re-exports what callers use. Notes: docs/modules-product.md."""
 
 from __future__ import annotations
 
 from orderflow.embedded.message import StoredMessage
 
+from ._bus_faults import BusFaults, InjectedFault
 from ._receive import Receiving
 from ._schema import (
     ACTIVE,
@@ -29,6 +30,7 @@ from ._send import Sending
 
 __all__ = [
     "ACTIVE",
+    "BusFaults",
     "DEAD_LETTER",
     "MAX_DELIVERY_REASON",
     "TTL_DESCRIPTION",
@@ -36,6 +38,7 @@ __all__ = [
     "WAKE_BOUND",
     "Clock",
     "EmbeddedBroker",
+    "InjectedFault",
     "QueueCounts",
     "SessionLock",
     "StoredMessage",

@@ -17,6 +17,7 @@ from azure.servicebus.exceptions import MessagingEntityNotFoundError
 from orderflow.embedded import notify
 from orderflow.embedded.config import QueueProperties, load_config_file, queues_from_config
 
+from ._bus_faults import BusFaultInjector, BusFaults, InjectedFault
 from ._schema import (
     _READY,
     _SCHEMA,
@@ -101,11 +102,14 @@ class BrokerBase:
         clock: Clock | None = None,
         config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
         duplicate_delivery: bool = False,
+        faults: BusFaults | None = None,
     ) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.clock: Clock = clock or utc_now
-        # Fault injection (module docstring): lose the first complete of every message, so it is delivered twice.
+        # Fault injection (_faults.py): lose the first complete of every message, so it is delivered twice.
         self.duplicate_delivery = duplicate_delivery
+        # Fault injection (_bus_faults.py): server busy, timeouts, dropped connections; None when off.
+        self.bus_faults = None if faults is None else BusFaultInjector(faults, self.path)
         self.notify_dir = notify.notify_dir_for(self.path)
         self._local = threading.local()
         # Each connection with the thread that opened it and alone uses it.
@@ -232,6 +236,14 @@ class BrokerBase:
     def _now(self) -> float:
         return self.clock().timestamp()
 
+    def fault_for(self, op: str, queue: str) -> InjectedFault | None:
+        """The injected answer to one client operation on `queue` (`BusFaults`), None when it goes ahead."""
+        return None if self.bus_faults is None else self.bus_faults.draw(op, queue)
+
+    def record_fault(self, fault: InjectedFault, retried: bool | None) -> None:
+        if self.bus_faults is not None:
+            self.bus_faults.record(fault, retried)
+
     def close(self) -> None:
         """Close the connections of this thread and of threads that have ended; drop the others.
 
@@ -247,6 +259,8 @@ class BrokerBase:
             if owner is me or not owner.is_alive():
                 conn.close()
         self._local = threading.local()
+        if self.bus_faults is not None:
+            self.bus_faults.close()
 
     # -- entities -------------------------------------------------------------------------------------------
 

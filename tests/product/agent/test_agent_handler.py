@@ -77,13 +77,28 @@ async def test_success_replies_then_completes(bus: FakeBus, clock: FakeClock) ->
     ]
 
 
-async def test_no_complete_when_the_reply_cannot_be_sent(bus: FakeBus, clock: FakeClock) -> None:
+async def test_no_complete_when_the_reply_cannot_be_sent_before_the_deadline(bus: FakeBus, clock: FakeClock) -> None:
     receiver, msg = await received(bus, request_message(make_request()))
-    bus.send_failures[REPLIES] = 1
+    bus.send_failures[REPLIES] = 1000  # the bus stays down past the request's deadline (30 s)
     with pytest.raises(ConnectionError):
         await handler_for(bus, clock, RecordingCaller([OK])).handle(receiver, msg)
     assert not any(e.startswith("complete:") for e in bus.events)
     assert bus.queue(REQUESTS).active == [msg]
+    assert clock.now() <= START + timedelta(seconds=30)  # no try after the deadline: the reply is of no use then
+
+
+async def test_a_bus_outage_is_waited_out_without_giving_the_request_back(bus: FakeBus, clock: FakeClock) -> None:
+    """Issue 24 (the bus-outage drill): a reply the bus refuses for a while is sent again in place, with waits
+    doubling from 0.5 s, until the deadline. Before, the handler raised at once: the worker abandoned the request, and
+    each redelivery cost a delivery (agent-requests' MaxDeliveryCount 5 dead-letters it) and a second remote call."""
+    caller = RecordingCaller([OK])
+    receiver, msg = await received(bus, request_message(make_request()))
+    bus.send_failures[REPLIES] = 3
+    assert await handler_for(bus, clock, caller).handle(receiver, msg) is Disposition.SUCCEEDED
+    assert clock.sleeps[-3:] == [0.5, 1.0, 2.0]
+    assert len(caller.calls) == 1 and len(bus.queue(REPLIES).active) == 1
+    assert bus.queue(REQUESTS).completed == [msg]
+    assert not any(e.startswith("abandon:") for e in bus.events)
 
 
 async def test_deadline_already_passed_replies_failed_without_calling(bus: FakeBus, clock: FakeClock) -> None:

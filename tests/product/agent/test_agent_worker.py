@@ -127,7 +127,7 @@ async def test_failed_reply_send_abandons_and_redelivers_once_replied(bus: FakeB
     async with Simulator(FaultConfig(seed=1), tmp_path / "db") as sim, aiohttp.ClientSession() as http:
         await bus.send(REQUESTS, request_message(make_request("o-1", deadline=far_future())))
         await bus.send(REQUESTS, request_message(make_request("o-1", STEPS[1], deadline=far_future())))
-        bus.send_failures[REPLIES] = 1
+        bus.send_failures[REPLIES], bus.send_error = 1, RuntimeError  # not transient: given back at once
         worker = AgentWorker(bus, HttpRemoteCaller(http, sim.url), agent_config())
         await run_until(worker, bus, lambda: len(bus.queue(REPLIES).active) == 2)
         report = sim.store.report()
@@ -136,6 +136,19 @@ async def test_failed_reply_send_abandons_and_redelivers_once_replied(bus: FakeB
     assert [r.step for r in replies(bus)] == [STEPS[0], STEPS[1]]  # order kept across the redelivery
     assert report["calls"] == 3 and report["totalApplied"] == 2 and report["duplicates"] == 0  # retried call replayed
     assert worker.stats["abandoned"] == 1
+
+
+async def test_a_reply_send_refused_for_a_while_is_sent_again_in_place(bus: FakeBus, tmp_path: Path) -> None:
+    # A transient bus failure (ConnectionError) of the reply is waited out by the handler (agent/handler.py,
+    # orderflow/patience.py): the request is not given back, so it costs no delivery and no second remote call.
+    async with Simulator(FaultConfig(seed=1), tmp_path / "db") as sim, aiohttp.ClientSession() as http:
+        await bus.send(REQUESTS, request_message(make_request("o-1", deadline=far_future())))
+        bus.send_failures[REPLIES] = 1
+        worker = AgentWorker(bus, HttpRemoteCaller(http, sim.url), agent_config())
+        await run_until(worker, bus, lambda: len(bus.queue(REPLIES).active) == 1)
+        report = sim.store.report()
+    assert not any(e.startswith("abandon:") for e in bus.events) and worker.stats["abandoned"] == 0
+    assert report["calls"] == 1 and report["totalApplied"] == 1
 
 
 async def test_a_few_receivers_wait_for_a_session_however_many_slots_are_free(bus: FakeBus) -> None:

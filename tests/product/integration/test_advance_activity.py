@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from azure.servicebus.exceptions import ServiceBusServerBusyError
 from support.integration_support import Pipeline, claim_orders, count_state_writes, state_activity, state_of
 
+import activities.state
 from orderflow import function_names as fn
 from orderflow.messages import AgentRequest, OrderStatus
 from orderflow.records import ProcessState, StepStatus, format_utc
@@ -122,3 +125,30 @@ async def test_a_permanent_failure_dispatches_the_compensation_in_the_same_write
     done = await advance(p, {"step": "release-inventory", "status": "succeeded", "error": None, "undone": True})
     assert done == {"done": "Compensated"}
     assert [s.state for s in await p.statuses(ORDER)][-1] is OrderStatus.COMPENSATED
+
+
+async def test_a_bus_outage_before_the_step_deadline_is_waited_out_in_the_activity(
+    p: Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24 (the bus-outage drill): the request refused by a busy bus is sent again in place until the step's
+    CompleteBy. Before, the activity raised: retried 3 times 1 s apart, then the attempt ended for the Supervisor to
+    count as a failure (FailureThreshold of them end the order)."""
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:  # the clock moves as the wait would
+        waits.append(seconds)
+        p.clock.advance(seconds)
+
+    monkeypatch.setattr(p.clock, "sleep", sleep, raising=False)
+    send, refusals = activities.state.send_agent_request, [ServiceBusServerBusyError(message="busy")] * 2
+
+    async def busy_then_up(*args: Any) -> None:
+        if refusals:
+            raise refusals.pop()
+        await send(*args)
+
+    monkeypatch.setattr(activities.state, "send_agent_request", busy_then_up)
+    await claim_orders(p, ORDER)
+    assert await advance(p) == {"send": RESERVE}
+    assert waits == [0.5, 1.0]
+    assert [r.step.value for r in await requests(p)] == [RESERVE]

@@ -35,6 +35,7 @@ from support.integration_support import (
 )
 from support.submission_trigger import RecordingActions, run_submission_trigger
 
+from orderflow import admission
 from orderflow.embedded._core import MAX_MESSAGE_SIZE_BYTES
 from orderflow.messages import AlertKind, OrderStatus
 from orderflow.runtime import Services
@@ -215,3 +216,23 @@ async def test_a_missing_queue_gives_the_delivery_back_at_once(pipeline: Pipelin
     with pytest.raises(type(error)):
         await receive_patiently(services, encode(order_body("o-nf")), "o-nf", sleep=_sleeper(pipeline, waits))
     assert waits == []
+
+
+async def test_a_refused_received_status_keeps_the_fast_path_claim_and_its_admission_slot(pipeline: Pipeline) -> None:
+    """Issue 24 (the bus-outage drill): the `received` status is retried on its own, after the writes. Before, a bus
+    refusing it made the whole submission run again: the retry found the record it had just created claimed for
+    attempt 1, so it answered no claim (the trigger started no Scheduler: the order waited a claim lease for the
+    Supervisor's restart, 60 s on Azure) and gave back the admission slot that record holds."""
+    waits: list[float] = []
+    busy = ServiceBusServerBusyError(message="server busy")
+    services = _services(pipeline, bus=FlakyBus(pipeline.services.bus, REPLY_QUEUE, busy, failures=2))
+    outcome = await receive_patiently(
+        services, encode(order_body("o-fp")), "o-fp", claim=True, sleep=_sleeper(pipeline, waits)
+    )
+    assert isinstance(outcome, Accepted) and outcome.claimed is not None and outcome.claimed.attempt == 1
+    assert waits == [0.5, 1.0]
+    found = await pipeline.services.state.get("o-fp")
+    assert found is not None and found[0].locked_by == "o-fp:1"
+    await admission.flush(pipeline.services)
+    assert (await admission.read_figures(pipeline.services))[0].processing == 1  # the slot stays with its record
+    assert [s.state for s in await pipeline.statuses("o-fp")] == [OrderStatus.RECEIVED]
