@@ -21,7 +21,7 @@ from typing import Any
 
 from . import history as h
 from .binding import WEBHOOK_PREFIX, client_binding_json
-from .episode import TERMINAL, Episode, Outcome, failure_details, select_batch
+from .episode import TERMINAL, Episode, Outcome, failure_details
 from .hub import DEFAULT_PARTITIONS, LOOK_SECONDS, HubMembership, process_alive
 from .records import Commit, Conflict, Fenced, InstanceRow, Member, Message, TimerItem, WorkItem
 from .store import Store
@@ -225,11 +225,12 @@ class Dispatcher:
                 episode = Episode(
                     row=row,
                     timeline=timeline,
-                    batch=select_batch(pending.messages, timeline.book),
+                    batch=pending.messages,
                     texts=pending.texts,
                     stale=pending.stale,
                     now=self._clock(),
                     orchestrators=frozenset(self._orchestrators),
+                    activities=frozenset(self._activities),
                     is_busy=self._busy,
                 )
                 if self.versioning.complies(episode.version):
