@@ -424,8 +424,11 @@ class Dispatcher:
                     heapq.heappush(self._timers, (now + timedelta(seconds=1), next(self._timer_seq), timer))
                     break
             delay = (self._timers[0][0] - now).total_seconds() if self._timers else None
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancel that arrives as the wake-up
+            # does (cpython gh-86296), and `stop()` would then wait for this loop forever.
             try:
-                await asyncio.wait_for(self._timer_wakeup.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._timer_wakeup.wait()
             except TimeoutError:
                 pass
 

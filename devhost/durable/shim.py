@@ -108,7 +108,7 @@ class Context:
     shim makes: sequence ids, the actions not yet matched by history, the open tasks, external event waiters."""
 
     def __init__(self, activities: frozenset[str], orchestrators: frozenset[str], execution_id: str) -> None:
-        self.now = datetime.min
+        self.now_text = ""  # CurrentUtcDateTime: the last OrchestratorStarted's Timestamp, parsed when needed
         self.execution_id = execution_id
         self.activities, self.orchestrators = activities, orchestrators
         self.next_id = 0
@@ -118,6 +118,10 @@ class Context:
         self.buffered: dict[str, deque[str | None]] = {}  # bufferedExternalEvents: a queue per name
         self.continue_as_new: dict[str, Any] | None = None
         self.missing: list[str] = []
+
+    @property
+    def now(self) -> datetime:
+        return h.parse_time(self.now_text)
 
     # ---- the calls -----------------------------------------------------------------------------------------
     def schedule(self, kind: str, **fields: Any) -> tuple[int, Future]:
@@ -183,7 +187,7 @@ class Context:
     def match(self, event: h.Event) -> None:
         """TaskOrchestrationContext.HandleTaskScheduledEvent / HandleTimerCreatedEvent /
         HandleSubOrchestrationCreatedEvent: the recorded action must be the one the replay made with that id."""
-        kind, task_id = SCHEDULING[T(event["EventType"])], int(event["EventId"])
+        kind, task_id = SCHEDULING[event["EventType"]], int(event["EventId"])
         made = self.actions.pop(task_id, None)
         name = event.get("Name")
         previous = "A previous execution of this orchestration scheduled"
@@ -224,7 +228,7 @@ class Context:
             )
 
     def complete(self, event: h.Event) -> None:
-        key, state = COMPLETIONS[T(event["EventType"])]
+        key, state = COMPLETIONS[event["EventType"]]
         future = self.open.pop(int(event[key]), None)
         if future is not None:  # else a duplicate (a cancelled timer firing late): logged and dropped
             future.settle(state)
@@ -404,7 +408,7 @@ def replay(
         for event in history:
             kind = event["EventType"]
             if kind == T.ORCHESTRATOR_STARTED:
-                context.now = h.parse_time(event["Timestamp"])
+                context.now_text = event["Timestamp"]
             elif kind == T.EXECUTION_STARTED:
                 shim.start()
             elif kind in SCHEDULING:

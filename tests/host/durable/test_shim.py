@@ -163,8 +163,9 @@ def test_a_cancelled_timer_ends_its_when_any_at_once() -> None:
 
 def test_an_orchestrator_error_fails_the_instance_only_after_the_replay() -> None:
     # ScheduleDurableTaskEvents replays the actions first and throws the SDK's error afterwards.
-    assert run(started(), v3(wait("E"), error="boom")).failure is None
-    failed = run(started(raised("E")), v3(wait("E"), error="boom"))
+    # (What the engine passes when the SDK raised: the state after `$OutOfProcData$:`, and the message before it.)
+    assert run(started(), v3(wait("E"), error="boom"), "boom").failure is None
+    failed = run(started(raised("E")), v3(wait("E"), error="boom"), "boom")
     assert failed.failure == "Orchestrator function 'orch' failed: boom"
     assert run(started(), None, "ValueError: bad").failure == "Orchestrator function 'orch' failed: ValueError: bad"
 
