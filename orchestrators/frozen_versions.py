@@ -1,30 +1,77 @@
-"""The Scheduler's replay-only versions 1 and 2, frozen: they finish the instances started under them.
+"""The Scheduler's replay-only versions 1, 2 and 3, frozen: they finish the instances started under them.
 
-`order_workflow` (orchestrators/order_workflow.py) runs an instance here when its version is "1.0" (or empty) or
-"2.0". This code schedules exactly what it scheduled when those versions were live (tests/product/unit/
-test_workflow_versions.py replays their recorded histories), so it never changes: it walks its own copy of the
-three steps of that time (`FROZEN_STEPS`), never the shared `STEPS`, and calls the activities of
-activities/frozen_versions.py. Delete it once no instance of these versions is in flight (README, "Versioning").
+`order_workflow` (orchestrators/order_workflow.py) runs an instance here when its version is "1.0" (or empty), "2.0"
+or "3.0". This code schedules exactly what it scheduled when those versions were live (tests/product/unit/
+test_workflow_versions.py replays their recorded histories), so it never changes: its own race (`frozen_race`), its
+own copy of the three steps of versions 1 and 2 (`FROZEN_STEPS`), never the shared `STEPS`, and the activities of
+activities/frozen_versions.py. Delete a version once none of its instances is in flight (README, "Versioning").
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, cast
 
 import azure.durable_functions as df
-from azure.durable_functions.models.Task import TaskBase
+from azure.durable_functions.models.Task import TaskBase, TimerTask
 
-from orchestrators.scheduling import call, failure_cause, not_now, race
+from orchestrators.scheduling import call, failure_cause, forget_buffered_event, log_live, not_now
 from orderflow import function_names as fn
+from orderflow.activity_models import (
+    ActionResult,
+    AdvanceOrderInput,
+    AdvanceOrderResult,
+    SchedulerStatus,
+    WorkflowResult,
+)
 from orderflow.breaker import CIRCUIT_OPEN
-from orderflow.messages import Action, AgentOutcome, AgentReply, CompensationName, StepName, idempotency_key
+from orderflow.messages import (
+    Action,
+    AgentOutcome,
+    AgentReply,
+    CompensationName,
+    StepName,
+    idempotency_key,
+    reply_event_name,
+)
+from orderflow.records import ProcessState
 from orderflow.state_machine import CANCELLED_PREFIX  # the cause a cancel gives BEGIN_COMPENSATION
 from orderflow.workflow import CANCEL_EVENT, PLAN, SUCCEEDED_STEPS, Outcome, WorkflowInput
 
 # The steps as versions 1 and 2 ran them: a literal copy, so that a step added to STEPS never reaches their replay.
 FROZEN_STEPS: tuple[StepName, ...] = (StepName.RESERVE_INVENTORY, StepName.CHARGE_PAYMENT, StepName.ARRANGE_SHIPPING)
+
+
+def frozen_race(
+    context: df.DurableOrchestrationContext, action: Action, complete_by: datetime, cancel: TaskBase | None
+) -> Generator[TaskBase, Any, AgentReply | Outcome]:
+    """Versions 1 to 3: the race between one timer at CompleteBy, the Agent's reply and (for a forward step) the
+    client's cancel; an ignored reply is waited for again against the same timer. On Azure such an instance stays
+    Running after that timer wins, until another reply comes (docs/devhost.md, "Replay")."""
+    instance_id = context.instance_id
+    timer = cast(TimerTask, context.create_timer(complete_by))  # the SDK annotates TaskBase; it returns a TimerTask
+    event_name = reply_event_name(action.value)
+    while True:
+        reply_task = context.wait_for_external_event(event_name)
+        winner = yield context.task_any([reply_task, timer, *([cancel] if cancel is not None else [])])
+        if winner is timer:
+            log_live(context, "%s: %s timed out at %s", instance_id, action.value, complete_by)
+            return Outcome.TIMED_OUT
+        if cancel is not None and winner is cancel:
+            timer.cancel()
+            log_live(context, "%s: cancelled during %s", instance_id, action.value)
+            return Outcome.CANCELLED
+        forget_buffered_event(context, event_name)  # SDK #507: else an ignored reply comes back on the next wait
+        try:
+            reply = AgentReply.from_event(reply_task.result)  # a str today (SDK #295), a dict if it is fixed
+        except ValueError:
+            log_live(context, "%s: ignoring a malformed reply for %s", instance_id, action.value)
+            continue
+        if reply.instance_id == instance_id and reply.step == action:
+            timer.cancel()
+            return reply
+        log_live(context, "%s: ignoring a reply for %s/%s", instance_id, reply.instance_id, reply.step)
 
 
 # --- version 1: no compensation, no cancel ---------------------------------------------------------------------
@@ -57,7 +104,7 @@ def run_step(
             "payload": order,
         },
     )
-    return (yield from race(context, step, complete_by, None))  # version 1 has no cancel
+    return (yield from frozen_race(context, step, complete_by, None))  # version 1 has no cancel
 
 
 def order_workflow_v1(
@@ -188,7 +235,7 @@ def _race_step(
             "payload": order,
         },
     )
-    return (yield from race(context, action, complete_by, cancel))
+    return (yield from frozen_race(context, action, complete_by, cancel))
 
 
 # What SET_STEP_DEADLINE answers (version 2) when the record says the client cancelled: nothing was set or sent.
@@ -322,3 +369,59 @@ def _compensate(
                 )
             )
     return (yield from _finish(context, inp, order, version, "completed", "compensated", Outcome.COMPENSATED))
+
+
+# --- version 3: one ADVANCE_ORDER per decision point -------------------------------------------------------------
+
+# ADVANCE_ORDER's `done` state as the orchestration's outcome, as version 3 had it.
+_V3_DONE = {
+    ProcessState.PROCESSED: Outcome.COMPLETED,
+    ProcessState.ERROR: Outcome.FAILED,
+    ProcessState.CANCELLED: Outcome.CANCELLED,
+    ProcessState.COMPENSATED: Outcome.COMPENSATED,
+    ProcessState.COMPENSATION_FAILED: Outcome.COMPENSATION_FAILED,
+}
+
+
+def order_workflow_v3(
+    context: df.DurableOrchestrationContext, inp: WorkflowInput, version: str
+) -> Generator[TaskBase, Any, dict[str, Any]]:
+    """Version 3, as it was: decide, race, decide again until ADVANCE_ORDER ends the order."""
+    cancel = context.wait_for_external_event(CANCEL_EVENT)
+    result: ActionResult | None = None
+    cancelled = False
+    while True:
+        complete_by = context.current_utc_datetime + timedelta(seconds=inp.step_timeout_seconds)
+        answer = yield call(
+            context,
+            fn.ADVANCE_ORDER,
+            AdvanceOrderInput.decision(inp, context.instance_id, version, complete_by, result, cancelled),
+        )
+        if answer is None:  # fenced out: a later attempt holds the record
+            return WorkflowResult(outcome=Outcome.SUPERSEDED).to_dict()
+        decided = AdvanceOrderResult.from_dict(answer)
+        if decided.done is not None:
+            context.set_custom_status(SchedulerStatus(step=None, attempt=inp.attempt).to_dict())
+            return WorkflowResult(outcome=_V3_DONE[decided.done]).to_dict()
+        action = decided.action()
+        forward = isinstance(action, StepName)
+        status = (
+            SchedulerStatus(step=action, attempt=inp.attempt)
+            if forward
+            else SchedulerStatus(compensation=action, attempt=inp.attempt)
+        )
+        context.set_custom_status(status.to_dict())
+        raced = yield from frozen_race(
+            context, action, complete_by, cancel if forward and not cancel.is_completed else None
+        )
+        if raced is Outcome.CANCELLED:
+            result, cancelled = None, True
+            continue
+        if isinstance(raced, Outcome):  # timed out: the Supervisor recovers the expired CompleteBy
+            return WorkflowResult(outcome=raced, step=action).to_dict()
+        reply: AgentReply = raced
+        if reply.outcome is AgentOutcome.FAILED and reply.error_code == CIRCUIT_OPEN:
+            return (yield from not_now(context, inp, action, reply))
+        if reply.outcome is AgentOutcome.FAILED and not reply.permanent:
+            return WorkflowResult(outcome=Outcome.TIMED_OUT, step=action, error=reply.error).to_dict()
+        result, cancelled = ActionResult.of(action, reply, failure_cause(action, reply)), False

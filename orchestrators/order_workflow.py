@@ -5,7 +5,7 @@ cancel, and sets the next step's (or compensation's) CompleteBy and sends its re
 two decisions the Scheduler races a durable timer at CompleteBy against the Agent's reply and, for a forward step,
 the client's cancel (the external event `CancelOrder`). When the timer wins, the attempt ends without touching the
 record: the Supervisor recovers it. The steps are the record's own (README, "Versioning"); an instance started under
-version 1 or 2 replays on its frozen path (orchestrators/frozen_versions.py). Activities take and return the typed
+version 1, 2 or 3 replays on its frozen path (orchestrators/frozen_versions.py). Activities take and return the typed
 models of orderflow/activity_models.py, as plain JSON. More: docs/modules-product.md."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import azure.durable_functions as df
 from azure.durable_functions.models.Task import TaskBase
 
-from orchestrators.frozen_versions import order_workflow_v1, order_workflow_v2
+from orchestrators.frozen_versions import order_workflow_v1, order_workflow_v2, order_workflow_v3
 from orchestrators.scheduling import ACTIVITY_RETRY, call, failure_cause, not_now, race
 from orderflow import function_names as fn
 from orderflow.activity_models import (
@@ -30,9 +30,9 @@ from orderflow.activity_models import (
 from orderflow.breaker import CIRCUIT_OPEN
 from orderflow.messages import AgentOutcome, AgentReply, StepName
 from orderflow.records import ProcessState
-from orderflow.workflow import CANCEL_EVENT, WORKFLOW_V1, WORKFLOW_V2, Outcome, WorkflowInput
+from orderflow.workflow import CANCEL_EVENT, WORKFLOW_V1, WORKFLOW_V2, WORKFLOW_V3, Outcome, WorkflowInput
 
-__all__ = ["ACTIVITY_RETRY", "DONE_OUTCOMES", "bp", "order_workflow", "order_workflow_v3", "workflow_version"]
+__all__ = ["ACTIVITY_RETRY", "DONE_OUTCOMES", "bp", "order_workflow", "order_workflow_v4", "workflow_version"]
 
 bp = df.Blueprint()
 
@@ -61,15 +61,17 @@ def order_workflow(context: df.DurableOrchestrationContext) -> Generator[TaskBas
         return (yield from order_workflow_v1(context, inp))
     if version == WORKFLOW_V2:
         return (yield from order_workflow_v2(context, inp, version))
-    return (yield from order_workflow_v3(context, inp, version))
+    if version == WORKFLOW_V3:
+        return (yield from order_workflow_v3(context, inp, version))
+    return (yield from order_workflow_v4(context, inp, version))
 
 
-def order_workflow_v3(
+def order_workflow_v4(
     context: df.DurableOrchestrationContext, inp: WorkflowInput, version: str
 ) -> Generator[TaskBase, Any, dict[str, Any]]:
     """Decide, race, decide again until ADVANCE_ORDER ends the order. Steps an earlier attempt completed are skipped
     by the activity (never called again), and a compensation claimed by the Starter starts at its first compensation
-    still to run."""
+    still to run. Version 3's actions, except after an ignored reply: a fresh timer (scheduling.py `race`)."""
     cancel = context.wait_for_external_event(CANCEL_EVENT)
     result: ActionResult | None = None
     cancelled = False

@@ -69,10 +69,15 @@ def race(
     context: df.DurableOrchestrationContext, action: Action, complete_by: datetime, cancel: TaskBase | None
 ) -> Generator[TaskBase, Any, AgentReply | Outcome]:
     """The race between the timer at CompleteBy, the Agent's reply and (for a forward step) the client's cancel. A
-    reply for another instance or action, or a malformed one, is ignored and the wait goes on."""
+    reply for another instance or action, or a malformed one, is ignored and the wait goes on, with a fresh timer.
+
+    The fresh timer is what lets the instance end on Azure: the extension's shim replays each WhenAny with only the
+    children the SDK had not scheduled before (`compoundActions`), so a second wait on the same timer would hold the
+    reply alone, and the shim would wait for a reply forever after the timer fired (docs/devhost.md, "Replay"). Every
+    timer that does not win is cancelled, since DurableTask.Core completes no orchestration with an open timer."""
     instance_id = context.instance_id
-    timer = cast(TimerTask, context.create_timer(complete_by))  # the SDK annotates TaskBase; it returns a TimerTask
     event_name = reply_event_name(action.value)
+    timer = cast(TimerTask, context.create_timer(complete_by))  # the SDK annotates TaskBase; it returns a TimerTask
     while True:
         reply_task = context.wait_for_external_event(event_name)
         winner = yield context.task_any([reply_task, timer, *([cancel] if cancel is not None else [])])
@@ -80,19 +85,22 @@ def race(
             log_live(context, "%s: %s timed out at %s", instance_id, action.value, complete_by)
             return Outcome.TIMED_OUT
         if cancel is not None and winner is cancel:
-            timer.cancel()
+            timer.cancel()  # ends the shim's WhenAny when this race does not hold the cancel wait (a later step's)
             log_live(context, "%s: cancelled during %s", instance_id, action.value)
             return Outcome.CANCELLED
         forget_buffered_event(context, event_name)  # SDK #507: else an ignored reply comes back on the next wait
         try:
             reply = AgentReply.from_event(reply_task.result)  # a str today (SDK #295), a dict if it is fixed
         except ValueError:
+            reply = None
             log_live(context, "%s: ignoring a malformed reply for %s", instance_id, action.value)
-            continue
-        if reply.instance_id == instance_id and reply.step == action:
+        if reply is not None and reply.instance_id == instance_id and reply.step == action:
             timer.cancel()
             return reply
-        log_live(context, "%s: ignoring a reply for %s/%s", instance_id, reply.instance_id, reply.step)
+        if reply is not None:
+            log_live(context, "%s: ignoring a reply for %s/%s", instance_id, reply.instance_id, reply.step)
+        timer.cancel()
+        timer = cast(TimerTask, context.create_timer(complete_by))
 
 
 def not_now(

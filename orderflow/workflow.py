@@ -23,9 +23,12 @@ CANCEL_EVENT = "CancelOrder"
 # it); the input carries it too, for hosts whose extension predates orchestration versions (context.version "").
 # "3": one activity per decision point (orderflow/advance.py): 4 activities and 8 episodes per order instead of 11 and
 # 15; its instances of version 2 replay and finish on the version-2 path.
+# "4": after an ignored reply the race waits again with a fresh timer, so that the extension's replay of the actions
+# can end the instance when that timer wins (docs/devhost.md, "Replay"); version-3 instances finish on version 3.
 WORKFLOW_V1 = "1.0"
 WORKFLOW_V2 = "2.0"
-WORKFLOW_VERSION = "3.0"
+WORKFLOW_V3 = "3.0"
+WORKFLOW_VERSION = "4.0"
 
 
 class Outcome(StrEnum):

@@ -21,7 +21,7 @@ from typing import Any
 
 from . import history as h
 from .binding import WEBHOOK_PREFIX, client_binding_json
-from .episode import TERMINAL, Episode, Outcome, failure_details, select_batch
+from .episode import TERMINAL, Episode, Outcome, failure_details
 from .hub import DEFAULT_PARTITIONS, LOOK_SECONDS, HubMembership, process_alive
 from .records import Commit, Conflict, Fenced, InstanceRow, Member, Message, TimerItem, WorkItem
 from .store import Store
@@ -225,11 +225,12 @@ class Dispatcher:
                 episode = Episode(
                     row=row,
                     timeline=timeline,
-                    batch=select_batch(pending.messages, timeline.book),
+                    batch=pending.messages,
                     texts=pending.texts,
                     stale=pending.stale,
                     now=self._clock(),
                     orchestrators=frozenset(self._orchestrators),
+                    activities=frozenset(self._activities),
                     is_busy=self._busy,
                 )
                 if self.versioning.complies(episode.version):
@@ -423,8 +424,11 @@ class Dispatcher:
                     heapq.heappush(self._timers, (now + timedelta(seconds=1), next(self._timer_seq), timer))
                     break
             delay = (self._timers[0][0] - now).total_seconds() if self._timers else None
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancel that arrives as the wake-up
+            # does (cpython gh-86296), and `stop()` would then wait for this loop forever.
             try:
-                await asyncio.wait_for(self._timer_wakeup.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._timer_wakeup.wait()
             except TimeoutError:
                 pass
 

@@ -1,11 +1,8 @@
-"""Orchestrator actions: decode the SDK's `actions` JSON and compare a replay with what history recorded.
+"""Orchestrator actions: decode the SDK's `actions` JSON into atomic actions, to see what an episode asks for.
 
-Shapes: azure/durable_functions/models/actions/*.py and OrchestratorState.to_json. ReplaySchema V1 sends a
-list of
+Shapes: azure/durable_functions/models/actions/*.py and OrchestratorState.to_json. ReplaySchema V1 sends a list of
 lists (one list per yield); V2/V3 send one flat list in which WhenAny/WhenAll are compound actions holding the
-children not scheduled before (`compoundActions`). Flattening both gives the actions in scheduling order,
-which is
-the order in which the SDK hands out sequence numbers (DurableOrchestrationContext._add_to_open_tasks).
+children not scheduled before (`compoundActions`). How the extension replays them: shim.py.
 """
 
 from __future__ import annotations
@@ -18,15 +15,6 @@ from azure.durable_functions.models.actions.ActionType import ActionType as A
 
 from .retry import RetryPolicy
 
-ID_CONSUMING = frozenset(
-    {
-        A.CALL_ACTIVITY,
-        A.CALL_ACTIVITY_WITH_RETRY,
-        A.CALL_SUB_ORCHESTRATOR,
-        A.CALL_SUB_ORCHESTRATOR_WITH_RETRY,
-        A.CREATE_TIMER,
-    }
-)
 ENTITY_ACTIONS = frozenset({A.CALL_ENTITY, A.SIGNAL_ENTITY})
 
 
@@ -43,21 +31,6 @@ class Action:
     is_canceled: bool = False
     # CallSubOrchestrator(WithRetry)Action's `version` (azure-functions-durable-python #582): None = not given.
     version: str | None = None
-
-    @property
-    def signature(self) -> dict[str, Any]:
-        """What must stay the same across replays (type and target), stored per instance."""
-        return {"kind": int(self.kind), "name": self.name}
-
-    @property
-    def consumes_id(self) -> bool:
-        return self.kind in ID_CONSUMING
-
-
-def describe(signature: dict[str, Any]) -> str:
-    """Human form of a signature, e.g. "CallActivity 'load_order'"."""
-    kind = "".join(p.capitalize() for p in A(signature["kind"]).name.split("_"))
-    return f"{kind} '{signature['name']}'" if signature.get("name") else kind
 
 
 def flatten(raw_actions: Iterable[Any]) -> list[Action]:
@@ -88,27 +61,4 @@ def _decode(item: dict[str, Any]) -> Action:
         instance_id=item.get("instanceId"),
         is_canceled=bool(item.get("isCanceled", False)),
         version=item.get("version"),
-    )
-
-
-def nondeterminism(recorded: list[dict[str, Any]], replayed: list[Action], *, finished: bool) -> str | None:
-    """The mismatch between the recorded signatures and a replay, or None when the replay is deterministic.
-
-    Mirrors DTFx NonDeterministicOrchestrationException: an action at a position history already holds must be
-    the same type and target; a replay that no longer schedules a recorded action is also a mismatch.
-    """
-    for position, (expected, actual) in enumerate(zip(recorded, replayed, strict=False)):
-        if expected != actual.signature:
-            return _message(position, describe(expected), describe(actual.signature))
-    if len(replayed) < len(recorded) and finished:
-        position = len(replayed)
-        return _message(position, describe(recorded[position]), "nothing")
-    return None
-
-
-def _message(position: int, expected: str, actual: str) -> str:
-    return (
-        f"Non-Deterministic workflow detected: history recorded {expected} at action position {position}, "
-        f"but the replay scheduled {actual}. Was a change made to the orchestrator code after this instance "
-        f"had already started running?"
     )

@@ -1,17 +1,14 @@
 """One orchestration episode: new events in, replay through the SDK, the resulting history and work out.
 
-The engine side of what DTFx and the extension's out-of-process shim do. The SDK hands out sequence numbers
-(EventId / TaskScheduledId / TimerId) in the order it opens tasks, including the timer and re-scheduled task a
-`*_with_retry` call opens after a failure (azure/durable_functions/models/Task.py RetryAbleTask). The engine
-must
-hand out the same numbers. It does so by putting at most one retry-related event in an episode, always first:
-the
-SDK then opens the retry task (if any) before user code resumes and schedules new actions, in that order.
+The SDK's answer is not carried out as it is: the extension's out-of-process shim replays it against the history
+(shim.py), and only what that replay schedules, ends or fails happens, with the sequence ids DurableTask.Core hands
+out. An episode takes every message waiting in the instance's inbox, as a DurableTask.Core work item does.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import traceback
 import uuid
 from collections.abc import Callable
@@ -23,42 +20,17 @@ from azure.durable_functions.models.actions.ActionType import ActionType as A
 from azure.durable_functions.models.history import HistoryEventType as T
 
 from . import history as h
-from .actions import ENTITY_ACTIONS, Action, flatten, nondeterminism
+from . import shim
+from .actions import ENTITY_ACTIONS, flatten
 from .errors import ENTITIES_NOT_SUPPORTED
 from .records import Commit, InstanceRow, Message
-from .retry import RetryPolicy
-from .timeline import Bookkeeping, Timeline
+from .timeline import Timeline
 from .versioning import MISMATCH_OUTPUT
 
+log = logging.getLogger("devhost.durable")
 OUT_OF_PROC_MARKER = "$OutOfProcData$:"
 UPPER_SCHEMA_VERSION = 2  # ReplaySchema.V3, the newest this SDK speaks
 TERMINAL = frozenset({"Completed", "Failed", "Terminated", "Canceled"})
-ACTIVITY_KINDS = frozenset({A.CALL_ACTIVITY, A.CALL_ACTIVITY_WITH_RETRY})
-SUB_ORCHESTRATION_KINDS = frozenset({A.CALL_SUB_ORCHESTRATOR, A.CALL_SUB_ORCHESTRATOR_WITH_RETRY})
-
-
-def is_retry_event(event: h.Event, state: Bookkeeping) -> bool:
-    """A failure of a with-retry call, or the firing of its retry timer: both make the SDK open a new task."""
-    kind = event["EventType"]
-    if kind in (T.TASK_FAILED, T.SUB_ORCHESTRATION_INSTANCE_FAILED):
-        return _task(state, event.get("TaskScheduledId")).get("role") == "call"
-    if kind == T.TIMER_FIRED:
-        return _task(state, event.get("TimerId")).get("role") == "timer"
-    return False
-
-
-def select_batch(inbox: list[tuple[int, h.Event]], state: Bookkeeping) -> list[tuple[int, h.Event]]:
-    """The first message plus the following ones up to (not including) the next retry-related event."""
-    batch = inbox[:1]
-    for item in inbox[1:]:
-        if is_retry_event(item[1], state):
-            break
-        batch.append(item)
-    return batch
-
-
-def _task(state: Bookkeeping, task_id: Any) -> dict[str, Any]:
-    return dict(state.tasks.get(str(task_id), {}))
 
 
 @dataclass
@@ -96,16 +68,15 @@ class Episode:
     now: datetime
     orchestrators: frozenset[str]
     is_busy: Callable[[str], bool]
+    activities: frozenset[str] = frozenset()
     texts: dict[int, str] = field(default_factory=dict)
     stale: list[int] = field(default_factory=list)
     _commit: Commit = field(init=False)
-    _state: Bookkeeping = field(init=False)
     # The instance's version: its ExecutionStarted's, as the SDK reads `context.version` (None without one; instances
     # recorded before devhost had versions carry "", as the pre-3.1 extension gave them).
     version: str | None = field(init=False)
 
     def __post_init__(self) -> None:
-        self._state = self.timeline.book.fork()
         started = h.event(T.ORCHESTRATOR_STARTED, self.now)
         self._new = [started] + [e for _, e in self.batch]
         self._new_texts = [json.dumps(started)] + [self.texts.get(i) or json.dumps(e) for i, e in self.batch]
@@ -121,7 +92,6 @@ class Episode:
             encoded=list(self._new_texts),
             timeline=self.timeline,
         )
-        self._expand_retry(self._new[1])
 
     # ---- phase 1 -------------------------------------------------------------------------------------------
     def context_json(self) -> str:
@@ -148,95 +118,71 @@ class Episode:
         row = self._commit.row
         row.last_updated_time = h.format_time(self.now)
         row.status = "Running"
-        actions = flatten((outcome.state or {}).get("actions") or [])
-        if outcome.state is not None:
-            custom = outcome.state.get("customStatus")
+        state = outcome.state
+        if state is not None:
+            custom = state.get("customStatus")
             row.custom_status = json.dumps(custom) if custom is not None else None
-        mismatch = nondeterminism(self._state.recorded, actions, finished=outcome.error is None)
-        if mismatch:
-            return self._fail(mismatch)
-        if outcome.error is not None:
-            return self._fail(outcome.error)
-        unsupported = self._schedule(actions[len(self._state.recorded) :])
-        if unsupported:
-            return self._fail(unsupported)
-        assert outcome.state is not None
-        if outcome.state.get("isDone"):
-            continue_as_new = next((a for a in actions if a.kind == A.CONTINUE_AS_NEW), None)
-            if continue_as_new is not None:
-                return self._continue_as_new(continue_as_new)
-            return self._complete(outcome.state.get("output"))
+            unsupported = _unsupported(state.get("actions") or [])
+            if unsupported:
+                return self._fail(unsupported)
+        verdict = shim.replay(
+            self._history(),
+            state,
+            outcome.error,
+            name=row.name,
+            execution_id=row.execution_id,
+            activities=self.activities,
+            orchestrators=self.orchestrators,
+        )
+        for name in verdict.missing:
+            log.warning(
+                "orchestration %s calls '%s', which is not a registered function of that kind: the extension drops "
+                "the call without a history event, and the instance waits for it forever "
+                "(azure-functions-durable-python #132)",
+                row.instance_id,
+                name,
+            )
+        if verdict.failure is not None:
+            return self._end_failed(verdict.failure)
+        if verdict.continue_as_new is not None:
+            return self._continue_as_new(verdict.continue_as_new.get("input"), verdict.carried)
+        if verdict.completed:
+            return self._complete(verdict.output)
+        if state is None or state.get("isDone") or outcome.error is not None:
+            log.warning(
+                "orchestration %s returned (%s), but the extension's replay of its actions waits for %s: on Azure the "
+                "instance stays Running until that completes (devhost/durable/shim.py)",
+                row.instance_id,
+                "failed" if outcome.error is not None else "done",
+                verdict.waiting,
+            )
+        for scheduled in verdict.scheduled:
+            self._schedule(scheduled)
         return self._close()
 
+    def _history(self) -> list[h.Event]:
+        """The whole history the replay runs over: the recorded events, then this episode's."""
+        past: list[h.Event] = json.loads(f"[{self.timeline.played}]")
+        return past + self._new
+
     # ---- scheduling ----------------------------------------------------------------------------------------
-    def _take_id(self) -> int:
-        task_id = self._state.next_seq
-        self._state.next_seq = task_id + 1
-        return task_id
-
-    def _schedule(self, new_actions: list[Action]) -> str | None:
-        for action in new_actions:
-            position = len(self._state.recorded)
-            if action.kind in ENTITY_ACTIONS:
-                return ENTITIES_NOT_SUPPORTED
-            if action.kind == A.CALL_HTTP:
-                return "call_http (durable HTTP) is not supported by devhost; call the service from an activity."
-            self._state.recorded.append(action.signature)
-            if action.kind == A.CREATE_TIMER:
-                self._create_timer(self._take_id(), str(action.fire_at))
-            elif action.kind in ACTIVITY_KINDS or action.kind in SUB_ORCHESTRATION_KINDS:
-                self._call(action, position)
-        return None
-
-    def _call(self, action: Action, position: int) -> None:
-        task_id = self._take_id()
-        target: dict[str, Any] = {
-            "kind": int(action.kind),
-            "name": action.name,
-            "input": action.input,
-            "instance_id": action.instance_id or f"{self.row.instance_id}:{task_id:04d}",
-            "version": action.version,
-        }
-        if action.retry is not None:
-            # What the history does not hold: the call itself is its first attempt's event (`_target`).
-            self._state.groups[str(position)] = {
-                "kind": int(action.kind),
-                "first": task_id,
-                "retry": action.retry.to_json(),
-            }
-            self._state.tasks[str(task_id)] = {"group": str(position), "role": "call"}
-        self._dispatch(target, task_id)
-
-    def _target(self, group: dict[str, Any]) -> dict[str, Any]:
-        """A retried call, from its first attempt's TaskScheduled or SubOrchestrationInstanceCreated (whose Version
-        is the one the child got). A group recorded by an older devhost holds the call itself."""
-        if "name" in group:
-            return group
-        first = self.timeline.scheduled[int(group["first"])]
-        return {
-            "kind": group["kind"],
-            "name": first["Name"],
-            "input": first.get("Input"),
-            "instance_id": first.get("InstanceId"),
-            "version": first.get("Version"),
-        }
-
-    def _dispatch(self, target: dict[str, Any], task_id: int) -> None:
-        if target["kind"] in ACTIVITY_KINDS:
+    def _schedule(self, action: shim.Scheduled) -> None:
+        if action.kind == shim.TIMER:
+            self._create_timer(action.id, str(action.fire_at))
+        elif action.kind == shim.TASK:
             self._commit.append.append(
-                h.event(T.TASK_SCHEDULED, self.now, task_id, Name=target["name"], Input=target["input"])
+                h.event(T.TASK_SCHEDULED, self.now, action.id, Name=action.name, Input=action.input)
             )
-            self._commit.work.append((task_id, target["name"], target["input"]))
+            self._commit.work.append((action.id, str(action.name), action.input))
         else:
-            self._start_child(target, task_id)
+            self._start_child(action)
 
-    def _start_child(self, target: dict[str, Any], task_id: int) -> None:
-        name, child_id = target["name"], target["instance_id"]
+    def _start_child(self, action: shim.Scheduled) -> None:
+        name, child_id, task_id = str(action.name), str(action.instance_id), action.id
         # The version asked for (call_sub_orchestrator(version=...), extension PR #3213), else the parent's own: a
         # sub-orchestration inherits its parent's version, even when the host's defaultVersion has moved on
         # (extension test/Common/OrchestrationVersionTests.cs ExistingOrchestrationVersionIsImmutable, PR #3072).
-        requested = target.get("version")
-        version = self.version if requested is None else requested
+        version = self.version if action.version is None else action.version
         self._commit.append.append(
             h.event(
                 T.SUB_ORCHESTRATION_INSTANCE_CREATED,
@@ -245,21 +191,17 @@ class Episode:
                 Name=name,
                 Version=version,
                 InstanceId=child_id,
-                Input=target["input"],
+                Input=action.input,
             )
         )
-        problem = None
-        if name not in self.orchestrators:
-            problem = f"The function '{name}' doesn't exist, is disabled, or is not an orchestrator function."
-        elif self.is_busy(child_id):
+        if self.is_busy(child_id):
             problem = f"An orchestration with instance ID '{child_id}' is already running."
-        if problem:
             failed = h.sub_orchestration_failed(self.now, task_id, problem, json.dumps({"Message": problem}))
             self._commit.messages.append(Message(self.row.instance_id, self.row.execution_id, failed))
             return
-        child = new_row(child_id, name, target["input"], self.now, parent=(self.row, task_id))
+        child = new_row(child_id, name, action.input, self.now, parent=(self.row, task_id))
         first = h.execution_started(
-            self.now, name, target["input"], version=version, parent_instance_id=self.row.instance_id
+            self.now, name, action.input, version=version, parent_instance_id=self.row.instance_id
         )
         self._commit.children.append((child, first))
 
@@ -267,30 +209,10 @@ class Episode:
         self._commit.append.append(h.event(T.TIMER_CREATED, self.now, timer_id, FireAt=fire_at))
         self._commit.timers.append((timer_id, fire_at))
 
-    def _expand_retry(self, first: h.Event) -> None:
-        """Open the retry timer after a failed attempt, or the next attempt after that timer."""
-        if not is_retry_event(first, self._state):
-            return
-        key = first["TimerId"] if first["EventType"] == T.TIMER_FIRED else first["TaskScheduledId"]
-        task = _task(self._state, key)
-        position = task["group"]
-        group = self._state.groups[position]
-        attempt = self._state.attempts.get(position, group.get("attempt", 1))
-        policy = RetryPolicy.from_json(group["retry"])
-        if task["role"] == "call":
-            timer_id = self._take_id()
-            self._state.tasks[str(timer_id)] = {"group": position, "role": "timer"}
-            self._create_timer(timer_id, h.format_time(self.now + policy.delay_after_attempt(attempt)))
-        elif policy.may_retry_after(attempt):
-            self._state.attempts[position] = attempt + 1
-            task_id = self._take_id()
-            self._state.tasks[str(task_id)] = {"group": position, "role": "call"}
-            self._dispatch(self._target(group), task_id)
-
     # ---- endings -------------------------------------------------------------------------------------------
     def _close(self) -> Commit:
         self._commit.append.append(h.event(T.ORCHESTRATOR_COMPLETED, self.now))
-        self._commit.book = self._state
+        self._commit.book = self.timeline.book  # unchanged: the replay derives everything from the history
         return self._commit
 
     def _end(self, status: str, output: Any, parent_event: h.Event | None) -> Commit:
@@ -313,8 +235,11 @@ class Episode:
         return self._end("Completed", output, h.sub_orchestration_completed(self.now, task_id, json.dumps(output)))
 
     def _fail(self, message: str) -> Commit:
-        text = f"Orchestrator function '{self.row.name}' failed: {message}"
-        details = json.dumps({"Message": message, "ClassName": "OrchestrationFailureException"})
+        return self._end_failed(f"Orchestrator function '{self.row.name}' failed: {message}")
+
+    def _end_failed(self, text: str) -> Commit:
+        """Failed with `text` as the output: FailOrchestration's reason, the exception's message as it is."""
+        details = json.dumps({"Message": text, "ClassName": "OrchestrationFailureException"})
         task_id = int(self.row.parent_task_id or 0)
         return self._end("Failed", text, h.sub_orchestration_failed(self.now, task_id, text, details))
 
@@ -322,15 +247,18 @@ class Episode:
         """versionFailureStrategy Fail: the instance ends Failed without running the orchestrator, as
         TaskOrchestrationDispatcher's OrchestrationCompleteOrchestratorAction with FailureDetails("VersionMismatch",
         ...) does; a parent gets SubOrchestrationInstanceFailed with that action's (null) Result and Details."""
-        self._commit.append = list(self._new)  # none of this episode's retry planning
+        self._commit.append = list(self._new)
         self._commit.row.last_updated_time = h.format_time(self.now)
         task_id = int(self.row.parent_task_id or 0)
         return self._end("Failed", MISMATCH_OUTPUT, h.sub_orchestration_failed(self.now, task_id, None, None))
 
-    def _continue_as_new(self, action: Action) -> Commit:
+    def _continue_as_new(self, new_input: Any, carried: list[h.Event]) -> Commit:
+        """The next execution, with the events raised after ContinueAsNew in this episode carried over to it
+        (TaskOrchestrationContext.AddEventToNextIteration; Azure Storage's EventBehaviourForContinueAsNew is
+        Carryover)."""
         commit = self._close()
         row = commit.row
-        row.execution_id, row.input = uuid.uuid4().hex, json.dumps(action.input)
+        row.execution_id, row.input = uuid.uuid4().hex, json.dumps(new_input)
         commit.reset_history, commit.book = True, None
         commit.append, commit.encoded, commit.work, commit.timers = [], [], [], []
         commit.messages = [
@@ -343,12 +271,12 @@ class Episode:
                 h.execution_started(
                     self.now,
                     row.name,
-                    action.input,
+                    new_input,
                     version=self.version,
                     parent_instance_id=row.parent_instance_id,
                 ),
             )
-        ]
+        ] + [Message(row.instance_id, row.execution_id, event) for event in carried]
         return commit
 
 
@@ -377,6 +305,16 @@ def new_row(
         parent_execution_id=parent_row.execution_id if parent_row else None,
         parent_task_id=task_id,
     )
+
+
+def _unsupported(raw_actions: list[Any]) -> str | None:
+    """What devhost refuses to run, before any replay: entities and durable HTTP."""
+    kinds = {a.kind for a in flatten(raw_actions)}
+    if kinds & ENTITY_ACTIONS:
+        return ENTITIES_NOT_SUPPORTED
+    if A.CALL_HTTP in kinds:
+        return "call_http (durable HTTP) is not supported by devhost; call the service from an activity."
+    return None
 
 
 def failure_details(exc: BaseException) -> str:

@@ -1,12 +1,8 @@
 """Retry policy of CallActivityWithRetry / CallSubOrchestratorWithRetry, computed as the Durable Task
-Framework does.
-
-DTFx `RetryInterceptor.Invoke` (durabletask core/RetryInterceptor.cs): after attempt number `retryCount`
-(0-based)
-fails, it waits `FirstRetryInterval * BackoffCoefficient ** retryCount`, capped at `MaxRetryInterval`, with a
-durable
-timer -- also after the last attempt -- and only then gives up. The Python SDK relies on that extra timer
-(azure/durable_functions/models/Task.py, RetryAbleTask.try_set_value).
+Framework does: DTFx `RetryInterceptor.ComputeNextDelay` (durabletask core/RetryInterceptor.cs) waits
+`FirstRetryInterval * BackoffCoefficient ** retryCount` after attempt `retryCount` (0-based) failed, capped at
+`MaxRetryInterval` (the extension's RetryOptions default: 6 days). The timers themselves: devhost/durable/shim.py
+`Retry`.
 """
 
 from __future__ import annotations
@@ -14,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
+
+# The extension's RetryOptions: `DefaultMaxRetryinterval = TimeSpan.FromDays(6)` (the SDK never sends another).
+DEFAULT_MAX_RETRY_INTERVAL = timedelta(days=6)
 
 
 @dataclass(frozen=True)
@@ -49,11 +48,10 @@ class RetryPolicy:
         """Delay before the next try after 1-based `attempt` failed (DTFx `ComputeNextDelay`, retryCount =
         attempt-1).
         """
-        delay_ms = self.first_retry_interval_ms * self.backoff_coefficient ** (attempt - 1)
-        if self.max_retry_interval_ms is not None:
-            delay_ms = min(delay_ms, self.max_retry_interval_ms)
-        return timedelta(milliseconds=delay_ms)
-
-    def may_retry_after(self, attempt: int) -> bool:
-        """True when another attempt follows the retry timer of 1-based `attempt`."""
-        return attempt < self.max_number_of_attempts
+        delay = timedelta(milliseconds=self.first_retry_interval_ms * self.backoff_coefficient ** (attempt - 1))
+        cap = (
+            DEFAULT_MAX_RETRY_INTERVAL
+            if self.max_retry_interval_ms is None
+            else timedelta(milliseconds=self.max_retry_interval_ms)
+        )
+        return delay if delay < cap else cap

@@ -2,9 +2,8 @@
 
 Each history event is JSON-encoded once, when it is recorded; the replayed form (`IsPlayed` true) is spliced from
 that text, and an episode's context is built by joining texts, so an episode encodes only its own new events.
-The bookkeeping (sequence numbers, recorded action signatures, retry groups) is persisted as a base (the instances
-row's `state` column, written when an execution starts) plus one appended journal entry per episode that changed
-it; nothing of either is ever rewritten.
+The bookkeeping (sequence numbers, recorded actions, retry groups) is what an older devhost persisted (the row's
+`state` column and the journal); episodes no longer change it: the replay derives it all from the history (shim.py).
 
 The cache is owned by the Store, the only writer of history: every write updates or drops the entry of each
 instance it touches, a failed transaction drops it, and a new process starts empty and reloads from SQLite.

@@ -19,8 +19,13 @@ START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 class Driver:
-    def __init__(self, handle: Callable[[str], str], instance_id: str, input_: Any) -> None:
+    def __init__(
+        self, handle: Callable[[str], str], instance_id: str, input_: Any, *, upper_schema_version: int = 0
+    ) -> None:
+        """`upper_schema_version` 0 makes the SDK answer ReplaySchema V1 (a list per yield); 2, what the extension
+        offers (V3: one flat list, WhenAny/WhenAll as compound actions holding the children not scheduled before)."""
         self.handle = handle
+        self.upper_schema_version = upper_schema_version
         self.instance_id = instance_id
         self.now = START
         self.history: list[dict[str, Any]] = []
@@ -55,11 +60,11 @@ class Driver:
             "instanceId": self.instance_id,
             "isReplaying": False,
             "parentInstanceId": None,
-            "upperSchemaVersion": 0,
+            "upperSchemaVersion": self.upper_schema_version,
         }
         state = json.loads(self.handle(json.dumps(context)))
         self.result = state
-        flat = [a for group in state["actions"] for a in group]
+        flat = list(_atomic(a for group in state["actions"] for a in group))
         new = flat[self.actions_seen :]
         self.actions_seen = len(flat)
         out: list[dict[str, Any]] = []
@@ -104,3 +109,12 @@ class Driver:
     @property
     def output(self) -> Any:
         return self.result.get("output")
+
+
+def _atomic(actions: Any) -> Any:
+    """The atomic actions in order, a compound's children in its place (ReplaySchema V2/V3)."""
+    for action in actions:
+        if action["actionType"] in (ActionType.WHEN_ANY, ActionType.WHEN_ALL):
+            yield from _atomic(action.get("compoundActions") or [])
+        else:
+            yield action

@@ -2,7 +2,8 @@
 the parent fails once the attempts are used up.
 
 Sources: DTFx RetryInterceptor.Invoke (durabletask core/RetryInterceptor.cs): after each failed attempt a durable timer
-of FirstRetryInterval (times BackoffCoefficient^n), also after the last one, then the failure is rethrown;
+of FirstRetryInterval (times BackoffCoefficient^n); after the last one a timer due at once ("Dummy timer for
+back-compat", DTFx #661: earlier versions waited a full interval there), then the failure is rethrown;
 azure/durable_functions/models/Task.py RetryAbleTask (the SDK opens that timer and the next attempt itself, and fails
 the task once `max_number_of_attempts` is reached); DurableOrchestrationContext.call_sub_orchestrator_with_retry
 (action CallSubOrchestratorWithRetry carrying `retryOptions`).
@@ -62,5 +63,5 @@ async def test_retries_exhausted_fail_the_parent(hub: Hub) -> None:
     assert count(history, T.SUB_ORCHESTRATION_INSTANCE_CREATED) == 3
     assert count(history, T.SUB_ORCHESTRATION_INSTANCE_FAILED) == 3
     assert count(history, T.TIMER_FIRED) == 3  # the SDK waits one extra timer after the last attempt
-    assert retry_delays(history) == [timedelta(milliseconds=50)] * 3
+    assert retry_delays(history) == [timedelta(milliseconds=50)] * 2 + [timedelta(0)]  # that one is due at once
     assert ATTEMPTS[key] == 3

@@ -176,9 +176,14 @@ async def test_nondeterministic_replay_fails_naming_expected_and_actual(hubs: Hu
         status = await hub.wait(instance_id)
     finally:
         PLAN["first"] = "say_hello"
+    # DurableTask.Core TaskOrchestrationContext.HandleTaskScheduledEvent: the exception's message is the output.
     assert status["runtimeStatus"] == "Failed"
-    assert "Non-Deterministic workflow detected" in status["output"]
-    assert "CallActivity 'say_hello'" in status["output"] and "CallActivity 'shout'" in status["output"]
+    assert status["output"] == (
+        "Non-Deterministic workflow detected: A previous execution of this orchestration scheduled an activity task "
+        "with sequence number 0 named 'say_hello', but the current orchestration replay instead scheduled an activity "
+        "task named 'shout' with this sequence number.  Was a change made to the orchestrator code after this "
+        "instance had already started running?"
+    )
 
 
 async def test_event_raised_while_a_continue_as_new_episode_runs_reaches_the_new_execution(hub: Hub) -> None:

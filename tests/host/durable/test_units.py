@@ -1,4 +1,4 @@
-"""Pure pieces of the durable backend: instance-id rules, retry delays, action decoding, episode batching."""
+"""Pure pieces of the durable backend: instance-id rules, retry delays, action decoding."""
 
 from __future__ import annotations
 
@@ -7,12 +7,10 @@ from datetime import timedelta
 import pytest
 from azure.durable_functions.models.actions.ActionType import ActionType as A
 
-from devhost.durable.actions import flatten, nondeterminism
-from devhost.durable.episode import select_batch
+from devhost.durable.actions import flatten
 from devhost.durable.errors import InvalidInstanceId
 from devhost.durable.ids import validate_instance_id
 from devhost.durable.retry import RetryPolicy
-from devhost.durable.timeline import Bookkeeping
 
 
 def test_instance_id_rules_from_seed_004() -> None:
@@ -36,9 +34,12 @@ def test_retry_delay_grows_by_the_backoff_and_is_capped() -> None:
         timedelta(milliseconds=200),
         timedelta(milliseconds=300),
     ]
-    assert policy.may_retry_after(3) and not policy.may_retry_after(4)
     sdk_json = {"firstRetryIntervalInMilliseconds": 250, "maxNumberOfAttempts": 2}  # RetryOptions.to_json
     assert RetryPolicy.from_json(sdk_json).delay_after_attempt(5) == timedelta(milliseconds=250)
+    # Without maxRetryIntervalInMilliseconds (the Python SDK never sends one) the extension's RetryOptions caps the
+    # delay at DefaultMaxRetryinterval, 6 days (WebJobs.Extensions.DurableTask/RetryOptions.cs).
+    growing = RetryPolicy(first_retry_interval_ms=86_400_000, max_number_of_attempts=9, backoff_coefficient=2)
+    assert growing.delay_after_attempt(4) == timedelta(days=6)
 
 
 def test_v1_and_v2_action_shapes_flatten_to_the_same_order() -> None:
@@ -49,25 +50,3 @@ def test_v1_and_v2_action_shapes_flatten_to_the_same_order() -> None:
     v2 = [[call, {"actionType": A.WHEN_ANY, "compoundActions": [timer, wait]}]]
     assert flatten(v1) == flatten(v2[0])
     assert [a.kind for a in flatten(v1)] == [A.CALL_ACTIVITY, A.CREATE_TIMER, A.WAIT_FOR_EXTERNAL_EVENT]
-
-
-def test_nondeterminism_names_expected_and_actual() -> None:
-    recorded = [{"kind": int(A.CALL_ACTIVITY), "name": "A"}]
-    replay = flatten([{"actionType": A.CALL_ACTIVITY, "functionName": "B"}])
-    message = nondeterminism(recorded, replay, finished=True)
-    assert message is not None and "CallActivity 'A'" in message and "CallActivity 'B'" in message
-    assert (
-        nondeterminism(recorded, flatten([{"actionType": A.CALL_ACTIVITY, "functionName": "A"}]), finished=True) is None
-    )
-    assert "nothing" in (nondeterminism(recorded, [], finished=True) or "")
-
-
-def test_a_retry_event_always_opens_its_own_episode() -> None:
-    state = Bookkeeping(tasks={"0": {"group": "0", "role": "call"}, "3": {"group": "0", "role": "timer"}})
-    completed = {"EventType": 5, "TaskScheduledId": 1}
-    failed_retry = {"EventType": 6, "TaskScheduledId": 0}
-    retry_timer = {"EventType": 11, "TimerId": 3}
-    inbox = [(1, completed), (2, failed_retry), (3, completed), (4, retry_timer)]
-    assert [i for i, _ in select_batch(inbox, state)] == [1]
-    assert [i for i, _ in select_batch(inbox[1:], state)] == [2, 3]
-    assert [i for i, _ in select_batch(inbox[3:], state)] == [4]

@@ -140,5 +140,11 @@ def test_the_scheduler_schedules_advance_order_with_todays_json_text() -> None:
     )
     actions = driver.episode()
     call = next(a for a in actions if a.get("functionName") == fn.ADVANCE_ORDER)
-    expected = {**BASE, "completeBy": json.loads(call["input"])["completeBy"], "result": None, "cancel": False}
+    expected = {
+        **BASE,
+        "workflowVersion": WORKFLOW_VERSION,  # the label of the live version, the text otherwise the same
+        "completeBy": json.loads(call["input"])["completeBy"],
+        "result": None,
+        "cancel": False,
+    }
     assert call["input"] == json.dumps(expected)

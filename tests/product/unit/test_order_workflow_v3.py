@@ -1,9 +1,10 @@
-"""The version-3 Scheduler driven episode by episode through the real replay engine (tests/support/
+"""The live Scheduler (version 4) driven episode by episode through the real replay engine (tests/support/
 orchestration_driver.py, tests/support/workflow_actions.py), as test_order_workflow_v2.py does for version 2.
 
-Version 3 calls ADVANCE_ORDER once per decision point (orderflow/advance.py) and keeps version 2's race between the
-timer at CompleteBy, the Agent's reply and, for a forward step, the client's `CancelOrder`. The happy path is 4
-activities and 8 episodes (issue 13's targets: at most 5 and 8).
+Version 3 introduced one ADVANCE_ORDER per decision point (orderflow/advance.py) and keeps version 2's race between
+the timer at CompleteBy, the Agent's reply and, for a forward step, the client's `CancelOrder`; version 4 schedules the
+same actions except after an ignored reply (the last tests). The happy path is 4 activities and 8 episodes (issue
+13's targets: at most 5 and 8).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from support.workflow_actions import activity, calls, reply, timer_cancelled
 
 from orderflow import function_names as fn
 from orderflow.messages import STEPS, reply_event_name
-from orderflow.workflow import CANCEL_EVENT, WORKFLOW_VERSION
+from orderflow.workflow import CANCEL_EVENT, WORKFLOW_V3, WORKFLOW_VERSION
 
 ORDER = "o-1"
 INSTANCE = f"{ORDER}:1"
@@ -176,3 +177,39 @@ def test_a_fenced_out_advance_ends_the_attempt_quietly(d: Driver) -> None:
     call = advance_call(d, d.episode())
     d.episode(d.completed(call["taskId"], None))
     assert d.done and d.output == {"outcome": "superseded"}
+
+
+def _atomic(actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for action in actions:
+        if action["actionType"] in (ActionType.WHEN_ANY, ActionType.WHEN_ALL):
+            out.extend(_atomic(action["compoundActions"]))
+        else:
+            out.append(action)
+    return out
+
+
+@pytest.mark.parametrize(("version", "fresh_timer"), [(WORKFLOW_VERSION, True), (WORKFLOW_V3, False)])
+def test_after_an_ignored_reply_the_next_wait_races_a_fresh_timer(handle: Any, version: str, fresh_timer: bool) -> None:
+    """Under ReplaySchema V3, which the extension offers, a WhenAny's `compoundActions` hold only the children not
+    scheduled before (azure/durable_functions/models/Task.py CompoundTask.__init__), and the extension's shim awaits
+    exactly those (OutOfProcOrchestrationShim.InvokeAPIFromAction). Version 4 cancels the raced timer and races a new
+    one at the same CompleteBy, so the second wait ends when the deadline passes; version 3 (frozen) waits on the
+    reply alone (tests/host/durable/test_scheduler_replay.py shows the instance stay Running)."""
+    d = Driver(handle, INSTANCE, {**INPUT, "workflowVersion": version}, upper_schema_version=2)
+    call = activity(d.episode(), fn.ADVANCE_ORDER)
+    race = d.episode(d.completed(call["taskId"], {"send": RESERVE}))
+    first = next(a for a in race if a["actionType"] == ActionType.CREATE_TIMER)
+    again = d.episode(d.event_raised(reply_event_name(RESERVE), reply(RESERVE, instance=f"{ORDER}:2")))
+    kinds = [a["actionType"] for a in again]
+    assert kinds == (
+        [ActionType.WAIT_FOR_EXTERNAL_EVENT, ActionType.CREATE_TIMER]
+        if fresh_timer
+        else [ActionType.WAIT_FOR_EXTERNAL_EVENT]
+    )
+    timers = [a for a in _atomic(d.result["actions"][0]) if a["actionType"] == ActionType.CREATE_TIMER]
+    assert [t["isCanceled"] for t in timers] == ([True, False] if fresh_timer else [False])
+    assert all(t["fireAt"] == first["fireAt"] for t in timers)
+    d.advance(30)
+    d.episode(d.timer_fired(again[-1]["taskId"] if fresh_timer else first["taskId"]))
+    assert d.done and d.output == {"outcome": "timedOut", "step": RESERVE}

@@ -14,6 +14,10 @@ tests/product/fixtures/histories/v2.json does the same for version 2 (recorded a
 version-2 instances: ExecutionStarted.Version and the input's workflowVersion "2.0"), with its compensation and cancel
 scenarios: version 3 replaced its five activities by ADVANCE_ORDER, and a version-2 instance must still finish on
 the version-2 path.
+
+tests/product/fixtures/histories/v3.json does the same for version 3 (recorded at commit 59fe65e, the last to start
+version-3 instances; ReplaySchema V3 as the extension offers it): version 4 changed the race after an ignored reply
+(orchestrators/scheduling.py `race`), and a version-3 instance must still finish on the version-3 path.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from orderflow import function_names as fn
 HISTORIES = Path(__file__).resolve().parents[1] / "fixtures" / "histories"
 FIXTURE = json.loads((HISTORIES / "v1.json").read_text())
 FIXTURE_V2 = json.loads((HISTORIES / "v2.json").read_text())
+FIXTURE_V3 = json.loads((HISTORIES / "v3.json").read_text())
 # Events the extension appends after an episode ran (its new actions, then the end of the episode).
 AFTER_THE_EPISODE = {int(H.TASK_SCHEDULED), int(H.TIMER_CREATED), int(H.ORCHESTRATOR_COMPLETED)}
 
@@ -55,10 +60,10 @@ def episodes(scenario: dict[str, Any]) -> list[tuple[list[dict[str, Any]], dict[
     return out
 
 
-def replays_identically(handle: Any, fixture: dict[str, Any], name: str) -> None:
+def replays_identically(handle: Any, fixture: dict[str, Any], name: str, shortest: int = 5) -> None:
     scenario = fixture["scenarios"][name]
     replayed = episodes(scenario)
-    assert len(replayed) == len(scenario["episodes"]) >= 5
+    assert len(replayed) == len(scenario["episodes"]) >= shortest
     for number, (history, recorded) in enumerate(replayed):
         context = {
             "history": history,
@@ -66,7 +71,7 @@ def replays_identically(handle: Any, fixture: dict[str, Any], name: str) -> None
             "instanceId": fixture["instanceId"],
             "isReplaying": False,
             "parentInstanceId": None,
-            "upperSchemaVersion": 0,
+            "upperSchemaVersion": fixture.get("upperSchemaVersion", 0),
         }
         state = json.loads(handle(json.dumps(context)))
         assert state["actions"] == recorded["actions"], (name, number)
@@ -85,6 +90,26 @@ def test_a_version_1_history_replays_to_the_same_actions_under_the_current_code(
 @pytest.mark.parametrize("name", sorted(FIXTURE_V2["scenarios"]))
 def test_a_version_2_history_replays_to_the_same_actions_under_the_current_code(handle: Any, name: str) -> None:
     replays_identically(handle, FIXTURE_V2, name)
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURE_V3["scenarios"]))
+def test_a_version_3_history_replays_to_the_same_actions_under_the_current_code(handle: Any, name: str) -> None:
+    replays_identically(handle, FIXTURE_V3, name, shortest=3)
+
+
+def test_the_version_3_fixture_is_a_version_3_instance_with_advance_order() -> None:
+    for scenario in FIXTURE_V3["scenarios"].values():
+        started = [e for e in scenario["history"] if e["EventType"] == int(H.EXECUTION_STARTED)]
+        assert [e["Version"] for e in started] == ["3.0"]
+    assert FIXTURE_V3["input"]["workflowVersion"] == "3.0" and FIXTURE_V3["upperSchemaVersion"] == 2
+    assert "ignored_reply" in FIXTURE_V3["scenarios"] and "cancelled_in_step_2" in FIXTURE_V3["scenarios"]
+    called = {
+        e["Name"]
+        for s in FIXTURE_V3["scenarios"].values()
+        for e in s["history"]
+        if e["EventType"] == int(H.TASK_SCHEDULED)
+    }
+    assert called == {fn.ADVANCE_ORDER, fn.DEFER_ORDER}
 
 
 def test_the_version_2_fixture_is_a_version_2_instance_with_its_five_activities() -> None:
