@@ -266,6 +266,24 @@ def test_messages_a_lost_host_dequeued_stay_hidden_from_the_others_until_the_con
     assert store.visible_inbox(1300.0) == ["i1"]
 
 
+def test_an_episode_dequeues_what_it_reads_for_the_visibility_timeout_and_a_fenced_one_gives_it_back(
+    tmp_path: Path,
+) -> None:
+    store = _hub_store(tmp_path, "a", "b")
+    _instance(store, "i1")
+    timing = AzureStorageTiming(AzureStorageSettings(control_queue_visibility_s=120.0))
+    at = datetime.fromtimestamp(1000.0, UTC)
+    pending = timing.dequeue(store, "a", "i1", "e1", at)  # what host "a" reads for an episode of i1
+    assert len(pending.messages) == 1
+    assert store.pending("i1", "e1", viewer="b", now=1119.9).messages == []
+    assert len(store.pending("i1", "e1", viewer="b", now=1120.0).messages) == 1
+    timing.abandon(store, pending)  # its commit was fenced: the partition's new holder reads them now
+    assert len(store.pending("i1", "e1", viewer="b", now=1000.0).messages) == 1
+    assert LocalTiming().dequeue(store, "a", "i1", "e1", at) == store.pending(
+        "i1", "e1"
+    )  # the local timing hides nothing
+
+
 def test_a_work_item_a_lost_host_started_is_another_hosts_only_after_the_work_item_visibility_timeout(
     tmp_path: Path,
 ) -> None:
@@ -355,11 +373,16 @@ async def test_with_the_profile_a_lost_hosts_partitions_and_activity_wait_for_th
 
 
 async def test_with_the_profile_a_durable_timer_is_read_at_the_poll_after_it_fires(hubs: HubFactory) -> None:
+    # TaskHubQueue.GetVisibilityDelay: a TimerFired message is enqueued invisible until FireAt; nothing wakes the
+    # poller when it becomes visible, its next poll reads it.
     clock = Clock()
     hub = await hubs.start(timing=_profile(), clock=clock)
     instance_id = await hub.client.start_new("approval", f"timer-{uuid.uuid4().hex[:8]}", {"timeout": 30})
     await hub.engine.wait_for_history(instance_id, lambda events: len(events) >= 3, WAIT)
+    await _until(lambda: instance_id not in hub.engine._running)
+    [timer] = hub.engine.store.pending_timers()
     clock.now += timedelta(seconds=31)
-    hub.engine.poke()
+    hub.engine._fire(timer)  # what the timer loop does at the fire time
+    assert instance_id not in hub.engine._running  # written, not run: left to the poll
     assert (await hub.wait(instance_id))["output"] == "timeout"
     assert any(e["EventType"] == T.TIMER_FIRED for e in hub.engine.store.history(instance_id))
