@@ -218,7 +218,7 @@ class AzureStorageTiming(LocalTiming):
         self._rng = rng or random.Random()
         self._control: dict[int, BackoffPoller] = {}
         self._work: BackoffPoller | None = None
-        self._engine: Dispatcher | None = None
+        self._hub: HubMembership | None = None  # the membership the pollers serve (a new one at each start)
 
     def _poller(self) -> BackoffPoller:
         return BackoffPoller(self.settings.min_polling_s, self.settings.max_queue_polling_s, self._rng)
@@ -268,10 +268,10 @@ class AzureStorageTiming(LocalTiming):
         hub = engine.hub
         if hub is None:
             return
-        if self._engine is not engine or self._work is None:
-            self._engine, self._control = engine, {}
+        if self._hub is not hub:  # the engine (re)started: its pollers went with its tasks
+            self._hub, self._control = hub, {}
             self._work = self._poller()
-            engine._spawn(self._work.run(lambda: self._poll_work(engine)), "durable-poll:work-items")
+            engine._spawn(self._work.run(lambda: self._poll_work(engine, hub)), "durable-poll:work-items")
         for partition in sorted(hub.mine - set(self._control)):
             poller = self._control[partition] = self._poller()
             engine._spawn(poller.run(self._poll_control(engine, partition, poller)), f"durable-poll:{partition}")
@@ -279,7 +279,12 @@ class AzureStorageTiming(LocalTiming):
     def _poll_control(self, engine: Dispatcher, partition: int, poller: BackoffPoller) -> Callable[[], bool]:
         def poll() -> bool:
             hub = engine.hub
-            if hub is None or partition not in hub.mine or self._control.get(partition) is not poller:
+            if (
+                hub is None
+                or hub is not self._hub
+                or partition not in hub.mine
+                or self._control.get(partition) is not poller
+            ):
                 if self._control.get(partition) is poller:
                     del self._control[partition]
                 raise Released
@@ -294,9 +299,8 @@ class AzureStorageTiming(LocalTiming):
 
         return poll
 
-    def _poll_work(self, engine: Dispatcher) -> bool:
-        hub = engine.hub
-        if hub is None or self._engine is not engine:
+    def _poll_work(self, engine: Dispatcher, hub: HubMembership) -> bool:
+        if engine.hub is not hub:
             raise Released
         adopted = engine.store.adopt_work(hub.owner, hub.live or {hub.owner}, engine._clock().timestamp())
         for item in adopted:

@@ -366,7 +366,7 @@ async def test_with_the_profile_a_lost_hosts_partitions_and_activity_wait_for_th
     clock.now += timedelta(seconds=61)
     await second.engine._look(periodic=True)  # the partition manager's next pass
     assert second.engine.hub.mine == {0}
-    assert second.engine.timing._poll_work(second.engine) is False  # type: ignore[attr-defined]  # still hidden
+    assert second.engine.timing._poll_work(second.engine, second.engine.hub) is False  # type: ignore[attr-defined]
     GATES.setdefault(gate, threading.Event()).set()
     clock.now += timedelta(seconds=300)  # WorkItemQueueVisibilityTimeout after the dequeue
     assert (await second.wait(instance_id))["output"] == f"ran {gate}"
@@ -377,6 +377,8 @@ async def test_with_the_profile_a_durable_timer_is_read_at_the_poll_after_it_fir
     # poller when it becomes visible, its next poll reads it.
     clock = Clock()
     hub = await hubs.start(timing=_profile(), clock=clock)
+    await hub.engine.stop()  # and started again: the same profile polls the new membership's partitions
+    await hub.engine.start()
     instance_id = await hub.client.start_new("approval", f"timer-{uuid.uuid4().hex[:8]}", {"timeout": 30})
     await hub.engine.wait_for_history(instance_id, lambda events: len(events) >= 3, WAIT)
     await _until(lambda: instance_id not in hub.engine._running)
