@@ -22,12 +22,12 @@ class TimingTables:
     def _tx(self) -> AbstractContextManager[Any]:
         raise NotImplementedError
 
-    def visible_inbox(self, now: float) -> list[str]:
-        """The instances with an inbox message no host hides at `now` (what a poll of the control queues finds)."""
-        rows = self._db.execute(
-            "SELECT DISTINCT instance_id FROM inbox WHERE hidden_until IS NULL OR hidden_until <= ?", (now,)
-        )
-        return [r[0] for r in rows.fetchall()]
+    def visible_inbox(self, now: float) -> dict[str, int]:
+        """The instances with an inbox message no host hides at `now` (what a poll of the control queues finds), each
+        with the id of its newest such message."""
+        visible = "hidden_until IS NULL OR hidden_until <= ?"
+        rows = self._db.execute(f"SELECT instance_id, MAX(id) FROM inbox WHERE {visible} GROUP BY instance_id", (now,))
+        return dict(rows.fetchall())
 
     def hide(self, ids: list[int], owner: str, until: float) -> None:
         """`owner` dequeued these inbox messages: the other hosts see them again at `until` (a visibility timeout)."""

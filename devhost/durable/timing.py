@@ -217,6 +217,9 @@ class AzureStorageTiming(LocalTiming):
         self.look_seconds = settings.lease_acquire_interval_s
         self._rng = rng or random.Random()
         self._control: dict[int, BackoffPoller] = {}
+        # Per partition, the instances a poll handed to the engine, with their newest message then: found again only
+        # with a newer one (a message the engine cannot consume, e.g. for an instance purged since, is not a busy loop).
+        self._handed: dict[int, dict[str, int]] = {}
         self._work: BackoffPoller | None = None
         self._hub: HubMembership | None = None  # the membership the pollers serve (a new one at each start)
 
@@ -243,7 +246,10 @@ class AzureStorageTiming(LocalTiming):
         """An episode this host may not commit (its partition moved): its messages are the new holder's at once, as
         the partition manager drains a partition before it releases it."""
         if pending.messages:
-            store.unhide([i for i, _ in pending.messages])
+            try:
+                store.unhide([i for i, _ in pending.messages])
+            except sqlite3.Error as exc:  # the hub file busy past its timeout: visible at the timeout instead
+                log.warning("inbox messages not given back: %s", exc)
 
     def work_started(self, store: Store, item: WorkItem, now: datetime) -> None:
         """WorkItemQueue.GetMessageAsync dequeues with WorkItemQueueVisibilityTimeout: another host may run the
@@ -288,11 +294,14 @@ class AzureStorageTiming(LocalTiming):
                 if self._control.get(partition) is poller:
                     del self._control[partition]
                 raise Released
-            found = [
-                i
-                for i in engine.store.visible_inbox(engine._clock().timestamp())
-                if i not in engine._running and hub.partition(i) == partition
-            ]
+            visible = {
+                i: top
+                for i, top in engine.store.visible_inbox(engine._clock().timestamp()).items()
+                if hub.partition(i) == partition
+            }
+            handed = self._handed.get(partition, {})
+            found = [i for i, top in visible.items() if i not in engine._running and handed.get(i) != top]
+            self._handed[partition] = {i: top for i, top in visible.items() if i in handed or i in found}
             for instance_id in found:
                 engine._mark(instance_id)
             return bool(found)

@@ -29,7 +29,7 @@ from azure.durable_functions.models.history import HistoryEventType as T
 
 from devhost.config import ConfigError, HostConfig
 from devhost.durable.hub import plan_for
-from devhost.durable.records import InstanceRow, Leases, Member
+from devhost.durable.records import InstanceRow, Leases, Member, Message
 from devhost.durable.store import Store
 from devhost.durable.timing import (
     AzureStorageSettings,
@@ -260,10 +260,10 @@ def test_messages_a_lost_host_dequeued_stay_hidden_from_the_others_until_the_con
     ids = [i for i, _ in store.pending("i1", "e1").messages]
     store.hide(ids, "a", until=1300.0)  # dequeued by "a" at 1000 with ControlQueueVisibilityTimeout 5 min
     assert store.pending("i1", "e1", viewer="b", now=1299.9).messages == []
-    assert store.visible_inbox(1299.9) == []
+    assert store.visible_inbox(1299.9) == {}
     assert [i for i, _ in store.pending("i1", "e1", viewer="a", now=1299.9).messages] == ids  # its own
     assert [i for i, _ in store.pending("i1", "e1", viewer="b", now=1300.0).messages] == ids
-    assert store.visible_inbox(1300.0) == ["i1"]
+    assert list(store.visible_inbox(1300.0)) == ["i1"]
 
 
 def test_an_episode_dequeues_what_it_reads_for_the_visibility_timeout_and_a_fenced_one_gives_it_back(
@@ -304,7 +304,7 @@ def test_an_orderly_stop_leaves_nothing_hidden(tmp_path: Path) -> None:
     _instance(store, "i1")
     store.hide([i for i, _ in store.pending("i1", "e1").messages], "a", until=1e12)
     store.leave("a", 0, 0)
-    assert store.visible_inbox(0.0) == ["i1"]
+    assert list(store.visible_inbox(0.0)) == ["i1"]
 
 
 # ---- two engines on one task hub with the profile on ---------------------------------------------------------------
@@ -388,3 +388,18 @@ async def test_with_the_profile_a_durable_timer_is_read_at_the_poll_after_it_fir
     assert instance_id not in hub.engine._running  # written, not run: left to the poll
     assert (await hub.wait(instance_id))["output"] == "timeout"
     assert any(e["EventType"] == T.TIMER_FIRED for e in hub.engine.store.history(instance_id))
+
+
+async def test_a_poll_hands_an_instance_over_again_only_with_a_newer_message(hubs: HubFactory) -> None:
+    # A message the engine cannot consume (its instance is gone) must not make the poller spin at its minimum.
+    hub = await hubs.start(partition_count=1, timing=_profile())
+    timing = hub.engine.timing
+    assert isinstance(timing, AzureStorageTiming)
+    poll = timing._poll_control(hub.engine, 0, timing._control[0])
+    hub.engine.store.send(Message("ghost", "e1", {"EventType": 6}))
+    handed: list[str] = []
+    hub.engine._mark = handed.append  # type: ignore[method-assign]
+    assert poll() is True and handed == ["ghost"]
+    assert poll() is False and handed == ["ghost"]
+    hub.engine.store.send(Message("ghost", "e1", {"EventType": 6}))
+    assert poll() is True and handed == ["ghost", "ghost"]
