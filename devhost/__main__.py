@@ -9,6 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
+from .timing_option import add_timing_argument
+
 LAB_COMMANDS = ("demo", "drill", "drills", "up", "down")
 
 
@@ -41,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
         help="where durable history, timer status and function keys live (default DIR/.devhost)",
     )
     s.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    add_timing_argument(s)
 
     b = sub.add_parser(
         "servicebus",
@@ -72,7 +75,9 @@ async def _serve(args: argparse.Namespace) -> int:
     from .host import Host, HostOptions, PortInUse
     from .worker_rules import WorkerRefusal
 
-    host = Host(HostOptions(app_dir=args.app_dir.resolve(), port=args.port, state_dir=args.state_dir))
+    host = Host(
+        HostOptions(app_dir=args.app_dir.resolve(), port=args.port, state_dir=args.state_dir, timing=args.timing)
+    )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, host.request_stop)

@@ -59,6 +59,7 @@ class HostOptions:
     state_dir: Path | None = None
     bind: str = "127.0.0.1"
     print_functions: bool = True
+    timing: str = "local"  # the Durable engine's: local, or azure-storage (devhost/durable/timing.py)
 
     @property
     def resolved_state_dir(self) -> Path:
@@ -87,6 +88,7 @@ class Host:
     # ---- start-up ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
         from .durable import DurableEngine, versioning_policy  # (heavy import only when hosting)
+        from .durable.timing import timing_for
         from .invoke import Invoker
 
         opts = self.options
@@ -99,6 +101,9 @@ class Host:
         self.functions = index(app)
         check_app(config, self.functions)  # what the real host would refuse: devhost/extensions.py
         durable = config.durable_options()
+        timing = timing_for(opts.timing, config.extension("durableTask"))
+        if timing.polls:
+            log.info("Durable timing %s: %s", timing.name, getattr(timing, "settings", ""))
 
         web_app = web.Application(client_max_size=64 * 1024 * 1024)
         durable_fns = [s.function for s in self.functions if s.trigger_type in DURABLE_TRIGGERS]
@@ -115,6 +120,7 @@ class Host:
             task_hub=durable.hub_name,
             versioning=versioning_policy(durable),
             partition_count=durable.partition_count,
+            timing=timing,
         )
         add_durable_routes(web_app, self.engine)
         http = HttpTriggers(KeyStore(state_dir))

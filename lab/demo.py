@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from devhost.timing_option import add_timing_argument
 from orderflow.messages import TERMINAL_STATUSES, OrderStatus, StatusMessage, SubmitOrder
 
 from .system import ROOT, TRANSPORTS, LocalSystem, SystemConfig
@@ -290,6 +291,7 @@ async def _run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         hang_rate=args.hang_rate,
         hosts=getattr(args, "hosts", 1),
         transport=getattr(args, "transport", "embedded"),
+        timing=getattr(args, "timing", "local") or "local",
     )
     system = LocalSystem(config)
     orders = make_orders(args.orders, args.seed, config.reply_queue)
@@ -327,6 +329,7 @@ async def _run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "orders_per_s": round(len(orders) / elapsed, 2) if elapsed else 0.0,
         "latency_ms": {"p50": round(_percentile(latencies, 0.5), 1), "p99": round(_percentile(latencies, 0.99), 1)},
         "transport": config.transport,
+        "timing": config.timing,
         "work_dir": str(config.work_dir),
     }
 
@@ -386,6 +389,7 @@ def add_command(sub: Any) -> None:
         help="Service Bus path of every process: the embedded client (default), or amqp: the real azure-servicebus SDK "
         "over `python -m devhost servicebus` on the same broker file (docs/devhost.md)",
     )
+    add_timing_argument(d)
     d.add_argument("--json", action="store_true", help="print one JSON object with the figures as the last line")
 
 

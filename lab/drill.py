@@ -17,12 +17,13 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from devhost.timing_option import TIMINGS, add_timing_argument
 from orderflow.messages import STEPS
 
 from .demo import (
@@ -51,10 +52,18 @@ from .drill_common import (
 )
 from .invariants import check_system, install_for
 from .lifecycle_drills import run_lifecycle_command
+from .profile_drills import wait_holding
 from .resilience_drills import ResilienceOptions, resilience_config, run_resilience_drill
 from .system import LocalSystem, Process, SystemConfig
 
 DEFAULT_KILLS = {"host-crash": 10, "agent-crash": 5}
+# With --timing azure-storage each host loss idles the task hub until the dead host's leases run out (up to 70 s), so
+# host-crash kills twice, each time once the restarted host holds the partitions again: about three minutes.
+PROFILE_KILLS = 2
+# The drills that take --timing azure-storage (the others run the local timing only), and the one that runs it
+# by default. With it, --settings defaults to sample: the deployed app settings, not the lab's short ones.
+TIMED_DRILLS = ("host-crash", "agent-crash", "idle-then-burst")
+PROFILE_DRILLS = ("idle-then-burst",)
 
 
 def add_command(sub: Any) -> None:
@@ -80,7 +89,8 @@ def add_command(sub: Any) -> None:
         "each inject their fault; durable-api-outage makes the Durable HTTP API answer 503 "
         "while attempts expire; bus-outage makes Service Bus busy, then time out, for devhost "
         "and the Agent; scale-out runs three devhost hosts on one task hub and "
-        "kills them in turn. Every drill also checks the invariants of "
+        "kills them in turn; idle-then-burst submits orders after a quiet spell longer than "
+        "the Durable queue polling ceiling (--timing azure-storage). Every drill also checks the invariants of "
         "lab/invariants.py. When every order has its final status, print the figures "
         "(a table, or "
         "one JSON object as the last line with --json). Exit code 1 unless the drill "
@@ -95,19 +105,21 @@ def add_command(sub: Any) -> None:
         "8; upgrade-in-flight: 8 before the restart and half as many after; cancel-in-flight and "
         "poison-in-session run a fixed set; remote-hang, late-replies, reply-reordering 12, "
         "clock-skew 10; starter-race 60, supervisor-race 12; scale-out 200; durable-api-outage 8; bus-outage 12 "
-        "and half as many as the outage begins)",
+        "and half as many as the outage begins; idle-then-burst 30 after 4 before the quiet spell)",
     )
     d.add_argument(
         "--kills",
         type=int,
         default=None,
-        help="crash drills: kills to do (default 10 for host-crash and scale-out, 5 for agent-crash)",
+        help="crash drills: kills to do (default 10 for host-crash and scale-out, 5 for agent-crash; "
+        f"{PROFILE_KILLS} with --timing azure-storage)",
     )
     d.add_argument(
         "--min-gap",
         type=float,
         default=1.0,
-        help="crash drills: shortest gap in seconds before a kill, from when the process is up (default 1)",
+        help="crash drills: shortest gap in seconds before a kill, from when the process is up (with --timing "
+        "azure-storage: from when the restarted devhost holds the partitions again) (default 1)",
     )
     d.add_argument("--max-gap", type=float, default=4.0, help="crash drills: longest such gap in seconds (default 4)")
     d.add_argument(
@@ -130,11 +142,11 @@ def add_command(sub: Any) -> None:
     d.add_argument(
         "--settings",
         choices=SETTINGS_CHOICES,
-        default="local",
+        default=None,
         metavar="SETTINGS",
         help="local: lab/system.py LOCAL_DEFAULTS (the demo's), or sample: the values of "
-        "local.settings.sample.json (the Azure defaults) (default local); a resilience drill's "
-        "own settings go over these",
+        "local.settings.sample.json (the Azure defaults) (default local; sample with --timing "
+        "azure-storage); a resilience drill's own settings go over these",
     )
     d.add_argument(
         "--set",
@@ -187,6 +199,11 @@ def add_command(sub: Any) -> None:
         default="1.0",
         help="upgrade-in-flight: the workflow version devhost runs before the restart (default 1.0)",
     )
+    add_timing_argument(
+        d,
+        default=None,
+        note=f"(default local; {', '.join(PROFILE_DRILLS)}: azure-storage; taken by {', '.join(TIMED_DRILLS)})",
+    )
     d.add_argument("--json", action="store_true", help="print one JSON object with the figures as the last line")
 
 
@@ -203,6 +220,7 @@ class DrillOptions:
     overrides: tuple[tuple[str, str], ...] = ()  # --set NAME=VALUE, over the chosen settings
     # The simulator's mean latency per remote call: keeps a burst in flight across the kills on a fast system.
     latency_ms: float | None = None  # None: the system's default
+    timing: str = "local"  # the Durable engine's: local or azure-storage (devhost/durable/timing.py)
 
     def __post_init__(self) -> None:
         if self.scenario not in TARGETS:
@@ -213,10 +231,14 @@ class DrillOptions:
             raise ValueError("need 0 <= min_gap <= max_gap")
         if self.orders < 1 or (self.kills is not None and self.kills < 0):
             raise ValueError("need at least one order and no negative kill count")
+        if self.timing not in TIMINGS:
+            raise ValueError(f"timing must be one of {TIMINGS}")
 
     @property
     def kill_count(self) -> int:
-        return DEFAULT_KILLS[self.scenario] if self.kills is None else self.kills
+        if self.kills is not None:
+            return self.kills
+        return PROFILE_KILLS if self.timing == "azure-storage" else DEFAULT_KILLS[self.scenario]
 
     def gaps(self) -> list[float]:
         """The seeded gaps before each kill (the same for the same seed, whatever the timing)."""
@@ -236,6 +258,7 @@ def drill_config(work_dir: Path, options: DrillOptions, servicebus_config: Path 
         permanent_failure_rate=0.0,
         hang_rate=0.0,
         settings={**base_settings(options.settings), **dict(options.overrides)},
+        timing=options.timing,
     )
     if options.latency_ms is not None:
         config.latency_ms_mean = options.latency_ms
@@ -272,13 +295,19 @@ def _target(system: LocalSystem, scenario: str) -> Process:
 class Kill:
     at: float  # monotonic time of the SIGKILL
     in_flight: int  # orders without a terminal status at that moment
+    takeover_s: float | None = None  # azure-storage timing: kill -> the restarted devhost holds the partitions
 
 
 async def _kill_loop(system: LocalSystem, options: DrillOptions, client: ClientApp, total: int) -> list[Kill]:
     """Kill the target with SIGKILL after each gap and restart it; stop early once every order is terminal."""
     restart = system.start_devhost if options.scenario == "host-crash" else system.start_agent
+    leases = options.timing == "azure-storage" and options.scenario == "host-crash"
     kills: list[Kill] = []
     for gap in options.gaps():
+        if leases:  # a kill must cost the leases of a host that holds them: wait until this one took them over
+            await wait_holding(system, options.timeout)
+            if kills:
+                kills[-1] = replace(kills[-1], takeover_s=round(time.monotonic() - kills[-1].at, 1))
         try:  # the gap is the scenario; the event ends it early when there is nothing left to crash
             await asyncio.wait_for(client.all_terminal.wait(), gap)
             break
@@ -287,6 +316,9 @@ async def _kill_loop(system: LocalSystem, options: DrillOptions, client: ClientA
         _target(system, options.scenario).kill()
         kills.append(Kill(time.monotonic(), total - len(client.terminal_at)))
         await asyncio.to_thread(restart)  # blocks until devhost prints its URL again
+    if leases and kills and kills[-1].takeover_s is None:
+        await wait_holding(system, options.timeout)
+        kills[-1] = replace(kills[-1], takeover_s=round(time.monotonic() - kills[-1].at, 1))
     return kills
 
 
@@ -324,6 +356,12 @@ async def run_drill(
     processed = [o for o in order_ids if states.state_of.get(o) == "Processed"]
     missing_effects = sum(1 for o in processed for step in STEPS if (o, step.value) not in applied)
     counts = states.counts
+    # An order loses at most one attempt to each host loss while it runs (a kill before its final status).
+    over = [
+        o
+        for o in order_ids
+        if states.attempts.get(o, 1) - 1 > sum(1 for k in kills if k.at < client.terminal_at.get(o, float("inf")))
+    ]
     summary: dict[str, Any] = {
         "scenario": options.scenario,
         "settings": options.settings,
@@ -344,8 +382,10 @@ async def run_drill(
         "in_flight_at_kills": [k.in_flight for k in kills],
         "settle_s": None if settle is None else round(settle, 1),
         "total_s": round((last_terminal or ended) - started, 1),
+        "timing": options.timing,
+        "takeover_s": [k.takeover_s for k in kills if k.takeover_s is not None],
         "work_dir": str(system.config.work_dir),
-        "checks": findings.checks,
+        "checks": {**findings.checks, "at most one attempt lost per kill": not over},
         **findings.figures,
     }
     return DrillResult(summary, order_ids)
@@ -355,12 +395,27 @@ def _display(summary: dict[str, Any]) -> dict[str, Any]:
     """The summary with its lists and the attempts histogram spelled out for the table."""
     shown = dict(summary)
     shown["attempts"] = ", ".join(f"{n} order{'s' * (n != 1)} in {a}" for a, n in summary["attempts"].items())
-    for key in ("kills_at_s", "in_flight_at_kills"):
+    for key in ("kills_at_s", "in_flight_at_kills", "takeover_s"):
         shown[key] = " ".join(str(v) for v in summary[key]) or "-"
     return shown
 
 
+def resolve_timing(args: argparse.Namespace) -> None:
+    """Fill in `--timing` and `--settings` when not given (see TIMED_DRILLS); ValueError for a drill that runs the
+    local timing only."""
+    if args.timing is None:
+        args.timing = "azure-storage" if args.scenario in PROFILE_DRILLS else "local"
+    if args.timing != "local" and args.scenario not in TIMED_DRILLS:
+        raise ValueError(f"--timing {args.timing} is for {', '.join(TIMED_DRILLS)}, not {args.scenario}")
+    if args.settings is None:
+        args.settings = "sample" if args.timing == "azure-storage" else "local"
+
+
 def run_drill_command(args: argparse.Namespace) -> int:
+    try:
+        resolve_timing(args)
+    except ValueError as exc:
+        return usage_error(exc)
     if args.scenario in MODULE_DRILLS:
         module, function = MODULE_DRILLS[args.scenario].split(":")
         run: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), function)
@@ -381,6 +436,7 @@ def run_drill_command(args: argparse.Namespace) -> int:
                 settings=args.settings,
                 timeout=args.timeout,
                 overrides=overrides,
+                timing=args.timing,
             )
         else:
             resilience = ResilienceOptions(
@@ -398,7 +454,7 @@ def run_drill_command(args: argparse.Namespace) -> int:
     work = Path(args.work_dir or default_work_dir("drill-"))
     if args.scenario in TARGETS:
         console = Console(stderr=args.json)
-        title = f"drill {args.scenario} ({args.settings} settings)"
+        title = f"drill {args.scenario} ({args.settings} settings, {args.timing} timing)"
         system = LocalSystem(drill_config(work, crash, args.servicebus_config))
         result = run_on_system(system, console, lambda: run_drill(system, crash, console, transient=args.json))
         return report(

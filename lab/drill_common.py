@@ -45,6 +45,7 @@ MODULE_DRILLS: dict[str, str] = {
     "scale-out": "lab.scale_drills:run_command",
     "durable-api-outage": "lab.durable_api_drills:run_command",
     "bus-outage": "lab.bus_drills:run_command",
+    "idle-then-burst": "lab.profile_drills:run_command",
 }
 DRILLS = (*sorted(TARGETS), *RESILIENCE_DRILLS, *LIFECYCLE_DRILLS, *MODULE_DRILLS)
 DEFAULT_ORDERS = {"host-crash": 100, "agent-crash": 100, "retry-budget": 20, "remote-outage": 100, "backlog-flood": 300}

@@ -30,6 +30,11 @@ class Run:
     drill: str
     args: tuple[str, ...] = ()
     figures: tuple[str, ...] = ()  # the figures the report's table shows (dotted paths into the verdict's figures)
+    label: str = ""  # the report's name for a second run of one drill (e.g. with --timing azure-storage)
+
+    @property
+    def name(self) -> str:
+        return self.label or self.drill
 
 
 BUS_OUTAGE_FIGURES = ("outage_s", "injected", "sdk_retries_by_kind", "time_to_drain_s", "attempts", "elapsed_s")
@@ -63,6 +68,18 @@ FULL: tuple[Run, ...] = (
         ("outage_s", "status_refused", "expired_at_outage_end", "time_to_drain_s", "elapsed_s"),
     ),
     Run("bus-outage", (), BUS_OUTAGE_FIGURES),
+    # The azure-storage timing profile (devhost/durable/timing.py), with the deployed settings: minutes each.
+    Run(
+        "idle-then-burst",
+        (),
+        ("quiet_s", "first_order_latency_s", "burst_latency_s", "time_to_drain_s", "attempts", "elapsed_s"),
+    ),
+    Run(
+        "host-crash",
+        ("--timing", "azure-storage"),
+        ("kills_done", "takeover_s", "attempts", "max_attempt", "settle_s", "total_s"),
+        label="host-crash --timing azure-storage",
+    ),
 )
 # What CI runs after the tests: the invariants under a crash of each process, a remote that fails, and a fault of
 # the bus (a duplicate delivery, an outage), of the store and of the Durable HTTP API, each small.
@@ -145,7 +162,7 @@ def run_one(run: Run, work: Path, timeout: float) -> dict[str, Any]:
         run.drill,
         "--json",
         "--work-dir",
-        str(work / run.drill),
+        str(work / run.name.replace(" ", "_")),
         *run.args,
     ]
     try:
@@ -154,7 +171,7 @@ def run_one(run: Run, work: Path, timeout: float) -> dict[str, Any]:
         )
     except subprocess.TimeoutExpired:
         return {
-            "drill": run.drill,
+            "drill": run.name,
             "passed": False,
             "error": f"no verdict within {timeout:g} s",
             "command": " ".join(argv[1:]),
@@ -164,13 +181,13 @@ def run_one(run: Run, work: Path, timeout: float) -> dict[str, Any]:
     if not lines:
         tail = (done.stderr.strip().splitlines() or [""])[-1]
         return {
-            "drill": run.drill,
+            "drill": run.name,
             "passed": False,
             "error": f"exit {done.returncode}, no verdict: {tail}",
             "command": " ".join(argv[1:]),
             "wall_s": round(time.monotonic() - started, 1),
         }
-    verdict = normalise(run.drill, json.loads(lines[-1]), done.returncode)
+    verdict = normalise(run.name, json.loads(lines[-1]), done.returncode)
     return {
         **verdict,
         "command": f"python -m devhost drill {run.drill} --json {' '.join(run.args)}".strip(),
@@ -179,7 +196,7 @@ def run_one(run: Run, work: Path, timeout: float) -> dict[str, Any]:
 
 
 def markdown(verdicts: Sequence[Mapping[str, Any]], runs: Sequence[Run], header: Mapping[str, str]) -> str:
-    shown = {r.drill: r.figures for r in runs}
+    shown = {r.name: r.figures for r in runs}
     lines = [
         f"# Reliability drills ({header['kind']})",
         "",
@@ -233,9 +250,9 @@ def add_command(sub: Any) -> None:
 
 
 def run_drills_command(args: argparse.Namespace) -> int:
-    runs = [r for r in (QUICK if args.quick else FULL) if not args.only or r.drill in args.only]
-    if args.only and len(runs) != len(set(args.only)):
-        known = {r.drill for r in (QUICK if args.quick else FULL)}
+    runs = [r for r in (QUICK if args.quick else FULL) if not args.only or {r.drill, r.name} & set(args.only)]
+    if args.only and not set(args.only) <= {n for r in runs for n in (r.drill, r.name)}:
+        known = {n for r in (QUICK if args.quick else FULL) for n in (r.drill, r.name)}
         print(f"devhost drills: unknown drill(s): {', '.join(sorted(set(args.only) - known))}", file=sys.stderr)
         return 2
     out = args.out or (ROOT / "reports" / ("quick" if args.quick else ""))
@@ -246,7 +263,7 @@ def run_drills_command(args: argparse.Namespace) -> int:
             verdict = run_one(run, Path(tmp), args.timeout)
             verdicts.append(verdict)
             mark = "pass" if verdict["passed"] else "FAIL " + (verdict.get("error") or ", ".join(failed(verdict)))
-            print(f"{run.drill}: {mark} ({verdict['wall_s']} s)", flush=True)
+            print(f"{run.name}: {mark} ({verdict['wall_s']} s)", flush=True)
     header = {
         "kind": "quick subset" if args.quick else "every drill",
         "command": "make drills-quick" if args.quick else "make drills",

@@ -39,9 +39,10 @@ def simulator_args(port: int, db: Path, *extra: str) -> list[str]:
     return ["-m", "lab.simulator", "--port", str(port), *extra, "--db", str(db)]
 
 
-def devhost_args(app_dir: Path, port: int, state_dir: Path) -> list[str]:
-    """`python -m devhost start` arguments (after the interpreter)."""
-    return ["-m", "devhost", "start", "--app-dir", str(app_dir), "--port", str(port), "--state-dir", str(state_dir)]
+def devhost_args(app_dir: Path, port: int, state_dir: Path, timing: str = "local") -> list[str]:
+    """`python -m devhost start` arguments (after the interpreter); `timing`: the Durable engine's (`--timing`)."""
+    argv = ["-m", "devhost", "start", "--app-dir", str(app_dir), "--port", str(port), "--state-dir", str(state_dir)]
+    return argv if timing == "local" else [*argv, "--timing", timing]
 
 
 def servicebus_args(state_dir: Path, config: Path) -> list[str]:
@@ -114,6 +115,8 @@ class SystemConfig:
     hosts: int = 1
     # "embedded" (the embedded client in every process) or "amqp" (the real SDK over the AMQP endpoint): TRANSPORTS.
     transport: str = "embedded"
+    # The Durable engine's timing in every devhost: "local", or "azure-storage" (devhost/durable/timing.py).
+    timing: str = "local"
 
     @property
     def bus_connection(self) -> str:
@@ -281,7 +284,8 @@ class LocalSystem:
         """Start host `index` (0: `devhost`, then `devhost-2`, ...); every host shares the state folder, so they
         run one task hub together, as the instances of a scaled-out app do."""
         name = "devhost" if index == 0 else f"devhost-{index + 1}"
-        host = self._process(name, devhost_args(self.config.app_dir, 0, self.config.work_dir / "devhost")).start()
+        c = self.config
+        host = self._process(name, devhost_args(c.app_dir, 0, c.work_dir / "devhost", c.timing)).start()
         self.devhosts[index] = host
         if index == 0:
             self.devhost = host

@@ -22,9 +22,10 @@ from typing import Any
 from . import history as h
 from .binding import WEBHOOK_PREFIX, client_binding_json
 from .episode import TERMINAL, Episode, Outcome, failure_details
-from .hub import DEFAULT_PARTITIONS, LOOK_SECONDS, HubMembership, process_alive
+from .hub import DEFAULT_PARTITIONS, HubMembership, process_alive
 from .records import Commit, Conflict, Fenced, InstanceRow, Member, Message, TimerItem, WorkItem
 from .store import Store
+from .timing import LocalTiming
 from .versioning import VersioningPolicy
 
 log = logging.getLogger("devhost.durable")
@@ -50,6 +51,7 @@ class Dispatcher:
         versioning: VersioningPolicy | None = None,
         partition_count: int = DEFAULT_PARTITIONS,
         alive: Callable[[Member], bool] = process_alive,
+        timing: LocalTiming | None = None,
     ) -> None:
         self.db_path = Path(db_path)
         self.task_hub = task_hub
@@ -87,6 +89,7 @@ class Dispatcher:
         # Membership of the task hub, shared with other devhost processes (hub.py).
         self._partition_count = partition_count
         self._alive = alive
+        self.timing = timing or LocalTiming()  # `--timing` (timing.py): local, or the Azure Storage provider's
         self.hub: HubMembership | None = None
         self._look_lock = asyncio.Lock()
         self._looks_wanted = False
@@ -121,7 +124,7 @@ class Dispatcher:
         sock = self.hub.join()
         self._look_lock = asyncio.Lock()
         asyncio.get_running_loop().add_reader(sock.fileno(), self._woken)
-        await self._look()  # takes the partitions (all of them when alone) and adopts what dead members left
+        await self._look(periodic=True)  # takes the partitions (all of them when alone), adopts what dead ones left
         self.hub.wake_all()  # the others make room now
         self._spawn(self._look_loop(), "durable-hub")
 
@@ -186,8 +189,11 @@ class Dispatcher:
         if self._stopping:
             return
         if self.hub is not None and not self.hub.owns(instance_id):
-            self.hub.wake_owner_of(instance_id)
+            if not self.timing.polls:  # on Azure Storage the holder finds it at its next poll of the control queue
+                self.hub.wake_owner_of(instance_id)
             return
+        if self.hub is not None:
+            self.timing.enqueued(self.hub.partition(instance_id))
         if instance_id in self._running:
             self._again.add(instance_id)
             return
@@ -214,7 +220,7 @@ class Dispatcher:
             row = self.store.instance(instance_id)
             if row is None:
                 return False
-            pending = self.store.pending(instance_id, row.execution_id)
+            pending = self.timing.dequeue(self.store, hub.owner, instance_id, row.execution_id, self._clock())
             if not pending.messages or row.status in TERMINAL:  # late messages of a finished instance are dropped
                 dropped = pending.stale + [i for i, _ in pending.messages]
                 if dropped:
@@ -244,6 +250,7 @@ class Dispatcher:
                 work, timers = self.store.commit(commit)
             except Fenced as exc:  # another host holds the partition now, and runs the episode
                 log.info("episode of %s not committed: %s", instance_id, exc)
+                self.timing.abandon(self.store, pending)
                 self._request_look()
                 return False
             except Conflict as exc:
@@ -300,6 +307,8 @@ class Dispatcher:
     def _after_commit(self, commit: Commit, work: list[WorkItem], timers: list[TimerItem]) -> None:
         for item in work:
             self._spawn_work(item)
+        if work:
+            self.timing.work_enqueued()
         for timer in timers:
             self._add_timer(timer)
         targets = {m.instance_id for m in commit.messages} | {c.instance_id for c, _ in commit.children}
@@ -318,22 +327,24 @@ class Dispatcher:
         changed. Look again (coalesced: one look runs at a time, and one more follows if woken meanwhile)."""
         assert self.hub is not None
         self.hub.drain()
+        if self.timing.polls:  # a status wait may be waiting on another host; messages wait for a poll
+            self._spawn(self._notify(), "durable-hub-notify")
         self._request_look()
 
     def _request_look(self) -> None:
         self._looks_wanted = True
         if not self._look_lock.locked() and not self._stopping:
-            self._spawn(self._look(read_inbox=True), "durable-hub-look")
+            self._spawn(self._look(read_inbox=not self.timing.polls), "durable-hub-look")
 
     async def _look_loop(self) -> None:
         while True:
-            await asyncio.sleep(LOOK_SECONDS)
+            await asyncio.sleep(self.timing.look_seconds)
             try:
-                await self._look()
+                await self._look(periodic=True)
             except (sqlite3.Error, OSError) as exc:  # the hub file busy past its timeout, a socket error: next look
-                log.warning("task hub look failed, trying again in %.0f s: %s", LOOK_SECONDS, exc)
+                log.warning("task hub look failed, trying again in %.0f s: %s", self.timing.look_seconds, exc)
 
-    async def _look(self, *, read_inbox: bool = False) -> None:
+    async def _look(self, *, read_inbox: bool = False, periodic: bool = False) -> None:
         """Find dead members, rebalance the partitions and adopt orphaned work (hub.py); read the inbox and timers
         of every partition taken, and, after a wake-up, the inbox of every partition held.
 
@@ -347,9 +358,10 @@ class Dispatcher:
                 if hub is None or self._stopping:
                     return
                 read_inbox = self._inbox_owed = read_inbox or self._inbox_owed
-                change, adopted = hub.look()
-                if change.dead:  # a member that died between a COMMIT and its datagram to us: read our inboxes
-                    read_inbox = self._inbox_owed = True
+                change, adopted = hub.look(self.timing.leases(self._clock(), periodic))
+                periodic = False
+                if change.dead and not self.timing.polls:  # a member that died between a COMMIT and its datagram
+                    read_inbox = self._inbox_owed = True  # to us: read our inboxes
                 for item in adopted:
                     self._spawn_work(item)
                 self._unread.update(change.acquired)
@@ -367,9 +379,10 @@ class Dispatcher:
                     self._unread -= taken
                     self._inbox_owed = False
                     await self._notify()
+                self.timing.sync(self)
                 if not self._looks_wanted:
                     return
-                read_inbox = True
+                read_inbox = not self.timing.polls
 
     # ---- activities ----------------------------------------------------------------------------------------
     def _spawn_work(self, item: WorkItem) -> None:
@@ -378,6 +391,8 @@ class Dispatcher:
     async def _run_work(self, item: WorkItem) -> None:
         assert self._slots is not None
         async with self._slots:
+            if not self._stopping:
+                self.timing.work_started(self.store, item, self._clock())
             event = await self._execute(item)
         if self._stopping:
             return
@@ -436,5 +451,6 @@ class Dispatcher:
         if self.hub is not None and not self.hub.owns(timer.instance_id):
             return  # the partition went to another host, which loaded its timers when it took it
         event = h.timer_fired(self._clock(), timer.timer_id, timer.fire_at)
-        if self.store.fire_timer(timer, Message(timer.instance_id, timer.execution_id, event)):
-            self._mark(timer.instance_id)
+        fired = self.store.fire_timer(timer, Message(timer.instance_id, timer.execution_id, event))
+        if fired and not self.timing.polls:  # on Azure Storage a timer message is visible at fire_at, and read then
+            self._mark(timer.instance_id)  # at the next poll of its control queue

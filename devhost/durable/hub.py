@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from orderflow.embedded.notify import notify_dir_for
 
 from ..processes import process_running, process_start
-from .records import Member, Rebalance, WorkItem
+from .records import Leases, Member, Rebalance, WorkItem
 from .store import Store
 
 LOOK_SECONDS = 1.0  # how often a host looks for dead members and uneven partitions
@@ -49,13 +49,18 @@ def process_alive(member: Member) -> bool:
     return process_running(member.pid, member.started)
 
 
-def plan_for(owner: str, alive: Callable[[Member], bool]) -> Callable[[list[Member], dict[int, str | None]], Rebalance]:
-    """The rebalancing rule for `owner` (see the module docstring), as a function of what the store holds."""
+def plan_for(
+    owner: str, alive: Callable[[Member], bool], *, leases: bool = False
+) -> Callable[[list[Member], dict[int, str | None]], Rebalance]:
+    """The rebalancing rule for `owner` (see the module docstring), as a function of what the store holds. With
+    `leases` (the azure-storage timing) a partition is held while the store shows a holder, dead or alive (the store
+    shows an expired lease as free: Store.rebalance)."""
 
     def plan(members: list[Member], partitions: dict[int, str | None]) -> Rebalance:
         dead = [m.owner for m in members if m.owner != owner and not alive(m)]
         live = {m.owner for m in members if m.owner not in dead} | {owner}
-        held = {p: o for p, o in partitions.items() if o in live}  # a dead member's, or a stranger's, are free
+        # A dead member's, or a stranger's, are free; with leases, only once the lease ran out.
+        held = {p: o for p, o in partitions.items() if (o is not None if leases else o in live)}
         mine = sorted(p for p, o in held.items() if o == owner)
         free = sorted(p for p in partitions if p not in held)
         ceiling = math.ceil(len(partitions) / len(live))
@@ -88,6 +93,7 @@ class HubMembership:
     episodes: int = 0
     activities: int = 0
     peers: int = 0  # other live members at the last look
+    live: set[str] = field(default_factory=set)  # the live members at the last look, this one included
     _recorded: tuple[int, int] = (0, 0)
     _socket: socket.socket | None = None
     _path: str = ""
@@ -131,9 +137,10 @@ class HubMembership:
     def partition(self, instance_id: str) -> int:
         return partition_of(instance_id, self.partition_count)
 
-    def look(self) -> tuple[Rebalance, list[WorkItem]]:
+    def look(self, leases: Leases | None = None) -> tuple[Rebalance, list[WorkItem]]:
         """Find dead members, take and give back partitions, adopt orphaned work (one transaction, or none when
-        nothing changes); returns the change and the work items adopted."""
+        nothing changes); returns the change and the work items adopted. `leases`: the azure-storage timing's
+        (Store.rebalance)."""
         counts = (self.episodes, self.activities)
         # What this host ran is recorded while it shares the hub (for the drills' figures), and when it leaves; a
         # host alone writes nothing at a look that changes nothing.
@@ -141,10 +148,12 @@ class HubMembership:
         if self.store.left(self.owner) and self._member is not None:  # judged dead while alive: join again
             self.store.join(self._member)
             self._recorded = (0, 0)
-        change, adopted = self.store.rebalance(self.owner, plan_for(self.owner, self.alive), record)
+        plan = plan_for(self.owner, self.alive, leases=leases is not None)
+        change, adopted = self.store.rebalance(self.owner, plan, record, leases)
         if record is not None:
             self._recorded = record
         self.peers = len(change.live) - 1
+        self.live = set(change.live)
         held = {p for p, o in self.store.partition_owners().items() if o == self.owner}
         lost = self.mine - held
         change.acquired = sorted(held - self.mine)  # taken by this look, or found held: either way, read them

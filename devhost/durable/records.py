@@ -151,3 +151,15 @@ class Conflict(Exception):
 
 class Fenced(Conflict):
     """The episode's host no longer holds the instance's partition (hub.py); nothing was written."""
+
+
+@dataclass(frozen=True)
+class Leases:
+    """Partition leases as the Azure Storage provider keeps them (devhost/durable/timing.py), for one look at `now`
+    (epoch seconds): the host's own leases are renewed for `renew_s`, a free or expired one is claimed for `claim_s`,
+    and only a `periodic` look (the partition manager's pass) takes a lease another host let expire."""
+
+    now: float
+    renew_s: float
+    claim_s: float
+    periodic: bool = True

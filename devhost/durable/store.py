@@ -15,9 +15,8 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from .records import (
     Conflict,
     Fenced,
     InstanceRow,
+    Leases,
     Member,
     Message,
     Pending,
@@ -37,6 +37,8 @@ from .records import (
     TimerItem,
     WorkItem,
 )
+from .store_timing import _SELECT_WORK, TimingTables, _orphans
+from .store_writer import StoreStats, _Writer
 from .timeline import FRESH_BASE, RETRIED_EVENTS, Bookkeeping, Timeline, TimelineCache
 
 SCHEMA = """
@@ -62,65 +64,20 @@ CREATE TABLE IF NOT EXISTS hosts(owner TEXT PRIMARY KEY, pid INTEGER NOT NULL, s
 CREATE TABLE IF NOT EXISTS partitions(partition INTEGER PRIMARY KEY, owner TEXT);
 """
 
-_SELECT_WORK = "SELECT id, instance_id, execution_id, task_id, name, input FROM work"
+# Who dequeued an inbox message and until when it is hidden from the others; when a work item a host took is visible
+# again; when a partition's lease expires (epoch seconds). Written only with the azure-storage timing.
+_TIMING_COLUMNS = (
+    ("inbox", "hidden_by TEXT"),
+    ("inbox", "hidden_until REAL"),
+    ("work", "visible_at REAL"),
+    ("partitions", "expires REAL"),
+)
 _SELECT_MEMBERS = "SELECT owner, pid, started, socket, episodes, activities FROM hosts"
 _INSERT_INSTANCE = f"INSERT INTO instances({','.join(INSTANCE_COLUMNS)},state) VALUES ({','.join('?' * 13)})"
 _EVENT_TYPE = re.compile(r'\{"EventType": (\d+),')
-_WRITTEN_TABLE = re.compile(r"\s*(?:INSERT(?: OR REPLACE)? INTO|UPDATE)\s+(\w+)", re.IGNORECASE)
 
 
-@dataclass
-class StoreStats:
-    """What the store wrote, for tests and benchmarks. A write transaction is a BEGIN IMMEDIATE; `idle_writes`
-    counts those that changed no row; `bytes_written` is the text bound to INSERT and UPDATE statements (JSON is
-    ASCII), per table in `bytes_by_table`."""
-
-    write_transactions: int = 0
-    commits: int = 0
-    rollbacks: int = 0
-    idle_writes: int = 0
-    conflicts: int = 0
-    bytes_written: int = 0
-    bytes_by_table: dict[str, int] = field(default_factory=dict)
-
-    def snapshot(self) -> StoreStats:
-        return StoreStats(
-            self.write_transactions,
-            self.commits,
-            self.rollbacks,
-            self.idle_writes,
-            self.conflicts,
-            self.bytes_written,
-            dict(self.bytes_by_table),
-        )
-
-
-class _Writer:
-    """The connection inside a write transaction; counts the text it writes."""
-
-    def __init__(self, db: sqlite3.Connection, stats: StoreStats) -> None:
-        self._db = db
-        self._stats = stats
-
-    def execute(self, sql: str, params: Sequence[Any] = (), *, written: int | None = None) -> sqlite3.Cursor:
-        """`written`: how many leading parameters are values written (an UPDATE's SET; the rest select rows)."""
-        self._count(sql, (params[:written],))
-        return self._db.execute(sql, params)
-
-    def executemany(self, sql: str, rows: list[Sequence[Any]]) -> sqlite3.Cursor:
-        self._count(sql, rows)
-        return self._db.executemany(sql, rows)
-
-    def _count(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        table = _WRITTEN_TABLE.match(sql)
-        if table is None:
-            return
-        size = sum(len(p) for r in rows for p in r if isinstance(p, str))
-        self._stats.bytes_written += size
-        self._stats.bytes_by_table[table[1]] = self._stats.bytes_by_table.get(table[1], 0) + size
-
-
-class Store:
+class Store(TimingTables):
     """The SQLite task hub. Used from the event-loop thread only; each method is short and transactional."""
 
     def __init__(self, path: Path, *, cache_size: int = 1024) -> None:
@@ -135,6 +92,9 @@ class Store:
             # A task hub written before scale-out (devhost/durable/hub.py): its work items have no owner, and an
             # item without one is adopted by the first host that looks.
             self._db.execute("ALTER TABLE work ADD COLUMN owner TEXT")
+        for table, column in _TIMING_COLUMNS:  # the azure-storage timing's (devhost/durable/timing.py), NULL otherwise
+            if column.split()[0] not in {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
         self.stats = StoreStats()
         self.timelines = TimelineCache(cache_size)
 
@@ -184,11 +144,17 @@ class Store:
         rows = self._db.execute("SELECT event FROM history WHERE instance_id=? ORDER BY seq", (instance_id,))
         return [json.loads(r[0]) for r in rows.fetchall()]
 
-    def pending(self, instance_id: str, execution_id: str) -> Pending:
-        """The instance's inbox, read without a write transaction (see `Pending`)."""
-        rows = self._db.execute(
-            "SELECT id, execution_id, event FROM inbox WHERE instance_id=? ORDER BY id", (instance_id,)
-        ).fetchall()
+    def pending(self, instance_id: str, execution_id: str, viewer: str | None = None, now: float = 0.0) -> Pending:
+        """The instance's inbox, read without a write transaction (see `Pending`). With a `viewer`, less what another
+        host dequeued and still hides at `now` (`hide`)."""
+        rows = [
+            (i, execution, text)
+            for i, execution, text, by, until in self._db.execute(
+                "SELECT id, execution_id, event, hidden_by, hidden_until FROM inbox WHERE instance_id=? ORDER BY id",
+                (instance_id,),
+            ).fetchall()
+            if viewer is None or by is None or by == viewer or until <= now
+        ]
         messages = [(i, json.loads(text)) for i, execution, text in rows if execution == execution_id]
         texts = {i: text for i, execution, text in rows if execution == execution_id}
         return Pending(messages, texts, [i for i, execution, _ in rows if execution != execution_id])
@@ -252,46 +218,77 @@ class Store:
         with self._tx() as db:
             db.execute("UPDATE partitions SET owner=NULL WHERE owner=?", (owner,))
             db.execute("UPDATE hosts SET gone=1, episodes=?, activities=? WHERE owner=?", (episodes, activities, owner))
+            # What it dequeued and did not finish is visible again at once, as a graceful drain would leave it.
+            db.execute("UPDATE inbox SET hidden_by=NULL, hidden_until=NULL WHERE hidden_by=?", (owner,))
+            db.execute("UPDATE work SET visible_at=NULL WHERE owner=?", (owner,))
 
     def rebalance(
         self,
         owner: str,
         plan: Callable[[list[Member], dict[int, str | None]], Rebalance],
         counts: tuple[int, int] | None,
+        leases: Leases | None = None,
     ) -> tuple[Rebalance, list[WorkItem]]:
         """Apply `plan` (computed on the members and partitions read inside the transaction) in one transaction:
         members found dead leave and free their partitions, free partitions are taken, extra ones released, and
         the work items of members no longer alive (or of none) are adopted by `owner`. No write when the plan
-        changes nothing and `counts` (episodes, activities to record for `owner`) is None."""
-        first = plan(self.members(), self.partition_owners())
-        orphans, live = _orphans(first.live)
+        changes nothing and `counts` (episodes, activities to record for `owner`) is None.
+
+        With `leases` (the azure-storage timing) the plan sees a partition as free only when no host holds it or its
+        lease expired (`Leases`), a dead member's partitions stay held until then, a periodic look renews `owner`'s
+        leases, and only work items visible at `leases.now` are adopted."""
+        now = None if leases is None else leases.now
+        first = plan(self.members(), self._held(owner, leases))
+        orphans, live = _orphans(first.live, now)
         if (
             first.is_empty()
             and counts is None
+            and not (leases is not None and leases.periodic)
             and not self._db.execute(f"SELECT 1 FROM work WHERE {orphans} LIMIT 1", live).fetchone()
         ):
             return first, []
         with self._tx() as db:  # the reads below run on the same connection, inside the write transaction
-            change = plan(self.members(), self.partition_owners())
+            change = plan(self.members(), self._held(owner, leases))
             for dead in change.dead:
                 db.execute("UPDATE hosts SET gone=1 WHERE owner=?", (dead,))
-                db.execute("UPDATE partitions SET owner=NULL WHERE owner=?", (dead,))
+                if leases is None:
+                    db.execute("UPDATE partitions SET owner=NULL WHERE owner=?", (dead,))
+            if leases is not None and leases.periodic:  # TablePartitionManager.RenewLease
+                db.execute(
+                    "UPDATE partitions SET expires=? WHERE owner=? AND expires > ?",
+                    (leases.now + leases.renew_s, owner, leases.now),
+                )
             held = self.partition_owners()
+            claimed = None if leases is None else leases.now + leases.claim_s
             change.acquired = [
                 p
                 for p in change.acquire
                 if db.execute(
-                    "UPDATE partitions SET owner=? WHERE partition=? AND owner IS ?", (owner, p, held[p])
+                    "UPDATE partitions SET owner=?, expires=? WHERE partition=? AND owner IS ?",
+                    (owner, claimed, p, held[p]),
                 ).rowcount
             ]
             for p in change.release:
                 db.execute("UPDATE partitions SET owner=NULL WHERE partition=? AND owner=?", (p, owner))
-            orphans, live = _orphans(change.live)
+            orphans, live = _orphans(change.live, now)
             adopted = [WorkItem(*r) for r in db.execute(f"{_SELECT_WORK} WHERE {orphans} ORDER BY id", live).fetchall()]
-            db.executemany("UPDATE work SET owner=? WHERE id=?", [(owner, w.id) for w in adopted])
+            db.executemany("UPDATE work SET owner=?, visible_at=NULL WHERE id=?", [(owner, w.id) for w in adopted])
             if counts is not None:
                 db.execute("UPDATE hosts SET episodes=?, activities=? WHERE owner=?", (*counts, owner))
         return change, adopted
+
+    def _held(self, owner: str, leases: Leases | None) -> dict[int, str | None]:
+        """The partitions' holders as a rebalancing plan sees them: with `leases`, an expired lease (or none) is
+        free, another host's only at a periodic look (TablePartitionManager.TryClaimLease: `isExpired`)."""
+        if leases is None:
+            return self.partition_owners()
+        rows = self._db.execute("SELECT partition, owner, expires FROM partitions ORDER BY partition").fetchall()
+        return {
+            p: None
+            if o is None or ((leases.periodic or o == owner) and (expires is None or expires <= leases.now))
+            else o
+            for p, o, expires in rows
+        }
 
     def pending_timers(self) -> list[TimerItem]:
         rows = self._db.execute("SELECT instance_id, execution_id, timer_id, fire_at FROM timers")
@@ -519,12 +516,6 @@ class Store:
                 return _forget(db, instance_id)
         finally:
             self.timelines.drop(instance_id)
-
-
-def _orphans(live: Iterable[str]) -> tuple[str, list[str]]:
-    """The WHERE clause (and its parameters) of work items whose owner is none of the `live` members."""
-    owners = sorted(live)
-    return f"owner IS NULL OR owner NOT IN ({','.join('?' * len(owners))})", owners
 
 
 def _started_in(texts: list[str]) -> Event | None:

@@ -22,7 +22,7 @@ from lab.system import ROOT
 
 # Every command of `python -m devhost` and the options each one documents (docs/devhost.md shows the same synopsis).
 COMMANDS = {
-    "start": {"--app-dir", "--port", "--state-dir", "--log-level"},
+    "start": {"--app-dir", "--port", "--state-dir", "--log-level", "--timing"},
     "servicebus": {"--host", "--port", "--state-dir", "--config", "--faults"},
     "demo": {
         "--orders",
@@ -34,6 +34,7 @@ COMMANDS = {
         "--work-dir",
         "--hosts",
         "--transport",
+        "--timing",
         "--json",
     },
     "submit": {
@@ -66,6 +67,7 @@ COMMANDS = {
         "--hang-seconds",
         "--latency-ms",
         "--restart",
+        "--timing",
     },
     "drills": {"--quick", "--only", "--out", "--timeout"},
     "up": {"--app-dir", "--state-dir", "--port", "--simulator-port", "--timeout"},
