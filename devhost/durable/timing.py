@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..config import ConfigError, _duration_seconds, _max_queue_polling_interval, _setting
+from ..config import ConfigError, _duration_seconds, _max_queue_polling_interval, setting
 from ..timing_option import TIMINGS
 from .hub import LOOK_SECONDS
 from .records import Leases, Pending, WorkItem
@@ -68,8 +68,8 @@ class AzureStorageSettings:
     def from_host_json(cls, durable: Mapping[str, Any]) -> AzureStorageSettings:
         """From host.json `extensions.durableTask` (keys case-insensitive, as .NET binds them); a value the
         extension refuses is a ConfigError with its rule (AzureStorageOptions.Validate)."""
-        provider = _setting(durable, "storageProvider") or {}
-        kind = _setting(provider, "type")
+        provider = setting(durable, "storageProvider") or {}
+        kind = setting(provider, "type")
         if kind is not None and str(kind).lower() not in ("azurestorage", ""):
             raise ConfigError(
                 f"--timing azure-storage is the Azure Storage provider's, but host.json's storageProvider type is "
@@ -84,12 +84,12 @@ class AzureStorageSettings:
         work = _seconds(provider, "workItemQueueVisibilityTimeout", 300.0)
         if work < 0:
             raise ConfigError("host.json: extensions.durableTask.storageProvider.workItemQueueVisibilityTimeout < 0")
-        polling = _max_queue_polling_interval(_setting(provider, "maxQueuePollingInterval"))
+        polling = _max_queue_polling_interval(setting(provider, "maxQueuePollingInterval"))
         return cls(max_queue_polling_s=polling, control_queue_visibility_s=control, work_item_visibility_s=work)
 
 
 def _seconds(section: Mapping[str, Any], name: str, default: float) -> float:
-    value = _setting(section, name)
+    value = setting(section, name)
     return default if value is None else _duration_seconds(value)
 
 
