@@ -32,6 +32,7 @@ from azure.servicebus.exceptions import (
 )
 
 from . import notify
+from ._access import BusAccess, authorize, bind
 from ._retry import Attempts, RetryPolicy, Timer
 from .broker import ACTIVE, DEAD_LETTER, EmbeddedBroker, QueueCounts, SessionLock
 from .broker._schema import _MIN_WAIT
@@ -63,16 +64,21 @@ def check_timeout(timeout: float | None) -> float | None:
     return timeout
 
 
-def check_entity(broker: EmbeddedBroker, queue: str, entity_path: str | None = None) -> QueueProperties:
+def check_entity(
+    broker: EmbeddedBroker, queue: str, entity_path: str | None = None, claim: str = "Listen"
+) -> QueueProperties:
     """What opening a link learns of its entity. Service Bus answers the put-token of a queue that does not exist
     with 404, which the SDK raises as a retryable ServiceBusAuthenticationError carrying a TokenAuthFailure
-    (_pyamqp/cbs.py `handle_token`, _pyamqp_transport.py `create_servicebus_exception`): built by the SDK's code."""
+    (_pyamqp/cbs.py `handle_token`, _pyamqp_transport.py `create_servicebus_exception`): built by the SDK's code.
+    Then the link needs `claim` (Send, Listen) on the queue: `_access.authorize`."""
     try:
-        return broker.queue_properties(queue)
+        properties = broker.queue_properties(queue)
     except MessagingEntityNotFoundError:
         text = f"The messaging entity 'sb://embedded/{entity_path or queue}' could not be found."
         failure = TokenAuthFailure(404, text.encode())  # type: ignore[no-untyped-call]
         raise PyamqpTransport.create_servicebus_exception(_LOG, failure) from None
+    authorize(broker, queue, claim, entity_path)
+    return properties
 
 
 # -- connection strings --------------------------------------------------------------------------------------
@@ -82,11 +88,13 @@ def check_entity(broker: EmbeddedBroker, queue: str, entity_path: str | None = N
 class EmbeddedConnection:
     """A parsed `Endpoint=embedded://<db path>[;ConfigFile=<config path>][;DuplicateDelivery=true]` connection
     string. `DuplicateDelivery` is a fault-injection switch (orderflow/embedded/broker/): every message completed in
-    peek-lock mode is delivered a second time."""
+    peek-lock mode is delivered a second time. `Identity`: the identity of infra/ it acts as (orderflow/embedded/
+    _access.py; none: the owner)."""
 
     db_path: str
     config_file: str | None
     duplicate_delivery: bool = False
+    identity: str | None = None
 
 
 def parse_connection_string(conn_str: str) -> dict[str, str]:
@@ -107,16 +115,18 @@ def parse_embedded(conn_str: str) -> EmbeddedConnection:
     duplicate = parts.get("duplicatedelivery", "false").lower()
     if duplicate not in ("true", "false"):
         raise ValueError(f"DuplicateDelivery must be true or false, got {duplicate!r}")
-    return EmbeddedConnection(
-        os.path.abspath(path), os.path.abspath(config) if config else None, duplicate_delivery=duplicate == "true"
-    )
+    config = os.path.abspath(config) if config else None
+    identity = parts.get("identity") or None
+    return EmbeddedConnection(os.path.abspath(path), config, duplicate_delivery=duplicate == "true", identity=identity)
 
 
-def broker_from_connection_string(conn_str: str, **kwargs: Any) -> EmbeddedBroker:
+def broker_from_connection_string(conn_str: str, *, infra: Any = None, **kwargs: Any) -> EmbeddedBroker:
+    """The connection's broker, bound to its identity (`infra`: the folder its rights are read from)."""
     connection = parse_embedded(conn_str)
-    return EmbeddedBroker(
+    broker = EmbeddedBroker(
         connection.db_path, config=connection.config_file, duplicate_delivery=connection.duplicate_delivery, **kwargs
     )
+    return bind(broker, BusAccess(connection.identity, infra))
 
 
 # -- receiving -----------------------------------------------------------------------------------------------
@@ -553,8 +563,8 @@ class ClientBase:
     def from_connection_string(cls, conn_str: str, **kwargs: Any) -> Any:
         """`Endpoint=embedded://<db path>[;ConfigFile=<config path>]`; `clock=` (the broker's) may be passed for
         tests, and the client's keywords (`local_clock=`, `retry_total=`, ...)."""
-        clock = kwargs.pop("clock", None)
-        return cls(broker_from_connection_string(conn_str, clock=clock), _owns_broker=True, **kwargs)
+        clock, infra = kwargs.pop("clock", None), kwargs.pop("infra", None)
+        return cls(broker_from_connection_string(conn_str, clock=clock, infra=infra), _owns_broker=True, **kwargs)
 
     def get_queue_sender(self, queue_name: str, **kwargs: Any) -> Any:
         sender = self.sender_class(self.broker, queue_name, timer=self._timer, retry=self._retry.updated(kwargs))

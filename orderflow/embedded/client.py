@@ -79,7 +79,7 @@ class ServiceBusSender:
         attempts = Attempts(self._retry, self._timer, timeout)
         while not self._linked:
             try:
-                check_entity(self._broker, self.entity_name)
+                check_entity(self._broker, self.entity_name, claim="Send")
                 self._linked = True
             except ServiceBusError as error:
                 self._timer.sleep(attempts.failed(error))

@@ -96,7 +96,7 @@ class ServiceBusSender:
         attempts = Attempts(self._retry, self._timer, timeout)
         while not self._linked:
             try:
-                await _run(check_entity, self._broker, self.entity_name)
+                await _run(check_entity, self._broker, self.entity_name, claim="Send")
                 self._linked = True
             except ServiceBusError as error:
                 await self._timer.sleep_async(attempts.failed(error))

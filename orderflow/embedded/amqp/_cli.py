@@ -27,9 +27,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=Path("servicebus.config.json"),
         help="queues to declare, in the emulator's Config.json format (default servicebus.config.json)",
     )
+    parser.add_argument(
+        "--infra",
+        type=Path,
+        default=None,
+        help="folder whose role assignments give each SAS key name (an identity of infra/) its rights "
+        "(default: the repository's infra/; RootManageSharedAccessKey has every right)",
+    )
 
 
-def serve(host: str, port: int, state_dir: Path, config: Path | None) -> int:
+def serve(host: str, port: int, state_dir: Path, config: Path | None, infra: Path | None = None) -> int:
     """Serve until a signal; returns the exit status."""
     if config is not None and not config.is_file():
         print(f"devhost servicebus: config file not found: {config}", file=sys.stderr, flush=True)
@@ -41,7 +48,7 @@ def serve(host: str, port: int, state_dir: Path, config: Path | None) -> int:
 
     broker = EmbeddedBroker(state_dir / DB_NAME, config=config)
     try:
-        endpoint = Endpoint(broker, host, port)
+        endpoint = Endpoint(broker, host, port, infra)
     except OSError as exc:
         print(f"devhost servicebus: cannot listen on {host}:{port}: {exc}", file=sys.stderr, flush=True)
         broker.close()

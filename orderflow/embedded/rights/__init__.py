@@ -40,6 +40,7 @@ __all__ = [
     "Rights",
     "Role",
     "load_rights",
+    "submitting_app",
     "unauthorized_description",
     "unknown_identity_description",
 ]
@@ -53,6 +54,11 @@ def load_rights(infra: Path | None = None) -> Rights:
 
     folder = (infra or INFRA).resolve()
     return Rights(tuple(grants(folder)), folder)
+
+
+def submitting_app(reply_queue: str) -> str:
+    """The submitting application whose status queue `reply_queue` is: `<name>-status` (infra/app/types.bicep)."""
+    return reply_queue.removesuffix("-status")
 
 
 def unauthorized_description(claim: str, resource: str, now: datetime | None = None) -> str:

@@ -125,10 +125,13 @@ def grants() -> dict[str, set[tuple[str, str]]]:
     for grant in RIGHTS_OF_INFRA.grants:
         if grant.service != "servicebus":
             continue
-        assert grant.resource in queues, f"{grant.where}: a grant on {grant.resource or 'the namespace'}, unknown here"
+        assert grant.resource in queues or not grant.resource, (
+            f"{grant.where}: a grant on {grant.resource}, unknown here"
+        )
         rights = {right for right in (SEND, LISTEN) if grant.role.allows(BUS_ACTIONS[right])}
         rights |= {READ} if grant.role.name == "Reader" else set()
-        found[grant.identity] |= {(queues[grant.resource], right) for right in rights}
+        on = set(queues.values()) if not grant.resource else {queues[grant.resource]}  # "": the namespace
+        found[grant.identity] |= {(queue, right) for queue in on for right in rights}
     return found
 
 
