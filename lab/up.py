@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 
 from devhost.config import ConfigError, HostConfig
-from orderflow.embedded.connection import bus_connection_as, store_endpoint_as
+from orderflow.embedded.connection import settings_as
 from orderflow.embedded.rights import AGENT
 
 from .system import READY, ROOT, agent_args, devhost_args, simulator_args, terminate_group
@@ -208,17 +208,6 @@ def _settings(app_dir: Path) -> dict[str, str]:
     return dict(HostConfig.load(app_dir).values)
 
 
-def as_identity(env: dict[str, str], identity: str) -> dict[str, str]:
-    """`env` with its local Service Bus connection and store endpoint acting as `identity` (devhost keeps the app's
-    own, the function app's identity in local.settings.sample.json; the Agent gets its own)."""
-    out = dict(env)
-    if "ServiceBusConnection" in out:
-        out["ServiceBusConnection"] = bus_connection_as(out["ServiceBusConnection"], identity)
-    if "CosmosDb__accountEndpoint" in out:
-        out["CosmosDb__accountEndpoint"] = store_endpoint_as(out["CosmosDb__accountEndpoint"], identity)
-    return out
-
-
 def up(args: argparse.Namespace) -> int:
     app_dir: Path = args.app_dir
     state = _state_dir(args)
@@ -257,7 +246,9 @@ def up(args: argparse.Namespace) -> int:
         )
         records.append(sim)
         _write_pid_file(pid_file, records)
-        agent_env = {**as_identity(env, AGENT), "AGENT_REMOTE_URL": str(sim_url)}
+        # devhost keeps the app's connections (the function app's identity in local.settings.sample.json); the Agent
+        # acts as its own.
+        agent_env = {**settings_as(env, AGENT), "AGENT_REMOTE_URL": str(sim_url)}
         agent, _ = _spawn("agent", agent_args(), agent_env, app_dir, logs / "agent.log", args.timeout)
         records.append(agent)
         _write_pid_file(pid_file, records)

@@ -9,6 +9,8 @@ SAS key name of the emulator form of its AMQP endpoint, or the store endpoint's 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 EMBEDDED_SCHEME = "embedded://"
 
 
@@ -75,3 +77,14 @@ def store_identity(endpoint: str) -> str | None:
     """The identity an embedded store endpoint names, None when it names none."""
     query = endpoint.partition("?")[2]
     return next((v for k, _, v in (o.partition("=") for o in query.split("&")) if k == STORE_IDENTITY and v), None)
+
+
+def settings_as(env: Mapping[str, str], identity: str | None) -> dict[str, str]:
+    """App settings whose local Service Bus connection (`ServiceBusConnection`) and store endpoint
+    (`CosmosDb__accountEndpoint`) act as `identity`; Azure's are left as they are."""
+    out = dict(env)
+    if out.get("ServiceBusConnection"):
+        out["ServiceBusConnection"] = bus_connection_as(out["ServiceBusConnection"], identity)
+    if out.get("CosmosDb__accountEndpoint"):
+        out["CosmosDb__accountEndpoint"] = store_endpoint_as(out["CosmosDb__accountEndpoint"], identity)
+    return out
