@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         from orderflow.embedded.amqp import serve
 
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        return serve(args.host, args.port, args.state_dir, args.config, args.faults)
+        return serve(args.host, args.port, args.state_dir, args.config, args.faults, args.infra)
     if args.command in LAB_COMMANDS:
         from lab.__main__ import run
 

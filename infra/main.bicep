@@ -65,7 +65,7 @@ param submittingApps submittingApp[] = [
   }
 ]
 
-@description('Optional principal (an operators group) allowed to receive from operator-alerts.')
+@description('Optional principal (an operators group): the operator CLI\'s rights (rbac.bicep: every queue, the stores).')
 param operatorPrincipalId string = ''
 @allowed([
   'Group'

@@ -160,7 +160,7 @@ async def client_app(system: LocalSystem) -> AsyncIterator[ClientApp]:
     from orderflow.adapters import aio_bus_from_connection_string
 
     env = system.env()
-    bus = aio_bus_from_connection_string(system.app_bus_connection)
+    bus = aio_bus_from_connection_string(system.bus_connection_for(system.submitter))  # as the submitting app
     client = ClientApp(bus, env.get("OrdersQueueName", "orders-inbound"), system.config.reply_queue)
     stop = asyncio.Event()
     listener = asyncio.create_task(client.listen(stop))

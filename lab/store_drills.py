@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from azure.durable_functions.models.history import HistoryEventType
 
+from orderflow.embedded.connection import store_endpoint_as, store_identity
 from orderflow.messages import STEPS, OrderStatus, SubmitOrder
 from orderflow.records import ProcessState
 
@@ -129,7 +130,8 @@ class FaultySystem(LocalSystem):
 
     def _process(self, name: str, argv: list[str]) -> Process:
         process = super()._process(name, argv)
-        process.env["CosmosDb__accountEndpoint"] = self.endpoint
+        identity = store_identity(process.env["CosmosDb__accountEndpoint"])  # the process's own (lab/system.py)
+        process.env["CosmosDb__accountEndpoint"] = store_endpoint_as(self.endpoint, identity)
         return process
 
 

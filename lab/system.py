@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from orderflow.embedded.connection import bus_connection_as, store_endpoint_as
+from orderflow.embedded.rights import AGENT, FUNCTION_APP, submitting_app
 from orderflow.settings import SETTINGS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,6 +85,15 @@ def terminate_group(pid: int, alive: Callable[[], bool], timeout: float) -> bool
     return True
 
 
+def process_identity(name: str) -> str | None:
+    """The identity of infra/ a process of the system acts as, by its name: an Agent (agent, agent-2, ...) the
+    Agent's, the simulator none (it uses neither the bus nor the store), everything else the function app's
+    (devhost and its hosts, a racing Starter or Supervisor)."""
+    if name == "simulator":
+        return None
+    return AGENT if name.startswith("agent") else FUNCTION_APP
+
+
 def _inherited_env() -> dict[str, str]:
     """This process's environment, less pytest's own variables, for a child process of the system."""
     return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
@@ -117,11 +128,13 @@ class SystemConfig:
     transport: str = "embedded"
     # The Durable engine's timing in every devhost: "local", or "azure-storage" (devhost/durable/timing.py).
     timing: str = "local"
+    # Every process acts as the identity infra/ gives it (orderflow/embedded/rights); off: every one is the owner.
+    rights: bool = True
 
     @property
     def bus_connection(self) -> str:
-        """The embedded client's connection string of the broker file: what the lab's own checks read, whatever the
-        processes' transport (`LocalSystem.app_bus_connection`)."""
+        """The embedded client's connection string of the broker file, as the namespace owner (every right): what
+        the lab's own checks read every queue with, whatever the processes' transport and identities."""
         return f"Endpoint=embedded://{self.work_dir / 'servicebus.db'};ConfigFile={self.servicebus_config}"
 
     @property
@@ -213,15 +226,27 @@ class LocalSystem:
 
     @property
     def app_bus_connection(self) -> str:
-        """The connection string every process of the system gets (`ServiceBusConnection`): the embedded broker's, or
-        with transport "amqp" the emulator form pointing at the running endpoint, so each uses the real SDK."""
+        """The system's transport as the owner: the embedded broker's connection string, or with transport "amqp"
+        the emulator form pointing at the running endpoint (RootManageSharedAccessKey), so each uses the real SDK.
+        A process gets it with its own identity (`bus_connection_for`)."""
         if self.config.transport == "embedded":
             return self.config.bus_connection
         if self.servicebus is None or self.servicebus.url is None:
             raise RuntimeError("transport amqp: start the AMQP endpoint first (LocalSystem.start_servicebus)")
         return emulator_connection_string(self.servicebus.url)
 
-    def env(self) -> dict[str, str]:
+    def bus_connection_for(self, identity: str | None) -> str:
+        """The system's transport acting as `identity` (an identity of infra/; None: the owner)."""
+        return bus_connection_as(self.app_bus_connection, identity if self.config.rights else None)
+
+    @property
+    def submitter(self) -> str:
+        """The identity of the submitting application whose reply queue the system answers on."""
+        return submitting_app(self.config.reply_queue)
+
+    def env(self, identity: str | None = None) -> dict[str, str]:
+        """The app settings of the system: with `identity`, what a process acting as it gets (its Service Bus
+        connection and store endpoint name it); without, the owner's, what the lab's own checks read with."""
         c = self.config
         env = _inherited_env()
         # Every registered app setting with its documented default, as local.settings.sample.json lists them.
@@ -239,10 +264,16 @@ class LocalSystem:
         )
         if self.simulator and self.simulator.url:
             env["AGENT_REMOTE_URL"] = self.simulator.url
+        if identity is not None and c.rights:
+            env["ServiceBusConnection"] = self.bus_connection_for(identity)
+            env["CosmosDb__accountEndpoint"] = store_endpoint_as(c.store_endpoint, identity)
         return env
 
     def _process(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
-        return Process(name, [sys.executable, *argv], env or self.env(), self.config.work_dir / f"{name}.log")
+        """A child process; without `env`, the settings of the identity its name says (`process_identity`)."""
+        return Process(
+            name, [sys.executable, *argv], env or self.env(process_identity(name)), self.config.work_dir / f"{name}.log"
+        )
 
     def start_simulator(self) -> Process:
         c = self.config

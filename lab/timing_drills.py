@@ -23,6 +23,7 @@ from typing import Any
 
 from rich.console import Console
 
+from orderflow.embedded.rights import AGENT
 from orderflow.messages import STEPS, AgentOutcome, AlertKind, OrderStatus, idempotency_key
 from orderflow.records import OrderStateRecord, ProcessState, StepStatus
 
@@ -375,7 +376,7 @@ def _queue_state(connection: str, queue: str) -> tuple[int, int]:
 
 def _second_agent(system: LocalSystem, skew: float) -> Process:
     """Another Agent process on the same broker, store and remote, with its own clock skew."""
-    env = {**system.env(), "AGENT_CLOCK_SKEW_SECONDS": str(skew)}
+    env = {**system.env(AGENT), "AGENT_CLOCK_SKEW_SECONDS": str(skew)}
     process = Process(
         "agent-2",
         [sys.executable, *agent_args("--jitter-seed", str(system.config.seed + 1))],

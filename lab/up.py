@@ -23,6 +23,8 @@ from typing import Any
 import psutil
 
 from devhost.config import ConfigError, HostConfig
+from orderflow.embedded.connection import settings_as
+from orderflow.embedded.rights import AGENT
 
 from .system import READY, ROOT, agent_args, devhost_args, simulator_args, terminate_group
 
@@ -244,9 +246,10 @@ def up(args: argparse.Namespace) -> int:
         )
         records.append(sim)
         _write_pid_file(pid_file, records)
-        agent, _ = _spawn(
-            "agent", agent_args(), {**env, "AGENT_REMOTE_URL": str(sim_url)}, app_dir, logs / "agent.log", args.timeout
-        )
+        # devhost keeps the app's connections (the function app's identity in local.settings.sample.json); the Agent
+        # acts as its own.
+        agent_env = {**settings_as(env, AGENT), "AGENT_REMOTE_URL": str(sim_url)}
+        agent, _ = _spawn("agent", agent_args(), agent_env, app_dir, logs / "agent.log", args.timeout)
         records.append(agent)
         _write_pid_file(pid_file, records)
         host, _ = _spawn(

@@ -91,7 +91,7 @@ def open_stores(env: Mapping[str, str] | None = None) -> Stores:
     if (path := _embedded_path(endpoint)) is not None:
         from orderflow.embedded.store import open_sqlite_stores
 
-        return Stores(*open_sqlite_stores(path))
+        return Stores(*open_sqlite_stores(path, source))
     from orderflow.azure.cosmos import cosmos_stores
 
     client, credential, names = _cosmos(endpoint, source)
@@ -106,7 +106,8 @@ def open_breaker_documents(env: Mapping[str, str] | None = None) -> DocumentStor
     if (path := _embedded_path(endpoint)) is not None:
         from orderflow.embedded.store import open_sqlite_documents
 
-        return open_sqlite_documents(path, settings.get("CircuitBreakerContainerName", source) or "circuitBreakers")
+        container = settings.get("CircuitBreakerContainerName", source) or "circuitBreakers"
+        return open_sqlite_documents(path, container, source)
     from orderflow.azure.cosmos import cosmos_breaker_documents
 
     client, credential, names = _cosmos(endpoint, source)
@@ -121,7 +122,7 @@ def open_recovery_index(env: Mapping[str, str] | None = None) -> RecoveryIndex:
     if (path := _embedded_path(endpoint)) is not None:
         from orderflow.embedded.store import open_sqlite_recovery_index
 
-        return open_sqlite_recovery_index(path, bucket_seconds)
+        return open_sqlite_recovery_index(path, bucket_seconds, source)
     from orderflow.azure.cosmos import cosmos_recovery_index
 
     client, credential, names = _cosmos(endpoint, source)

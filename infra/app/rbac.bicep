@@ -22,7 +22,10 @@
 //  Agent            | orderflow circuit breaker (custom)     | container circuitBreakers | the breaker documents
 //  submitting app   | Service Bus Data Sender                | orders-inbound            | SubmitOrder, CancelOrder
 //  submitting app   | Service Bus Data Receiver              | its own status queue only | its order statuses
-//  operators (opt.) | Service Bus Data Receiver              | operator-alerts           | orderflow alerts
+//  operators (opt.) | Service Bus Data Receiver              | the namespace             | alerts, dlq list|show|replay
+//  operators (opt.) | Service Bus Data Sender                | the namespace             | dlq replay, cancel, breaker
+//  operators (opt.) | Cosmos DB Built-in Data Reader         | database orders           | orderflow order
+//  operators (opt.) | Cosmos DB Built-in Data Contributor    | database state            | order(s), resubmit, breaker
 // Service Bus rights are per queue, and a queue's dead-letter sub-queue (<queue>/$deadletterqueue) is part of it
 // (https://learn.microsoft.com/azure/service-bus-messaging/service-bus-dead-letter-queues). A receive, a peek included,
 // needs Data Receiver (Microsoft.ServiceBus/*/receive/action), a send Data Sender (.../send/action)
@@ -45,6 +48,12 @@
 // container recoveryIndex of database state: the Supervisor queries and deletes entries, claims and step deadlines
 // write them); the Agent has no grant there. The Durable Task Scheduler grant (when chosen) is in
 // durable-task-scheduler.bicep, beside the task hub it is scoped to.
+// The operators' grants are what the operator CLI does with their own identity (orderflow/cli: README "Operating"):
+// it reads and replays the dead letters of every queue (status queues included), sends a cancel to orders-inbound and
+// a breaker alert to operator-alerts, reads the orders and the state store and writes a resubmit and the breaker
+// documents. Every queue is theirs to read and replay to, so both Service Bus roles are scoped to the namespace (no
+// Manage: Data Sender and Data Receiver only). Locally the stand-ins give the `operators` identity exactly these
+// rights (orderflow/embedded/rights), so a command that needs more fails there as on Azure.
 
 import { submittingApp } from 'types.bicep'
 
@@ -55,7 +64,7 @@ param agentPrincipalId string
 param submittingApps submittingApp[]
 @description('Status queue of each submitting application, index-aligned with submittingApps.')
 param statusQueueNames array
-@description('Optional principal (a group, typically) that reads operator-alerts; empty for none.')
+@description('Optional principal (a group, typically): the operator CLI\'s rights (header); empty for none.')
 param operatorPrincipalId string = ''
 @allowed([
   'Group'
@@ -97,6 +106,8 @@ var roles = {
 }
 // Cosmos DB data-plane built-in role (sqlRoleDefinitions): Cosmos DB Built-in Data Contributor.
 var cosmosDataContributor = '00000000-0000-0000-0000-000000000002'
+// Cosmos DB Built-in Data Reader: the operators' read of the orders database.
+var cosmosDataReader = '00000000-0000-0000-0000-000000000001'
 // The Agent's custom Cosmos DB data-plane role: exactly the data actions the circuit breaker uses (orderflow/azure/
 // cosmos.py: read_item, create_item, If-Match replace_item). Names as in "Azure Cosmos DB for NoSQL data plane
 // actions reference" (https://learn.microsoft.com/azure/cosmos-db/nosql/security/reference-data-plane-actions):
@@ -429,13 +440,50 @@ resource submitterReceivesOwnStatus 'Microsoft.Authorization/roleAssignments@202
   }
 }]
 
-// ---- operators (optional) ----
-resource operatorsReceiveAlerts 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(operatorPrincipalId)) {
-  name: guid(namespace::operatorAlertsQueue.id, operatorPrincipalId, roles.serviceBusDataReceiver)
-  scope: namespace::operatorAlertsQueue
+// ---- operators (optional): the operator CLI's rights, see the header ----
+resource operatorsReceive 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(operatorPrincipalId)) {
+  name: guid(namespace.id, operatorPrincipalId, roles.serviceBusDataReceiver)
+  scope: namespace
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataReceiver)
     principalId: operatorPrincipalId
     principalType: operatorPrincipalType
+  }
+}
+
+resource operatorsSend 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(operatorPrincipalId)) {
+  name: guid(namespace.id, operatorPrincipalId, roles.serviceBusDataSender)
+  scope: namespace
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataSender)
+    principalId: operatorPrincipalId
+    principalType: operatorPrincipalType
+  }
+}
+
+// One Cosmos DB grant at a time on the account (the 412 above): after the Agent's, then one after the other.
+resource operatorsReadOrders 'Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments@2024-05-15' = if (!empty(operatorPrincipalId)) {
+  parent: cosmosAccount
+  name: guid(cosmosAccount.id, operatorPrincipalId, cosmosDataReader, ordersDatabaseName)
+  dependsOn: [
+    agentCircuitBreakerData
+  ]
+  properties: {
+    roleDefinitionId: '${cosmosAccount.id}/sqlRoleDefinitions/${cosmosDataReader}'
+    principalId: operatorPrincipalId
+    scope: '${cosmosAccount.id}/dbs/${ordersDatabaseName}'
+  }
+}
+
+resource operatorsStateData 'Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments@2024-05-15' = if (!empty(operatorPrincipalId)) {
+  parent: cosmosAccount
+  name: guid(cosmosAccount.id, operatorPrincipalId, cosmosDataContributor, stateDatabaseName)
+  dependsOn: [
+    operatorsReadOrders
+  ]
+  properties: {
+    roleDefinitionId: '${cosmosAccount.id}/sqlRoleDefinitions/${cosmosDataContributor}'
+    principalId: operatorPrincipalId
+    scope: '${cosmosAccount.id}/dbs/${stateDatabaseName}'
   }
 }

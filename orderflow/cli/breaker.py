@@ -31,6 +31,8 @@ from orderflow.breaker import (
 )
 from orderflow.cli.common import CliError, one_line, operator_name
 from orderflow.clock import Clock, SystemClock
+from orderflow.embedded.connection import settings_as
+from orderflow.embedded.rights import OPERATORS
 from orderflow.messages import AlertKind
 from orderflow.ports import BusClient
 from orderflow.records import format_utc
@@ -243,7 +245,7 @@ async def _run_with_timeout(args: argparse.Namespace, env: Mapping[str, str], cl
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, clock: Clock | None = None) -> int:
     args = build_parser().parse_args(argv)
-    source = os.environ if env is None else env
+    source = settings_as(os.environ if env is None else env, OPERATORS)  # locally the operators' identity of infra/
     # Quiet unless asked: the alert and the transition are logged by the library (at ERROR/WARNING) and printed here.
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.CRITICAL + 1, format="%(levelname)s %(name)s: %(message)s"

@@ -29,6 +29,8 @@ from rich.table import Table
 from orderflow.adapters import bus_from_connection_string
 from orderflow.cli._follow import _all_statuses, _diagnose, _follow, _follow_cancel, _Watch
 from orderflow.cli.common import CliError, load_settings, safe
+from orderflow.embedded.connection import bus_connection_as, settings_as
+from orderflow.embedded.rights import OPERATORS, submitting_app
 from orderflow.errors import is_missing_entity
 from orderflow.messages import (
     TERMINAL_STATUSES,
@@ -159,10 +161,15 @@ def _connection_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _client(args: argparse.Namespace) -> Any:
+def _client(args: argparse.Namespace, identity: str | None) -> Any:
+    """The Service Bus client of the command. Locally (the embedded broker, the emulator form of its endpoint) the
+    app's connection acts as `identity`, the identity of infra/ the command's user has on Azure (docs/devhost.md,
+    "Rights"); an explicit --connection is taken as it is."""
     app_dir = args.app_dir.resolve()
     values = load_settings(app_dir)
     conn = args.connection or values.get("ServiceBusConnection")
+    if conn and not args.connection:
+        conn = bus_connection_as(conn, identity)
     os.chdir(app_dir)  # relative embedded paths resolve against the app dir, as under devhost
     if conn:
         return bus_from_connection_string(conn)
@@ -215,7 +222,7 @@ def submit(args: argparse.Namespace) -> int:
         known_rejection = exc
         console.print(f"[yellow]note: the system will reject this order: {safe(exc)}[/]")
     orders_queue = os.environ.get("OrdersQueueName", "orders-inbound")
-    with _client(args) as client:
+    with _client(args, submitting_app(reply_to)) as client:
         with client.get_queue_sender(orders_queue) as sender:
             sender.send_messages(
                 ServiceBusMessage(body, session_id=order_id, message_id=message_id, content_type="application/json")
@@ -260,7 +267,7 @@ def submit_many(args: argparse.Namespace) -> int:
     prefix = f"order-{uuid.uuid4().hex[:6]}"
     ids = [f"{prefix}-{n:05d}" for n in range(args.count)]
     console = Console(emoji=False)
-    with _client(args) as client:
+    with _client(args, submitting_app(reply_to)) as client:
         with client.get_queue_sender(orders_queue) as sender:
             for order_id in ids:
                 body, message_id = _order_body(template, order_id, args.reply_to)
@@ -298,7 +305,7 @@ def watch(args: argparse.Namespace) -> int:
     """`orderflow watch REPLY_QUEUE`: print statuses for --for seconds (or --max of them); exit 0."""
     console = Console(emoji=False)
     seen = [0]
-    with _client(args) as client:
+    with _client(args, submitting_app(args.queue)) as client:
         if not args.json:
             console.print(
                 f"watching {safe(args.queue)}"
@@ -331,7 +338,7 @@ def _stored_record(order_id: str) -> Any:
 
     from orderflow.adapters import open_stores
 
-    env = load_settings(Path("."))
+    env = settings_as(load_settings(Path(".")), OPERATORS)  # the operator's check: the operators' identity
     if not env.get("CosmosDb__accountEndpoint"):
         raise CliError(
             "app setting CosmosDb__accountEndpoint is not set: cannot check the order (--no-check sends "
@@ -357,7 +364,9 @@ def cancel(args: argparse.Namespace) -> int:
     order_id = str(args.order_id)
     console = Console(emoji=False)
     orders_queue = os.environ.get("OrdersQueueName", "orders-inbound")
-    with _client(args) as client:  # (chdir to the app dir: an embedded store path resolves as under devhost)
+    # With the check, an operator's cancel; with --no-check, the client app's (of its reply queue).
+    identity = submitting_app(args.reply_to or "app-status") if args.no_check else OPERATORS
+    with _client(args, identity) as client:  # (chdir to the app dir: an embedded store path resolves as under devhost)
         reply_to = args.reply_to
         if not args.no_check:
             record = _stored_record(order_id)
@@ -392,7 +401,7 @@ def queues(args: argparse.Namespace) -> int:
     """Each queue's counts, the dead-lettered messages with their reasons, and the operator alerts (peeked)."""
     from orderflow.deadletters import row
 
-    with _client(args) as client:
+    with _client(args, OPERATORS) as client:
         broker = getattr(client, "broker", None)
         if broker is None:
             raise CliError(

@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from orderflow.cli import client, ops
 from orderflow.cli.common import CliError, load_settings, one_line
 from orderflow.clock import Clock
+from orderflow.embedded.connection import settings_as
+from orderflow.embedded.rights import OPERATORS
 from orderflow.operations import OpsError
 
 PROG = "orderflow"
@@ -66,7 +68,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         if hasattr(args, "handler"):  # the client-app commands (sync azure-servicebus)
             code: int = args.handler(args)
             return code
-        settings = load_settings(args.app_dir.resolve(), os.environ if env is None else env)
+        # The operator commands act as the operators' identity of infra/ locally (on Azure: the operator's own).
+        settings = settings_as(load_settings(args.app_dir.resolve(), os.environ if env is None else env), OPERATORS)
         os.chdir(args.app_dir.resolve())  # relative embedded paths resolve against the app dir, as under devhost
         if getattr(args, "top", False):
             asyncio.run(ops.top(args, settings, clock))

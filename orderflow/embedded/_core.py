@@ -7,7 +7,6 @@ Sources (the SDK's files and functions) and figures: docs/modules-product.md, se
 from __future__ import annotations
 
 import logging
-import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -32,12 +31,12 @@ from azure.servicebus.exceptions import (
 )
 
 from . import notify
+from ._access import authorize
+from ._connection_string import broker_from_connection_string
 from ._retry import Attempts, RetryPolicy, Timer
 from .broker import ACTIVE, DEAD_LETTER, EmbeddedBroker, QueueCounts, SessionLock
-from .broker._bus_faults import BusFaults, split_endpoint
 from .broker._schema import _MIN_WAIT
 from .config import QueueProperties
-from .connection import EMBEDDED_SCHEME
 from .message import MAX_MESSAGE_SIZE_BYTES as MAX_MESSAGE_SIZE_BYTES  # re-exported
 from .message import (
     ServiceBusReceivedMessage,
@@ -64,60 +63,21 @@ def check_timeout(timeout: float | None) -> float | None:
     return timeout
 
 
-def check_entity(broker: EmbeddedBroker, queue: str, entity_path: str | None = None) -> QueueProperties:
+def check_entity(
+    broker: EmbeddedBroker, queue: str, entity_path: str | None = None, claim: str = "Listen"
+) -> QueueProperties:
     """What opening a link learns of its entity. Service Bus answers the put-token of a queue that does not exist
     with 404, which the SDK raises as a retryable ServiceBusAuthenticationError carrying a TokenAuthFailure
-    (_pyamqp/cbs.py `handle_token`, _pyamqp_transport.py `create_servicebus_exception`): built by the SDK's code."""
+    (_pyamqp/cbs.py `handle_token`, _pyamqp_transport.py `create_servicebus_exception`): built by the SDK's code.
+    Then the link needs `claim` (Send, Listen) on the queue: `_access.authorize`."""
     try:
-        return broker.queue_properties(queue)
+        properties = broker.queue_properties(queue)
     except MessagingEntityNotFoundError:
         text = f"The messaging entity 'sb://embedded/{entity_path or queue}' could not be found."
         failure = TokenAuthFailure(404, text.encode())  # type: ignore[no-untyped-call]
         raise PyamqpTransport.create_servicebus_exception(_LOG, failure) from None
-
-
-# -- connection strings --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EmbeddedConnection:
-    """A parsed `Endpoint=embedded://<db path>[?<faults>][;ConfigFile=<config path>][;DuplicateDelivery=true]`
-    connection string. `DuplicateDelivery` and the endpoint's options (`BusFaults`) are fault-injection switches
-    (orderflow/embedded/broker/): a lost first complete; server busy, timeouts and dropped connections."""
-
-    db_path: str
-    config_file: str | None
-    duplicate_delivery: bool = False
-    faults: BusFaults | None = None
-
-
-def parse_connection_string(conn_str: str) -> dict[str, str]:
-    """`Key=Value;...` → dict with lower-cased keys (values keep their case; '=' allowed in values)."""
-    pairs = (part.split("=", 1) for part in conn_str.split(";") if part.strip())
-    return {key.strip().lower(): value.strip() for key, value in pairs}
-
-
-def parse_embedded(conn_str: str) -> EmbeddedConnection:
-    parts = parse_connection_string(conn_str)
-    endpoint = parts.get("endpoint", "")
-    if not endpoint.lower().startswith(EMBEDDED_SCHEME):
-        raise ValueError("not an embedded connection string: Endpoint must start with embedded://")
-    path, faults = split_endpoint(endpoint[len(EMBEDDED_SCHEME) :])
-    if not path:
-        raise ValueError("embedded connection string needs a database path: Endpoint=embedded://<path>")
-    config = parts.get("configfile")
-    duplicate = parts.get("duplicatedelivery", "false").lower()
-    if duplicate not in ("true", "false"):
-        raise ValueError(f"DuplicateDelivery must be true or false, got {duplicate!r}")
-    config_file = os.path.abspath(config) if config else None
-    return EmbeddedConnection(os.path.abspath(path), config_file, duplicate == "true", faults)
-
-
-def broker_from_connection_string(conn_str: str, **kwargs: Any) -> EmbeddedBroker:
-    c = parse_embedded(conn_str)
-    return EmbeddedBroker(
-        c.db_path, config=c.config_file, duplicate_delivery=c.duplicate_delivery, faults=c.faults, **kwargs
-    )
+    authorize(broker, queue, claim, entity_path)
+    return properties
 
 
 # -- receiving -----------------------------------------------------------------------------------------------
@@ -559,8 +519,8 @@ class ClientBase:
     def from_connection_string(cls, conn_str: str, **kwargs: Any) -> Any:
         """`Endpoint=embedded://<db path>[;ConfigFile=<config path>]`; `clock=` (the broker's) may be passed for
         tests, and the client's keywords (`local_clock=`, `retry_total=`, ...)."""
-        clock = kwargs.pop("clock", None)
-        return cls(broker_from_connection_string(conn_str, clock=clock), _owns_broker=True, **kwargs)
+        clock, infra = kwargs.pop("clock", None), kwargs.pop("infra", None)
+        return cls(broker_from_connection_string(conn_str, clock=clock, infra=infra), _owns_broker=True, **kwargs)
 
     def get_queue_sender(self, queue_name: str, **kwargs: Any) -> Any:
         sender = self.sender_class(self.broker, queue_name, timer=self._timer, retry=self._retry.updated(kwargs))

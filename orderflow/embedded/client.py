@@ -14,13 +14,13 @@ from typing import Any, TypeVar
 from azure.servicebus import ServiceBusMessageBatch
 from azure.servicebus.exceptions import ServiceBusError
 
+from ._connection_string import broker_from_connection_string
 from ._core import (
     MESSAGE_DEAD_LETTER,
     SHUTDOWN,
     ClientBase,
     QueueRuntimeProperties,
     ReceiverCore,
-    broker_from_connection_string,
     check_entity,
     check_timeout,
 )
@@ -82,7 +82,7 @@ class ServiceBusSender:
         while not self._linked:
             try:
                 guard(self._broker, self.entity_name, "open", attempts, self._timer)
-                self._limits = SizeLimits.of(check_entity(self._broker, self.entity_name))
+                self._limits = SizeLimits.of(check_entity(self._broker, self.entity_name, claim="Send"))
                 self._linked = True
             except ServiceBusError as error:
                 self._timer.sleep(attempts.failed(error))

@@ -15,13 +15,13 @@ from typing import Any, TypeVar
 from azure.servicebus import ServiceBusMessageBatch
 from azure.servicebus.exceptions import ServiceBusError
 
+from ._connection_string import broker_from_connection_string
 from ._core import (
     MESSAGE_DEAD_LETTER,
     SHUTDOWN,
     ClientBase,
     QueueRuntimeProperties,
     ReceiverCore,
-    broker_from_connection_string,
     check_entity,
     check_timeout,
 )
@@ -99,7 +99,7 @@ class ServiceBusSender:
         while not self._linked:
             try:
                 await guard_async(self._broker, self.entity_name, "open", attempts, self._timer)
-                self._limits = SizeLimits.of(await _run(check_entity, self._broker, self.entity_name))
+                self._limits = SizeLimits.of(await _run(check_entity, self._broker, self.entity_name, claim="Send"))
                 self._linked = True
             except ServiceBusError as error:
                 await self._timer.sleep_async(attempts.failed(error))

@@ -24,7 +24,7 @@ from lab.drills_report import FULL, QUICK
 from lab.invariants import _dead_letters
 from lab.store_drills import FaultLedger
 from lab.system import ROOT
-from orderflow.embedded._core import parse_embedded
+from orderflow.embedded._connection_string import parse_embedded
 
 
 def test_the_drill_is_registered_and_in_both_report_runs() -> None:

@@ -24,6 +24,7 @@ from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode, ServiceBu
 
 from lab.system import ROOT, LocalSystem, SystemConfig
 from orderflow.adapters import bus_from_connection_string, open_stores
+from orderflow.embedded.rights import AGENT, OPERATORS
 from orderflow.messages import TERMINAL_STATUSES, AgentReply, OperatorAlert, OrderStatus, StatusMessage, SubmitOrder
 from orderflow.records import OrderRecord, OrderStateRecord
 from support.hosted import wait_until
@@ -74,21 +75,32 @@ class DeadLetter:
 
 @dataclass
 class Client:
-    """The submitting application and the operator's console, against a running `LocalSystem`."""
+    """The submitting application and the operator's console, against a running `LocalSystem`, each with the
+    identity infra/ gives it: orders, cancels and statuses as the submitting application, alerts as the operators,
+    a forged Agent reply as the Agent; `bus` is the owner's, for the checks that read any queue (dead letters)."""
 
     system: LocalSystem
     bus: Any = None
+    app: Any = None
     _statuses: dict[str, list[StatusMessage]] = field(default_factory=lambda: defaultdict(list))
     _alerts: list[OperatorAlert] = field(default_factory=list)
     _dead: dict[str, DeadLetter] = field(default_factory=dict)
+    _as: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # The system's own transport: the embedded client, or the real SDK over the AMQP endpoint (SystemConfig).
         self.bus = bus_from_connection_string(self.system.app_bus_connection)
+        self.app = self.acting_as(self.system.submitter)
+
+    def acting_as(self, identity: str) -> Any:
+        """A client of the system's transport acting as `identity` (orderflow/embedded/rights)."""
+        if identity not in self._as:
+            self._as[identity] = bus_from_connection_string(self.system.bus_connection_for(identity))
+        return self._as[identity]
 
     # --- sending --------------------------------------------------------------------------------------------
     def send(self, body: str | bytes, *, message_id: str, session_id: str) -> None:
-        with self.bus.get_queue_sender(ORDERS_QUEUE) as sender:
+        with self.app.get_queue_sender(ORDERS_QUEUE) as sender:
             sender.send_messages(
                 ServiceBusMessage(body, message_id=message_id, session_id=session_id, content_type="application/json")
             )
@@ -102,26 +114,26 @@ class Client:
         from orderflow.operations import cancel_message
 
         message = cancel_message(order_id, reply_to, reason)
-        with self.bus.get_queue_sender(ORDERS_QUEUE) as sender:
+        with self.app.get_queue_sender(ORDERS_QUEUE) as sender:
             sender.send_messages(message)
         return str(message.message_id)
 
     def send_agent_reply(self, reply: AgentReply) -> None:
         """An Agent reply on agent-replies, as the Agent sends it (SessionId = orderId, stable MessageId)."""
-        with self.bus.get_queue_sender(REPLIES_QUEUE) as sender:
+        with self.acting_as(AGENT).get_queue_sender(REPLIES_QUEUE) as sender:
             sender.send_messages(
                 ServiceBusMessage(reply.to_json(), message_id=reply.message_id(), session_id=reply.order_id)
             )
 
     # --- reading queues (non-blocking polls, accumulated) ---------------------------------------------------
     def statuses(self, order_id: str) -> list[StatusMessage]:
-        with self.bus.get_queue_receiver(REPLY_QUEUE, session_id=order_id, receive_mode=RECEIVE_AND_DELETE) as r:
+        with self.app.get_queue_receiver(REPLY_QUEUE, session_id=order_id, receive_mode=RECEIVE_AND_DELETE) as r:
             for msg in r.receive_messages(max_message_count=50, max_wait_time=POLL_WAIT):
                 self._statuses[order_id].append(StatusMessage.model_validate_json(b"".join(msg.body)))
         return list(self._statuses[order_id])
 
     def alerts(self, order_id: str) -> list[OperatorAlert]:
-        with self.bus.get_queue_receiver(ALERTS_QUEUE, receive_mode=RECEIVE_AND_DELETE) as r:
+        with self.acting_as(OPERATORS).get_queue_receiver(ALERTS_QUEUE, receive_mode=RECEIVE_AND_DELETE) as r:
             for msg in r.receive_messages(max_message_count=100, max_wait_time=POLL_WAIT):
                 self._alerts.append(OperatorAlert.model_validate_json(b"".join(msg.body)))
         return [a for a in self._alerts if a.order_id == order_id]
@@ -218,7 +230,8 @@ class Client:
             return json.loads(response.read() or b"null")
 
     def close(self) -> None:
-        self.bus.close()
+        for bus in (self.bus, *self._as.values()):
+            bus.close()
 
 
 def short_lock_config(work: Path) -> Path:

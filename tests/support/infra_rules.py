@@ -1,8 +1,9 @@
 """Rules the infra tests share: the text no template or settings file may contain (keys, SAS, connection strings),
-the built-in Azure roles by GUID, and every role assignment in infra/ with the role it grants."""
+the built-in Azure roles by GUID (the rights module's), and every role assignment in infra/ with the role it grants."""
 
 from __future__ import annotations
 
+from orderflow.embedded.rights._grants import BUILT_IN_ROLES
 from support.bicep_tree import Resource, Scope, all_files, evaluate, text
 
 FORBIDDEN = [
@@ -21,18 +22,8 @@ FORBIDDEN = [
     r"[?&]sig=",
     r"adminUserEnabled:\s*true",
 ]
-ROLE_NAMES = {
-    "4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0": "Service Bus Data Receiver",
-    "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39": "Service Bus Data Sender",
-    "b7e6dc6d-f1e8-4753-8033-0f276bb0955b": "Storage Blob Data Owner",
-    "974c5e8b-45b9-4653-ba55-5f855dd0fb88": "Storage Queue Data Contributor",
-    "0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3": "Storage Table Data Contributor",
-    "3913510d-42f4-4e42-8a64-420c390055eb": "Monitoring Metrics Publisher",
-    "7f951dda-4ed3-4680-a7ca-43fe172d538d": "AcrPull",
-    "0ad04412-c4d5-4796-b79c-f76d14c8d402": "Durable Task Data Contributor",
-    # https://learn.microsoft.com/azure/role-based-access-control/built-in-roles/general#reader: `*/read` only.
-    "acdd72a7-3385-48ef-bd42-f606fba81ae7": "Reader",
-}
+# The built-in Azure roles by GUID: the rights module's table (orderflow/embedded/rights/_grants.py), the one source.
+ROLE_NAMES = {guid: role.name for guid, role in BUILT_IN_ROLES.items()}
 
 
 def role_id(assignment: Resource) -> str:

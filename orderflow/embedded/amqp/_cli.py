@@ -35,9 +35,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="inject faults, as the embedded broker's endpoint options (serverBusyRate=0.1&outageFile=PATH&...); "
         "default none",
     )
+    parser.add_argument(
+        "--infra",
+        type=Path,
+        default=None,
+        help="folder whose role assignments give each SAS key name (an identity of infra/) its rights "
+        "(default: the repository's infra/; RootManageSharedAccessKey has every right)",
+    )
 
 
-def serve(host: str, port: int, state_dir: Path, config: Path | None, faults: str = "") -> int:
+def serve(
+    host: str, port: int, state_dir: Path, config: Path | None, faults: str = "", infra: Path | None = None
+) -> int:
     """Serve until a signal; returns the exit status."""
     if config is not None and not config.is_file():
         print(f"devhost servicebus: config file not found: {config}", file=sys.stderr, flush=True)
@@ -54,7 +63,7 @@ def serve(host: str, port: int, state_dir: Path, config: Path | None, faults: st
 
     broker = EmbeddedBroker(state_dir / DB_NAME, config=config, faults=injected)
     try:
-        endpoint = Endpoint(broker, host, port)
+        endpoint = Endpoint(broker, host, port, infra)
     except OSError as exc:
         print(f"devhost servicebus: cannot listen on {host}:{port}: {exc}", file=sys.stderr, flush=True)
         broker.close()

@@ -17,6 +17,7 @@ from azure.servicebus.exceptions import (
 from proton import Condition, symbol
 
 NOT_FOUND = "amqp:not-found"
+UNAUTHORIZED = "amqp:unauthorized-access"  # a missing claim (orderflow/embedded/rights): status 401
 NOT_ALLOWED = "amqp:not-allowed"
 NOT_IMPLEMENTED = "amqp:not-implemented"
 INTERNAL_ERROR = "amqp:internal-error"

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from proton import Delivery, Link, Message, Receiver, Sender
+from proton import Delivery, Link, Message, Receiver, Sender, Terminus
 
 from orderflow.embedded.broker import EmbeddedBroker
 
 from ._codec import MAX_MESSAGE_SIZE, Address, decode_transfer
-from ._errors import MESSAGE_SIZE_EXCEEDED, AmqpError, classify
+from ._errors import MESSAGE_SIZE_EXCEEDED, UNAUTHORIZED, AmqpError, classify
 from ._faults import WireFaults
 
 CREDIT = 100  # transfers a client may send before the endpoint tops its credit up again
@@ -37,10 +37,19 @@ def refuse_link(link: Link, error: AmqpError) -> None:
     """Refuse an attach as Service Bus does: attach (with source and target: pyamqp drops an attach without them,
     azure/servicebus/_pyamqp/link.py `_incoming_attach`), then detach with the error. The echoed source carries no
     filter: @azure/service-bus reads a session filter echoed back as a granted session and only then sees the
-    detach (messageSession.js `createRheaLink`: a named session answered without its id is SessionCannotBeLocked)."""
+    detach (messageSession.js `createRheaLink`: a named session answered without its id is SessionCannotBeLocked).
+    A missing claim (amqp:unauthorized-access) is refused as AMQP refuses a link, with the local terminus null
+    (AMQP 1.0 part 2.6.3): pyamqp then never counts the link attached, and raises the detach's error before a
+    transfer (_pyamqp/link.py `get_state`), as the SDK's live test against Service Bus expects of a listen-only key
+    (tests/test_sb_client.py `test_sb_client_readonly_credentials`: ServiceBusAuthorizationError)."""
     if link.state & Link.LOCAL_UNINIT:
-        open_link(link)
-        link.source.filter.clear()
+        if error.condition == UNAUTHORIZED:
+            echo_terminus(link)
+            (link.target if link.is_receiver else link.source).type = Terminus.UNSPECIFIED  # null on the wire
+            link.open()
+        else:
+            open_link(link)
+            link.source.filter.clear()
     link.condition = error.to_condition()
     link.close()
 

@@ -41,8 +41,11 @@ class Request:
         address: Address,
         message: Message,
         links: Callable[[], Iterable[DeliveryLink]],
+        authorize: Callable[[str], None] = lambda claim: None,
     ) -> None:
+        """`authorize(claim)`: raises when the requester lacks that claim (Send, Listen) on the entity."""
         self.broker, self.address, self.message, self._links = broker, address, message, links
+        self.authorize = authorize
         properties: dict[Any, Any] = dict(message.properties or {})
         self.operation = str(properties.get("operation") or "")
         self.associated = properties.get("associated-link-name")
@@ -84,6 +87,7 @@ def respond(request: Request) -> Message:
     try:
         if handler is None:
             raise AmqpError(NOT_IMPLEMENTED, f"The operation '{request.operation}' is not supported locally.", 501)
+        request.authorize("Send" if request.operation in _SEND_OPERATIONS else "Listen")
         status, body = handler(request)
     except Exception as exc:  # noqa: BLE001 - answered with its status and condition
         return refusal(request.message, classify(exc))
@@ -245,6 +249,8 @@ def _receive_by_sequence_number(request: Request) -> tuple[int, Any]:
     return 200, {"messages": messages}
 
 
+# The operations that need Send (scheduling is a send); every other one is a receiver's and needs Listen.
+_SEND_OPERATIONS = frozenset({_VENDOR + "schedule-message", _VENDOR + "cancel-scheduled-message"})
 _OPERATIONS: dict[str, Callable[[Request], tuple[int, Any]]] = {
     _VENDOR + "renew-lock": _renew_lock,
     _VENDOR + "renew-session-lock": _renew_session_lock,

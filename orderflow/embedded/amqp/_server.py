@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from azure.servicebus.exceptions import MessagingEntityNotFoundError
 from proton import Connection, Event, Handler, Link, Message, Receiver, Sender, int32
@@ -15,10 +17,12 @@ from proton import Endpoint as ProtonEndpoint
 from proton.reactor import ApplicationEvent, Container, EventInjector
 
 from orderflow.embedded.broker import DEAD_LETTER, EmbeddedBroker
+from orderflow.embedded.rights import LISTEN, OWNER, SEND, load_rights, unauthorized_description
+from orderflow.embedded.rights import unknown_identity_description as unknown_identity
 
 from ._codec import Address, owned, parse_address
 from ._delivering import DeliveryLink
-from ._errors import NOT_ALLOWED, NOT_FOUND, AmqpError, classify
+from ._errors import NOT_ALLOWED, NOT_FOUND, UNAUTHORIZED, AmqpError, classify
 from ._faults import WireFaults
 from ._identity import CBS_NODE, ConnectionIdentity, put_token
 from ._links import MAX_REQUEST, InboundLink, ReplyLink, open_link, queue_consumer, refuse_link
@@ -150,6 +154,7 @@ class _Dispatcher(Handler):
         if address.sub_queue == DEAD_LETTER:
             raise AmqpError(NOT_ALLOWED, "Messages cannot be sent to a dead-letter queue.", 400)
         limit = self.broker.queue_properties(address.queue).max_message_size_bytes  # Standard's, or Premium's
+        self._authorize(link.connection, address, SEND)
         node = InboundLink(link, queue_consumer(self.broker, address), limit, faults=(self.faults, address.queue))
         node.open(announce_size=True)
         return node
@@ -168,6 +173,7 @@ class _Dispatcher(Handler):
             return ReplyLink(link)
         address = _address(source)
         self.broker.queue_properties(address.queue)
+        self._authorize(link.connection, address, LISTEN)
         node = DeliveryLink(self.broker, self.endpoint.container, link, address, self.faults)
         node.core.link()  # the entity's session-ness against the link's filter (ServiceBusError: amqp:not-allowed)
         node.attach(lambda error: refuse_link(link, error))
@@ -215,7 +221,9 @@ class _Dispatcher(Handler):
         properties = {str(k): v for k, v in raw.items()}
         try:
             identity = _state(link.connection).identity
-            status, description = put_token(identity, properties, owned(request.body), self._audience_exists)
+            status, description = put_token(
+                identity, properties, owned(request.body), self._audience_exists, self._refused_key
+            )
         except AmqpError as error:
             status, description = error.status, error.description
         response = Message(
@@ -235,6 +243,28 @@ class _Dispatcher(Handler):
             return False
         return True
 
+    # -- rights (orderflow/embedded/rights): the SAS key name of the link's token is its identity ----------------
+
+    def _refused_key(self, key_name: str) -> str | None:
+        """The put-token refusal of a key name that is neither the owner's nor an identity of infra/."""
+        if key_name == OWNER or load_rights(self.endpoint.infra).knows(key_name):
+            return None
+        return unknown_identity(key_name)
+
+    def _authorize(self, connection: Connection, address: Address, claim: str) -> None:
+        """Refuse a link or a request whose identity lacks `claim` on the queue (its dead-letter queue and
+        `$management` node are part of it) as Service Bus does: amqp:unauthorized-access, 401."""
+        entity = address.queue + ("/$deadletterqueue" if address.sub_queue == DEAD_LETTER else "")
+        entity += "/$management" if address.management else ""
+        identity = _state(connection).identity
+        key_name = identity.key_name_for(entity)
+        if key_name is None or key_name == OWNER:
+            return
+        if not load_rights(self.endpoint.infra).bus_allows(key_name, claim, address.queue):
+            host = next((urlsplit(t.audience).netloc for t in identity.tokens.values() if "://" in t.audience), "")
+            resource = f"sb://{host or self.endpoint.url.removeprefix('amqp://')}/{entity.lower()}"
+            raise AmqpError(UNAUTHORIZED, unauthorized_description(claim, resource), 401)
+
     def _management_request(self, address: Address) -> Callable[[bytes, Link], None]:
         def consume(payload: bytes, link: Link) -> None:
             request = _decoded(payload)
@@ -247,7 +277,12 @@ class _Dispatcher(Handler):
             if self.faults.answer(operation, address.queue, link.connection, refuse):
                 return
             state = _state(link.connection)
-            self._reply(link, request, respond(Request(self.broker, address, request, state.delivery_links)))
+
+            def authorize(claim: str) -> None:
+                self._authorize(link.connection, address, claim)
+
+            entity = Request(self.broker, address, request, state.delivery_links, authorize)
+            self._reply(link, request, respond(entity))
 
         return consume
 
@@ -322,8 +357,11 @@ class _GuardedDispatcher(_Dispatcher):
 class Endpoint:
     """The AMQP endpoint over one broker, bound to `host:port` (0: a port the OS chooses, see `port`)."""
 
-    def __init__(self, broker: EmbeddedBroker, host: str = "127.0.0.1", port: int = 5672) -> None:
-        self.broker = broker
+    def __init__(
+        self, broker: EmbeddedBroker, host: str = "127.0.0.1", port: int = 5672, infra: Path | None = None
+    ) -> None:
+        """`infra`: the folder whose role assignments give each SAS key name its rights (default: infra/)."""
+        self.broker, self.infra = broker, infra
         self._dispatcher = _GuardedDispatcher(self)
         self.container = Container(self._dispatcher)
         self.container.container_id = CONTAINER_ID

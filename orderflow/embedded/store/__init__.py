@@ -37,6 +37,7 @@ from orderflow.records import (
     parse_utc,
 )
 
+from ._access import CREATE, DELETE, QUERY, READ, REPLACE, UPSERT, StoreAccess, split_identity
 from ._faults import FaultInjector, StoreFaults, split_endpoint_path
 from ._file import (
     _UPDATED_AT,
@@ -78,6 +79,7 @@ class SqliteOrdersDb:
         self._db = db
 
     async def create_if_absent(self, record: OrderRecord) -> tuple[OrderRecord, bool]:
+        self._db.authorize("orders", CREATE)
         row = {"id": record.id, "etag": new_etag(), "doc": _dumps(record.to_doc())}
 
         def run(conn: sqlite3.Connection) -> tuple[OrderRecord, bool]:
@@ -87,9 +89,13 @@ class SqliteOrdersDb:
             assert stored is not None  # inserted-or-present inside one write transaction
             return OrderRecord.from_doc(stored[0]), False
 
-        return await self._db.write(run, "orders.create")
+        result = await self._db.write(run, "orders.create")
+        if not result[1]:
+            self._db.authorize("orders", READ)  # the adapter reads the existing order after the 409
+        return result
 
     async def get(self, order_id: str) -> OrderRecord | None:
+        self._db.authorize("orders", READ)
         found = await self._db.read(lambda conn: _select_doc(conn, "orders", order_id), "orders.get")
         return None if found is None else OrderRecord.from_doc(found[0])
 
@@ -104,6 +110,7 @@ class SqliteStateStore(UpdateWithRetry):
         self._db = db
 
     async def create_if_absent(self, rec: OrderStateRecord) -> tuple[OrderStateRecord, bool]:
+        self._db.authorize("order_state", CREATE)
         row = _state_row(rec, new_etag())
 
         def run(conn: sqlite3.Connection) -> tuple[OrderStateRecord, bool]:
@@ -113,13 +120,18 @@ class SqliteStateStore(UpdateWithRetry):
             assert stored is not None
             return OrderStateRecord.from_doc(stored[0]), False
 
-        return await self._db.write(run, "state.create")
+        result = await self._db.write(run, "state.create")
+        if not result[1]:
+            self._db.authorize("order_state", READ)
+        return result
 
     async def get(self, order_id: str) -> Versioned | None:
+        self._db.authorize("order_state", READ)
         found = await self._db.read(lambda conn: _select_doc(conn, "order_state", order_id), "state.get")
         return None if found is None else (OrderStateRecord.from_doc(found[0]), found[1])
 
     async def replace(self, rec: OrderStateRecord, etag: str) -> str:
+        self._db.authorize("order_state", REPLACE)
         row = _state_row(rec, new_etag())
         row.pop("id")
         await self._db.write(
@@ -137,6 +149,7 @@ class SqliteStateStore(UpdateWithRetry):
             " AND (retry_at IS NULL OR retry_at <= ?) ORDER BY retry_at, created_at, id LIMIT ?"
         )
         args = (*_values(states), format_utc(now), limit)
+        self._db.authorize("order_state", QUERY)
         rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall(), "state.query_claimable")
         return [_versioned(r) for r in rows]
 
@@ -147,6 +160,7 @@ class SqliteStateStore(UpdateWithRetry):
             f" ORDER BY {_UPDATED_AT}, id LIMIT ?"
         )
         args = (*_values(TERMINAL_STATES), format_utc(updated_before), limit)
+        self._db.authorize("order_state", QUERY)
         rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall(), "state.query_unnotified")
         return [_versioned(r) for r in rows]
 
@@ -169,12 +183,14 @@ class SqliteStateStore(UpdateWithRetry):
             format_utc(window_end),
             page_size + 1,
         )
+        self._db.authorize("order_state", QUERY)
         rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall(), "state.query_expired")
         items = [_versioned(r) for r in rows[:page_size]]
         return Page(items=items, continuation=next_cursor(items, len(rows) > page_size), request_charge=0.0)
 
     async def count_in_state(self, state: ProcessState) -> int:
         sql = "SELECT COUNT(*) FROM order_state WHERE process_state = ?"
+        self._db.authorize("order_state", QUERY)
         row = await self._db.read(lambda conn: conn.execute(sql, (state.value,)).fetchone(), "state.count_in_state")
         return int(row[0])
 
@@ -199,6 +215,7 @@ class SqliteStateStore(UpdateWithRetry):
             args.append(format_utc(updated_before))
         sql = f"SELECT doc, etag FROM order_state WHERE {' AND '.join(where)} ORDER BY {_UPDATED_AT}, id LIMIT ?"
         args.append(page_size + 1)
+        self._db.authorize("order_state", QUERY)
         rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall(), "state.query_in_state")
         items = [_versioned(r) for r in rows[:page_size]]
         more = len(rows) > page_size
@@ -211,6 +228,7 @@ class SqliteStateStore(UpdateWithRetry):
     async def count_expired(self, now: datetime) -> int:
         sql = f"SELECT COUNT(*) FROM order_state WHERE process_state IN {_marks(SUPERVISED_STATES)} AND complete_by < ?"
         args = (*_values(SUPERVISED_STATES), format_utc(now))
+        self._db.authorize("order_state", QUERY)
         row = await self._db.read(lambda conn: conn.execute(sql, args).fetchone(), "state.count_expired")
         return int(row[0])
 
@@ -225,6 +243,7 @@ class SqliteStateStore(UpdateWithRetry):
 
 
 async def _get_data(db: SqliteFile, table: str, name: str, **key: str) -> tuple[dict[str, Any], str] | None:
+    db.authorize(table, READ, key.get("collection"))
     where = " AND ".join(f"{k} = :{k}" for k in {"id": name, **key})
     sql = f"SELECT doc, etag FROM {table} WHERE {where}"
     row = await db.read(lambda conn: conn.execute(sql, {"id": name, **key}).fetchone(), f"{table}.get")
@@ -233,6 +252,7 @@ async def _get_data(db: SqliteFile, table: str, name: str, **key: str) -> tuple[
 
 async def _put_data(db: SqliteFile, table: str, name: str, data: dict[str, Any], etag: str | None, **key: str) -> str:
     """Create-if-absent (etag None; Conflict) or If-Match replace (PreconditionFailed/NotFound) of {id, data}."""
+    db.authorize(table, CREATE if etag is None else REPLACE, key.get("collection"))
     new = new_etag()
     doc = _dumps({"id": name, "data": data})
     ids = {"id": name, **key}
@@ -282,6 +302,7 @@ class SqliteRecoveryIndex:
         self.bucket_seconds = bucket_seconds
 
     async def add(self, entry: IndexEntry) -> None:
+        self._db.authorize("recovery_index", UPSERT)
         bucket = format_utc(bucket_of(entry.complete_by, self.bucket_seconds))
         row = (bucket, entry.id, format_utc(entry.complete_by), entry.order_id, entry.locked_by)
         sql = (
@@ -306,17 +327,20 @@ class SqliteRecoveryIndex:
             after.id,
             limit,
         )
+        self._db.authorize("recovery_index", QUERY)
         rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall(), "recovery_index.page")
         return [IndexEntry(r[0], parse_utc(r[1]), r[2]) for r in rows], 0.0
 
     async def first_at_or_after(self, start: datetime, end: datetime) -> tuple[datetime | None, float]:
         sql = "SELECT MIN(complete_by) FROM recovery_index WHERE complete_by >= ? AND complete_by < ?"
+        self._db.authorize("recovery_index", QUERY)
         row = await self._db.read(
             lambda conn: conn.execute(sql, (format_utc(start), format_utc(end))).fetchone(), "recovery_index.first"
         )
         return (None if row is None or row[0] is None else parse_utc(row[0])), 0.0
 
     async def remove(self, entry: IndexEntry) -> None:
+        self._db.authorize("recovery_index", DELETE)
         bucket = format_utc(bucket_of(entry.complete_by, self.bucket_seconds))
         await self._db.write(
             lambda conn: conn.execute("DELETE FROM recovery_index WHERE bucket = ? AND id = ?", (bucket, entry.id)),
@@ -327,20 +351,28 @@ class SqliteRecoveryIndex:
         await self._db.aclose()
 
 
-def open_sqlite_file(path: str | Path) -> SqliteFile:
-    """The file of `path` as it follows `embedded://` (a str may carry fault options: StoreFaults)."""
-    return SqliteFile(*split_endpoint_path(path))
+def open_sqlite_file(path: str | Path, env: Any = None) -> SqliteFile:
+    """The file of `path` as it follows `embedded://` (a str may carry fault options, StoreFaults, and the
+    identity it acts as, `identity=`: StoreAccess, with the container names of `env`, default the environment)."""
+    identity = None
+    if isinstance(path, str):
+        path, identity = split_identity(path)
+    db = SqliteFile(*split_endpoint_path(path))
+    if identity is not None:
+        db.access = StoreAccess(identity, env)
+    return db
 
 
-def open_sqlite_recovery_index(path: str | Path, bucket_seconds: int) -> SqliteRecoveryIndex:
-    return SqliteRecoveryIndex(open_sqlite_file(path), bucket_seconds)
+def open_sqlite_recovery_index(path: str | Path, bucket_seconds: int, env: Any = None) -> SqliteRecoveryIndex:
+    return SqliteRecoveryIndex(open_sqlite_file(path, env), bucket_seconds)
 
 
-def open_sqlite_documents(path: str | Path, collection: str) -> SqliteDocuments:
-    return SqliteDocuments(open_sqlite_file(path), collection)
+def open_sqlite_documents(path: str | Path, collection: str, env: Any = None) -> SqliteDocuments:
+    return SqliteDocuments(open_sqlite_file(path, env), collection)
 
 
-def open_sqlite_stores(path: str | Path) -> tuple[SqliteOrdersDb, SqliteStateStore]:
-    """Both ports on one embedded file (one connection shared by the pair)."""
-    db = open_sqlite_file(path)
+def open_sqlite_stores(path: str | Path, env: Any = None) -> tuple[SqliteOrdersDb, SqliteStateStore]:
+    """Both ports on one embedded file (one connection shared by the pair); `env`: the app settings that name the
+    containers (for the identity's rights; default the environment)."""
+    db = open_sqlite_file(path, env)
     return SqliteOrdersDb(db), SqliteStateStore(db)

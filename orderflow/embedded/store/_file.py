@@ -16,6 +16,7 @@ from orderflow.errors import NotFound, PreconditionFailed
 from orderflow.ports import Versioned
 from orderflow.records import OrderStateRecord, ProcessState
 
+from ._access import StoreAccess
 from ._faults import FaultInjector, StoreFaults
 
 T = TypeVar("T")
@@ -89,6 +90,12 @@ class SqliteFile:
         self._conn.executescript(_SCHEMA)
         self._closed = False
         self.faults = None if faults is None else FaultInjector(faults, self.path)
+        self.access: StoreAccess | None = None  # the identity it acts as (None: the owner, every right)
+
+    def authorize(self, table: str, action: str, collection: str | None = None) -> None:
+        """Raise the 403 Cosmos DB answers when the store's identity may not perform `action` on `table`."""
+        if self.access is not None:
+            self.access.check(table, action, collection)
 
     async def read(self, fn: Callable[[sqlite3.Connection], T], op: str = "read") -> T:
         """`op` names the operation for the fault ledger."""

@@ -23,7 +23,7 @@ from lab.system import ROOT
 # Every command of `python -m devhost` and the options each one documents (docs/devhost.md shows the same synopsis).
 COMMANDS = {
     "start": {"--app-dir", "--port", "--state-dir", "--log-level", "--timing"},
-    "servicebus": {"--host", "--port", "--state-dir", "--config", "--faults"},
+    "servicebus": {"--host", "--port", "--state-dir", "--config", "--faults", "--infra"},
     "demo": {
         "--orders",
         "--seed",

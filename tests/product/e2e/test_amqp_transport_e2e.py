@@ -113,7 +113,7 @@ def test_the_cli_submits_an_order_and_follows_it_to_the_end_over_amqp(amqp_clien
     order_id = new_order_id("cli")
     out = subprocess.run(
         [sys.executable, "-m", "orderflow", "submit", "--order-id", order_id, "--wait", "90"]
-        + ["--connection", system.app_bus_connection, "--host-port", str(urlsplit(devhost_url).port)],
+        + ["--connection", system.bus_connection_for(system.submitter), "--host-port", str(urlsplit(devhost_url).port)],
         cwd=ROOT,
         env=env,
         capture_output=True,

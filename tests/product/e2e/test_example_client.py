@@ -1,6 +1,7 @@
 """examples/client.py, run as the README says (`.venv/bin/python examples/client.py` from the repo root), against
 the module's running local system (devhost + Agent + simulator) through the embedded connection string in the
-environment: the same file that runs against Azure with DefaultAzureCredential.
+environment, as the submitting application (`Identity=app`, its rights of infra/): the same file that runs against
+Azure with DefaultAzureCredential.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "examples" / "client.py"
 
 
-def run_client(client: Client, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+def run_client(
+    client: Client, *args: str, timeout: float = 30.0, owner: bool = False
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ServiceBusConnection", "SERVICEBUS_"))}
-    env["ServiceBusConnection"] = client.system.config.bus_connection
+    system = client.system
+    env["ServiceBusConnection"] = system.config.bus_connection if owner else system.bus_connection_for(system.submitter)
     env.pop("PYTHONPATH", None)  # the script must find orderflow on its own, as when a user runs it
     return subprocess.run(
         [sys.executable, str(SCRIPT), "--timeout", str(timeout), *args],
@@ -69,6 +73,11 @@ def test_conflicting_resubmission_is_reported_from_the_dead_letter_queue(client:
     order["orderId"] = order_id
     path = tmp_path / "changed.json"
     path.write_text(json.dumps(order))
+    # As the submitting application, as on Azure: it may not read orders-inbound's dead letters (Data Sender only).
     result = run_client(client, "--file", str(path), timeout=8.0)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "dead-letter queue is not readable here" in result.stdout
+    # With every right (the owner's connection) the same script finds the reason there.
+    result = run_client(client, "--file", str(path), timeout=8.0, owner=True)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "rejected by the system" in result.stdout and "OrderConflict" in result.stdout

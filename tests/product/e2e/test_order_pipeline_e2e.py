@@ -10,15 +10,23 @@ settings (e2e_support).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 from datetime import UTC, datetime
 
+import pytest
+from azure.servicebus import ServiceBusMessage
+from azure.servicebus.exceptions import ServiceBusAuthorizationError
 from support.e2e_support import Client, make_order, new_order_id
 from support.hosted import wait_until
 
 from lab.system import ROOT
+from orderflow.adapters import bus_from_connection_string, open_stores
+from orderflow.embedded.connection import connection_identity, store_identity
+from orderflow.embedded.rights import AGENT, FUNCTION_APP
+from orderflow.errors import StoreError
 from orderflow.messages import (
     STEPS,
     AgentOutcome,
@@ -259,9 +267,9 @@ def _orderflow(client: Client, *argv: str, timeout: float = 60) -> subprocess.Co
 
 def test_an_order_submitted_by_the_cli_is_shown_with_its_orchestration_and_counted(client: Client) -> None:
     order_id = new_order_id("cli-op")
-    sent = _orderflow(
-        client, "submit", "--order-id", order_id, "--wait", "45", "--connection", client.system.config.bus_connection
-    )
+    # As the submitting application (its identity of infra/); `order` and `summary` act as the operators.
+    connection = client.system.bus_connection_for(client.system.submitter)
+    sent = _orderflow(client, "submit", "--order-id", order_id, "--wait", "45", "--connection", connection)
     assert sent.returncode == 0 and "completed" in sent.stdout, sent.stdout + sent.stderr
     shown = _orderflow(client, "order", order_id, "--json")
     assert shown.returncode == 0, shown.stderr
@@ -277,3 +285,32 @@ def test_an_order_submitted_by_the_cli_is_shown_with_its_orchestration_and_count
     assert text.returncode == 0 and f"attempt 1: {order_id}:1: Completed" in text.stdout, text.stdout
     summary = json.loads(_orderflow(client, "summary", "--json").stdout)
     assert summary["states"]["Processed"] >= 1 and summary["supervisor"]["lastRun"] is not None
+
+
+# --- rights (orderflow/embedded/rights): every process acts as the identity infra/ gives it, and the orders above
+# went through with nothing but those rights.
+
+
+def test_every_process_acts_as_its_identity_of_infra_and_no_more(client: Client) -> None:
+    """The Agent's and devhost's own connections name their identities; with exactly those connections the
+    stand-ins refuse what infra/app/rbac.bicep does not grant: the Agent may not send to agent-requests, the function
+    app may not send to orders-inbound (the operator cancel route's old bug), nor the Agent read the state store."""
+    system = client.system
+    assert system.agent is not None and system.devhost is not None
+    agent, host = system.agent.env, system.devhost.env
+    assert connection_identity(agent["ServiceBusConnection"]) == AGENT
+    assert store_identity(agent["CosmosDb__accountEndpoint"]) == AGENT
+    assert connection_identity(host["ServiceBusConnection"]) == FUNCTION_APP
+    assert store_identity(host["CosmosDb__accountEndpoint"]) == FUNCTION_APP
+    for env, queue in ((agent, "agent-requests"), (host, "orders-inbound")):
+        with bus_from_connection_string(env["ServiceBusConnection"]) as bus:
+            with pytest.raises(ServiceBusAuthorizationError, match="'Send' claim"):
+                with bus.get_queue_sender(queue) as sender:
+                    sender.send_messages(ServiceBusMessage("refused", message_id="refused", session_id="refused"))
+
+    async def read_state_as_the_agent() -> None:
+        async with open_stores(agent) as stores:
+            await stores.state.get("anything")
+
+    with pytest.raises(StoreError, match="does not have required RBAC permissions"):
+        asyncio.run(read_state_as_the_agent())

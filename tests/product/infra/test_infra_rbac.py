@@ -42,7 +42,9 @@ EXPECTED = Counter(
         ("applicationInsights", "Monitoring Metrics Publisher", "agentPrincipalId"),
         ("namespace::ordersQueue", "Service Bus Data Sender", "app.principalId"),
         ("statusQueues[i]", "Service Bus Data Receiver", "app.principalId"),
-        ("namespace::operatorAlertsQueue", "Service Bus Data Receiver", "operatorPrincipalId"),
+        # The operator CLI (orderflow/cli) reads and replays the dead letters of every queue, cancels, alerts.
+        ("namespace", "Service Bus Data Receiver", "operatorPrincipalId"),
+        ("namespace", "Service Bus Data Sender", "operatorPrincipalId"),
         ("scheduler::taskHub", "Durable Task Data Contributor", "appPrincipalId"),
     ]
 )
@@ -94,7 +96,7 @@ def test_reader_is_granted_on_queues_only_never_wider() -> None:
     assert {text(a.get("properties", "principalId")) for a in readers} == {"appPrincipalId"}
 
 
-def test_cosmos_grants_are_data_contributor_for_the_app_only_per_database() -> None:
+def test_cosmos_grants_are_data_contributor_for_the_app_per_database() -> None:
     rbac = app("rbac.bicep")
     grants = [
         g
@@ -115,7 +117,32 @@ def test_cosmos_grants_are_data_contributor_for_the_app_only_per_database() -> N
     every_file = [
         r for f in all_files() for r in f.resources_of("Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments")
     ]
-    assert len(every_file) == 3, "the app's two grants and the Agent's circuit-breaker grant, nothing else"
+    assert len(every_file) == 5, "the app's two grants, the Agent's circuit-breaker grant, the operators' two"
+
+
+def test_the_operators_read_the_orders_and_write_the_state_database_only_when_configured() -> None:
+    # The operator CLI: `order` reads the order, `order(s)`/`summary` query the state, `resubmit` and `breaker
+    # open|close` write it. Cosmos DB Built-in Data Reader and Data Contributor
+    # (https://learn.microsoft.com/azure/cosmos-db/nosql/security/reference-data-plane-roles).
+    rbac = app("rbac.bicep")
+    scope = Scope(rbac)
+    found = {
+        (text(g.get("properties", "roleDefinitionId")), text(g.get("properties", "scope")))
+        for g in rbac.resources_of("Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments")
+        if text(g.get("properties", "principalId")) == "operatorPrincipalId"
+        and "!empty(operatorPrincipalId)" in text(g.condition)
+    }
+    assert evaluate(rbac.variables["cosmosDataReader"], scope) == "00000000-0000-0000-0000-000000000001"
+    assert found == {
+        (
+            "'${cosmosAccount.id}/sqlRoleDefinitions/${cosmosDataReader}'",
+            "'${cosmosAccount.id}/dbs/${ordersDatabaseName}'",
+        ),
+        (
+            "'${cosmosAccount.id}/sqlRoleDefinitions/${cosmosDataContributor}'",
+            "'${cosmosAccount.id}/dbs/${stateDatabaseName}'",
+        ),
+    }
 
 
 # ---- the Agent: the circuit-breaker container only (issue 11) ----

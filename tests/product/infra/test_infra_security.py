@@ -45,9 +45,10 @@ def test_local_auth_is_disabled_on_every_resource_that_has_it(type_name: str) ->
 
 # The one key-shaped text allowed: the Service Bus emulator's connection string with Microsoft's fixed placeholder key
 # (overview-emulator: "SharedAccessKey=SAS_KEY_VALUE"), on the loopback address only, in the `func start` sample and
-# its comment, which point Core Tools at `python -m devhost servicebus`. Its removal leaves nothing else key-shaped.
+# its comment, which point Core Tools at `python -m devhost servicebus`. Its key name is the emulator's root policy or
+# an identity of infra/ (the endpoint's rights: docs/devhost.md, "Rights"). Its removal leaves nothing key-shaped.
 EMULATOR_PLACEHOLDER = re.compile(
-    r"Endpoint=sb://(?:127\.0\.0\.1|localhost)(?::\d+)?;SharedAccessKeyName=RootManageSharedAccessKey;"
+    r"Endpoint=sb://(?:127\.0\.0\.1|localhost)(?::\d+)?;SharedAccessKeyName=(?:RootManageSharedAccessKey|[a-z][a-z0-9-]*);"
     r"SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;|SharedAccessKey=SAS_KEY_VALUE"
 )
 PLACEHOLDER_ALLOWED = {REPO / "local.settings.func.sample.json"}

@@ -46,9 +46,10 @@ AZURE_ONLY = {
 FUNC_START_SECTION = (REPO / "README.md").read_text().split("### With `func start` and Azurite", 1)[1]
 FUNC_START_SECTION = FUNC_START_SECTION.split("\n## ", 1)[0]
 # The Service Bus emulator's connection string (learn.microsoft.com/azure/service-bus-messaging/overview-emulator),
-# its fixed placeholder key included, on the default AMQP port of `python -m devhost servicebus`.
+# its fixed placeholder key included, on the default AMQP port of `python -m devhost servicebus`, with the function
+# app's identity as its SAS key name (the endpoint checks the rights infra/ grants it: docs/devhost.md, "Rights").
 EMULATOR_CONNECTION = (
-    "Endpoint=sb://127.0.0.1;SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey=SAS_KEY_VALUE;"
+    "Endpoint=sb://127.0.0.1;SharedAccessKeyName=function-app;SharedAccessKey=SAS_KEY_VALUE;"
     "UseDevelopmentEmulator=true;"
 )
 # The settings the Starter (function app) and the Agent must both read alike: they share the breaker documents.
@@ -291,10 +292,11 @@ def test_sample_runs_locally_with_zero_cloud() -> None:
     values = SAMPLE["Values"]
     assert values["FUNCTIONS_WORKER_RUNTIME"] == "python"
     assert values["AzureWebJobsStorage"] == "UseDevelopmentStorage=true"
+    # Both as the function app's identity: the stand-ins check the rights infra/ grants it (docs/devhost.md, "Rights").
     assert values["ServiceBusConnection"] == (
-        "Endpoint=embedded://.devhost/servicebus.db;ConfigFile=servicebus.config.json"
+        "Endpoint=embedded://.devhost/servicebus.db;ConfigFile=servicebus.config.json;Identity=function-app"
     )
-    assert values["CosmosDb__accountEndpoint"] == "embedded://.devhost/store.db"
+    assert values["CosmosDb__accountEndpoint"] == "embedded://.devhost/store.db?identity=function-app"
     assert all(value != "" for value in values.values()), "an empty value would shadow a default"
     # One sample per host: no block of `func start` values to move around (local.settings.func.sample.json has them).
     assert set(SAMPLE) == {"//", "IsEncrypted", "Values"} == set(FUNC_SAMPLE)

@@ -357,7 +357,14 @@ def _transitive_depends_on(resource: Resource) -> set[str]:
 def test_an_implicit_dependency_counts_and_a_missing_one_is_caught() -> None:
     rbac = app("rbac.bicep")
     writes = [r.symbol for r in _cosmos_rbac_writes(rbac)]
-    assert writes == ["appOrdersData", "appStateData", "circuitBreakerRole", "agentCircuitBreakerData"]
+    assert writes == [
+        "appOrdersData",
+        "appStateData",
+        "circuitBreakerRole",
+        "agentCircuitBreakerData",
+        "operatorsReadOrders",
+        "operatorsStateData",
+    ]
     # The assignment names the definition's id (implicit); the definition lists appStateData (explicit).
     assert "circuitBreakerRole" in _references(rbac.resource("agentCircuitBreakerData"))
     assert {"circuitBreakerRole", "appStateData", "appOrdersData"} <= _transitive_depends_on(

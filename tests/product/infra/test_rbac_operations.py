@@ -30,13 +30,14 @@ from typing import Any
 
 import pytest
 from support.arm_server import NAMESPACE_ID, FakeCredential, run_fake_arm
-from support.bicep_tree import REPO, text
-from support.infra_rules import ROLE_NAMES, assignments, role_id
+from support.bicep_tree import REPO
 
 from orderflow import runtime, settings
 from orderflow.adapters import aio_bus_from_connection_string
 from orderflow.azure.queue_counts import ArmQueueCounts
 from orderflow.clock import FakeClock
+from orderflow.embedded.rights import AGENT as AGENT_IDENTITY
+from orderflow.embedded.rights import BUS_ACTIONS, FUNCTION_APP, OPERATORS, SIMULATOR, load_rights
 from orderflow.embedded.store import open_sqlite_stores
 from orderflow.messages import SubmitOrder
 from orderflow.records import ProcessState
@@ -44,16 +45,12 @@ from orderflow.runtime import Services, Tunables
 from orderflow.starter import run_starter
 from orderflow.submission import Accepted, submit
 
-APP, AGENT, SUBMITTER = "function app", "Agent", "submitting app"
+# The identities as the rights module names them (orderflow/embedded/rights: the grants of infra/, read from the Bicep
+# tree, the one source); the submitting application is main.parameters.json's.
+RIGHTS_OF_INFRA = load_rights()
+APP, AGENT = FUNCTION_APP, AGENT_IDENTITY
+[SUBMITTER] = sorted(RIGHTS_OF_INFRA.identities - {FUNCTION_APP, AGENT_IDENTITY, OPERATORS, SIMULATOR})
 SEND, LISTEN, READ = "Send", "Listen", "Read"
-# Built-in role → the right it gives (the built-in roles pages above: .../send/action, .../receive/action, */read).
-RIGHTS = {"Service Bus Data Sender": SEND, "Service Bus Data Receiver": LISTEN, "Reader": READ}
-PRINCIPALS = {
-    "appPrincipalId": APP,
-    "agentPrincipalId": AGENT,
-    "app.principalId": SUBMITTER,
-    "operatorPrincipalId": "operators",
-}
 # Queues by role in the system; "status" is any submitting application's status (reply) queue.
 ORDERS, REQUESTS, REPLIES, ALERTS, STATUS = (
     "orders-inbound",
@@ -62,13 +59,6 @@ ORDERS, REQUESTS, REPLIES, ALERTS, STATUS = (
     "operator-alerts",
     "status",
 )
-SCOPES = {
-    "namespace::ordersQueue": ORDERS,
-    "namespace::agentRequestsQueue": REQUESTS,
-    "namespace::agentRepliesQueue": REPLIES,
-    "namespace::operatorAlertsQueue": ALERTS,
-    "statusQueues[i]": STATUS,
-}
 QUEUE_SETTINGS = {
     "OrdersQueueName": ORDERS,
     "AgentRequestsQueueName": REQUESTS,
@@ -127,15 +117,21 @@ class Operation:
 
 
 def grants() -> dict[str, set[tuple[str, str]]]:
-    """identity → {(queue, right)}, from every Service Bus role assignment in infra/."""
+    """identity → {(queue, right)}, from every Service Bus grant of the rights module: Send and Listen as its roles'
+    data actions give them, Read for Reader (`*/read`)."""
+    queues = {settings.get(key, env={}): queue for key, queue in QUEUE_SETTINGS.items()}
+    queues[f"{SUBMITTER}-status"] = STATUS  # types.bicep: a submitting application's status queue is <name>-status
     found: dict[str, set[tuple[str, str]]] = defaultdict(set)
-    for assignment in assignments():
-        right = RIGHTS.get(ROLE_NAMES[role_id(assignment)])
-        if right is None:
+    for grant in RIGHTS_OF_INFRA.grants:
+        if grant.service != "servicebus":
             continue
-        scope = text(assignment.get("scope"))
-        assert scope in SCOPES, f"{assignment.symbol}: a Service Bus grant on {scope}, which this test does not know"
-        found[PRINCIPALS[text(assignment.get("properties", "principalId"))]].add((SCOPES[scope], right))
+        assert grant.resource in queues or not grant.resource, (
+            f"{grant.where}: a grant on {grant.resource}, unknown here"
+        )
+        rights = {right for right in (SEND, LISTEN) if grant.role.allows(BUS_ACTIONS[right])}
+        rights |= {READ} if grant.role.name == "Reader" else set()
+        on = set(queues.values()) if not grant.resource else {queues[grant.resource]}  # "": the namespace
+        found[grant.identity] |= {(queue, right) for queue in on for right in rights}
     return found
 
 

@@ -19,8 +19,15 @@ DEPLOYED = ["function_app.py", "triggers", "activities", "orchestrators", "order
 LOCAL = {"function_app", "triggers", "activities", "orchestrators", "orderflow", "agent", "lab"}
 # The operator CLI is in the package but in neither artifact (.funcignore, the Agent's .dockerignore): it runs on the
 # operator's machine with requirements-dev.txt (rich). Nor is the lab (drills, demo, fault switches), nor the local
-# AMQP endpoint (python-qpid-proton, a dev requirement).
-NOT_DEPLOYED = ("orderflow/cli/", "orderflow/__main__.py", "orderflow/embedded/amqp/", "lab/")
+# AMQP endpoint (python-qpid-proton, a dev requirement), nor the stand-ins' parser of infra/ (tree-sitter, dev).
+NOT_DEPLOYED = (
+    "orderflow/cli/",
+    "orderflow/__main__.py",
+    "orderflow/embedded/amqp/",
+    "orderflow/embedded/rights/_bicep.py",
+    "orderflow/embedded/rights/_grants.py",
+    "lab/",
+)
 # The simulator image (infra/agent/Dockerfile.simulator) adds the lab's simulator to the Agent's code.
 SIMULATOR_IMAGE = ["lab/__init__.py", "lab/simulator.py", "lab/simulator_ledger.py"]
 

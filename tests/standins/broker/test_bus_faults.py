@@ -33,7 +33,7 @@ from azure.servicebus.exceptions import (
 
 from orderflow.adapters import bus_from_connection_string
 from orderflow.embedded import client_aio
-from orderflow.embedded._core import parse_embedded
+from orderflow.embedded._connection_string import parse_embedded
 from orderflow.embedded._retry import Timer
 from orderflow.embedded.broker import BusFaults, EmbeddedBroker
 from orderflow.embedded.client import ServiceBusClient, ServiceBusMessage
