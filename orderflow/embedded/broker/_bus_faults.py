@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-from urllib.parse import parse_qsl
+
+from .._fault_options import parse_fault_options
 
 SERVER_BUSY, TIMEOUT, DROP = "server-busy", "timeout", "drop"
 FAULT_KINDS = (SERVER_BUSY, TIMEOUT, DROP)
@@ -31,7 +31,6 @@ DESCRIPTIONS = {
 # The outage switch (a file's existence) is looked at no more often than this per broker object.
 OUTAGE_CHECK_EVERY_S = 0.1
 _RATE_OPTIONS = {"serverBusyRate": SERVER_BUSY, "timeoutRate": TIMEOUT, "dropRate": DROP}
-_KNOWN = "serverBusyRate, timeoutRate, dropRate, timeoutMs, seed, outageFile, ledger"
 _LOG = logging.getLogger("orderflow.embedded.broker")
 
 
@@ -76,26 +75,10 @@ class BusFaults:
         value, so that a misspelt option cannot quietly turn a drill's faults off."""
         if not query:
             return None
-        values: dict[str, Any] = {}
-        for name, value in parse_qsl(query, keep_blank_values=True, strict_parsing=True):
-            if name in _RATE_OPTIONS:
-                rate = float(value)
-                if not 0.0 <= rate <= 1.0:
-                    raise ValueError(f"embedded broker option {name} must be within [0, 1], got {value!r}")
-                values[_RATE_OPTIONS[name].replace("-", "_") + "_rate"] = rate
-            elif name == "timeoutMs":
-                values["timeout_ms"] = max(0, int(value))
-            elif name == "seed":
-                values["seed"] = int(value)
-            elif name in ("outageFile", "ledger"):
-                if not value:
-                    raise ValueError(f"embedded broker option {name} needs a path")
-                values["outage_file" if name == "outageFile" else "ledger"] = Path(value)
-            else:
-                raise ValueError(f"unknown embedded broker option {name!r} (known: {_KNOWN})")
+        rates = {name: kind.replace("-", "_") + "_rate" for name, kind in _RATE_OPTIONS.items()}
+        values = parse_fault_options(query, "broker", db, rates=rates, counts={"timeoutMs": "timeout_ms"})
         if sum(values.get(k, 0.0) for k in ("server_busy_rate", "timeout_rate", "drop_rate")) > 1.0:
             raise ValueError("embedded broker fault rates must add up to at most 1")
-        values.setdefault("ledger", db.with_name(db.name + ".faults.jsonl"))
         return cls(**values)
 
 

@@ -12,9 +12,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl
 
 from orderflow.errors import TransientStoreError
+
+from .._fault_options import parse_fault_options
 
 T = TypeVar("T")
 
@@ -63,27 +64,8 @@ class StoreFaults:
         value, so that a misspelt option cannot quietly turn a drill's faults off."""
         if not query:
             return None
-        values: dict[str, Any] = {}
-        for name, value in parse_qsl(query, keep_blank_values=True, strict_parsing=True):
-            if name in _RATE_OPTIONS:
-                rate = float(value)
-                if not 0.0 <= rate <= 1.0:
-                    raise ValueError(f"embedded store option {name} must be within [0, 1], got {value!r}")
-                values[_RATE_OPTIONS[name]] = rate
-            elif name == "throttleRetryAfterMs":
-                values["throttle_retry_after_ms"] = max(0, int(value))
-            elif name == "seed":
-                values["seed"] = int(value)
-            elif name in ("outageFile", "ledger"):
-                if not value:
-                    raise ValueError(f"embedded store option {name} needs a path")
-                values["outage_file" if name == "outageFile" else "ledger"] = Path(value)
-            else:
-                raise ValueError(
-                    f"unknown embedded store option {name!r} (known: conflictRate, throttleRate, "
-                    "throttleRetryAfterMs, seed, outageFile, ledger)"
-                )
-        values.setdefault("ledger", store.with_name(store.name + ".faults.jsonl"))
+        counts = {"throttleRetryAfterMs": "throttle_retry_after_ms"}
+        values = parse_fault_options(query, "store", store, rates=_RATE_OPTIONS, counts=counts)
         return cls(**values)
 
 
