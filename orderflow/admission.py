@@ -1,18 +1,19 @@
 """Admission control (seed 001, "admission control"): a bound on the orders in Processing and on the Pending backlog.
 
-One document, `admission`, in the checkpoint container holds {processing, pending, refreshedAt, reserved}; every
-write to it is If-Match (etag). `MaxOrdersInProcessing` is strict across instances: a claim `reserve`s a slot first,
-a record that leaves Processing frees it (`exited`), and each Starter run `refresh`es the figures; every error is an
-over-count but two narrow ones, which the next refresh corrects. Writes are coalesced per process (group commit).
-`MaxPendingOrders` costs O(1) per submission: a new order at or past the bound is `rejected`, reason `backlog full`,
-and nothing is written; a resubmission is never rejected.
-The reasoning, the error cases and how stale the backlog figure is: docs/modules-product.md."""
+One document, `admission`, in the checkpoint container holds {processing, pending, pendingByApp, refreshedAt,
+reserved}; every write is If-Match (etag). `MaxOrdersInProcessing` is global and strict across instances: a claim
+`reserve`s a slot first, a record that leaves Processing frees it (`exited`), each Starter run `refresh`es the
+figures; writes are coalesced per process. It is shared fairly: the Starter claims round-robin over the apps with due
+work, and the fast path takes no slot while another app's orders wait (`others_waiting`). `MaxPendingOrders` holds
+per app (`MaxPendingOrdersPerApp`), O(1) per submission: an app's new order past its own bound is `rejected`
+(`backlog full`), nothing written; another app's flood never counts. Reasoning: docs/modules-product.md."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -42,6 +43,9 @@ class Figures:
     pending: int = 0
     refreshed_at: str | None = None  # when the count queries of the last refresh started
     reserved: tuple[str, ...] = ()  # when the slots of the last RESERVATION_GRACE were reserved
+    # Each app's Pending backlog (empty: a document written before per-app bounds; `pending_of` then answers the
+    # total, an over-count, until the next refresh).
+    pending_by_app: Mapping[str, int] = field(default_factory=dict)
 
     def to_data(self) -> dict[str, Any]:
         return {
@@ -49,6 +53,7 @@ class Figures:
             "pending": self.pending,
             "refreshedAt": self.refreshed_at,
             "reserved": list(self.reserved),
+            "pendingByApp": dict(self.pending_by_app),
         }
 
     @classmethod
@@ -58,7 +63,22 @@ class Figures:
             int(data.get("pending", 0)),
             data.get("refreshedAt"),
             tuple(data.get("reserved", ())),
+            {str(k): int(v) for k, v in dict(data.get("pendingByApp") or {}).items()},
         )
+
+    def pending_of(self, app: str | None) -> int:
+        """The Pending backlog of `app` (None: of every app)."""
+        if app is None or not self.pending_by_app:
+            return self.pending
+        return self.pending_by_app.get(app, 0)
+
+    def leaving_pending(self, granted: Sequence[str]) -> dict[str, int]:
+        """`pending_by_app` after the orders of `granted` (one app name per slot) were claimed."""
+        by_app = dict(self.pending_by_app)
+        for app in granted:
+            if app in by_app:
+                by_app[app] = max(0, by_app[app] - 1)
+        return by_app
 
     def reserved_since(self, since: datetime) -> int:
         return sum(1 for at in self.reserved if parse_utc(at) >= since)
@@ -87,13 +107,25 @@ async def refresh(services: Services) -> Figures:
         started = services.clock.now()
         processing = await services.state.count_in_state(ProcessState.PROCESSING)
         pending = await services.state.count_in_state(ProcessState.PENDING)
+        by_app = await _pending_by_app(services, pending)
         telemetry.set_orders_in_state(ProcessState.PROCESSING.value, processing)  # gauge orderflow.orders.in_state
         telemetry.set_orders_in_state(ProcessState.PENDING.value, pending)
         recent = tuple(at for at in current.reserved if parse_utc(at) >= started - RESERVATION_GRACE)
-        figures = Figures(processing + len(recent), pending, format_utc(services.clock.now()), recent)
+        figures = Figures(processing + len(recent), pending, format_utc(services.clock.now()), recent, by_app)
         if await _write(services, figures, etag):
             return figures
     raise PreconditionFailed(f"admission refresh lost {WRITE_ATTEMPTS} races in a row")
+
+
+async def _pending_by_app(services: Services, total: int) -> dict[str, int]:
+    """Each app's Pending count: one single-app count query each (one app: the total, no query)."""
+    apps = services.tunables.apps
+    if len(apps.names) == 1:
+        return {apps.names[0]: total}
+    by_app = {}
+    for app in apps.names:
+        by_app[app] = await services.state.count_in_state(ProcessState.PENDING, keys=apps.keys_of(app))
+    return by_app
 
 
 async def exited(services: Services, left_at: datetime) -> None:
@@ -127,12 +159,13 @@ def _lock(services: Services) -> asyncio.Lock:
     return services.admission_lock
 
 
-async def reserve(services: Services, wanted: int = 1) -> int:
-    """Reserve up to `wanted` Processing slots before claiming; the number granted (0 at the bound). Coalesced with
-    the other reservations and exits waiting in this process (`_flush`)."""
+async def reserve(services: Services, wanted: int = 1, apps: Sequence[str | None] = ()) -> int:
+    """Reserve up to `wanted` Processing slots before claiming; the number granted (0 at the bound). `apps`: the app
+    of each order the slots are for, in claim order (the first `granted` of them leave their app's Pending backlog).
+    Coalesced with the other reservations and exits waiting in this process (`_flush`)."""
     if wanted <= 0:
         return 0
-    return await _queue(services, _Request(wanted=wanted))
+    return await _queue(services, _Request(wanted=wanted, apps=tuple(apps)))
 
 
 @dataclass
@@ -141,6 +174,7 @@ class _Request:
 
     wanted: int = 0
     exit_at: datetime | None = None
+    apps: tuple[str | None, ...] = ()  # the app of each wanted slot's order, when known
     granted: int = 0
     done: bool = False
 
@@ -184,9 +218,11 @@ async def _flush(services: Services, batch: list[_Request]) -> None:
             if request.exit_at is not None and processing > 0 and (refreshed is None or request.exit_at >= refreshed):
                 processing -= 1
         granted_total = 0
+        granted_apps: list[str] = []
         for request in batch:
             request.granted = max(0, min(request.wanted, bound - processing - granted_total))
             granted_total += request.granted
+            granted_apps += [a for a in request.apps[: request.granted] if a is not None]
         if processing == figures.processing and granted_total == 0:
             return
         now = services.clock.now()
@@ -196,6 +232,7 @@ async def _flush(services: Services, batch: list[_Request]) -> None:
             max(0, figures.pending - granted_total),
             figures.refreshed_at,
             recent + (format_utc(now),) * granted_total,
+            figures.leaving_pending(granted_apps),
         )
         if await _write(services, updated, etag):
             return
@@ -213,7 +250,11 @@ async def release(services: Services, count: int) -> None:
         for _ in range(WRITE_ATTEMPTS):
             figures, etag = await read_figures(services)
             updated = Figures(
-                max(0, figures.processing - count), figures.pending, figures.refreshed_at, figures.reserved
+                max(0, figures.processing - count),
+                figures.pending,
+                figures.refreshed_at,
+                figures.reserved,
+                figures.pending_by_app,
             )
             if await _write(services, updated, etag):
                 return
@@ -222,10 +263,12 @@ async def release(services: Services, count: int) -> None:
 
 @dataclass
 class BacklogGate:
-    """One process's view of the Pending backlog: the stored figure (cached for a second) plus the orders this process
-    accepted since that figure's count started. `admit` checks and counts in one step (no await in between), so
-    concurrent submissions in one process cannot all pass at the bound."""
+    """One process's view of one app's Pending backlog: the stored figure (cached for a second) plus the orders this
+    process accepted for the app since that figure's count started. `admit` checks and counts in one step (no await
+    in between), so concurrent submissions in one process cannot all pass at the bound. `app` None: every app's
+    orders together, against MaxPendingOrders."""
 
+    app: str | None = None
     figures: Figures = field(default_factory=Figures)
     read_at: datetime | None = None
     accepted_at: deque[datetime] = field(default_factory=deque)
@@ -243,12 +286,17 @@ class BacklogGate:
         since = self._counted_since()
         while since is not None and self.accepted_at and self.accepted_at[0] < since - RESERVATION_GRACE:
             self.accepted_at.popleft()  # its record was written before the figure's count started: counted there
-        return self.figures.pending + len(self.accepted_at)
+        return self.figures.pending_of(self.app) + len(self.accepted_at)
+
+    def bound(self, services: Services) -> int:
+        apps = services.tunables.apps
+        return apps.max_pending if self.app is None else apps.pending_bound(self.app)
 
     async def admit(self, services: Services) -> bool:
-        """Whether a new order fits under MaxPendingOrders; if so it is counted at once (`release` if not stored)."""
+        """Whether a new order fits under the app's MaxPendingOrders; if so it is counted at once (`release` if not
+        stored as Pending)."""
         await self._figures(services)
-        if self.backlog() >= services.tunables.max_pending:
+        if self.backlog() >= self.bound(services):
             return False
         self.accepted_at.append(services.clock.now())
         return True
@@ -259,8 +307,26 @@ class BacklogGate:
             self.accepted_at.pop()
 
 
-def backlog_gate(services: Services) -> BacklogGate:
+def backlog_gate(services: Services, app: str | None = None) -> BacklogGate:
+    """This process's gate of `app` (None: every app together), one per app and services."""
     if services.backlog is None:
-        services.backlog = BacklogGate()
-    gate: BacklogGate = services.backlog
-    return gate
+        services.backlog = {}
+    gates: dict[str | None, BacklogGate] = services.backlog
+    if app not in gates:
+        gates[app] = BacklogGate(app)
+    return gates[app]
+
+
+def others_waiting(services: Services, app: str) -> bool:
+    """Whether an app other than `app` has orders waiting in Pending, as this process last saw the figures (its own
+    acceptances since included). While one does, `app`'s new orders take no Processing slot at submission: they wait
+    for the Starter, which shares the slots round-robin among the apps with due work."""
+    mine = backlog_gate(services, app)
+    for other in services.tunables.apps.names:
+        if other == app:
+            continue
+        gate = services.backlog.get(other)
+        waiting = gate.backlog() if gate is not None else mine.figures.pending_by_app.get(other, 0)
+        if waiting > 0:
+            return True
+    return False

@@ -1,7 +1,8 @@
 """Registered function names: the one place they are spelled, so an orchestrator never calls a drifting literal."""
 
 # Triggers
-SUBMISSION = "submission"
+SUBMISSION = "submission"  # the shared orders-inbound queue (the legacy app's)
+SUBMISSION_PREFIX = "submission-"  # `submission-<app>`: each app's own inbound queue (triggers/submission.py)
 STARTER_TIMER = "starter_timer"
 AGENT_REPLIES = "agent_replies"
 SUPERVISOR = "supervisor"
@@ -27,3 +28,8 @@ OPS_RESUBMIT = "ops_resubmit"
 OPS_CANCEL = "ops_cancel"
 OPS_SUMMARY = "ops_summary"
 OPS_OPENAPI = "ops_openapi"
+
+
+def submission_of(app: str) -> str:
+    """The submission trigger of an app's own inbound queue."""
+    return f"{SUBMISSION_PREFIX}{app}"

@@ -17,6 +17,7 @@ from typing import Any
 from azure.servicebus import ServiceBusMessage
 
 from orderflow import telemetry, tracing
+from orderflow.apps import client_order_id
 from orderflow.messages import AgentRequest, AlertKind, Effects, OperatorAlert, OrderStatus, StatusMessage
 from orderflow.ports import BusClient
 from orderflow.text import bounded, shown
@@ -62,17 +63,20 @@ async def send_status(
     message_id: str | None = None,
     effects: Effects | None = None,
 ) -> StatusMessage:
-    """Send a status; its MessageId is `<orderId>:<state>:<attempt>` unless the caller names one. The reason (an
-    error text may come from a remote service) is cut to `DEAD_LETTER_TEXT_MAX` characters."""
+    """Send a status of the order `order_id` (its key: orderflow/apps.py) to the app's reply queue `queue`. The app
+    reads its own orderId in the message and as the SessionId, never the key. The MessageId is
+    `<orderId>:<state>:<attempt>` unless the caller names one. The reason (an error text may come from a remote
+    service) is cut to `DEAD_LETTER_TEXT_MAX` characters."""
+    own_id = client_order_id(order_id)
     status = StatusMessage(
-        order_id=order_id, state=state, attempt=attempt, timestamp=now, reason=bounded(reason), effects=effects
+        order_id=own_id, state=state, attempt=attempt, timestamp=now, reason=bounded(reason), effects=effects
     )
     await _send(
         bus,
         queue,
         status.to_json(),
         message_id=message_id or status.message_id(),
-        session_id=order_id,
+        session_id=own_id,
         subject="OrderStatus",
     )
     return status

@@ -18,6 +18,7 @@ from typing import Any, Protocol, Self, runtime_checkable
 
 from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
 
+from orderflow.apps import KeyFilter
 from orderflow.errors import NotFound, PreconditionFailed
 from orderflow.records import (
     CLAIMABLE_STATES,
@@ -131,10 +132,16 @@ class StateStore(Protocol):
         ...
 
     async def query_claimable(
-        self, now: datetime, limit: int, states: tuple[ProcessState, ...] = CLAIMABLE_STATES
+        self,
+        now: datetime,
+        limit: int,
+        states: tuple[ProcessState, ...] = CLAIMABLE_STATES,
+        *,
+        keys: KeyFilter | None = None,
     ) -> list[Versioned]:
         """In `states` (by default Pending or CompensationInProgress, records.CLAIMABLE_STATES), LockedBy null,
-        RetryAt null or <= now; ordered by retryAt (nulls first) then createdAt."""
+        RetryAt null or <= now; ordered by retryAt (nulls first) then createdAt. `keys`: only one app's orders
+        (apps.KeyFilter, by the id); None: every app's."""
         ...
 
     async def query_unnotified(self, updated_before: datetime, limit: int) -> list[Versioned]:
@@ -149,9 +156,9 @@ class StateStore(Protocol):
         window_end, ordered by CompleteBy, one page."""
         ...
 
-    async def count_in_state(self, state: ProcessState) -> int:
+    async def count_in_state(self, state: ProcessState, *, keys: KeyFilter | None = None) -> int:
         """How many records are in `state` (a cross-partition count: the Starter's admission refresh and the ops
-        summary only, never the submission path)."""
+        summary only, never the submission path); only those of one app with `keys`."""
         ...
 
     async def query_in_state(
@@ -160,16 +167,19 @@ class StateStore(Protocol):
         page_size: int,
         continuation: str | None = None,
         updated_before: datetime | None = None,
+        *,
+        keys: KeyFilter | None = None,
     ) -> Page:
         """One page of the records in `state` (the operator's list), only those last written (updatedAt) before
-        `updated_before` when given; ordered by (updatedAt, id) and keyset-paged (`KeysetCursor`), so no record is
-        skipped or repeated while others leave the state between pages. A record rewritten during the listing moves
-        to its new updatedAt. `continuation` is None on the last page; a malformed one raises ValueError."""
+        `updated_before` when given, only one app's with `keys`; ordered by (updatedAt, id) and keyset-paged
+        (`KeysetCursor`), so no record is skipped or repeated while others leave the state between pages. A record
+        rewritten during the listing moves to its new updatedAt. `continuation` is None on the last page; a malformed
+        one raises ValueError."""
         ...
 
-    async def oldest_in_state(self, state: ProcessState) -> OrderStateRecord | None:
+    async def oldest_in_state(self, state: ProcessState, *, keys: KeyFilter | None = None) -> OrderStateRecord | None:
         """The record in `state` with the smallest updatedAt (ties by id), or None (the ops summary: the age of the
-        oldest Pending)."""
+        oldest Pending); only one app's with `keys`."""
         ...
 
     async def count_expired(self, now: datetime) -> int:

@@ -96,20 +96,27 @@ class _Record(BaseModel):
 
 
 class OrderRecord(_Record):
-    """The immutable order in the orders DB (id = orderId)."""
+    """The immutable order in the orders DB (id = the order key, orderflow/apps.py: `<app>.<orderId>`, or the bare
+    orderId for the legacy app; `order` is the app's message as sent, with its own orderId)."""
 
     id: str
-    order_id: str = Field(alias="orderId")
+    order_id: str = Field(alias="orderId")  # the order key (the partition key)
+    # The submitting app (orderflow/apps.py). None: written before per-app queues, the legacy app's.
+    app: str | None = None
     order: dict[str, Any]
     order_hash: str = Field(alias="orderHash")
     schema_version: int = Field(default=RECORD_SCHEMA_VERSION, alias="schemaVersion")
     created_at: UtcDatetime = Field(alias="createdAt")
 
     @classmethod
-    def from_order(cls, order: SubmitOrder, now: datetime) -> OrderRecord:
+    def from_order(
+        cls, order: SubmitOrder, now: datetime, key: str | None = None, app: str | None = None
+    ) -> OrderRecord:
+        """The stored order under `key` (default: the bare orderId) of `app`."""
         return cls(
-            id=order.order_id,
-            order_id=order.order_id,
+            id=key or order.order_id,
+            order_id=key or order.order_id,
+            app=app,
             order=order.to_dict(),
             order_hash=order.immutable_hash(),
             created_at=now,
@@ -153,10 +160,15 @@ class Resubmission(_Record):
 
 
 class OrderStateRecord(_Record):
-    """The state store record of one order (id = orderId, partition key /orderId)."""
+    """The state store record of one order (id = the order key, partition key /orderId: orderflow/apps.py)."""
 
     id: str
+    # The order key: `<app>.<orderId>`, or the bare orderId for the legacy app (orderflow/apps.py). Every instance
+    # id, LockedBy, Agent session and idempotency key derives from it; a status to the app carries the app's own
+    # orderId (apps.client_order_id).
     order_id: str = Field(alias="orderId")
+    # The submitting app. None: written before per-app queues, the legacy app's (apps.SubmittingApps.owner).
+    app: str | None = None
     process_state: ProcessState = Field(default=ProcessState.PENDING, alias="processState")
     locked_by: str | None = Field(default=None, alias="lockedBy")
     complete_by: UtcDatetime | None = Field(default=None, alias="completeBy")
@@ -207,11 +219,13 @@ class OrderStateRecord(_Record):
         return max(v, STATE_RECORD_SCHEMA_VERSION)
 
     @classmethod
-    def new(cls, order: SubmitOrder, now: datetime) -> OrderStateRecord:
-        """The record the submission writes first: Pending, LockedBy null, FailureCount 0, steps pending."""
+    def new(cls, order: SubmitOrder, now: datetime, key: str | None = None, app: str | None = None) -> OrderStateRecord:
+        """The record the submission writes first, under `key` (default: the bare orderId) of `app`: Pending,
+        LockedBy null, FailureCount 0, steps pending."""
         return cls(
-            id=order.order_id,
-            order_id=order.order_id,
+            id=key or order.order_id,
+            order_id=key or order.order_id,
+            app=app,
             reply_to=order.reply_to,
             steps=tuple(StepRecord(name=s) for s in STEPS),
             order_hash=order.immutable_hash(),

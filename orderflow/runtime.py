@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from orderflow import settings
+from orderflow.apps import SubmittingApps
 from orderflow.clock import Clock, SystemClock
 from orderflow.ports import BusClient, DocumentStore, OrdersDb, RecoveryIndex, StateStore
 from orderflow.retry_budget import RetryBudget
@@ -31,6 +32,19 @@ def scan_mode(value: str) -> str:
     return value
 
 
+def submitting_apps(env: Mapping[str, str] | None = None) -> SubmittingApps:
+    """SubmittingApps, LegacyOrdersApp, MaxPendingOrders and MaxPendingOrdersPerApp (orderflow/apps.py)."""
+    bound = settings.get_int("MaxPendingOrders", env)
+    if bound <= 0:
+        raise ValueError(f"app setting MaxPendingOrders must be positive, got {bound}")
+    return SubmittingApps.parse(
+        settings.get("SubmittingApps", env) or "",
+        settings.get("LegacyOrdersApp", env) or "",
+        bound,
+        settings.get("MaxPendingOrdersPerApp", env) or "",
+    )
+
+
 @dataclass(frozen=True)
 class Tunables:
     """Every tunable, from app settings (defaults documented in orderflow.settings)."""
@@ -39,7 +53,7 @@ class Tunables:
     agent_requests_queue: str
     agent_replies_queue: str
     alerts_queue: str
-    allowed_reply_queues: frozenset[str]
+    apps: SubmittingApps  # SubmittingApps, LegacyOrdersApp and each app's MaxPendingOrders (orderflow/apps.py)
     step_timeout: timedelta
     claim_lease: timedelta
     starter_batch: int
@@ -49,7 +63,6 @@ class Tunables:
     failure_threshold: int
     agent_retries: int  # per request, fitted to the retry budget (orderflow/retry_budget.py)
     max_in_processing: int  # admission: the Starter claims no order while this many are Processing
-    max_pending: int  # admission: past this Pending backlog a submission is rejected (`backlog full`)
     remote_service: str  # the id of the remote service's circuit-breaker document
     scan_mode: str  # the Supervisor's: "query" or "index" (the recovery index, orderflow/recovery_index.py)
     backoff: Backoff = field(compare=False)
@@ -67,13 +80,12 @@ class Tunables:
                 raise ValueError(f"app setting {name} must be positive, got {value}")
             return value
 
-        allowed = frozenset(q.strip() for q in s("AllowedReplyQueues").split(",") if q.strip())
         return cls(
             orders_queue=s("OrdersQueueName"),
             agent_requests_queue=s("AgentRequestsQueueName"),
             agent_replies_queue=s("AgentRepliesQueueName"),
             alerts_queue=s("OperatorAlertsQueueName"),
-            allowed_reply_queues=allowed,
+            apps=submitting_apps(env),
             step_timeout=timedelta(seconds=i("StepTimeoutSeconds")),
             claim_lease=timedelta(seconds=i("ClaimLeaseSeconds")),
             starter_batch=i("StarterBatchSize"),
@@ -83,14 +95,20 @@ class Tunables:
             failure_threshold=i("FailureThreshold"),
             agent_retries=RetryBudget.from_env(env).request_retries(),
             max_in_processing=i("MaxOrdersInProcessing"),
-            max_pending=i("MaxPendingOrders"),
             remote_service=s("RemoteServiceName"),
             scan_mode=scan_mode(s("SupervisorScanMode")),
             backoff=exponential_backoff(float(i("RetryBackoffBaseSeconds")), float(i("RetryBackoffMaxSeconds"))),
         )
 
     def internal_queues(self) -> frozenset[str]:
-        return frozenset({self.orders_queue, self.agent_requests_queue, self.agent_replies_queue, self.alerts_queue})
+        """The pipeline's own queues, every app's inbound queue among them: never a reply queue."""
+        shared = frozenset({self.orders_queue, self.agent_requests_queue, self.agent_replies_queue, self.alerts_queue})
+        return shared | self.apps.inbound_queues()
+
+    @property
+    def allowed_reply_queues(self) -> frozenset[str]:
+        """Every app's status queue (an order may name only its own app's: orderflow/submission.py)."""
+        return self.apps.status_queues()
 
 
 @dataclass

@@ -48,11 +48,28 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("CosmosDb__credential", "managedidentity", "Credential kind for the Cosmos connection."),
     Setting("CosmosDb__clientId", None, "Client id of the user-assigned identity (Azure)."),
     Setting("AZURE_CLIENT_ID", None, "Client id of the user-assigned identity for azure-identity."),
-    Setting("OrdersQueueName", "orders-inbound", "Session-enabled queue the submitting apps send SubmitOrder to."),
+    Setting(
+        "OrdersQueueName",
+        "orders-inbound",
+        "The shared session-enabled inbound queue of before per-app queues: read for LegacyOrdersApp only.",
+    ),
     Setting("AgentRequestsQueueName", "agent-requests", "Session-enabled queue the Scheduler sends Agent requests to."),
     Setting("AgentRepliesQueueName", "agent-replies", "Session-enabled queue the Agent replies on."),
     Setting("OperatorAlertsQueueName", "operator-alerts", "Queue for operator alerts."),
-    Setting("AllowedReplyQueues", "app-status", "Comma-separated reply queues a submitting app may name in replyTo."),
+    Setting(
+        "SubmittingApps",
+        "app",
+        "Comma-separated names of the submitting apps (1-24 of a-z 0-9 -, starting with a letter). App `<name>` "
+        "sends to its own inbound queue `<name>-orders` (read by the function `submission-<name>`) and receives "
+        "every status of its orders on `<name>-status`; its orders are its own (orderflow/apps.py).",
+    ),
+    Setting(
+        "LegacyOrdersApp",
+        "app",
+        "The app that owned every order before per-app queues: what arrives on the shared OrdersQueueName queue "
+        "is its, and its order ids stay unscoped in the stores, so its existing records and in-flight orders keep "
+        "matching. `none`: no legacy app, the shared queue is not read.",
+    ),
     Setting("OrdersDatabaseName", "orders", "Cosmos database holding the immutable orders."),
     Setting("OrdersContainerName", "orders", "Container of orders (partition key /orderId)."),
     Setting("StateDatabaseName", "state", "Cosmos database of the state store."),
@@ -131,8 +148,27 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "MaxPendingOrders",
         "5000",
-        "Admission bound: past this Pending backlog a new order is answered `rejected` (`backlog full`) and "
-        "nothing is written.",
+        "Admission bound, per submitting app: past this Pending backlog of its own a new order of the app is "
+        "answered `rejected` (`backlog full`) and nothing is written; another app's backlog never counts.",
+    ),
+    Setting(
+        "WEBSITE_AUTH_ENABLED",
+        None,
+        "Set by App Service when authentication (Easy Auth) is on; the operator API trusts X-MS-CLIENT-PRINCIPAL "
+        "only then. Locally devhost's Easy Auth stand-in reads it (`True`); leave it unset under `func start`, "
+        "which has no authentication in front of the app.",
+    ),
+    Setting(
+        "OperatorAppRole",
+        "Orders.Operator",
+        "The Entra ID app role every operator route requires of the signed-in caller (App Service "
+        "authentication's X-MS-CLIENT-PRINCIPAL `roles` claim), on top of the function key.",
+    ),
+    Setting(
+        "MaxPendingOrdersPerApp",
+        "",
+        "Per-app sizes of that bound, `<app>=<N>,...` (e.g. `app=5000,partner=200`); an app not named gets "
+        "MaxPendingOrders.",
     ),
 )
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from orderflow import admission, telemetry, tracing
+from orderflow import admission, apps, telemetry, tracing
 from orderflow.admission import BACKLOG_FULL, backlog_gate
 from orderflow.messages import (
     AlertKind,
@@ -50,6 +50,10 @@ class Accepted:
     # write instead of a Pending create and a claim); the caller starts this Scheduler.
     claimed: WorkflowInput | None = None
     state: OrderStateRecord | None = None  # the stored state record (what `acknowledge_order` answers with)
+    key: str | None = None  # the order key (orderflow/apps.py); None: the bare orderId
+
+    def order_key(self) -> str:
+        return self.key or self.order.order_id
 
 
 @dataclass(frozen=True)
@@ -86,23 +90,51 @@ class CancelTooLate:
     reason: str
 
 
-def validate(body: bytes, session_id: str | None, services: Services) -> SubmitOrder:
+@dataclass(frozen=True)
+class Inbound:
+    """Where a message arrived: the queue, and the app that alone may send there (orderflow/apps.py). The app is
+    read from the queue, never from the message: Service Bus does not stamp a message with its sender."""
+
+    app: str
+    queue: str
+
+    @classmethod
+    def of_app(cls, services: Services, app: str) -> Inbound:
+        """The app's own inbound queue `<app>-orders`."""
+        return cls(app, apps.inbound_queue(app))
+
+    @classmethod
+    def shared(cls, services: Services) -> Inbound:
+        """The shared queue of before per-app queues (OrdersQueueName): the legacy app's (LegacyOrdersApp)."""
+        legacy = services.tunables.apps.legacy
+        if legacy is None:
+            raise ValueError("no LegacyOrdersApp: the shared orders queue belongs to no app and is not read")
+        return cls(legacy, services.tunables.orders_queue)
+
+    def key(self, services: Services, order_id: str) -> str:
+        """The order key of this app's `order_id` (apps.SubmittingApps.order_key)."""
+        return services.tunables.apps.order_key(self.app, order_id)
+
+
+def validate(body: bytes, session_id: str | None, services: Services, source: Inbound | None = None) -> SubmitOrder:
     order = parse_submit_order(body)
-    check_routing(order, session_id, services)
+    check_routing(order, session_id, source or Inbound.shared(services))
     return order
 
 
-def check_routing(order: SubmitOrder | CancelOrder, session_id: str | None, services: Services) -> None:
-    """The message's session is its order, and replyTo is an allowed reply queue (never an internal one)."""
+def check_routing(order: SubmitOrder | CancelOrder, session_id: str | None, source: Inbound) -> None:
+    """The message's session is its order, and replyTo is the sending app's own status queue: an app can never
+    direct statuses into another app's queue, nor into the pipeline's own."""
     if session_id is not None and session_id != order.order_id:
         raise InvalidMessage(
             "InvalidField:sessionId",
             f"field 'sessionId' must equal orderId {order.order_id!r}, got {quote(session_id)}",
         )
-    allowed = services.tunables.allowed_reply_queues
-    if order.reply_to in services.tunables.internal_queues() or order.reply_to not in allowed:
+    own = apps.status_queue(source.app)
+    if order.reply_to != own:
         raise InvalidMessage(
-            "InvalidField:replyTo", f"field 'replyTo' {order.reply_to!r} is not an allowed reply queue"
+            "InvalidField:replyTo",
+            f"field 'replyTo' {order.reply_to!r} is not app {source.app!r}'s status queue {own!r}",
         )
 
 
@@ -126,6 +158,7 @@ async def receive_patiently(
     claim: bool = False,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     patience: timedelta = PATIENCE,
+    source: Inbound | None = None,
 ) -> Accepted | Rejected | Refused | CancelDone | CancelTooLate:
     """`receive`, retried on a transient failure of the store or the bus (`orderflow.errors.is_transient`:
     throttled, busy, unavailable, timed out, connection lost) with waits doubling from 0.5 s to 8 s for at most
@@ -137,7 +170,9 @@ async def receive_patiently(
     until = services.clock.now() + patience
     what = f"submission of {session_id!r}"
     outcome = await patiently(
-        lambda: receive(services, body, session_id, message_id, sequence_number, claim=claim, acknowledge=False),
+        lambda: receive(
+            services, body, session_id, message_id, sequence_number, claim=claim, acknowledge=False, source=source
+        ),
         services.clock,
         until,
         what=what,
@@ -160,16 +195,20 @@ async def receive(
     *,
     claim: bool = False,
     acknowledge: bool = True,
+    source: Inbound | None = None,
 ) -> Accepted | Rejected | Refused | CancelDone | CancelTooLate:
-    """One orders-inbound message, by its `type`: a SubmitOrder (`submit`) or a CancelOrder (`cancel_order`).
-    `claim`: the submission trigger's fast path; `acknowledge` False: the caller acknowledges (see `submit`)."""
+    """One inbound message, by its `type`: a SubmitOrder (`submit`) or a CancelOrder (`cancel_order`), of the app
+    whose queue it arrived on (`source`; None: the shared queue, the legacy app's). `claim`: the submission
+    trigger's fast path; `acknowledge` False: the caller acknowledges (see `submit`)."""
     try:
         kind = inbound_type(body)
     except InvalidMessage:
         kind = "SubmitOrder"  # `submit` rejects it with the reason that names the field
     if kind == "CancelOrder":
-        return await cancel_order(services, body, session_id, message_id, sequence_number)
-    return await submit(services, body, session_id, message_id, sequence_number, claim=claim, acknowledge=acknowledge)
+        return await cancel_order(services, body, session_id, message_id, sequence_number, source=source)
+    return await submit(
+        services, body, session_id, message_id, sequence_number, claim=claim, acknowledge=acknowledge, source=source
+    )
 
 
 async def cancel_order(
@@ -178,24 +217,28 @@ async def cancel_order(
     session_id: str | None,
     message_id: str | None = None,
     sequence_number: int | None = None,
+    *,
+    source: Inbound | None = None,
 ) -> Rejected | CancelDone | CancelTooLate:
     """Apply a client's cancel to the order's state record (etag-guarded). The caller settles the message and, for
-    `CancelDone.tell`, raises the event."""
-    where = about_message(services.tunables.orders_queue, message_id, session_id, sequence_number)
+    `CancelDone.tell`, raises the event. A cancel acts only on the sending app's own orders: it names an orderId of
+    that app (its key), so another app's order is not found, and the answer is exactly that of an unknown order."""
+    source = source or Inbound.shared(services)
+    where = _about(source, message_id, session_id, sequence_number)
     try:
         request = parse_cancel_order(body)
-        check_routing(request, session_id, services)
+        check_routing(request, session_id, source)
     except InvalidMessage as exc:
         return await _reject(
             services, exc.reason, exc.description, order_id=None, kind=AlertKind.POISON_MESSAGE, where=where
         )
-    order_id, now = request.order_id, services.clock.now()
+    order_id, now = source.key(services, request.order_id), services.clock.now()
     before = await services.state.get(order_id)
     if before is None:
         return await _reject(
             services,
             "UnknownOrder",
-            f"field 'orderId': no order {order_id!r} to cancel",
+            f"field 'orderId': no order {request.order_id!r} to cancel",
             order_id=order_id,
             kind=AlertKind.POISON_MESSAGE,
             where=where,
@@ -230,6 +273,7 @@ async def submit(
     *,
     claim: bool = False,
     acknowledge: bool = True,
+    source: Inbound | None = None,
 ) -> Accepted | Rejected | Refused:
     """Validate and store one order, then acknowledge it (`acknowledge_order`; unless the caller will, after the
     admission bookkeeping: `acknowledge=False`). The caller settles the message: complete on Accepted, dead-letter
@@ -242,29 +286,31 @@ async def submit(
     applied in memory by the state machine's own `claim`, one write instead of two — and `Accepted.claimed` tells the
     caller to start its Scheduler. Otherwise (no slot, breaker not closed, an order already stored) it is created
     Pending as without `claim`, for the Starter."""
-    where = about_message(services.tunables.orders_queue, message_id, session_id, sequence_number)
+    source = source or Inbound.shared(services)
+    where = _about(source, message_id, session_id, sequence_number)
     try:
         order = parse_submit_order(body)
     except InvalidMessage as exc:
         return await _reject(
             services, exc.reason, exc.description, order_id=None, kind=AlertKind.POISON_MESSAGE, where=where
         )
+    key = source.key(services, order.order_id)
     try:
-        check_routing(order, session_id, services)
+        check_routing(order, session_id, source)
     except InvalidMessage as exc:
         return await _reject(
-            services, exc.reason, exc.description, order_id=order.order_id, kind=AlertKind.POISON_MESSAGE, where=where
+            services, exc.reason, exc.description, order_id=key, kind=AlertKind.POISON_MESSAGE, where=where
         )
     now = services.clock.now()
-    gate = backlog_gate(services)
+    gate = backlog_gate(services, source.app)
     admitted = await gate.admit(services)  # counted at once; given back below unless this call creates the record
-    if not admitted and await services.state.get(order.order_id) is None:
+    if not admitted and await services.state.get(key) is None:
         # Admission control (orderflow/admission.py): a new order past the backlog bound is answered, not stored. The
         # status MessageId names this delivery: a later resubmission that is refused again is answered again.
         await send_status(
             services.bus,
             order.reply_to,
-            order_id=order.order_id,
+            order_id=key,
             state=OrderStatus.REJECTED,
             attempt=0,
             reason=BACKLOG_FULL,
@@ -275,13 +321,14 @@ async def submit(
         return Refused(order=order, reason=BACKLOG_FULL)
     created = False
     outcome: Accepted | Rejected | None = None
-    slot = claim and await fast_path_slot(services)
+    slot = claim and not admission.others_waiting(services, source.app) and await fast_path_slot(services)
     try:
-        outcome, created = await _store(services, order, now, where, claim_slot=slot)
+        outcome, created = await _store(services, order, source, now, where, claim_slot=slot)
     finally:
-        if admitted and not created:
-            gate.release()  # an order already stored, a conflict, or a failure: not a new Pending record
-        if slot and not (isinstance(outcome, Accepted) and outcome.claimed is not None):
+        claimed = isinstance(outcome, Accepted) and outcome.claimed is not None
+        if admitted and (not created or claimed):
+            gate.release()  # an order already stored, a conflict, a failure, or created claimed: not a new Pending
+        if slot and not claimed:
             await admission.release(services, 1)  # the record existed, or the write failed: no claim was made
     if acknowledge and isinstance(outcome, Accepted):
         await acknowledge_order(services, outcome)
@@ -297,40 +344,48 @@ async def fast_path_slot(services: Services) -> bool:
 
 
 async def _store(
-    services: Services, order: SubmitOrder, now: datetime, where: dict[str, Any], *, claim_slot: bool = False
+    services: Services,
+    order: SubmitOrder,
+    source: Inbound,
+    now: datetime,
+    where: dict[str, Any],
+    *,
+    claim_slot: bool = False,
 ) -> tuple[Accepted | Rejected, bool]:
-    """Write the order and its state record (each create-if-absent) and answer; whether the state record is new.
-    With `claim_slot`, a new state record is created claimed for attempt 1 (see `submit`)."""
-    stored, order_created = await services.orders.create_if_absent(OrderRecord.from_order(order, now))
+    """Write the order and its state record (each create-if-absent, under the app's order key) and answer; whether
+    the state record is new. With `claim_slot`, a new state record is created claimed for attempt 1 (see `submit`)."""
+    key = source.key(services, order.order_id)
+    stored, order_created = await services.orders.create_if_absent(OrderRecord.from_order(order, now, key, source.app))
     if stored.order_hash != order.immutable_hash():
         return await _reject(
             services,
             "OrderConflict",
             f"order {order.order_id} exists with different data (hash {stored.order_hash[:12]}…)",
-            order_id=order.order_id,
+            order_id=key,
             kind=AlertKind.ORDER_CONFLICT,
             where=where,
         ), False
-    new = OrderStateRecord.new(order, now)
+    new = OrderStateRecord.new(order, now, key, source.app)
     traceparent = tracing.current_traceparent()  # the submission's span: every later hop joins this trace
     if traceparent is not None:
         new = new.model_copy(update={"traceparent": traceparent})
     if claim_slot:
-        first = instance_id(order.order_id, 1)
+        first = instance_id(key, 1)
         new = claim_record(new, first, now + services.tunables.claim_lease, now)
-        await index_deadline(services.index, order.order_id, new.complete_by or now, first)
+        await index_deadline(services.index, key, new.complete_by or now, first)
     state, state_created = await services.state.create_if_absent(new)
     if state.order_hash != order.immutable_hash():  # a state record from another order under this id: never touch
         return await _reject(
             services,
             "OrderConflict",
             f"state record of {order.order_id} belongs to other data",
-            order_id=order.order_id,
+            order_id=key,
             kind=AlertKind.ORDER_CONFLICT,
             where=where,
         ), False
     claimed = workflow_input(services, state) if claim_slot and state_created else None
-    return Accepted(order=order, created=order_created or state_created, claimed=claimed, state=state), state_created
+    accepted = Accepted(order=order, created=order_created or state_created, claimed=claimed, state=state, key=key)
+    return accepted, state_created
 
 
 async def acknowledge_order(services: Services, accepted: Accepted) -> None:
@@ -343,7 +398,7 @@ async def acknowledge_order(services: Services, accepted: Accepted) -> None:
     await send_status(
         services.bus,
         order.reply_to,
-        order_id=order.order_id,
+        order_id=order.order_id,  # the app's own orderId (what `send_status` sends either way)
         state=OrderStatus.RECEIVED,
         attempt=0,
         reason="order accepted",
@@ -351,6 +406,11 @@ async def acknowledge_order(services: Services, accepted: Accepted) -> None:
     )
     if state is not None and state.process_state in TERMINAL_STATES:
         await send_terminal_status(services, state)
+
+
+def _about(source: Inbound, message_id: object, session_id: object, sequence_number: object) -> dict[str, Any]:
+    """The alert details of a message: where it came from (queue, app) and which it was (outbound.about_message)."""
+    return {**about_message(source.queue, message_id, session_id, sequence_number), "app": source.app}
 
 
 async def _reject(

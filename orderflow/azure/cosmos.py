@@ -18,6 +18,7 @@ from azure.cosmos import PartitionKey
 from azure.cosmos.aio import ContainerProxy, CosmosClient
 from azure.cosmos.exceptions import CosmosHttpResponseError, CosmosResourceNotFoundError
 
+from orderflow.apps import SCOPE, KeyFilter
 from orderflow.azure._cosmos_io import (
     AsyncClosable,
     ChargeMeter,
@@ -99,12 +100,27 @@ def _in_states(name: str, states: tuple[ProcessState, ...]) -> tuple[str, list[d
     return "(" + " OR ".join(f"c.processState = {p['name']}" for p in params) + ")", params
 
 
-def _claimable_sql(states: tuple[ProcessState, ...]) -> tuple[str, list[dict[str, object]]]:
+def _of_app(keys: KeyFilter | None) -> tuple[str, list[dict[str, object]]]:
+    """` AND <one app's ids>` and its parameters; nothing for None (every app). A scoped filter is a prefix of the
+    id, `STARTSWITH(c.id, @prefix)` (case-sensitive by default, and served by the range index on /id:
+    https://learn.microsoft.com/azure/cosmos-db/nosql/query/startswith); the unscoped one (the legacy app's bare
+    orderIds) is every id without the scope separator, `NOT CONTAINS(c.id, ".")`
+    (https://learn.microsoft.com/azure/cosmos-db/nosql/query/contains)."""
+    if keys is None:
+        return "", []
+    prefix = keys.prefix()
+    if prefix is None:
+        return " AND NOT CONTAINS(c.id, @scopeSep)", [{"name": "@scopeSep", "value": SCOPE}]
+    return " AND STARTSWITH(c.id, @keyPrefix)", [{"name": "@keyPrefix", "value": prefix}]
+
+
+def _claimable_sql(states: tuple[ProcessState, ...], keys: KeyFilter | None) -> tuple[str, list[dict[str, object]]]:
     where, params = _in_states("claimable", states)
+    of_app, app_params = _of_app(keys)
     return (
         f"SELECT TOP @limit * FROM c WHERE {where} AND IS_NULL(c.lockedBy)"
-        " AND (IS_NULL(c.retryAt) OR c.retryAt <= @now) ORDER BY c.retryAt ASC, c.createdAt ASC"
-    ), params
+        f" AND (IS_NULL(c.retryAt) OR c.retryAt <= @now){of_app} ORDER BY c.retryAt ASC, c.createdAt ASC"
+    ), [*params, *app_params]
 
 
 _TERMINAL_IN, _TERMINAL_PARAMS = _in_states("terminal", TERMINAL_STATES)
@@ -127,7 +143,7 @@ _EXPIRED_SQL = (
 _EXPIRED_COUNT_SQL = f"SELECT VALUE COUNT(1) FROM c WHERE {_SUPERVISED_IN} AND c.completeBy < @now"
 
 
-def _in_state_sql(after: bool, before: bool) -> str:
+def _in_state_sql(after: bool, before: bool, of_app: str = "") -> str:
     """The operator's list: one state, ordered by (updatedAt, id), keyset-paged like `_EXPIRED_SQL`.
 
     ORDER BY starts with processState, which the equality filter fixes, so the order is (updatedAt, id) all the
@@ -141,7 +157,10 @@ def _in_state_sql(after: bool, before: bool) -> str:
         where += ["c.updatedAt >= @afterAt", "(c.updatedAt > @afterAt OR (c.updatedAt = @afterAt AND c.id > @afterId))"]
     if before:
         where.append("c.updatedAt < @before")
-    return f"SELECT TOP @n * FROM c WHERE {' AND '.join(where)} ORDER BY c.processState ASC, c.updatedAt ASC, c.id ASC"
+    return (
+        f"SELECT TOP @n * FROM c WHERE {' AND '.join(where)}{of_app}"
+        " ORDER BY c.processState ASC, c.updatedAt ASC, c.id ASC"
+    )
 
 
 def _strip(doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -194,9 +213,14 @@ class CosmosStateStore(UpdateWithRetry):
             raise translate(exc) from exc
 
     async def query_claimable(
-        self, now: datetime, limit: int, states: tuple[ProcessState, ...] = CLAIMABLE_STATES
+        self,
+        now: datetime,
+        limit: int,
+        states: tuple[ProcessState, ...] = CLAIMABLE_STATES,
+        *,
+        keys: KeyFilter | None = None,
     ) -> list[Versioned]:
-        sql, in_states = _claimable_sql(states)
+        sql, in_states = _claimable_sql(states, keys)
         params: list[dict[str, object]] = [
             {"name": "@limit", "value": int(limit)},
             *in_states,
@@ -245,9 +269,10 @@ class CosmosStateStore(UpdateWithRetry):
             raise translate(exc) from exc
         return sum(counts)
 
-    async def count_in_state(self, state: ProcessState) -> int:
-        sql = "SELECT VALUE COUNT(1) FROM c WHERE c.processState = @state"
-        return await self._count(sql, [{"name": "@state", "value": state.value}])
+    async def count_in_state(self, state: ProcessState, *, keys: KeyFilter | None = None) -> int:
+        of_app, app_params = _of_app(keys)
+        sql = f"SELECT VALUE COUNT(1) FROM c WHERE c.processState = @state{of_app}"
+        return await self._count(sql, [{"name": "@state", "value": state.value}, *app_params])
 
     async def count_expired(self, now: datetime) -> int:
         # A record without a CompleteBy is not counted: comparing null with a string is undefined in Cosmos DB
@@ -261,13 +286,17 @@ class CosmosStateStore(UpdateWithRetry):
         page_size: int,
         continuation: str | None = None,
         updated_before: datetime | None = None,
+        *,
+        keys: KeyFilter | None = None,
     ) -> Page:
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
         after = None if continuation is None else KeysetCursor.decode(continuation)
+        of_app, app_params = _of_app(keys)
         params: list[dict[str, object]] = [
             {"name": "@n", "value": page_size + 1},
             {"name": "@state", "value": state.value},
+            *app_params,
         ]
         if after is not None:
             params += [{"name": "@afterAt", "value": after.at}, {"name": "@afterId", "value": after.id}]
@@ -275,7 +304,7 @@ class CosmosStateStore(UpdateWithRetry):
             params.append({"name": "@before", "value": format_utc(updated_before)})
         meter = ChargeMeter()
         query = self._container.query_items(
-            _in_state_sql(after is not None, updated_before is not None),
+            _in_state_sql(after is not None, updated_before is not None, of_app),
             parameters=params,
             max_item_count=page_size + 1,
             response_hook=meter,
@@ -290,8 +319,8 @@ class CosmosStateStore(UpdateWithRetry):
             items=items, continuation=next_cursor(items, more, lambda r: r.updated_at), request_charge=meter.total
         )
 
-    async def oldest_in_state(self, state: ProcessState) -> OrderStateRecord | None:
-        page = await self.query_in_state(state, 1)
+    async def oldest_in_state(self, state: ProcessState, *, keys: KeyFilter | None = None) -> OrderStateRecord | None:
+        page = await self.query_in_state(state, 1, keys=keys)
         return page.items[0][0] if page.items else None
 
     async def get_checkpoint(self, name: str) -> tuple[dict[str, Any], str] | None:

@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from orderflow.apps import SCOPE, KeyFilter
 from orderflow.errors import Conflict, NotFound, PreconditionFailed
 from orderflow.ports import (
     ExpiredCursor,
@@ -70,6 +71,17 @@ __all__ = [
     "open_sqlite_stores",
     "split_endpoint_path",
 ]
+
+
+def _of_app(keys: KeyFilter | None) -> tuple[str, tuple[object, ...]]:
+    """` AND <one app's ids>` and its arguments, as the Cosmos adapter's STARTSWITH / NOT CONTAINS: a byte-exact
+    prefix (not LIKE, which is case-insensitive in SQLite) or no scope separator at all; nothing for None."""
+    if keys is None:
+        return "", ()
+    prefix = keys.prefix()
+    if prefix is None:
+        return " AND instr(id, ?) = 0", (SCOPE,)
+    return " AND substr(id, 1, ?) = ?", (len(prefix), prefix)
 
 
 class SqliteOrdersDb:
@@ -142,13 +154,19 @@ class SqliteStateStore(UpdateWithRetry):
         return str(row["etag"])
 
     async def query_claimable(
-        self, now: datetime, limit: int, states: tuple[ProcessState, ...] = CLAIMABLE_STATES
+        self,
+        now: datetime,
+        limit: int,
+        states: tuple[ProcessState, ...] = CLAIMABLE_STATES,
+        *,
+        keys: KeyFilter | None = None,
     ) -> list[Versioned]:
+        of_app, app_args = _of_app(keys)
         sql = (
             f"SELECT doc, etag FROM order_state WHERE process_state IN {_marks(states)} AND locked_by IS NULL"
-            " AND (retry_at IS NULL OR retry_at <= ?) ORDER BY retry_at, created_at, id LIMIT ?"
+            f" AND (retry_at IS NULL OR retry_at <= ?){of_app} ORDER BY retry_at, created_at, id LIMIT ?"
         )
-        args = (*_values(states), format_utc(now), limit)
+        args = (*_values(states), format_utc(now), *app_args, limit)
         self._db.authorize("order_state", QUERY)
         rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall(), "state.query_claimable")
         return [_versioned(r) for r in rows]
@@ -188,10 +206,12 @@ class SqliteStateStore(UpdateWithRetry):
         items = [_versioned(r) for r in rows[:page_size]]
         return Page(items=items, continuation=next_cursor(items, len(rows) > page_size), request_charge=0.0)
 
-    async def count_in_state(self, state: ProcessState) -> int:
-        sql = "SELECT COUNT(*) FROM order_state WHERE process_state = ?"
+    async def count_in_state(self, state: ProcessState, *, keys: KeyFilter | None = None) -> int:
+        of_app, app_args = _of_app(keys)
+        sql = f"SELECT COUNT(*) FROM order_state WHERE process_state = ?{of_app}"
+        args = (state.value, *app_args)
         self._db.authorize("order_state", QUERY)
-        row = await self._db.read(lambda conn: conn.execute(sql, (state.value,)).fetchone(), "state.count_in_state")
+        row = await self._db.read(lambda conn: conn.execute(sql, args).fetchone(), "state.count_in_state")
         return int(row[0])
 
     async def query_in_state(
@@ -200,9 +220,12 @@ class SqliteStateStore(UpdateWithRetry):
         page_size: int,
         continuation: str | None = None,
         updated_before: datetime | None = None,
+        *,
+        keys: KeyFilter | None = None,
     ) -> Page:
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
+        of_app, app_args = _of_app(keys)
         where: list[str] = ["process_state = ?"]
         args: list[object] = [state.value]
         if continuation is not None:
@@ -213,16 +236,18 @@ class SqliteStateStore(UpdateWithRetry):
         if updated_before is not None:
             where.append(f"{_UPDATED_AT} < ?")
             args.append(format_utc(updated_before))
-        sql = f"SELECT doc, etag FROM order_state WHERE {' AND '.join(where)} ORDER BY {_UPDATED_AT}, id LIMIT ?"
-        args.append(page_size + 1)
+        sql = (
+            f"SELECT doc, etag FROM order_state WHERE {' AND '.join(where)}{of_app} ORDER BY {_UPDATED_AT}, id LIMIT ?"
+        )
+        args += [*app_args, page_size + 1]
         self._db.authorize("order_state", QUERY)
         rows = await self._db.read(lambda conn: conn.execute(sql, args).fetchall(), "state.query_in_state")
         items = [_versioned(r) for r in rows[:page_size]]
         more = len(rows) > page_size
         return Page(items=items, continuation=next_cursor(items, more, lambda r: r.updated_at), request_charge=0.0)
 
-    async def oldest_in_state(self, state: ProcessState) -> OrderStateRecord | None:
-        page = await self.query_in_state(state, 1)
+    async def oldest_in_state(self, state: ProcessState, *, keys: KeyFilter | None = None) -> OrderStateRecord | None:
+        page = await self.query_in_state(state, 1, keys=keys)
         return page.items[0][0] if page.items else None
 
     async def count_expired(self, now: datetime) -> int:

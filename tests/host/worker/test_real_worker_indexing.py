@@ -41,17 +41,20 @@ GOOD = sorted(p.name for p in CORPUS.iterdir() if p.is_dir() and p.name.startswi
 ENUM_KEYS = {"direction", "authLevel", "dataType", "cardinality", "accessRights"}
 
 
-def _run(args: list[str], cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+def _run(
+    args: list[str], cwd: Path = ROOT, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    environ = None if env is None else {**os.environ, **env}
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False, env=environ)
 
 
-def real_worker(app_dir: Path) -> dict[str, Any]:
+def real_worker(app_dir: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
     if not WORKER_PYTHON.exists():
         pytest.fail(
             f"{WORKER_PYTHON} is missing: `make worker-env` (part of `make test`) builds the Python 3.13 "
             "environment with azure-functions-runtime"
         )
-    done = _run([str(WORKER_PYTHON), str(ROOT / "devhost" / "worker_probe.py"), str(app_dir)], cwd=app_dir)
+    done = _run([str(WORKER_PYTHON), str(ROOT / "devhost" / "worker_probe.py"), str(app_dir)], cwd=app_dir, env=env)
     assert done.returncode == 0, done.stderr
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
@@ -173,6 +176,31 @@ def test_the_product_app_has_the_functions_the_pattern_needs(indexed: dict[str, 
         "ops_summary",
         "ops_openapi",
     } <= names
+
+
+@pytest.mark.parametrize(
+    ("legacy", "expected"),
+    [
+        (
+            "app",
+            {"submission": "%OrdersQueueName%", "submission-app": "app-orders", "submission-partner": "partner-orders"},
+        ),
+        ("none", {"submission-app": "app-orders", "submission-partner": "partner-orders"}),
+    ],
+)
+def test_the_real_worker_indexes_one_submission_trigger_per_apps_queue(legacy: str, expected: dict[str, str]) -> None:
+    """Issue 25: the one submission path is registered per inbound queue from the app setting SubmittingApps, which
+    the worker reads from its environment when it indexes (app settings are environment variables there); the
+    shared queue's trigger only while LegacyOrdersApp names an app."""
+    worker = real_worker(ROOT, env={"SubmittingApps": "app,partner", "LegacyOrdersApp": legacy})
+    assert worker["ok"], worker.get("error")
+    queues = {
+        f["name"]: b["queueName"]
+        for f in worker["functions"]
+        for b in f["rawBindings"]
+        if b.get("type") == "serviceBusTrigger" and f["name"].startswith("submission")
+    }
+    assert queues == expected
 
 
 @pytest.fixture(scope="module")

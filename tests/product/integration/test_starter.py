@@ -31,8 +31,8 @@ class QueryBarrier:
         self._inner = inner
         self._barrier = barrier
 
-    async def query_claimable(self, now: Any, limit: int, *states: Any) -> Any:
-        batch = await self._inner.query_claimable(now, limit, *states)
+    async def query_claimable(self, now: Any, limit: int, *states: Any, **keys: Any) -> Any:
+        batch = await self._inner.query_claimable(now, limit, *states, **keys)
         await asyncio.wait_for(self._barrier.wait(), timeout=10)
         return batch
 

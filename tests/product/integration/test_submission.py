@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from support.integration_support import REPLY_QUEUE, ROOT, Pipeline, encode, order_body, tunables
 
 from devhost.durable.ids import validate_instance_id
+from orderflow.apps import SubmittingApps
 from orderflow.errors import TransientStoreError
 from orderflow.messages import MAX_ATTEMPT, ORDER_ID_PATTERN, AlertKind, OrderStatus
 from orderflow.records import ProcessState, instance_id
@@ -141,12 +142,11 @@ async def test_invalid_input_is_rejected_naming_the_field_and_writes_nothing(
     assert alert.kind is AlertKind.POISON_MESSAGE and alert.reason == reason
 
 
-@pytest.mark.parametrize("queue", INTERNAL_QUEUES)
-async def test_reply_to_an_internal_queue_is_rejected_even_when_allowed_by_configuration(
-    pipeline: Pipeline, queue: str
-) -> None:
-    """An app must not make the system post into its own pipeline, whatever AllowedReplyQueues says."""
-    services = await pipeline.peer(allowed_reply_queues=frozenset({REPLY_QUEUE, *INTERNAL_QUEUES}))
+@pytest.mark.parametrize("queue", [*INTERNAL_QUEUES, "partner-orders", "partner-status"])
+async def test_reply_to_anything_but_the_apps_own_status_queue_is_rejected(pipeline: Pipeline, queue: str) -> None:
+    """An app must not make the system post into its own pipeline, nor into another app's queue: replyTo must be the
+    sending app's own status queue (issue 25)."""
+    services = await pipeline.peer(apps=SubmittingApps(names=("app", "partner")))
     outcome = await submit(services, encode(order_body("o-int", reply_to=queue)), "o-int")
 
     assert isinstance(outcome, Rejected) and outcome.reason == "InvalidField:replyTo" and queue in outcome.description

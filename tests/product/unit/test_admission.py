@@ -86,19 +86,19 @@ async def test_refresh_counts_processing_and_pending_exactly(services: Services,
 
     figures = await refresh(services)
 
-    assert figures == Figures(processing=2, pending=3, refreshed_at=format_utc(clock.now()))
+    assert figures == Figures(processing=2, pending=3, refreshed_at=format_utc(clock.now()), pending_by_app={"app": 3})
     assert await stored(services) == figures  # written, for every instance to read
 
     clock.advance(15)
     await add_record(services, "proc-2", ProcessState.PROCESSING)
     again = await refresh(services)
-    assert again == Figures(processing=3, pending=3, refreshed_at=format_utc(clock.now()))
+    assert again == Figures(processing=3, pending=3, refreshed_at=format_utc(clock.now()), pending_by_app={"app": 3})
 
 
 async def test_refresh_of_an_empty_store_creates_the_document(services: Services, clock: FakeClock) -> None:
     assert await services.state.get_checkpoint(DOCUMENT) is None
-    assert await refresh(services) == Figures(0, 0, format_utc(clock.now()))
-    assert await stored(services) == Figures(0, 0, format_utc(clock.now()))
+    assert await refresh(services) == Figures(0, 0, format_utc(clock.now()), pending_by_app={"app": 0})
+    assert await stored(services) == Figures(0, 0, format_utc(clock.now()), pending_by_app={"app": 0})
 
 
 async def test_reserve_grants_up_to_the_bound_and_no_further(services: Services) -> None:
@@ -177,7 +177,7 @@ async def test_backlog_gate_counts_an_admission_at_once(services: Services, cloc
 
 
 async def test_backlog_gate_refuses_at_the_bound_even_for_concurrent_submissions(services: Services) -> None:
-    bound = services.tunables.max_pending
+    bound = services.tunables.apps.max_pending
     await put(services, Figures(processing=0, pending=bound - 2, refreshed_at="2024-01-01T00:00:00.000000Z"))
     gate = BacklogGate()
     results = await asyncio.gather(*(gate.admit(services) for _ in range(10)))

@@ -97,6 +97,7 @@ def test_state_document_is_camel_case_with_sortable_dates() -> None:
     assert set(doc) == {
         "id",
         "orderId",
+        "app",
         "processState",
         "lockedBy",
         "completeBy",

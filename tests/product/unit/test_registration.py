@@ -24,6 +24,7 @@ def triggers() -> dict[str, dict[str, Any]]:
 def test_every_function_is_registered_under_its_constant(triggers: dict[str, dict[str, Any]]) -> None:
     expected = {
         fn.SUBMISSION: "serviceBusTrigger",
+        fn.submission_of("app"): "serviceBusTrigger",
         fn.STARTER_TIMER: "timerTrigger",
         fn.AGENT_REPLIES: "serviceBusTrigger",
         fn.SUPERVISOR: "timerTrigger",

@@ -31,6 +31,7 @@ from orderflow import admission, runtime
 from orderflow import function_names as fn
 from orderflow.adapters import bus_from_connection_string
 from orderflow.admission import BACKLOG_FULL, Figures
+from orderflow.apps import SubmittingApps
 from orderflow.embedded.broker import EmbeddedBroker
 from orderflow.messages import OrderStatus
 from orderflow.records import ProcessState, format_utc
@@ -43,7 +44,8 @@ BOUND = 3
 @pytest.fixture
 async def pipeline(tmp_path: Path) -> AsyncIterator[Pipeline]:
     p = await open_pipeline(tmp_path)
-    p.services = replace(p.services, tunables=replace(p.services.tunables, max_pending=BOUND))
+    apps = replace(p.services.tunables.apps, max_pending=BOUND)
+    p.services = replace(p.services, tunables=replace(p.services.tunables, apps=apps))
     yield p
     await p.aclose()
 
@@ -251,3 +253,22 @@ async def test_the_trigger_accepts_and_starts_below_the_bound(
     counts = EmbeddedBroker(bus_path(pipeline)).counts(ORDERS_QUEUE)
     assert (counts.active, counts.dead_lettered) == (0, 0)
     assert [s.state for s in await pipeline.statuses("o-fine")] == [OrderStatus.RECEIVED]
+
+
+async def test_the_trigger_leaves_a_pending_order_to_the_starter_while_another_app_waits(
+    pipeline: Pipeline, submission_function: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 25, fair share: while another app's orders wait in Pending, a new order of this app is neither claimed at
+    creation nor by the fast path's `start_one` after it: it waits for the Starter's round-robin (a slot is free)."""
+    apps = SubmittingApps(names=("app", "partner"), legacy="app", max_pending=BOUND)
+    pipeline.services = replace(pipeline.services, tunables=replace(pipeline.services.tunables, apps=apps))
+    found = await pipeline.services.state.get_checkpoint(admission.DOCUMENT)
+    figures = Figures(0, 2, format_utc(pipeline.clock.now()), pending_by_app={"app": 0, "partner": 2})
+    await pipeline.services.state.put_checkpoint(
+        admission.DOCUMENT, figures.to_data(), None if found is None else found[1]
+    )
+
+    calls, durable = await deliver(pipeline, submission_function, "o-wait", "m-wait", monkeypatch)
+
+    assert calls == ["complete"] and durable.start_new.instances == []
+    assert (await pipeline.services.state.get("o-wait"))[0].process_state is ProcessState.PENDING  # type: ignore[index]

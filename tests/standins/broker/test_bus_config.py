@@ -26,6 +26,10 @@ def test_repo_config_declares_the_product_queues():
         "agent-replies",
         "operator-alerts",
         "app-status",
+        # Issue 25: each submitting app's own inbound queue, and a second local app (the tenant-isolation drill).
+        "app-orders",
+        "partner-orders",
+        "partner-status",
     }
     inbound = queues["orders-inbound"]
     assert inbound.requires_session and inbound.requires_duplicate_detection
