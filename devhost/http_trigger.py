@@ -6,7 +6,7 @@ with `{name}`, `{name:constraint}` and optional `{name?}`; auth level `function`
 `x-functions-key` header or the `code` query parameter, `admin` the master key, `anonymous` none; a missing or wrong
 key answers 401. A method no trigger on that path declares matches no route: 404 with no body, before any key check.
 A repeated query parameter's values are joined with ",", empty values dropped (GrpcMessageConversionExtensions).
-The host's sources and issues behind each rule: docs/modules-host.md.
+Sources: docs/modules-host.md. In front of it all, with WEBSITE_AUTH_ENABLED: the Easy Auth stand-in, easy_auth.py.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from typing import Any
 
 import azure.functions as func
 from aiohttp import web
+
+from .easy_auth import EasyAuth
 
 _PARAM = re.compile(r"\{(\*?)([A-Za-z_][A-Za-z0-9_]*)(?::([A-Za-z]+)(?:\([^)]*\))?)?(\?)?\}")
 _CONSTRAINTS = {
@@ -99,10 +101,15 @@ class HttpRoute:
 class HttpTriggers:
     """Dispatches `/api/...` requests to http-triggered functions."""
 
-    def __init__(self, keys: KeyStore, default_auth_level: str = "function") -> None:
+    def __init__(
+        self, keys: KeyStore, default_auth_level: str = "function", env: Mapping[str, str] | None = None
+    ) -> None:
+        """`env`: the app settings (default: the environment, where devhost applied local.settings.json), for the
+        Easy Auth stand-in's WEBSITE_AUTH_ENABLED."""
         self.keys = keys
         self.default_auth_level = default_auth_level
         self.routes: list[HttpRoute] = []
+        self.easy_auth = EasyAuth.from_env(os.environ if env is None else env)
 
     def add(self, name: str, trigger: dict[str, Any], invoke: Callable[[dict[str, Any]], Awaitable[Any]]) -> None:
         methods = frozenset(str(m).upper() for m in (trigger.get("methods") or ["GET", "POST"]))
@@ -122,6 +129,11 @@ class HttpTriggers:
         app.router.add_route("*", r"/api/{tail:[\s\S]*}", self.handle)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        headers: dict[str, str] | None = dict(request.headers)
+        if self.easy_auth is not None:  # the front end runs first: no route, method or key check before it
+            headers = self.easy_auth.admit(request.headers)
+            if headers is None:
+                return web.Response(status=401, headers={"WWW-Authenticate": "Bearer"})
         path = request.match_info["tail"]
         allowed = [(r, m) for r in self.routes if request.method in r.methods and (m := r.pattern.match(path))]
         if not allowed:
@@ -135,7 +147,7 @@ class HttpTriggers:
         req = func.HttpRequest(
             method=request.method,
             url=str(request.url),
-            headers=dict(request.headers),
+            headers=headers,
             params=query_params(request.query),
             route_params=route_params,
             body=body,

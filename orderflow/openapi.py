@@ -1,18 +1,18 @@
 """The operator HTTP API's OpenAPI 3.1 document (GET /api/openapi.json), and its routes.
 
 The response schemas come from pydantic models that mirror, field for field, what `orderflow.operations` returns;
-the state record, the resubmit audit entry and the stored order reuse the models they are written with
-(`OrderStateRecord`, `Resubmission`, `SubmitOrder`). Response models refuse unknown fields, so a field added to an
-answer without its schema fails tests/product/e2e/test_ops_api_e2e.py, which validates every real response of every
-endpoint against this document.
-
-Auth: every route, the document's own included, is auth level `function` (a function or host key in the
-`x-functions-key` header or the `code` query parameter; docs/operations.md says why the document is not anonymous).
+the state record, the resubmit audit entry and the stored order reuse the models they are written with. Response
+models refuse unknown fields, so a field added to an answer without its schema fails tests/product/e2e/
+test_ops_api_e2e.py, which validates every real response of every endpoint against this document. Auth: every route,
+the document's own included, needs both a function key (header or `code`; docs/operations.md says why the document is
+not anonymous) and a caller signed in with Entra ID who holds the app role OperatorAppRole (orderflow/ops_http.py).
+Orders are addressed by their key (orderflow/apps.py): `<app>.<orderId>`, or the legacy app's bare orderId.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from datetime import datetime
 from typing import Any, Literal
 
@@ -20,10 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import models_json_schema
 
+from orderflow.apps import APP_NAME_PATTERN
 from orderflow.breaker import BreakerState
-from orderflow.messages import ORDER_ID_PATTERN, SubmitOrder
-from orderflow.operations import OLDER_THAN_MAX, OLDER_THAN_PATTERN, PAGE_SIZE_MAX
-from orderflow.ops_http import DEFAULT_PAGE_SIZE
+from orderflow.messages import SubmitOrder
+from orderflow.operations import OLDER_THAN_MAX, OLDER_THAN_PATTERN, ORDER_KEY_PATTERN, PAGE_SIZE_MAX
+from orderflow.ops_http import DEFAULT_PAGE_SIZE, DEFAULT_ROLE
 from orderflow.records import OrderStateRecord, ProcessState, Resubmission
 
 API_VERSION = "1.0.0"
@@ -33,8 +34,15 @@ ROUTE_RESUBMIT = "orders/{id}/resubmit"
 ROUTE_CANCEL = "orders/{id}/cancel"
 ROUTE_SUMMARY = "ops/summary"
 ROUTE_OPENAPI = "openapi.json"
-# ORDER_ID_PATTERN in ECMA-262 terms (JSON Schema's regex dialect has no \A or \Z).
-ORDER_ID_REGEX = ORDER_ID_PATTERN.pattern.replace("\\A", "^").replace("\\Z", "$")
+
+
+def ecma(pattern: re.Pattern[str]) -> str:
+    """A `\\A...\\Z` pattern in ECMA-262 terms (JSON Schema's regex dialect has no \\A or \\Z)."""
+    return pattern.pattern.replace("\\A", "^").replace("\\Z", "$")
+
+
+ORDER_KEY_REGEX = ecma(ORDER_KEY_PATTERN)
+APP_NAME_REGEX = ecma(APP_NAME_PATTERN)
 # OrchestrationRuntimeStatus names, as DurableOrchestrationStatus.to_json() writes them (azure-functions-durable
 # models/OrchestrationRuntimeStatus.py).
 # A ProcessState in any case, in a pattern both regex dialects read alike (ECMA-262 has no inline (?i)).
@@ -53,10 +61,20 @@ class _Answer(BaseModel):
 
 
 class Error(_Answer):
-    """A refusal (400 bad input, 404 unknown order, 409 wrong state) or a failure (500, no details)."""
+    """A refusal (400 bad input, 401 no signed-in operator, 403 not an operator, 404 unknown order, 409 wrong state)
+    or a failure (500, no details)."""
 
-    error: Literal["BadRequest", "NotFound", "Conflict", "InternalError"]
+    error: Literal["BadRequest", "Unauthorized", "Forbidden", "NotFound", "Conflict", "InternalError"]
     message: str
+
+
+class _Identity(_Answer):
+    """Which order: `orderId` is its key (how the API addresses it), `app` the submitting app (null: a legacy key
+    with no legacy app configured), `clientOrderId` the orderId the app chose."""
+
+    order_id: str
+    app: str | None
+    client_order_id: str
 
 
 class OrchestrationStatus(BaseModel):
@@ -85,18 +103,16 @@ class Attempt(_Answer):
     orchestration_error: str | None = None
 
 
-class OrderView(_Answer):
+class OrderView(_Identity):
     """GET /orders/{id}: the state record, the stored order and every attempt's orchestration."""
 
-    order_id: str
     etag: str
     state: OrderStateRecord
     order: SubmitOrder | None
     attempts: list[Attempt]
 
 
-class OrderRow(_Answer):
-    order_id: str
+class OrderRow(_Identity):
     process_state: ProcessState
     attempt: int = Field(ge=0)
     failure_count: int = Field(ge=0)
@@ -108,27 +124,29 @@ class OrderRow(_Answer):
 
 
 class OrdersPage(_Answer):
-    """GET /orders: one page, oldest change first; `continuation` is null on the last page."""
+    """GET /orders: one page, oldest change first, of one app's orders when `app` is set; `continuation` is null on
+    the last page."""
 
     state: ProcessState
+    app: str | None
     items: list[OrderRow]
     continuation: str | None
 
 
-class Resubmitted(_Answer):
-    """POST /orders/{id}/resubmit: the state it is in now and the audit entry written."""
+class Resubmitted(_Identity):
+    """POST /orders/{id}/resubmit: the state it is in now and the audit entry written (`by`: the signed-in principal,
+    `<name> (<object id>)`)."""
 
-    order_id: str
     process_state: ProcessState
     resubmission: Resubmission
 
 
-class CancelAccepted(_Answer):
+class CancelAccepted(_Identity):
     """POST /orders/{id}/cancel (202): the cancel applied to the state record (Pending → Cancelled, Processing →
-    `cancelRequestedAt`), or already recorded (`alreadyRequested`); `messageId` is null (nothing is sent). Its outcome
-    arrives on the order's reply queue."""
+    `cancelRequestedAt`) as the order's own app's cancel, its cancelReason naming the signed-in principal, or already
+    recorded (`alreadyRequested`); `messageId` is null (nothing is sent). Its outcome arrives on the app's status
+    queue."""
 
-    order_id: str
     process_state: ProcessState
     message_id: str | None
     cancel_requested_at: datetime | None
@@ -148,8 +166,14 @@ class StateCounts(_Answer):
     cancelled: int = Field(ge=0, alias="Cancelled")
 
 
-class OldestPending(_Answer):
-    order_id: str
+class AppCounts(_Answer):
+    """One submitting app's orders that are waiting or running."""
+
+    pending: int = Field(ge=0, alias="Pending")
+    processing: int = Field(ge=0, alias="Processing")
+
+
+class OldestPending(_Identity):
     since: datetime
     age_seconds: float | None
 
@@ -214,6 +238,7 @@ class Summary(_Answer):
 
     generated_at: datetime
     states: StateCounts
+    apps: dict[str, AppCounts] = Field(description="Each submitting app's Pending and Processing orders")
     oldest_pending: OldestPending | None
     expired_supervised: int = Field(ge=0)
     dead_letters: dict[str, DeadLetterDepth | DeadLetterUnreadable]
@@ -222,18 +247,16 @@ class Summary(_Answer):
 
 
 class ResubmitRequest(_Answer):
-    """Who resubmits and why (the audit entry). Without `by`: the Easy Auth caller when App Service Authentication is
-    on, else "api"."""
+    """Why (the audit entry). Who is the signed-in principal, never the body: a `by` field is refused (400)."""
 
     reason: str = Field(min_length=1, pattern=r"\S", description="Not blank")
-    by: str | None = None
 
 
 class CancelRequest(_Answer):
-    """Why (shown on the order); `by` as for a resubmit. The body may be left out."""
+    """Why (on the order's cancelReason, after the signed-in principal's name). The body may be left out; a `by` field
+    is refused (400)."""
 
     reason: str | None = None
-    by: str | None = None
 
 
 MODELS: tuple[type[BaseModel], ...] = (
@@ -260,14 +283,20 @@ def _json(model: type[BaseModel] | None, description: str) -> dict[str, Any]:
 
 def _errors(*statuses: int) -> dict[str, Any]:
     text = {
-        400: "Bad input: an invalid order id, parameter or body",
+        400: "Bad input: an invalid order key, parameter or body",
         404: "No such order in the state store",
         409: "The order's state does not allow this",
         500: "The request failed (details in the function's log)",
     }
     out: dict[str, Any] = {str(s): _json(Error, text[s]) for s in statuses}
-    # The Functions host itself answers a missing or wrong key, with no body.
-    out["401"] = {"description": "No valid function key (x-functions-key header or code query parameter)"}
+    out["401"] = _json(
+        Error,
+        "Not signed in. Without this body: the Functions host (no valid function key, x-functions-key header or code "
+        "query parameter: no body) or App Service Authentication (no valid Entra ID token: its own answer) refused "
+        "the request before the app saw it. With it: the app refused it (App Service Authentication is off, or no "
+        "signed-in principal).",
+    )
+    out["403"] = _json(Error, f"The signed-in principal does not hold the app role {DEFAULT_ROLE} (OperatorAppRole)")
     return out
 
 
@@ -275,12 +304,17 @@ _ID = {
     "name": "id",
     "in": "path",
     "required": True,
-    "description": "The order id",
-    "schema": {"type": "string", "pattern": ORDER_ID_REGEX},
+    "description": "The order key: `<app>.<orderId>` (e.g. `partner.X1`), or the legacy app's bare orderId (`X1`)",
+    "schema": {"type": "string", "pattern": ORDER_KEY_REGEX},
 }
 
 
-def _paths() -> dict[str, Any]:
+def _app_schema(apps: tuple[str, ...]) -> dict[str, Any]:
+    """The `app` parameter: one of the deployment's apps when they are known, else any well-formed app name."""
+    return {"type": "string", "enum": list(apps)} if apps else {"type": "string", "pattern": APP_NAME_REGEX}
+
+
+def _paths(apps: tuple[str, ...]) -> dict[str, Any]:
     return {
         f"/{ROUTE_ORDER}": {
             "get": {
@@ -303,6 +337,14 @@ def _paths() -> dict[str, Any]:
                         "required": True,
                         "description": "A ProcessState (any case)",
                         "schema": {"type": "string", "pattern": STATE_REGEX},
+                    },
+                    {
+                        "name": "app",
+                        "in": "query",
+                        "allowEmptyValue": True,
+                        "description": "Only this app's orders: one of the submitting apps (SubmittingApps), any other "
+                        "name is a 400",
+                        "schema": _app_schema(apps),
                     },
                     {
                         "name": "olderThan",
@@ -378,8 +420,9 @@ def _paths() -> dict[str, Any]:
 
 
 @functools.cache
-def document() -> dict[str, Any]:
-    """The OpenAPI 3.1 document (built once per process; callers must not mutate it)."""
+def document(apps: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The OpenAPI 3.1 document (built once per process and `apps`; callers must not mutate it). `apps`: the
+    deployment's submitting apps (SubmittingApps), the values the `app` parameter takes; () for any app name."""
     _, defs = models_json_schema(
         [(m, "serialization") for m in MODELS], by_alias=True, ref_template="#/components/schemas/{model}"
     )
@@ -392,8 +435,9 @@ def document() -> dict[str, Any]:
             "the `orderflow` CLI; docs/operations.md.",
         },
         "servers": [{"url": "/api"}],
-        "security": [{"functionKey": []}, {"functionKeyQuery": []}],
-        "paths": _paths(),
+        # Both at once: a function key (either way) and a signed-in operator.
+        "security": [{"functionKey": [], "entraId": []}, {"functionKeyQuery": [], "entraId": []}],
+        "paths": _paths(apps),
         "components": {
             "schemas": defs["$defs"],
             "securitySchemes": {
@@ -408,6 +452,15 @@ def document() -> dict[str, Any]:
                     "in": "query",
                     "name": "code",
                     "description": "The same key as a query parameter",
+                },
+                "entraId": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "bearerFormat": "JWT",
+                    "description": "An Entra ID access token for the function app's app registration, checked by App "
+                    f"Service Authentication; its principal must hold the app role {DEFAULT_ROLE} (app setting "
+                    "OperatorAppRole). Locally, devhost's stand-in takes `local:<name>:<role>[,<role>...]` "
+                    "(docs/devhost.md, Easy Auth).",
                 },
             },
         },

@@ -5,6 +5,9 @@ Every answer is plain JSON (camelCase), the same for both front ends. A refusal 
 and one line of text: an unknown order (404), a move its state does not allow (409), bad input (400). Nothing here
 writes outside the state machine: a resubmit is `state_machine.resubmit` under an If-Match write, a cancel is the
 CancelOrder handler's own use case (`submission.cancel_order`), applied at once to an order the state store holds.
+
+An order is addressed by its key (orderflow/apps.py): `<app>.<orderId>`, or the bare orderId of the legacy app. Every
+answer about an order names its app and the orderId the app chose (`clientOrderId`); the list filters by app.
 """
 
 from __future__ import annotations
@@ -20,14 +23,15 @@ from typing import Any, Protocol
 
 from azure.servicebus import ServiceBusMessage
 
-from orderflow import deadletters, telemetry
+from orderflow import apps, deadletters, telemetry
+from orderflow.apps import APP_NAME_PATTERN, SubmittingApps
 from orderflow.breaker import BreakerConfig, show_breakers
 from orderflow.messages import ORDER_ID_PATTERN, CancelOrder
 from orderflow.ports import BusClient
-from orderflow.records import ProcessState, format_utc, instance_id, parse_utc
+from orderflow.records import OrderStateRecord, ProcessState, format_utc, instance_id, parse_utc
 from orderflow.runtime import Services, Tunables
 from orderflow.state_machine import IllegalTransition, resubmit
-from orderflow.submission import CancelTooLate, Rejected, cancel_order
+from orderflow.submission import CancelTooLate, Inbound, Rejected, cancel_order
 from orderflow.supervisor import CHECKPOINT
 from orderflow.text import first_line
 from orderflow.workflow import CANCEL_EVENT
@@ -40,6 +44,15 @@ OLDER_THAN_MAX = "999999999s, 99999999m, 999999h or 99999d"
 DURATION = re.compile(OLDER_THAN_PATTERN.replace("$", r"\Z"))
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 CANCELLABLE = (ProcessState.PENDING, ProcessState.PROCESSING)
+PER_APP_STATES = (ProcessState.PENDING, ProcessState.PROCESSING)  # the summary's counts per app
+
+
+def _inner(pattern: re.Pattern[str]) -> str:
+    return pattern.pattern.removeprefix("\\A").removesuffix("\\Z")
+
+
+# An order key as operators address an order (orderflow/apps.py): `<app>.<orderId>`, or the legacy app's bare orderId.
+ORDER_KEY_PATTERN = re.compile(f"\\A(?:{_inner(APP_NAME_PATTERN)}\\{apps.SCOPE})?{_inner(ORDER_ID_PATTERN)}\\Z")
 # DurableOrchestrationClient.raise_event(instance_id, event_name, event_data)
 RaiseEvent = Callable[[str, str, Any], Awaitable[None]]
 log = logging.getLogger("orderflow.ops")
@@ -54,9 +67,9 @@ NOT_LISTENED = (
 
 def app_listens(tunables: Tunables) -> frozenset[str]:
     """The queues the function app's identity holds Service Bus Data Receiver on (infra/app/rbac.bicep): the ones its
-    triggers receive from. A peek, dead letters included, needs that right; the runtime counts the summary reads on
-    Azure (`Services.queue_counts`) do not."""
-    return frozenset({tunables.orders_queue, tunables.agent_replies_queue})
+    triggers receive from, every app's inbound queue among them. A peek, dead letters included, needs that right; the
+    runtime counts the summary reads on Azure (`Services.queue_counts`) do not."""
+    return frozenset({tunables.orders_queue, tunables.agent_replies_queue}) | tunables.apps.inbound_queues()
 
 
 class OpsError(Exception):
@@ -109,20 +122,44 @@ def parse_state(text: str) -> ProcessState:
     raise BadRequest(f"state {text!r} is not one of {', '.join(s.value for s in ProcessState)}")
 
 
-def check_order_id(order_id: str) -> str:
-    if not ORDER_ID_PATTERN.match(order_id):
-        raise BadRequest(f"orderId {order_id!r} is not a valid order id (1-64 of A-Z a-z 0-9 _ -)")
-    return order_id
+def check_order_id(key: str) -> str:
+    """An order key (`ORDER_KEY_PATTERN`), or BadRequest saying what one looks like."""
+    if not ORDER_KEY_PATTERN.match(key):
+        raise BadRequest(
+            f"order {key[:100]!r} is not a valid order key: <app>.<orderId>, or the legacy app's bare orderId (app: "
+            "1-24 of a-z 0-9 - starting with a letter; orderId: 1-64 of A-Z a-z 0-9 _ -)"
+        )
+    return key
+
+
+def check_app(name: str, known: SubmittingApps) -> str:
+    """`name` if it is one of the submitting apps, else BadRequest naming the field."""
+    if name not in known.names:
+        raise BadRequest(
+            f"app (--app) {name[:40]!r} is not a submitting app (SubmittingApps: {', '.join(known.names)})"
+        )
+    return name
+
+
+def app_of(rec: OrderStateRecord, known: SubmittingApps) -> str | None:
+    """The order's app: the record's own `app`, else its key's owner (a record written before per-app queues), else
+    the app its key names (one since removed from SubmittingApps); None for an unscoped key with no legacy app."""
+    return rec.app or known.owner(rec.order_id) or apps.key_scope(rec.order_id)
+
+
+def identity(rec: OrderStateRecord, known: SubmittingApps) -> dict[str, Any]:
+    """Who an order is: its key (`orderId`, how operators address it), its app, and the orderId the app chose."""
+    return {"orderId": rec.order_id, "app": app_of(rec, known), "clientOrderId": apps.client_order_id(rec.order_id)}
 
 
 def _age(now: datetime, then: datetime | None) -> float | None:
     return None if then is None else round((now - then).total_seconds(), 3)
 
 
-def order_row(rec: Any, now: datetime) -> dict[str, Any]:
-    """One line of `orders`: where the order is and since when."""
+def order_row(rec: OrderStateRecord, now: datetime, known: SubmittingApps) -> dict[str, Any]:
+    """One line of `orders`: which order, where it is and since when."""
     return {
-        "orderId": rec.order_id,
+        **identity(rec, known),
         "processState": rec.process_state.value,
         "attempt": rec.attempt,
         "failureCount": rec.failure_count,
@@ -147,6 +184,10 @@ class Operations:
     def now(self) -> datetime:
         return self.services.clock.now()
 
+    @property
+    def apps(self) -> SubmittingApps:
+        return self.services.tunables.apps
+
     async def _record(self, order_id: str) -> tuple[Any, str]:
         found = await self.services.state.get(check_order_id(order_id))
         if found is None:
@@ -154,12 +195,13 @@ class Operations:
         return found
 
     async def order(self, order_id: str) -> dict[str, Any]:
-        """The state record, the stored order, and each attempt's orchestration status and history."""
+        """The state record, the stored order, and each attempt's orchestration status and history (`order_id`: the
+        order's key)."""
         rec, etag = await self._record(order_id)
         stored = await self.services.orders.get(order_id)
         attempts = await asyncio.gather(*(self._attempt(order_id, n) for n in range(1, rec.attempt + 1)))
         return {
-            "orderId": order_id,
+            **identity(rec, self.apps),
             "etag": etag,
             "state": rec.to_doc(),
             "order": None if stored is None else stored.order,
@@ -182,27 +224,35 @@ class Operations:
         return entry
 
     async def orders(
-        self, state: str, older_than: str | None = None, page_size: int = 50, continuation: str | None = None
+        self,
+        state: str,
+        older_than: str | None = None,
+        page_size: int = 50,
+        continuation: str | None = None,
+        app: str | None = None,
     ) -> dict[str, Any]:
         """One page of the orders in `state` (oldest change first), optionally only those unchanged for
-        `older_than`."""
+        `older_than`, only those of `app` (one of SubmittingApps)."""
         wanted = parse_state(state)
+        keys = None if app is None else self.apps.keys_of(check_app(app, self.apps))
         if not 1 <= page_size <= PAGE_SIZE_MAX:
             raise BadRequest(f"pageSize (--page-size) must be 1..{PAGE_SIZE_MAX}, got {page_size}")
         now = self.now
         before = None if older_than is None else now - parse_duration(older_than)
         try:
-            page = await self.services.state.query_in_state(wanted, page_size, continuation, before)
+            page = await self.services.state.query_in_state(wanted, page_size, continuation, before, keys=keys)
         except ValueError as exc:
             raise BadRequest(str(exc)) from exc
         return {
             "state": wanted.value,
-            "items": [order_row(rec, now) for rec, _ in page.items],
+            "app": app,
+            "items": [order_row(rec, now, self.apps) for rec, _ in page.items],
             "continuation": page.continuation,
         }
 
     async def resubmit(self, order_id: str, by: str, reason: str) -> dict[str, Any]:
-        """Error → Pending, CompensationFailed → CompensationInProgress, with a fresh failure budget, audited."""
+        """Error → Pending, CompensationFailed → CompensationInProgress, with a fresh failure budget, audited: `by` is
+        who the front end says acts (the HTTP API: the signed-in principal; the CLI: --by or the OS user)."""
         if not by.strip() or not reason.strip():
             raise BadRequest("a resubmit needs who (by) and why (reason)")
         await self._record(order_id)
@@ -213,7 +263,7 @@ class Operations:
         except IllegalTransition as exc:
             raise WrongState(str(exc)) from exc
         return {
-            "orderId": order_id,
+            **identity(rec, self.apps),
             "processState": rec.process_state.value,
             "resubmission": rec.resubmissions[-1].model_dump(mode="json", by_alias=True),
         }
@@ -221,23 +271,35 @@ class Operations:
     async def cancel(
         self, order_id: str, by: str, reason: str | None = None, tell: RaiseEvent | None = None
     ) -> dict[str, Any]:
-        """Apply the order's cancel through the CancelOrder handler's use case (`submission.cancel_order`): Pending →
-        Cancelled at once, Processing → cancelRequestedAt, and `tell` raises `CancelOrder` on the running attempt
-        (which otherwise honours the record at its next decision point). No bus send: the function app holds no send
-        right on orders-inbound. Refused (409) when the order is past cancelling, 404 when the state store does not
-        hold it (yet: a client's own CancelOrder, in the order's session, waits for its submission)."""
+        """Apply the order's cancel through the CancelOrder handler's use case (`submission.cancel_order`) as its own
+        app's cancel (the app's orderId, its status queue): Pending → Cancelled at once, Processing →
+        cancelRequestedAt, and `tell` raises `CancelOrder` on the running attempt (which otherwise honours the record
+        at its next decision point). No bus send: the function app holds no send right on an app's inbound queue. The
+        record's cancelReason names `by`. Refused (409) when the order is past cancelling or belongs to no submitting
+        app, 404 when the state store does not hold it (yet: a client's own CancelOrder, in the order's session, waits
+        for its submission)."""
         rec, _ = await self._record(order_id)
         if rec.process_state not in CANCELLABLE:
             raise WrongState(
                 f"order {order_id} is {rec.process_state.value}: only a Pending or Processing order can be cancelled"
             )
         if rec.cancel_requested_at is not None:
-            return _cancel_answer(order_id, rec, already=True)
+            return _cancel_answer(rec, self.apps, already=True)
+        owner = self.apps.owner(order_id)
+        if owner is None:
+            raise WrongState(f"order {order_id} belongs to no submitting app (SubmittingApps): no app to cancel it for")
+        client_id = apps.client_order_id(order_id)
         try:
-            body = cancel_body(order_id, rec.reply_to, reason or f"cancelled by {by}", self.now)
+            body = cancel_body(client_id, apps.status_queue(owner), cancel_reason(by, reason), self.now)
         except ValueError as exc:
             raise BadRequest(str(exc).splitlines()[0]) from exc
-        done = await cancel_order(self.services, body.encode(), order_id, f"{order_id}:cancel:ops")
+        done = await cancel_order(
+            self.services,
+            body.encode(),
+            client_id,
+            f"{client_id}:cancel:ops",
+            source=Inbound.of_app(self.services, owner),
+        )
         if isinstance(done, CancelTooLate):
             raise WrongState(f"order {order_id}: {done.reason}")
         if isinstance(done, Rejected):
@@ -248,7 +310,7 @@ class Operations:
             except Exception:  # noqa: BLE001 - the record carries the cancel; the event only makes it sooner
                 log.warning("cancel of %s: event to %s not delivered; the record carries it", order_id, done.tell)
         after, _ = await self._record(order_id)
-        return _cancel_answer(order_id, after, already=not done.changed)
+        return _cancel_answer(after, self.apps, already=not done.changed)
 
     async def summary(self, dead_letter_cap: int = 1000) -> dict[str, Any]:
         """Counts per state, the oldest Pending, the expired supervised records, dead-letter depth per queue (the
@@ -257,6 +319,7 @@ class Operations:
         (every figure is also set as a metric for the workbook)."""
         now, state = self.now, self.services.state
         counts = await asyncio.gather(*(state.count_in_state(s) for s in ProcessState))
+        per_app = await self._per_app()
         oldest, expired = await asyncio.gather(state.oldest_in_state(ProcessState.PENDING), state.count_expired(now))
         queues = sorted(self.services.tunables.internal_queues() | self.services.tunables.allowed_reply_queues)
         depths = await self._depths(queues, dead_letter_cap)
@@ -270,10 +333,11 @@ class Operations:
         return {
             "generatedAt": format_utc(now),
             "states": per_state,
+            "apps": per_app,
             "oldestPending": None
             if oldest is None
             else {
-                "orderId": oldest.order_id,
+                **identity(oldest, self.apps),
                 "since": format_utc(oldest.updated_at),
                 "ageSeconds": _age(now, oldest.updated_at),
             },
@@ -282,6 +346,15 @@ class Operations:
             "breakers": await self._breakers(),
             "supervisor": None if checkpoint is None else _supervisor(checkpoint[0], now),
         }
+
+    async def _per_app(self) -> dict[str, dict[str, int]]:
+        """Each submitting app's Pending and Processing orders, by key (apps.KeyFilter)."""
+        names, state = self.apps.names, self.services.state
+        counts = await asyncio.gather(
+            *(state.count_in_state(s, keys=self.apps.keys_of(a)) for a in names for s in PER_APP_STATES)
+        )
+        per_app = iter(counts)
+        return {a: {s.value: next(per_app) for s in PER_APP_STATES} for a in names}
 
     async def _depths(self, queues: Sequence[str], cap: int) -> list[dict[str, Any]]:
         counts = self.services.queue_counts
@@ -309,11 +382,11 @@ async def _depth_or_error(bus: BusClient, queue: str, cap: int) -> dict[str, Any
         return {"error": f"{type(exc).__name__}: {first_line(exc)}"}
 
 
-def _cancel_answer(order_id: str, rec: Any, *, already: bool) -> dict[str, Any]:
+def _cancel_answer(rec: OrderStateRecord, known: SubmittingApps, *, already: bool) -> dict[str, Any]:
     """The cancel route's answer; `messageId` stays null (no message is sent)."""
     at = rec.cancel_requested_at
     return {
-        "orderId": order_id,
+        **identity(rec, known),
         "processState": rec.process_state.value,
         "messageId": None,
         "cancelRequestedAt": None if at is None else format_utc(at),
@@ -331,6 +404,13 @@ def _supervisor(data: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     }
 
 
+def cancel_reason(by: str, reason: str | None) -> str:
+    """The record's cancelReason for an operator's cancel: who, and why when given (at most 256 characters, the
+    CancelOrder's bound; the reason is cut, never the name)."""
+    head = f"cancelled by {by.strip()[:200]}"
+    return head if not reason or not reason.strip() else f"{head}: {reason.strip()}"[:256]
+
+
 def cancel_body(order_id: str, reply_to: str, reason: str | None = None, requested_at: datetime | None = None) -> str:
     """A CancelOrder's JSON body (validated: ValueError on an invalid orderId, replyTo or reason)."""
     return CancelOrder(
@@ -341,9 +421,10 @@ def cancel_body(order_id: str, reply_to: str, reason: str | None = None, request
 def cancel_message(
     order_id: str, reply_to: str, reason: str | None = None, requested_at: datetime | None = None
 ) -> ServiceBusMessage:
-    """A CancelOrder as a client sends it on orders-inbound: SessionId = orderId (after the order's SubmitOrder),
-    MessageId = `<orderId>:cancel:<hash of the body>` (each cancel is its own message; an identical resend is absorbed
-    by duplicate detection)."""
+    """A CancelOrder as a client sends it on its app's inbound queue (`apps.inbound_queue`; `order_id` is the app's own
+    orderId, apps.client_order_id): SessionId = orderId (after the order's SubmitOrder), MessageId =
+    `<orderId>:cancel:<hash of the body>` (each cancel is its own message; an identical resend is absorbed by duplicate
+    detection)."""
     body = cancel_body(order_id, reply_to, reason, requested_at)
     message_id = f"{order_id}:cancel:{hashlib.sha256(body.encode()).hexdigest()[:12]}"
     return ServiceBusMessage(body, session_id=order_id, message_id=message_id, content_type="application/json")

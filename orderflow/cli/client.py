@@ -2,11 +2,12 @@
 statuses on the app's reply queue; `watch` follows a reply queue; `cancel` sends a CancelOrder in the order's session
 and follows what it did; `queues` shows each queue's counts, the dead-letter reasons and the operator alerts.
 
-They use the app's connection setting (ServiceBusConnection or ServiceBusConnection__fullyQualifiedNamespace, from
-the environment or the app's local.settings.json) and the azure-servicebus API, so they work on the embedded broker
-and on Azure (`queues` needs the embedded broker's counts; on Azure, `orderflow summary` and `orderflow dlq list`).
-
-What they do while they wait for statuses (and the diagnosis when none comes) is in `_follow.py`.
+The app is the reply queue's (`<app>-status`): it sends to its own `<app>-orders`, the legacy app to OrdersQueueName;
+an operator's `cancel ORDER_KEY` goes to the owning app's queue (orderflow/apps.py). They use the app's connection
+setting (ServiceBusConnection or ServiceBusConnection__fullyQualifiedNamespace, from the environment or the app's
+local.settings.json) and the azure-servicebus API, so they work on the embedded broker and on Azure (`queues` needs
+the embedded broker's counts; on Azure, `orderflow summary` and `orderflow dlq list`). Waiting for statuses:
+`_follow.py`.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from azure.servicebus.exceptions import ServiceBusError
 from rich.console import Console
 from rich.table import Table
 
+from orderflow import apps
 from orderflow.adapters import bus_from_connection_string
 from orderflow.cli._follow import _all_statuses, _diagnose, _follow, _follow_cancel, _Watch
-from orderflow.cli.common import CliError, load_settings, safe
+from orderflow.cli.common import CliError, load_settings, operator_name, safe
 from orderflow.embedded.connection import bus_connection_as, settings_as
 from orderflow.embedded.rights import OPERATORS, submitting_app
 from orderflow.errors import is_missing_entity
@@ -40,7 +42,7 @@ from orderflow.messages import (
     StatusMessage,
     parse_submit_order,
 )
-from orderflow.operations import CANCELLABLE, cancel_message
+from orderflow.operations import CANCELLABLE, cancel_message, cancel_reason
 from orderflow.text import shown
 
 SAMPLE_ORDER: dict[str, Any] = {
@@ -109,21 +111,26 @@ def add_commands(sub: Any, prog: str, names: tuple[str, ...] = ("submit", "watch
         c = sub.add_parser(
             "cancel",
             help="cancel one order and follow what the cancel did",
-            description="Send a CancelOrder for ORDER_ID to the orders queue in the order's session "
-            "(SessionId = orderId, so it is processed after the order's SubmitOrder), "
-            "with the order's replyTo, then print the statuses that follow it: cancelled "
-            "(nothing was sent), compensated (what was done is undone), rejected (too "
-            "late). First checks the state store: an unknown order, or one that is not "
-            "Pending or Processing, is refused and nothing is sent (--no-check sends it "
-            "as any client app would). A repeated cancel changes nothing.",
+            description="Send a CancelOrder for the order ORDER to its app's inbound queue (<app>-orders) "
+            "in the order's session (SessionId = the app's orderId, so it is processed after the order's "
+            "SubmitOrder), with the app's status queue as replyTo, then print the statuses that follow it: "
+            "cancelled (nothing was sent), compensated (what was done is undone), rejected (too late). "
+            "First checks the state store: ORDER is the order's key (<app>.<orderId>, or the legacy app's "
+            "bare orderId); an unknown order, or one that is not Pending or Processing, is refused and "
+            "nothing is sent. With --no-check, ORDER is an app's own orderId and the cancel goes out as "
+            "that app's (the app of --reply-to) would. A repeated cancel changes nothing.",
         )
         _connection_options(c)
-        c.add_argument("order_id", metavar="ORDER_ID", help="the order to cancel")
+        c.add_argument(
+            "order_id",
+            metavar="ORDER",
+            help="the order's key (<app>.<orderId>, or the legacy app's orderId); with --no-check the app's orderId",
+        )
         c.add_argument("--reason", default=None, help="why: the CancelOrder's reason (at most 256 characters)")
         c.add_argument(
             "--reply-to",
             default=None,
-            help="reply queue (default: the order's replyTo from the state store, else app-status)",
+            help="reply queue (default: the order's app's status queue, <app>-status; with --no-check app-status)",
         )
         c.add_argument(
             "--wait", type=float, default=30.0, help="seconds to wait for the answer (default 30; 0: send and exit)"
@@ -221,7 +228,7 @@ def submit(args: argparse.Namespace) -> int:
     except InvalidMessage as exc:  # still sent: the system dead-letters it with the reason; say so here too
         known_rejection = exc
         console.print(f"[yellow]note: the system will reject this order: {safe(exc)}[/]")
-    orders_queue = os.environ.get("OrdersQueueName", "orders-inbound")
+    orders_queue = _inbound_queue(submitting_app(reply_to), args.app_dir)
     with _client(args, submitting_app(reply_to)) as client:
         with client.get_queue_sender(orders_queue) as sender:
             sender.send_messages(
@@ -263,7 +270,7 @@ def submit_many(args: argparse.Namespace) -> int:
         _usage_error(args.prog, "--order-id names one order; --count generates the ids")
     template = _read_order_file(args.file, args.prog) if args.file else dict(SAMPLE_ORDER)
     reply_to = str(args.reply_to or template.get("replyTo") or "app-status")
-    orders_queue = os.environ.get("OrdersQueueName", "orders-inbound")
+    orders_queue = _inbound_queue(submitting_app(reply_to), args.app_dir)
     prefix = f"order-{uuid.uuid4().hex[:6]}"
     ids = [f"{prefix}-{n:05d}" for n in range(args.count)]
     console = Console(emoji=False)
@@ -331,14 +338,27 @@ def watch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stored_record(order_id: str) -> Any:
+def _inbound_queue(app: str, app_dir: Path) -> str:
+    """Where `app` sends its orders: its own `<app>-orders`, or the shared OrdersQueueName for the legacy app."""
+    values = load_settings(app_dir.resolve())
+    if app == values.get("LegacyOrdersApp", "app").strip():
+        return values.get("OrdersQueueName") or "orders-inbound"
+    return apps.inbound_queue(app)
+
+
+def _stored_record(order_id: str) -> tuple[Any, apps.SubmittingApps]:
     """The order's state record (the state store named by CosmosDb__accountEndpoint), None when there is no such
-    order; CliError when the store cannot be read."""
+    order, and the submitting apps; CliError when the store cannot be read."""
     import asyncio
 
     from orderflow.adapters import open_stores
+    from orderflow.runtime import Tunables
 
     env = settings_as(load_settings(Path(".")), OPERATORS)  # the operator's check: the operators' identity
+    try:
+        known = Tunables.from_env(env).apps
+    except (ValueError, KeyError) as exc:
+        raise CliError(f"invalid app settings: {exc}") from exc
     if not env.get("CosmosDb__accountEndpoint"):
         raise CliError(
             "app setting CosmosDb__accountEndpoint is not set: cannot check the order (--no-check sends "
@@ -351,36 +371,48 @@ def _stored_record(order_id: str) -> Any:
         return None if found is None else found[0]
 
     try:
-        return asyncio.run(asyncio.wait_for(read(), 15))
+        return asyncio.run(asyncio.wait_for(read(), 15)), known
     except Exception as exc:
         raise CliError(f"cannot read order {order_id} from the state store: {exc}") from exc
 
 
+def _checked(key: str, reply_to: str | None) -> tuple[str, str, str]:
+    """An operator's cancel of the order `key`: (its app's inbound queue, the app's orderId, the reply queue), once
+    the state store holds the order, Pending or Processing, of a submitting app."""
+    record, known = _stored_record(key)
+    if record is None:
+        raise CliError(f"no order {key!r} in the state store")
+    if record.process_state not in CANCELLABLE:
+        raise CliError(
+            f"order {key} is {record.process_state.value}: only a Pending or Processing order can be cancelled"
+        )
+    owner = known.owner(key)
+    if owner is None:
+        raise CliError(f"order {key} belongs to no submitting app (SubmittingApps): no app to cancel it for")
+    return apps.inbound_queue(owner), apps.client_order_id(key), reply_to or apps.status_queue(owner)
+
+
 def cancel(args: argparse.Namespace) -> int:
-    """`orderflow cancel ORDER_ID`: 0 when the order ended cancelled or compensated, 1 otherwise (refused, rejected,
-    dead-lettered, or no answer within --wait). Unless --no-check, the order must exist and be Pending or
-    Processing (an operator's check); with it, the cancel goes out as any client app's would, and the system answers
-    (`rejected`, or the dead-letter reason UnknownOrder)."""
+    """`orderflow cancel ORDER`: 0 when the order ended cancelled or compensated, 1 otherwise (refused, rejected,
+    dead-lettered, or no answer within --wait). Unless --no-check, ORDER is the order's key and the order must exist
+    and be Pending or Processing (an operator's check), the cancel going to its app's inbound queue; with it, ORDER is
+    an app's orderId and the cancel goes out as that app's would, and the system answers (`rejected`, or the
+    dead-letter reason UnknownOrder). An operator's cancel's reason names the operator (the OS user): "cancelled by
+    <user>: <reason>"."""
     order_id = str(args.order_id)
     console = Console(emoji=False)
-    orders_queue = os.environ.get("OrdersQueueName", "orders-inbound")
     # With the check, an operator's cancel; with --no-check, the client app's (of its reply queue).
     identity = submitting_app(args.reply_to or "app-status") if args.no_check else OPERATORS
     with _client(args, identity) as client:  # (chdir to the app dir: an embedded store path resolves as under devhost)
-        reply_to = args.reply_to
-        if not args.no_check:
-            record = _stored_record(order_id)
-            if record is None:
-                raise CliError(f"no order {order_id!r} in the state store")
-            if record.process_state not in CANCELLABLE:
-                raise CliError(
-                    f"order {order_id} is {record.process_state.value}: only a Pending or Processing "
-                    "order can be cancelled"
-                )
-            reply_to = reply_to or record.reply_to
-        reply_to = reply_to or "app-status"
+        reason = args.reason
+        if args.no_check:
+            reply_to = args.reply_to or "app-status"
+            orders_queue = _inbound_queue(submitting_app(reply_to), Path("."))
+        else:
+            orders_queue, order_id, reply_to = _checked(order_id, args.reply_to)
+            reason = cancel_reason(operator_name(None, os.environ), reason)  # the record names the operator
         try:
-            message = cancel_message(order_id, reply_to, args.reason)
+            message = cancel_message(order_id, reply_to, reason)
         except ValueError as exc:  # an invalid orderId, replyTo or reason: nothing is sent
             print(f"{args.prog}: {exc}", file=sys.stderr)
             return 2
@@ -388,8 +420,8 @@ def cancel(args: argparse.Namespace) -> int:
         with client.get_queue_sender(orders_queue) as sender:
             sender.send_messages(message)
         console.print(
-            f"sent cancel of [bold]{safe(order_id)}[/] (MessageId {safe(message.message_id)}); statuses "
-            f"from {safe(reply_to)}:"
+            f"sent cancel of [bold]{safe(args.order_id)}[/] to {safe(orders_queue)} (MessageId "
+            f"{safe(message.message_id)}); statuses from {safe(reply_to)}:"
         )
         if args.wait <= 0:
             return 0

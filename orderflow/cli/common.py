@@ -101,24 +101,46 @@ def durable_api_url(app_dir: Path, env: Mapping[str, str]) -> str:
 
 class DurableHttpStatuses:
     """`DurableStatuses` over the Durable HTTP API (GET /instances/{id}?showHistory=true). On Azure the API needs
-    the `durabletask_extension` system key: `DurableTaskApiKey` (read from the environment only, never stored)."""
+    the `durabletask_extension` system key: `DurableTaskApiKey` (read from the environment only, never stored); and,
+    since App Service authentication guards the whole app (infra/app/function.bicep, no path excluded), an Entra ID
+    token for the operator API's scope, `DurableTaskApiScope` (azd output OPERATOR_API_SCOPE), taken with
+    DefaultAzureCredential (`az login`) when set."""
 
-    def __init__(self, base_url: str, key: str | None = None, timeout: float = 10.0) -> None:
+    def __init__(self, base_url: str, key: str | None = None, timeout: float = 10.0, scope: str | None = None) -> None:
         self.base_url = base_url
         self.key = key
         self.timeout = timeout
+        self.scope = scope
+        self._token: str | None = None
+
+    async def _headers(self) -> dict[str, str]:
+        if not self.scope:
+            return {}
+        if self._token is None:
+            from azure.identity.aio import DefaultAzureCredential  # heavy; only when a scope is set
+
+            async with DefaultAzureCredential() as credential:
+                self._token = (await credential.get_token(self.scope)).token
+        return {"Authorization": f"Bearer {self._token}"}
 
     async def status(self, instance: str) -> dict[str, Any] | None:
         params = {"showHistory": "true", "showHistoryOutput": "false"}
         if self.key:
             params["code"] = self.key
         url = f"{self.base_url}/instances/{quote(instance, safe='')}"
+        headers = await self._headers()
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout)) as session,
-            session.get(url, params=params) as response,
+            session.get(url, params=params, headers=headers) as response,
         ):
             if response.status == 404:
                 return None
+            if response.status == 401 and not self.scope:
+                raise CliError(
+                    f"the Durable HTTP API at {self.base_url} answered 401: App Service authentication guards it; set "
+                    "DurableTaskApiScope to the operator API's scope (azd output OPERATOR_API_SCOPE) and `az login` "
+                    "as an operator"
+                )
             if response.status >= 400:
                 raise CliError(f"the Durable HTTP API at {self.base_url} answered {response.status}")
             data = await response.json(content_type=None)
@@ -151,7 +173,13 @@ async def operations(
         bus = aio_bus_from_settings(env)
     except Exception as exc:
         raise CliError(f"cannot open the app's stores or bus: {one_line(exc)}") from exc
-    durable = DurableHttpStatuses(durable_api_url(app_dir, env), env.get("DurableTaskApiKey")) if need_durable else None
+    durable = (
+        DurableHttpStatuses(
+            durable_api_url(app_dir, env), env.get("DurableTaskApiKey"), scope=env.get("DurableTaskApiScope")
+        )
+        if need_durable
+        else None
+    )
     services = Services(
         orders=stores.orders,
         state=stores.state,

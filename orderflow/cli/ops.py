@@ -1,5 +1,9 @@
 """The operator commands of `orderflow`: order, orders, resubmit, summary, dlq, breaker and top, over
-`orderflow.operations` (the same answers as the HTTP API) and `orderflow.deadletters`."""
+`orderflow.operations` (the same answers as the HTTP API) and `orderflow.deadletters`.
+
+They act on the stores and the bus directly, as the operators' identity (infra/; locally the `operators` rights), not
+through the HTTP API: a resubmit's audit names --by, else the OS user. An order is addressed by its key
+(orderflow/apps.py): `<app>.<orderId>`, or the legacy app's bare orderId."""
 
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from orderflow.ports import BusClient
 from orderflow.text import printable
 
 HISTORY_SHOWN = 12  # newest history events `order` prints per attempt (all of them with --json)
+ORDER_KEY_HELP = "the order's key: <app>.<orderId> (e.g. partner.X1), or the legacy app's bare orderId"
 
 
 def add_commands(sub: Any) -> None:
@@ -50,11 +55,12 @@ def add_commands(sub: Any) -> None:
         "and history from the Durable HTTP API (DurableTaskApiUrl, else devhost's; DurableTaskApiKey on "
         "Azure).",
     )
-    o.add_argument("order_id", metavar="ORDER_ID")
+    o.add_argument("order_id", metavar="ORDER_KEY", help=ORDER_KEY_HELP)
     o.set_defaults(run=_order)
 
     ls = command("orders", "orders in one state, a page at a time (oldest change first)")
     ls.add_argument("--state", required=True, help="ProcessState: Pending, Processing, Error, ...")
+    ls.add_argument("--app", default=None, metavar="NAME", help="only this submitting app's orders (SubmittingApps)")
     ls.add_argument(
         "--older-than", default=None, metavar="D", help="only orders unchanged for at least D (90s, 15m, 2h, 3d)"
     )
@@ -69,9 +75,9 @@ def add_commands(sub: Any) -> None:
         "CompensationInProgress (its compensation is tried again); FailureCount (compensationFailures) back "
         "to 0; audited on the record: who, when, why. Any other state is refused.",
     )
-    r.add_argument("order_id", metavar="ORDER_ID")
+    r.add_argument("order_id", metavar="ORDER_KEY", help=ORDER_KEY_HELP)
     r.add_argument("--reason", required=True, help="why (kept on the record)")
-    r.add_argument("--by", default=None, help="who (default: $USER)")
+    r.add_argument("--by", default=None, help="who, kept on the record (default: the OS user, $USER)")
     r.set_defaults(run=_resubmit)
 
     s = command("summary", "counts per state, oldest Pending, expired work, dead letters, breakers, Supervisor")
@@ -157,16 +163,29 @@ async def _order(ops: Operations, args: argparse.Namespace, env: Mapping[str, st
 
 
 async def _orders(ops: Operations, args: argparse.Namespace, env: Mapping[str, str]) -> str:
-    page = await ops.orders(args.state, args.older_than, args.page_size, args.continuation)
+    page = await ops.orders(args.state, args.older_than, args.page_size, args.continuation, args.app)
     if args.json:
         return dumps(page)
     table = _table(
-        f"{page['state']} orders",
-        ("order", "attempt", "failures", "locked by", "complete by", "since", "age", "last error"),
+        f"{page['state']} orders" + (f" of app {page['app']}" if page["app"] else ""),
+        (
+            "order",
+            "app",
+            "app's orderId",
+            "attempt",
+            "failures",
+            "locked by",
+            "complete by",
+            "since",
+            "age",
+            "last error",
+        ),
     )
     for row in page["items"]:
         table.add_row(
             row["orderId"],
+            row["app"] or "-",
+            row["clientOrderId"],
             str(row["attempt"]),
             str(row["failureCount"]),
             row["lockedBy"] or "-",
@@ -185,7 +204,8 @@ async def _resubmit(ops: Operations, args: argparse.Namespace, env: Mapping[str,
         return dumps(result)
     audit = result["resubmission"]
     return (
-        f"order {result['orderId']} resubmitted: {audit['fromState']} → {result['processState']} "
+        f"order {result['orderId']} (app {result['app'] or '-'}) resubmitted: {audit['fromState']} → "
+        f"{result['processState']} "
         f"(FailureCount was {audit['failureCount']}, now 0) by {audit['by']}: {audit['reason']}"
     )
 
@@ -335,13 +355,17 @@ def summary_view(data: Mapping[str, Any]) -> Group:
     states = _table("orders per state", ("state", "orders"))
     for state, count in data["states"].items():
         states.add_row(state, str(count))
+    per_app = _table("orders per app", ("app", "Pending", "Processing"))
+    for app, counts in data["apps"].items():
+        per_app.add_row(app, str(counts["Pending"]), str(counts["Processing"]))
     oldest = data["oldestPending"]
     facts = _table("stuck work", ("figure", "value"))
     facts.add_row(
         "oldest Pending",
         "-"
         if oldest is None
-        else f"{oldest['orderId']} for {_duration(oldest['ageSeconds'])} (since {oldest['since']})",
+        else f"{oldest['orderId']} (app {oldest['app'] or '-'}) for {_duration(oldest['ageSeconds'])} "
+        f"(since {oldest['since']})",
     )
     facts.add_row("expired Processing / CompensationInProgress", str(data["expiredSupervised"]))
     sup = data["supervisor"]
@@ -369,12 +393,14 @@ def summary_view(data: Mapping[str, Any]) -> Group:
             row["openUntil"] or "-",
             row["reason"] or "-",
         )
-    return Group(states, facts, dead, breakers)
+    return Group(states, per_app, facts, dead, breakers)
 
 
 def render_order(view: Mapping[str, Any]) -> str:
     rec = view["state"]
     head = _table(f"order {view['orderId']}", ("field", "value"))
+    head.add_row("app", view["app"] or "-")
+    head.add_row("app's orderId", view["clientOrderId"])
     for key in (
         "processState",
         "attempt",

@@ -45,12 +45,20 @@ def order(order_id: str, reply_to: str = "app-status") -> SubmitOrder:
     )
 
 
-def in_state(order_id: str, state: ProcessState, at: datetime) -> OrderStateRecord:
-    """A record in `state` reached by the state machine's moves, last changed at `at`."""
-    rec = OrderStateRecord.new(order(order_id), at)
+def key_of(order_id: str, app: str | None) -> str:
+    """The order key of `app`'s `order_id` (orderflow/apps.py); the bare orderId for None (the legacy app)."""
+    return order_id if app is None else f"{app}.{order_id}"
+
+
+def in_state(order_id: str, state: ProcessState, at: datetime, app: str | None = None) -> OrderStateRecord:
+    """A record in `state` reached by the state machine's moves, last changed at `at`; of `app` (its key
+    `<app>.<orderId>`, its status queue) when given, else of the legacy app."""
+    key = key_of(order_id, app)
+    submitted = order(order_id, "app-status" if app is None else f"{app}-status")
+    rec = OrderStateRecord.new(submitted, at).model_copy(update={"id": key, "order_id": key, "app": app})
     if state is ProcessState.PENDING:
         return rec
-    first = instance_id(order_id, 1)
+    first = instance_id(key, 1)
     rec = sm.claim(rec, first, at + LEASE, at)
     if state is ProcessState.PROCESSING:
         return rec
@@ -68,10 +76,11 @@ def in_state(order_id: str, state: ProcessState, at: datetime) -> OrderStateReco
 
 
 async def seed(
-    orders: OrdersDb, states: StateStore, order_id: str, state: ProcessState, at: datetime
+    orders: OrdersDb, states: StateStore, order_id: str, state: ProcessState, at: datetime, app: str | None = None
 ) -> OrderStateRecord:
-    rec = in_state(order_id, state, at)
-    await orders.create_if_absent(OrderRecord.from_order(order(order_id), at))
+    rec = in_state(order_id, state, at, app)
+    stored = OrderRecord.from_order(order(order_id), at)
+    await orders.create_if_absent(stored.model_copy(update={"id": rec.id, "order_id": rec.order_id, "app": app}))
     stored, created = await states.create_if_absent(rec)
     assert created
     return stored

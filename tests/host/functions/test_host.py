@@ -69,7 +69,7 @@ COMMANDS = {
         "--restart",
         "--timing",
     },
-    "drills": {"--quick", "--only", "--out", "--timeout"},
+    "drills": {"--quick", "--only", "--update", "--out", "--timeout"},
     "up": {"--app-dir", "--state-dir", "--port", "--simulator-port", "--timeout"},
     "down": {"--app-dir", "--state-dir", "--timeout"},
 }

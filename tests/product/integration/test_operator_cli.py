@@ -7,6 +7,7 @@ machine's own moves and then look only at what the command printed and what it c
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -19,6 +20,7 @@ from support.integration_support import tunables
 from support.ops_support import app_dir, direct_counts, seed
 
 from orderflow.adapters import aio_bus_from_connection_string
+from orderflow.cli.common import operator_name
 from orderflow.cli.main import main
 from orderflow.clock import FakeClock
 from orderflow.embedded._retry import Timer
@@ -88,7 +90,13 @@ async def test_order_shows_the_record_and_says_why_attempts_have_no_orchestratio
     ("order_id", "exit_code", "message"),
     [
         ("nope", 1, "orderflow order: error: no order 'nope' in the state store"),
-        ("bad id!", 2, "orderflow order: error: orderId 'bad id!' is not a valid order id (1-64 of A-Z a-z 0-9 _ -)"),
+        (
+            "bad id!",
+            2,
+            "orderflow order: error: order 'bad id!' is not a valid order key: <app>.<orderId>, or the legacy app's "
+            "bare orderId (app: 1-24 of a-z 0-9 - starting with a letter; orderId: 1-64 of A-Z a-z 0-9 _ -)",
+        ),
+        ("partner.nope", 1, "orderflow order: error: no order 'partner.nope' in the state store"),
     ],
 )
 async def test_order_errors_are_one_line_and_a_bad_value_is_a_usage_error(
@@ -143,7 +151,7 @@ async def test_orders_refuses_bad_input_in_one_line(
 async def test_resubmit_runs_an_error_again_with_a_fresh_budget_and_audits_it(system: Services, cli: Cli) -> None:
     await seed(system.orders, system.state, "o-err", ProcessState.ERROR, NOW)
     code, out, _ = cli("resubmit", "o-err", "--reason", "stock arrived", "--by", "ada")
-    assert code == 0 and "o-err resubmitted: Error → Pending" in out and "by ada: stock arrived" in out
+    assert code == 0 and "o-err (app app) resubmitted: Error → Pending" in out and "by ada: stock arrived" in out
     found = await system.state.get("o-err")
     assert found is not None
     rec = found[0]
@@ -175,15 +183,16 @@ async def test_cancel_sends_the_orders_cancel_in_its_session_and_refuses_what_is
     await seed(system.orders, system.state, "o-wait", ProcessState.PENDING, NOW)
     await seed(system.orders, system.state, "o-done", ProcessState.PROCESSED, NOW)
     code, out, err = cli("cancel", "o-wait", "--reason", "changed my mind", "--wait", "0")
-    assert code == 0 and "sent cancel of o-wait" in out, err
-    async with system.bus.get_queue_receiver("orders-inbound", session_id="o-wait") as receiver:
+    assert code == 0 and "sent cancel of o-wait to app-orders" in out, err
+    # The legacy app's order: its cancel goes to the app's own inbound queue, as the app's cancel, naming the operator.
+    async with system.bus.get_queue_receiver("app-orders", session_id="o-wait") as receiver:
         [message] = await receiver.peek_messages(max_message_count=5)
     body = json.loads(b"".join(message.body))
     assert (body["type"], body["orderId"], body["replyTo"], body["reason"]) == (
         "CancelOrder",
         "o-wait",
         "app-status",
-        "changed my mind",
+        f"cancelled by {operator_name(None, os.environ)}: changed my mind",
     )
     late, _, err = cli("cancel", "o-done", "--wait", "0")
     assert late == 1 and err.strip() == (
@@ -191,6 +200,72 @@ async def test_cancel_sends_the_orders_cancel_in_its_session_and_refuses_what_is
     )
     unknown, _, err = cli("cancel", "o-none", "--wait", "0")
     assert unknown == 1 and err.strip() == "orderflow cancel: error: no order 'o-none' in the state store"
+
+
+# --- apps (issue 25): each order's app, the list by app, the counts per app, the cancel in the app's session --------
+@pytest.fixture
+async def two_apps(system: Services, tmp_path: Path) -> Services:
+    """The legacy app `app` and the app `partner`, each with orders; `partner.o-1` shares its orderId with `o-1`."""
+    app_dir(tmp_path, SubmittingApps="app,partner", LegacyOrdersApp="app")
+    for order_id, state, minutes, app in (
+        ("o-1", ProcessState.PENDING, 50, None),
+        ("o-1", ProcessState.PENDING, 40, "partner"),
+        ("o-2", ProcessState.PROCESSING, 30, "partner"),
+        ("o-3", ProcessState.ERROR, 20, "partner"),
+        ("o-4", ProcessState.PROCESSING, 10, None),
+    ):
+        await seed(system.orders, system.state, order_id, state, NOW - timedelta(minutes=minutes), app)
+    return system
+
+
+async def test_orders_show_each_orders_app_and_filter_by_app(two_apps: Services, cli: Cli) -> None:
+    rows = cli.json("orders", "--state", "Pending")["items"]
+    assert [(r["orderId"], r["app"], r["clientOrderId"]) for r in rows] == [
+        ("o-1", "app", "o-1"),
+        ("partner.o-1", "partner", "o-1"),
+    ]
+    partner = cli.json("orders", "--state", "Pending", "--app", "partner")
+    assert partner["app"] == "partner" and [r["orderId"] for r in partner["items"]] == ["partner.o-1"]
+    legacy = cli.json("orders", "--state", "Processing", "--app", "app")
+    assert [r["orderId"] for r in legacy["items"]] == ["o-4"]
+    code, out, _ = cli("orders", "--state", "Pending", "--app", "partner")
+    assert code == 0 and "Pending orders of app partner" in out and "partner.o-1" in out and " o-1 " in out
+    code, _, err = cli("orders", "--state", "Pending", "--app", "nobody")
+    assert code == 2 and err.splitlines() == [
+        "orderflow orders: error: app (--app) 'nobody' is not a submitting app (SubmittingApps: app, partner)"
+    ]
+
+
+async def test_order_and_resubmit_address_an_order_by_its_key(two_apps: Services, cli: Cli) -> None:
+    view = cli.json("order", "partner.o-1")
+    assert (view["orderId"], view["app"], view["clientOrderId"]) == ("partner.o-1", "partner", "o-1")
+    assert view["state"]["orderId"] == "partner.o-1" and view["attempts"] == []
+    assert cli.json("order", "o-1")["app"] == "app"  # the legacy app's bare key
+    code, out, _ = cli("order", "partner.o-1")
+    assert code == 0 and "order partner.o-1" in out and "app's orderId" in out
+    done = cli.json("resubmit", "partner.o-3", "--reason", "fixed", "--by", "ada")
+    assert (done["orderId"], done["app"], done["clientOrderId"]) == ("partner.o-3", "partner", "o-3")
+    assert done["resubmission"]["by"] == "ada"
+
+
+async def test_summary_counts_pending_and_processing_per_app(two_apps: Services, cli: Cli) -> None:
+    data = cli.json("summary")
+    assert data["apps"] == {"app": {"Pending": 1, "Processing": 1}, "partner": {"Pending": 1, "Processing": 1}}
+    assert (data["oldestPending"]["orderId"], data["oldestPending"]["app"]) == ("o-1", "app")
+    code, out, _ = cli("summary")
+    assert code == 0 and "orders per app" in out and "partner" in out
+
+
+async def test_an_operators_cancel_goes_to_the_owning_apps_queue_in_its_session(two_apps: Services, cli: Cli) -> None:
+    code, out, err = cli("cancel", "partner.o-1", "--reason", "duplicate", "--wait", "0")
+    assert code == 0 and "sent cancel of partner.o-1 to partner-orders" in out, err
+    async with two_apps.bus.get_queue_receiver("partner-orders", session_id="o-1") as receiver:
+        [message] = await receiver.peek_messages(max_message_count=5)
+    body = json.loads(b"".join(message.body))
+    assert (message.session_id, body["orderId"], body["replyTo"]) == ("o-1", "o-1", "partner-status")
+    assert body["reason"].endswith(": duplicate")
+    for queue in ("app-orders", "orders-inbound"):  # nothing for the legacy app's o-1
+        assert two_apps.bus.broker.counts(queue).active == 0
 
 
 async def _dead_letter(services: Services, queue: str, body: str, session: str, reason: str) -> int:

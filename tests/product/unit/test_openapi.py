@@ -1,6 +1,7 @@
 """The operator API's OpenAPI 3.1 document (orderflow/openapi.py) and the pure parts of its mapping
-(orderflow/ops_http.py) that the end-to-end test cannot reach: the bare 500, the Easy Auth caller, the Durable status
-adapter. Every real response is validated against the document in tests/product/e2e/test_ops_api_e2e.py."""
+(orderflow/ops_http.py) that the end-to-end test cannot reach: the bare 500, the Easy Auth principal and the operator
+role, the Durable status adapter. Every real response is validated against the document in
+tests/product/e2e/test_ops_api_e2e.py."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ import pytest
 from azure.durable_functions.models.DurableOrchestrationStatus import DurableOrchestrationStatus
 from jsonschema import Draft202012Validator, FormatChecker
 from openapi_spec_validator import validate as validate_openapi
+from support.ops_auth import EASY_AUTH_ON, OPERATOR, ROLE, ROLE_TYPE, principal_header, signed_in
 
 from orderflow import ops_http, runtime
-from orderflow.messages import ORDER_ID_PATTERN
-from orderflow.openapi import ORDER_ID_REGEX, STATE_REGEX, document
+from orderflow.openapi import APP_NAME_REGEX, ORDER_KEY_REGEX, STATE_REGEX, document
 from orderflow.operations import (
     OLDER_THAN_PATTERN,
+    ORDER_KEY_PATTERN,
     BadRequest,
     Operations,
     UnknownOrder,
@@ -41,18 +43,21 @@ def test_the_document_is_valid_openapi_3_1() -> None:
     validate_openapi(json.loads(json.dumps(doc)))  # as served: plain JSON
 
 
-def test_every_operation_needs_a_function_key_in_the_header_or_the_code_parameter() -> None:
+def test_every_operation_needs_a_function_key_and_a_signed_in_operator() -> None:
     doc = document()
     schemes = doc["components"]["securitySchemes"]
-    assert {(s["type"], s["in"], s["name"]) for s in schemes.values()} == {
-        ("apiKey", "header", "x-functions-key"),
-        ("apiKey", "query", "code"),
+    assert {name: (s["type"], s.get("in"), s.get("name")) for name, s in schemes.items()} == {
+        "functionKey": ("apiKey", "header", "x-functions-key"),
+        "functionKeyQuery": ("apiKey", "query", "code"),
+        "entraId": ("http", None, None),
     }
-    assert doc["security"] == [{name: []} for name in schemes]
+    assert schemes["entraId"]["scheme"] == "bearer" and ROLE in schemes["entraId"]["description"]
+    # Each requirement object is an AND: a key (either way) and the Entra ID principal.
+    assert doc["security"] == [{"functionKey": [], "entraId": []}, {"functionKeyQuery": [], "entraId": []}]
     for item in doc["paths"].values():
         for operation in item.values():
             assert "security" not in operation  # no operation opts out of the document-wide requirement
-            assert "401" in operation["responses"]
+            assert {"401", "403"} <= set(operation["responses"])
 
 
 def test_the_summary_counts_every_process_state_and_requires_each() -> None:
@@ -60,12 +65,45 @@ def test_the_summary_counts_every_process_state_and_requires_each() -> None:
     assert set(counts["properties"]) == set(counts["required"]) == {s.value for s in ProcessState}
 
 
-def test_the_order_id_pattern_means_the_same_in_json_schema() -> None:
-    schema = {"type": "string", "pattern": ORDER_ID_REGEX}
+@pytest.mark.parametrize(
+    ("candidate", "is_key"),
+    [
+        ("a", True),
+        ("A-1_b", True),
+        ("x" * 64, True),
+        ("x" * 65, False),
+        ("-a", False),
+        ("a b", False),
+        ("", False),
+        ("ümlaut", False),
+        ("partner.X1", True),  # <app>.<orderId>
+        ("partner-2.x" + "y" * 63, True),
+        ("p" * 24 + ".X1", True),
+        ("p" * 25 + ".X1", False),  # an app name is at most 24 characters
+        ("Partner.X1", False),  # an app name is lower-case
+        ("1app.X1", False),  # and starts with a letter
+        ("partner.", False),
+        (".X1", False),
+        ("a.b.c", False),  # one app, one orderId: never a second '.'
+        ("partner.-X1", False),
+    ],
+)
+def test_the_order_key_pattern_means_the_same_in_json_schema(candidate: str, is_key: bool) -> None:
     # No "a\n": jsonschema evaluates patterns with Python's re, whose `$` also matches before a final newline; in
     # ECMA-262, the dialect the document declares, it does not.
-    for candidate in ["a", "A-1_b", "x" * 64, "x" * 65, "-a", "a.b", "a b", "", "ümlaut"]:
-        assert Draft202012Validator(schema).is_valid(candidate) == bool(ORDER_ID_PATTERN.match(candidate)), candidate
+    assert bool(ORDER_KEY_PATTERN.match(candidate)) is is_key
+    assert Draft202012Validator({"type": "string", "pattern": ORDER_KEY_REGEX}).is_valid(candidate) is is_key
+    assert document()["paths"]["/orders/{id}"]["get"]["parameters"][0]["schema"]["pattern"] == ORDER_KEY_REGEX
+
+
+def test_the_app_parameter_names_the_deployments_apps_when_known() -> None:
+    def app_schema(doc: dict[str, Any]) -> dict[str, Any]:
+        [param] = [p for p in doc["paths"]["/orders"]["get"]["parameters"] if p["name"] == "app"]
+        return dict(param["schema"])
+
+    assert app_schema(document()) == {"type": "string", "pattern": APP_NAME_REGEX}
+    assert app_schema(document(("app", "partner"))) == {"type": "string", "enum": ["app", "partner"]}
+    validate_openapi(json.loads(json.dumps(document(("app", "partner")))))
 
 
 def test_response_models_are_closed_so_a_field_added_without_its_schema_fails() -> None:
@@ -86,10 +124,10 @@ async def no_services() -> Iterator[None]:
 async def test_an_unexpected_failure_is_a_bare_500_that_leaks_nothing(
     no_services: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async def boom(ops: Operations) -> dict[str, Any]:
+    async def boom(ops: Operations, caller: ops_http.Principal) -> dict[str, Any]:
         raise RuntimeError("secret connection string AccountKey=abc")
 
-    reply = await ops_http.serve(boom)
+    reply = await ops_http.serve(boom, OPERATOR, EASY_AUTH_ON)
     assert reply.status == 500 and schema_errors("Error", reply.body) == []
     assert "AccountKey" not in reply.text() and "Traceback" not in reply.text() and "RuntimeError" not in reply.text()
     assert "AccountKey=abc" in caplog.text  # the log keeps it
@@ -99,28 +137,82 @@ async def test_an_unexpected_failure_is_a_bare_500_that_leaks_nothing(
 async def test_a_refusal_is_answered_with_its_status_and_one_line(
     no_services: None, error: Exception, status: int
 ) -> None:
-    async def refuse(ops: Operations) -> dict[str, Any]:
+    async def refuse(ops: Operations, caller: ops_http.Principal) -> dict[str, Any]:
         raise error
 
-    reply = await ops_http.serve(refuse)
+    reply = await ops_http.serve(refuse, OPERATOR, EASY_AUTH_ON)
     assert reply.status == status and reply.body == {"error": type(error).code, "message": str(error)}  # type: ignore
     assert schema_errors("Error", reply.body) == []
 
 
+# --- who may call: Easy Auth's principal and the operator role ---------------------------------------------------
 @pytest.mark.parametrize(
-    ("body", "headers", "env", "who"),
+    ("headers", "env", "status", "says"),
     [
-        # With Easy Auth on, the signed-in principal is recorded, whatever the body says.
-        ({"by": "alice"}, {"X-MS-CLIENT-PRINCIPAL-NAME": "bob"}, {"WEBSITE_AUTH_ENABLED": "True"}, "bob"),
-        ({"by": "alice"}, {}, {"WEBSITE_AUTH_ENABLED": "True"}, "alice"),
-        ({"by": "alice"}, {"x-ms-client-principal-name": "mallory"}, {}, "alice"),
-        ({}, {"X-MS-CLIENT-PRINCIPAL-NAME": "bob@contoso.com"}, {"WEBSITE_AUTH_ENABLED": "True"}, "bob@contoso.com"),
-        ({}, {"x-ms-client-principal-name": "mallory"}, {}, "api"),  # without Easy Auth anyone can send the header
-        ({}, {"x-ms-client-principal-name": "mallory"}, {"WEBSITE_AUTH_ENABLED": "False"}, "api"),
-        ({"by": "  "}, {}, {"WEBSITE_AUTH_ENABLED": "True"}, "api"),
+        # Without Easy Auth anyone holding a key could send the principal headers: nobody is signed in.
+        (OPERATOR, {}, 401, "App Service Authentication is off"),
+        (OPERATOR, {"WEBSITE_AUTH_ENABLED": "False"}, 401, "App Service Authentication is off"),
+        ({}, EASY_AUTH_ON, 401, "no signed-in principal"),
+        # The name header alone (what the API trusted before) is no principal.
+        ({"X-MS-CLIENT-PRINCIPAL-NAME": "mallory"}, EASY_AUTH_ON, 401, "no signed-in principal"),
+        ({"X-MS-CLIENT-PRINCIPAL": "not base64!"}, EASY_AUTH_ON, 401, "no signed-in principal"),
+        ({"X-MS-CLIENT-PRINCIPAL": "bm90IGpzb24="}, EASY_AUTH_ON, 401, "no signed-in principal"),  # "not json"
+        ({"X-MS-CLIENT-PRINCIPAL": "eyJjbGFpbXMiOiA3fQ=="}, EASY_AUTH_ON, 401, "no signed-in principal"),  # claims: 7
+        (signed_in("bob", "oid-bob"), EASY_AUTH_ON, 403, "bob does not hold the app role Orders.Operator"),
+        (signed_in("bob", "oid-bob", "Orders.Reader"), EASY_AUTH_ON, 403, "Orders.Operator"),
+        (OPERATOR, {**EASY_AUTH_ON, "OperatorAppRole": "Orders.Admin"}, 403, "app role Orders.Admin"),
     ],
 )
-async def test_who_resubmits(body: dict[str, str], headers: dict[str, str], env: dict[str, str], who: str) -> None:
+def test_a_caller_who_is_not_a_signed_in_operator_is_refused_with_a_json_body(
+    headers: dict[str, str], env: dict[str, str], status: int, says: str
+) -> None:
+    reply = ops_http.refusal(headers, env)
+    assert reply is not None and reply.status == status and says in reply.body["message"], reply
+    assert reply.body["error"] == {401: "Unauthorized", 403: "Forbidden"}[status]
+    assert schema_errors("Error", reply.body) == []
+
+
+@pytest.mark.parametrize(
+    ("headers", "env", "by"),
+    [
+        (OPERATOR, EASY_AUTH_ON, "ada@contoso.com (oid-ada)"),
+        (OPERATOR, {"WEBSITE_AUTH_ENABLED": "true", "OperatorAppRole": " "}, "ada@contoso.com (oid-ada)"),
+        (
+            signed_in("eve", "oid-eve", "Orders.Admin"),
+            {**EASY_AUTH_ON, "OperatorAppRole": "Orders.Admin"},
+            "eve (oid-eve)",
+        ),
+        # Roles under role_typ count as well as Entra ID's "roles"; the name and object id come from the claims when
+        # their own headers are missing; header names in any case.
+        (
+            {"x-ms-client-principal": principal_header("carol", "oid-carol", ROLE, role_claim=ROLE_TYPE)},
+            EASY_AUTH_ON,
+            "carol (oid-carol)",
+        ),
+    ],
+)
+def test_a_signed_in_operator_is_served_and_named_with_its_object_id(
+    headers: dict[str, str], env: dict[str, str], by: str
+) -> None:
+    assert ops_http.refusal(headers, env) is None
+    assert ops_http.authorize(headers, env).by == by
+
+
+async def test_serve_refuses_before_it_opens_anything(no_services: None) -> None:
+    reached: list[str] = []
+
+    async def handler(ops: Operations, caller: ops_http.Principal) -> dict[str, Any]:
+        reached.append(caller.by)
+        return {"ok": True}
+
+    assert (await ops_http.serve(handler, {}, EASY_AUTH_ON)).status == 401
+    assert (await ops_http.serve(handler, signed_in("bob", "oid-bob"), EASY_AUTH_ON)).status == 403
+    assert reached == []
+    assert await ops_http.serve(handler, OPERATOR, EASY_AUTH_ON) == ops_http.Reply(200, {"ok": True})
+    assert reached == ["ada@contoso.com (oid-ada)"]
+
+
+async def test_the_audit_names_the_principal_and_a_body_by_is_refused() -> None:
     seen: list[tuple[str, str, str]] = []
 
     class Ops:
@@ -128,9 +220,20 @@ async def test_who_resubmits(body: dict[str, str], headers: dict[str, str], env:
             seen.append((order_id, by, reason))
             return {}
 
-    handler = ops_http.resubmit("o-1", json.dumps({"reason": "why", **body}).encode(), headers, env)
-    await handler(Ops())  # type: ignore[arg-type]
-    assert seen == [("o-1", who, "why")]
+    caller = ops_http.authorize(OPERATOR, EASY_AUTH_ON)
+    await ops_http.resubmit("o-1", b'{"reason": "why"}')(Ops(), caller)  # type: ignore[arg-type]
+    assert seen == [("o-1", "ada@contoso.com (oid-ada)", "why")]
+    for body in (b'{"reason": "why", "by": "alice"}', b'{"reason": "why", "by": null}'):
+        with pytest.raises(BadRequest, match="field 'by' is not accepted: the audit names the signed-in principal"):
+            await ops_http.resubmit("o-1", body)(Ops(), caller)  # type: ignore[arg-type]
+        with pytest.raises(BadRequest, match="field 'by' is not accepted"):
+            await ops_http.cancel("o-1", body)(Ops(), caller)  # type: ignore[arg-type]
+    assert len(seen) == 1
+
+
+def test_a_long_name_still_leaves_room_for_the_object_id() -> None:
+    caller = ops_http.authorize(signed_in("n" * 300, "0" * 36, ROLE), EASY_AUTH_ON)
+    assert caller.by == "n" * 200 + f" ({'0' * 36})" and len(caller.by) <= 256
 
 
 async def test_the_durable_status_adapter_keeps_the_history_and_maps_a_missing_instance_to_none() -> None:
@@ -165,6 +268,9 @@ async def test_the_durable_status_adapter_keeps_the_history_and_maps_a_missing_i
 
 
 # --- bad input: every refusal a 400 with one line, never an exception ----------------------------------------------
+CALLER = ops_http.Principal("ada", "oid-ada", frozenset({ROLE}))
+
+
 class Recorder:
     """Operations that record what reached them."""
 
@@ -194,23 +300,23 @@ class Recorder:
         (b'{"reason": ' + b"9" * 5000 + b"}", "not JSON"),  # longer than int's conversion limit
         (b'{"reason": NaN}', "must be a string"),
         (b'{"reason": "a\\ud800b"}', "not Unicode text"),  # an unpaired surrogate: no store could write it
-        (b'{"reason": "x", "by": 1e999}', "must be a string"),
+        (b'{"reason": "x", "extra": 1e999}', "unknown field"),
     ],
 )
 async def test_a_bad_body_is_a_bad_request(raw: bytes, says: str) -> None:
     ops = Recorder()
     with pytest.raises(BadRequest, match=says):
-        await ops_http.cancel("o-1", raw, {}, {})(ops)  # type: ignore[arg-type]
+        await ops_http.cancel("o-1", raw)(ops, CALLER)  # type: ignore[arg-type]
     assert ops.calls == []
 
 
-async def test_null_reason_and_by_are_as_if_left_out() -> None:
+async def test_a_null_reason_is_as_if_left_out() -> None:
     ops = Recorder()
-    await ops_http.cancel("o-1", b'{"reason": null, "by": null}', {}, {})(ops)  # type: ignore[arg-type]
-    await ops_http.resubmit("o-1", b'{"reason": "why", "by": null}', {}, {})(ops)  # type: ignore[arg-type]
-    assert ops.calls[0][:3] == ("o-1", "api", None) and ops.calls[1] == ("o-1", "api", "why")
+    await ops_http.cancel("o-1", b'{"reason": null}')(ops, CALLER)  # type: ignore[arg-type]
+    await ops_http.resubmit("o-1", b'{"reason": "why"}')(ops, CALLER)  # type: ignore[arg-type]
+    assert ops.calls[0][:3] == ("o-1", "ada (oid-ada)", None) and ops.calls[1] == ("o-1", "ada (oid-ada)", "why")
     with pytest.raises(BadRequest, match="needs a reason"):
-        await ops_http.resubmit("o-1", b'{"reason": null}', {}, {})(ops)  # type: ignore[arg-type]
+        await ops_http.resubmit("o-1", b'{"reason": null}')(ops, CALLER)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -228,7 +334,7 @@ async def test_null_reason_and_by_are_as_if_left_out() -> None:
 async def test_a_bad_query_is_a_bad_request(query: dict[str, str], says: str) -> None:
     ops = Recorder()
     with pytest.raises(BadRequest, match=says):
-        await ops_http.orders(query)(ops)  # type: ignore[arg-type]
+        await ops_http.orders(query)(ops, CALLER)  # type: ignore[arg-type]
     assert ops.calls == []
 
 
