@@ -6,10 +6,11 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
 from agent.config import config_from_args
+from agent.health import serve_health
 from agent.worker import AgentBus, serve
 from orderflow import telemetry
 from orderflow.telemetry import configure_logging
@@ -38,8 +39,20 @@ async def _run(argv: Sequence[str] | None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with create_client(args.connection, os.environ) as client:
-        await serve(client, config, stop, env=os.environ)  # opens the circuit breaker's store, closes it on exit
+        serving = asyncio.create_task(serve(client, config, stop, env=os.environ))  # opens and closes the breaker
+        health = await _health(config.health_port, lambda: not serving.done() and not stop.is_set())
+        try:
+            await serving
+        finally:
+            if health is not None:
+                health.close()
     return 0
+
+
+async def _health(port: int, alive: Callable[[], bool]) -> asyncio.Server | None:
+    """The liveness endpoint on AGENT_HEALTH_PORT (agent/health.py), on every interface (the probe comes from the
+    Container Apps environment); none for port 0, the default (local runs)."""
+    return await serve_health("0.0.0.0", port, alive) if port else None  # noqa: S104 - the probe's network
 
 
 def main(argv: Sequence[str] | None = None) -> int:

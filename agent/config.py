@@ -31,6 +31,12 @@ AGENT_SETTINGS: tuple[Setting, ...] = (
     Setting("AGENT_JITTER_SEED", "0", "Seed of the backoff jitter (reproducible runs)."),
     Setting("AGENT_RECEIVE_WAIT_MS", "1000", "Wait for a session / a message before releasing the session (ms)."),
     Setting("AGENT_SHUTDOWN_GRACE_MS", "10000", "On SIGTERM, time in-flight requests get to finish (ms)."),
+    Setting(
+        "AGENT_HEALTH_PORT",
+        "0",
+        "Port of the liveness endpoint `GET /healthz` (agent/health.py; Azure: 8080, infra/app/agent.bicep); "
+        "0: no endpoint.",
+    ),
 )
 _AGENT_DEFAULTS = {s.name: s.default for s in AGENT_SETTINGS}
 
@@ -50,6 +56,7 @@ class AgentConfig:
     jitter_seed: int
     receive_wait_ms: int
     shutdown_grace_ms: int
+    health_port: int = 0  # the liveness endpoint's port (agent/health.py); 0: none
 
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(
@@ -67,6 +74,8 @@ class AgentConfig:
             raise ValueError("session_acceptors must be at least 1")
         if self.max_retries < 0:
             raise ValueError("max_retries must not be negative")
+        if not 0 <= self.health_port <= 65535:
+            raise ValueError("health_port must be 0 (none) or a TCP port")
         for name in ("backoff_base_ms", "backoff_max_ms", "call_timeout_ms", "receive_wait_ms"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
@@ -103,6 +112,7 @@ def config_from_env(env: Mapping[str, str] | None = None) -> AgentConfig:
         jitter_seed=_agent_int("AGENT_JITTER_SEED", source),
         receive_wait_ms=_agent_int("AGENT_RECEIVE_WAIT_MS", source),
         shutdown_grace_ms=_agent_int("AGENT_SHUTDOWN_GRACE_MS", source),
+        health_port=_agent_int("AGENT_HEALTH_PORT", source),
     )
 
 
@@ -121,6 +131,7 @@ _FLAGS: dict[str, tuple[str, type, str]] = {
     "--jitter-seed": ("jitter_seed", int, "AGENT_JITTER_SEED"),
     "--receive-wait-ms": ("receive_wait_ms", int, "AGENT_RECEIVE_WAIT_MS"),
     "--shutdown-grace-ms": ("shutdown_grace_ms", int, "AGENT_SHUTDOWN_GRACE_MS"),
+    "--health-port": ("health_port", int, "AGENT_HEALTH_PORT"),
 }
 
 

@@ -53,10 +53,12 @@ param circuitBreakerContainerName string = 'circuitBreakers'
 @description('Container (state database, partition key /bucket, entries expire after 7 days) of the Supervisor\'s recovery index (SupervisorScanMode=index).')
 param recoveryIndexContainerName string = 'recoveryIndex'
 
-@description('''Submitting applications. Each gets its own status queue "<name>-status" (listed in AllowedReplyQueues);
-its principal (when not empty) may send to orders-inbound and receive from its own status queue only.
+@description('''Submitting applications (app setting SubmittingApps). Each gets its own inbound queue "<name>-orders" and
+status queue "<name>-status"; its principal (when not empty) may send to its own inbound queue and receive from its own
+status queue, nothing else (the legacy app may also send to orders-inbound: legacyOrdersApp).
 principalType: ServicePrincipal (default), User or Group; main.parameters.json passes azd's AZURE_PRINCIPAL_TYPE
 (User or ServicePrincipal, whichever is logged in), so a CI service principal deploys as well as a user.''')
+@minLength(1)
 param submittingApps submittingApp[] = [
   {
     name: 'app'
@@ -64,6 +66,20 @@ param submittingApps submittingApp[] = [
     principalType: 'ServicePrincipal'
   }
 ]
+
+@description('''The legacy app (app setting LegacyOrdersApp): the app that owned every order when all apps sent to the one
+orders-inbound queue. It alone may still send there, and its order ids stay unscoped, so its existing orders keep
+matching (docs/deploy.md, "Move an app to its own queue"). Default: the first submitting app. '' or 'none': no legacy
+app; orders-inbound stays (nobody may send to it, the function app does not read it). Any other value must name one of
+submittingApps, or the deployment fails.''')
+param legacyOrdersApp string = submittingApps[0].name
+@description('''Whether the legacy app may still send to orders-inbound (default true). False once it sends to its own
+queue and orders-inbound is drained: nobody may send there any more, while LegacyOrdersApp keeps its order ids unscoped
+and the function app still reads what is left (docs/deploy.md, "Move an app to its own queue"). Bicep does not delete
+the former assignment: delete it once (the same page).''')
+param legacyOrdersQueueOpen bool = true
+@description('App setting MaxPendingOrdersPerApp: per-app backlog bounds, e.g. \'app=5000,partner=200\'; an app not named gets MaxPendingOrders.')
+param maxPendingOrdersPerApp string = ''
 
 @description('Optional principal (an operators group): the operator CLI\'s rights (rbac.bicep: every queue, the stores).')
 param operatorPrincipalId string = ''
@@ -73,6 +89,16 @@ param operatorPrincipalId string = ''
   'ServicePrincipal'
 ])
 param operatorPrincipalType string = 'Group'
+
+// ---------- operator sign-in: App Service authentication with Microsoft Entra ID (app/function.bicep) ----------
+@description('''Client (application) id of the operator API's Entra ID app registration; azd's preprovision hook
+(infra/hooks/preprovision.sh, .ps1) creates it with the app role operatorAppRole and sets AUTH_CLIENT_ID. Required:
+an empty value fails the deployment, since the operator routes would otherwise take requests without sign-in.''')
+param authClientId string = ''
+@description('Tenant of that app registration: only tokens it issues are accepted. Default: the subscription\'s.')
+param authTenantId string = subscription().tenantId
+@description('The app role (its value) an operator\'s token must carry: app setting OperatorAppRole; the hook declares it.')
+param operatorAppRole string = 'Orders.Operator'
 
 // ---------- Durable Functions backend ----------
 @allowed([
@@ -129,10 +155,15 @@ param agentReplicas int = 2
 @description('''Private posture (azd env VNET_ENABLED): a VNet (app/network.bicep) with the function app's integration
 subnet, the Agent's Container Apps environment subnet and a private-endpoint subnet; private endpoints and privatelink
 DNS zones for Storage (blob, queue, table), Service Bus and Cosmos DB, whose public network access is disabled;
-Service Bus becomes Premium (the only tier with private endpoints). The Durable Task Scheduler stays public (identity
-only). Off (default): nothing of this is deployed. Set it before the first `azd up` of an environment: neither the
-Service Bus tier nor a Container Apps environment's network changes in place. See docs/deploy.md, "Production posture".''')
+Service Bus becomes Premium (the only tier with private endpoints). The function app's HTTP routes are reachable through
+its own private endpoint only. The Durable Task Scheduler stays public (identity only). Off (default): nothing of this
+is deployed. Set it before the first `azd up` of an environment: neither the Service Bus tier nor a Container Apps
+environment's network changes in place. See docs/deploy.md, "Production posture".''')
 param vnetEnabled bool = false
+@description('''With vnetEnabled: keep the function app's deployment (SCM) endpoint public, Entra ID only, so `azd deploy`
+works from outside the VNet (default). False: the site's publicNetworkAccess is Disabled, SCM included: deploy from a
+machine in the VNet.''')
+param functionPublicDeployment bool = true
 
 // ---------- alerts ----------
 @description('E-mail address for operator alerts; empty for none.')
@@ -149,7 +180,20 @@ var resourceToken = toLower(uniqueString(subscription().id, environmentName, loc
 var tags = {
   'azd-env-name': environmentName
 }
+var submittingAppNames = [for app in submittingApps: app.name]
+var inboundQueueNames = [for app in submittingApps: '${app.name}-orders']
 var statusQueueNames = [for app in submittingApps: '${app.name}-status']
+// The legacy app's name, '' for none; a name that is not a submitting app's fails the deployment (before any change).
+var hasLegacyApp = !(empty(legacyOrdersApp) || legacyOrdersApp == 'none')
+var legacyApp = !hasLegacyApp
+  ? ''
+  : (contains(submittingAppNames, legacyOrdersApp)
+      ? legacyOrdersApp
+      : fail('legacyOrdersApp \'${legacyOrdersApp}\' is not one of submittingApps (${join(submittingAppNames, ', ')}); use \'none\' for no legacy app.'))
+// Operator sign-in is not optional: without an app registration the operator routes would take anonymous requests.
+var operatorAuthClientId = !empty(authClientId)
+  ? authClientId
+  : fail('authClientId is empty: the operator API needs an Entra ID app registration. azd: the preprovision hook (infra/hooks) sets AUTH_CLIENT_ID; without azd, pass authClientId=<application (client) id> (docs/deploy.md, "Operator sign-in").')
 var useDurableTaskScheduler = durableBackend == 'DurableTaskScheduler'
 var useSimulator = empty(agentRemoteUrl)
 var simulatorAppName = !empty(simulatorContainerAppName) ? simulatorContainerAppName : '${abbrs.appContainerApps}simulator-${resourceToken}'
@@ -205,6 +249,7 @@ module serviceBus 'app/servicebus.bicep' = {
     agentRequestsQueueName: agentRequestsQueueName
     agentRepliesQueueName: agentRepliesQueueName
     operatorAlertsQueueName: operatorAlertsQueueName
+    inboundQueueNames: inboundQueueNames
     statusQueueNames: statusQueueNames
     logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
     vnetEnabled: vnetEnabled
@@ -249,7 +294,10 @@ module rbac 'app/rbac.bicep' = {
     appPrincipalId: identity.outputs.appPrincipalId
     agentPrincipalId: identity.outputs.agentPrincipalId
     submittingApps: submittingApps
+    inboundQueueNames: inboundQueueNames
     statusQueueNames: statusQueueNames
+    legacyOrdersApp: legacyApp
+    legacyOrdersQueueOpen: legacyOrdersQueueOpen
     operatorPrincipalId: operatorPrincipalId
     operatorPrincipalType: operatorPrincipalType
     serviceBusNamespaceName: serviceBus.outputs.namespaceName
@@ -307,7 +355,12 @@ module functionApp 'app/function.bicep' = {
     agentRequestsQueueName: agentRequestsQueueName
     agentRepliesQueueName: agentRepliesQueueName
     operatorAlertsQueueName: operatorAlertsQueueName
-    allowedReplyQueues: join(statusQueueNames, ',')
+    submittingApps: join(submittingAppNames, ',')
+    legacyOrdersApp: hasLegacyApp ? legacyApp : 'none'
+    maxPendingOrdersPerApp: maxPendingOrdersPerApp
+    authClientId: operatorAuthClientId
+    authTenantId: authTenantId
+    operatorAppRole: operatorAppRole
     ordersDatabaseName: ordersDatabaseName
     ordersContainerName: ordersContainerName
     stateDatabaseName: stateDatabaseName
@@ -323,6 +376,8 @@ module functionApp 'app/function.bicep' = {
     alwaysReady: functionAlwaysReady
     appSettingOverrides: appSettingOverrides
     virtualNetworkSubnetId: vnetEnabled ? network.outputs.appSubnetId : ''
+    inboundPrivate: vnetEnabled
+    publicDeployment: functionPublicDeployment
   }
 }
 
@@ -461,6 +516,23 @@ module cosmosPrivateEndpoint 'app/private-endpoint.bicep' = if (vnetEnabled) {
   }
 }
 
+// The function app's inbound side: its HTTP routes (and, with functionPublicDeployment false, its SCM endpoint) for
+// clients in the VNet. The zone holds <app> and <app>.scm (privatelink.azurewebsites.net, public cloud).
+module functionAppPrivateEndpoint 'app/private-endpoint.bicep' = if (vnetEnabled) {
+  name: 'pe-function-app'
+  scope: rg
+  params: {
+    location: location
+    tags: tags
+    name: 'pe-func-${resourceToken}'
+    targetResourceId: functionApp.outputs.functionAppId
+    groupId: 'sites'
+    privateDnsZoneName: 'privatelink.azurewebsites.net'
+    subnetId: vnetEnabled ? network.outputs.privateEndpointsSubnetId : ''
+    virtualNetworkId: vnetEnabled ? network.outputs.virtualNetworkId : ''
+  }
+}
+
 module alerts 'app/alerts.bicep' = {
   name: 'alerts'
   scope: rg
@@ -479,7 +551,7 @@ module alerts 'app/alerts.bicep' = {
       operatorAlertsQueueName
     ]
     // Queues a sender fills (orders) or drains (statuses): their dead letters count towards a Sev-3 threshold.
-    senderQueueNames: concat([ordersQueueName], statusQueueNames)
+    senderQueueNames: concat([ordersQueueName], inboundQueueNames, statusQueueNames)
   }
 }
 
@@ -512,10 +584,15 @@ output AZURE_AGENT_IDENTITY_CLIENT_ID string = identity.outputs.agentClientId
 output SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace
 output SERVICEBUS_NAMESPACE_RESOURCE_ID string = serviceBus.outputs.namespaceId
 output ORDERS_QUEUE_NAME string = ordersQueueName
+output INBOUND_QUEUE_NAMES string = join(inboundQueueNames, ',')
+output LEGACY_ORDERS_APP string = hasLegacyApp ? legacyApp : 'none'
 output STATUS_QUEUE_NAMES string = join(statusQueueNames, ',')
 output OPERATOR_ALERTS_QUEUE_NAME string = operatorAlertsQueueName
 output COSMOS_ENDPOINT string = cosmos.outputs.endpoint
 output APPLICATIONINSIGHTS_CONNECTION_STRING string = monitoring.outputs.applicationInsightsConnectionString
 output DURABLE_BACKEND string = durableBackend
+// The operator API and the scope of its tokens (docs/deploy.md, "Operator sign-in").
+output OPERATOR_API_URL string = 'https://${functionApp.outputs.defaultHostName}/api'
+output OPERATOR_API_SCOPE string = 'api://${operatorAuthClientId}/user_impersonation'
 output OPERATIONS_WORKBOOK_URL string = workbook.outputs.workbookUrl
 output OPERATIONS_WORKBOOK_ID string = workbook.outputs.workbookId

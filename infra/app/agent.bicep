@@ -14,6 +14,13 @@
 // (container CircuitBreakerContainerName of the state database), reached with the Agent's identity, whose only Cosmos
 // grant is a custom role on that container (read, create, replace items: rbac.bicep). Its tunables are the function
 // app's (the registered defaults, or appSettingOverrides), so the Starter and the Agent read the breaker alike.
+// Liveness: Container Apps restarts a replica whose GET http://<replica>:AGENT_HEALTH_PORT/healthz fails
+// (timeout or a status outside 200-399) livenessFailureThreshold times in a row: a hung Agent (a blocked event loop,
+// a receive loop that stopped) holds its sessions' locks and takes no new work, and restarting it is the repair.
+// Container Apps probes are httpGet or tcpSocket only; a TCP accept succeeds while the event loop is blocked (the
+// kernel completes the handshake), so only an HTTP answer shows the process is alive. The probe needs no ingress. The
+// placeholder image of a new app has no such endpoint, so the probe is set only once the app runs an image azd
+// deployed (the next provision after the first `azd deploy`: docs/deploy.md, "Agent health").
 param location string
 param tags object = {}
 @description('Login server of the registry the Agent image is pulled from (AcrPull granted in rbac.bicep).')
@@ -51,6 +58,22 @@ param infrastructureSubnetId string = ''
 
 // The breaker's settings, as the function app gets them (function.bicep codeSettings: the registered defaults of
 // orderflow/settings.py), with the same overrides applied.
+// The Agent's health endpoint (agent/: GET /healthz on this port, all interfaces) and its liveness probe.
+var healthPort = 8080
+var livenessProbe = {
+  type: 'Liveness'
+  httpGet: {
+    path: '/healthz'
+    port: healthPort
+    scheme: 'HTTP'
+  }
+  initialDelaySeconds: 10
+  periodSeconds: 10
+  timeoutSeconds: 3
+  failureThreshold: 3
+}
+var runsDeployedImage = image.outputs.image != placeholderImage
+
 var breakerSettings = union({
   RemoteServiceName: 'fulfilment'
   CircuitBreakerFailureThreshold: '10'
@@ -169,7 +192,12 @@ resource agent 'Microsoft.App/containerApps@2025-01-01' = {
             { name: 'APPLICATIONINSIGHTS_CONNECTION_STRING', value: applicationInsightsConnectionString }
             { name: 'APPLICATIONINSIGHTS_AUTHENTICATION_STRING', value: 'ClientId=${identityClientId};Authorization=AAD' }
             { name: 'OTEL_SERVICE_NAME', value: 'orderflow-agent' }
+            // The port of the health endpoint the liveness probe calls.
+            { name: 'AGENT_HEALTH_PORT', value: string(healthPort) }
           ]
+          probes: runsDeployedImage ? [
+            livenessProbe
+          ] : []
         }
       ]
       scale: {

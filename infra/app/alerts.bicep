@@ -2,8 +2,8 @@
 // action group:
 //  - dead-lettered messages above 0 on a system queue (agent-requests, agent-replies, operator-alerts: only the
 //    product writes there, so a dead letter is a product fault), Sev-2;
-//  - dead-lettered messages above badInputThreshold on a sender's queue (orders-inbound, the status queues: poison
-//    input, or an app that does not read its statuses), Sev-3: a sender cannot page the on-call;
+//  - dead-lettered messages above badInputThreshold on a sender's queue (orders-inbound, each app's inbound and
+//    status queue: poison input, or an app that does not read its statuses), Sev-3: a sender cannot page the on-call;
 //  - orders that ended failed (the `orderflow.orders.error` custom metric or an operator-alert log line of an order
 //    failure kind), Sev-1;
 //  - bad input above a rate (operator-alert log lines of an input kind: poison messages, conflicting duplicates),
@@ -29,7 +29,7 @@ param badInputThreshold int = 20
 param badInputWindowMinutes int = 15
 @description('Queues only the product writes to (agent-requests, agent-replies, operator-alerts).')
 param systemQueueNames array
-@description('Queues whose dead letters a sender causes: orders-inbound and every status queue.')
+@description('Queues whose dead letters a sender causes: orders-inbound, every app\'s inbound queue and every status queue.')
 param senderQueueNames array
 
 var ordersErrorMetric = 'orderflow.orders.error'
@@ -107,7 +107,7 @@ resource senderDeadLetters 'Microsoft.Insights/metricAlerts@2018-03-01' = {
   location: 'global'
   tags: tags
   properties: {
-    description: 'More than ${badInputThreshold} dead letters on a sender\'s queue (orders-inbound, a status queue): poison input, or an app that does not read its statuses. Inspect the reasons (orderflow dlq list) and clear them.'
+    description: 'More than ${badInputThreshold} dead letters on a sender\'s queue (orders-inbound, an app\'s inbound queue, a status queue): poison input, or an app that does not read its statuses. Inspect the reasons (orderflow dlq list) and clear them.'
     severity: 3
     enabled: true
     scopes: [

@@ -2,6 +2,10 @@
 // 3.11, running as one user-assigned identity. Every connection is identity-based: no key, SAS or secret-bearing
 // connection string appears in its settings. The app settings are exactly the ones the code reads
 // (orderflow/settings.py SETTINGS) plus the ones the Functions host owns; tests/product/infra checks both sets.
+// Operators sign in (App Service authentication, authsettingsV2 below): every HTTP request needs an Entra ID bearer
+// token for the operator API's app registration (authClientId), validated by the platform before it reaches the
+// worker; the code then requires the app role OperatorAppRole in the token's roles claim. With inboundPrivate (the
+// private posture), the HTTP routes are reachable through the site's private endpoint only (main.bicep).
 import { alwaysReadyEntry } from 'types.bicep'
 
 param location string
@@ -26,8 +30,12 @@ param ordersQueueName string
 param agentRequestsQueueName string
 param agentRepliesQueueName string
 param operatorAlertsQueueName string
-@description('Comma-separated status queues a submitting application may name in replyTo.')
-param allowedReplyQueues string
+@description('SubmittingApps: the submitting apps\' names, comma-separated (each app\'s queues are <name>-orders and <name>-status).')
+param submittingApps string
+@description('LegacyOrdersApp: the app whose orders arrive on orders-inbound, or \'none\'.')
+param legacyOrdersApp string
+@description('MaxPendingOrdersPerApp: per-app backlog bounds, \'<app>=<N>,...\'; empty: each app gets MaxPendingOrders.')
+param maxPendingOrdersPerApp string = ''
 param ordersDatabaseName string
 param ordersContainerName string
 param stateDatabaseName string
@@ -62,6 +70,17 @@ param alwaysReady alwaysReadyEntry[] = []
 param appSettingOverrides object = {}
 @description('Private posture (main.bicep vnetEnabled): the \'app\' subnet (delegated to Microsoft.App/environments) the app integrates with; empty for none.')
 param virtualNetworkSubnetId string = ''
+@description('Private posture (main.bicep vnetEnabled): no public request reaches the app\'s HTTP routes; VNet clients use its private endpoint.')
+param inboundPrivate bool = false
+@description('With inboundPrivate: keep the deployment (SCM) endpoint public, Entra ID only (basic publishing credentials are off), so `azd deploy` works from outside the VNet. False: publicNetworkAccess Disabled, the site and its SCM endpoint are private (deploy from inside the VNet).')
+param publicDeployment bool = true
+
+@description('Client id of the operator API\'s Entra ID app registration (infra/hooks/preprovision.*): the audience of the bearer tokens App Service authentication accepts.')
+param authClientId string
+@description('Tenant of that app registration: only its tokens are accepted.')
+param authTenantId string
+@description('OperatorAppRole: the app role (value) a caller\'s token must carry in its roles claim for the operator routes.')
+param operatorAppRole string
 
 var useDurableTaskScheduler = durableBackend == 'DurableTaskScheduler'
 
@@ -108,7 +127,12 @@ var codeSettings = {
   AgentRequestsQueueName: agentRequestsQueueName
   AgentRepliesQueueName: agentRepliesQueueName
   OperatorAlertsQueueName: operatorAlertsQueueName
-  AllowedReplyQueues: allowedReplyQueues
+  // Issue 25: each app's own queues (<name>-orders, <name>-status), the legacy app on orders-inbound, per-app bounds.
+  SubmittingApps: submittingApps
+  LegacyOrdersApp: legacyOrdersApp
+  MaxPendingOrdersPerApp: maxPendingOrdersPerApp
+  // The app role the operator routes require (authsettingsV2 below authenticates; the code authorizes).
+  OperatorAppRole: operatorAppRole
   OrdersDatabaseName: ordersDatabaseName
   OrdersContainerName: ordersContainerName
   StateDatabaseName: stateDatabaseName
@@ -179,9 +203,18 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
     // Regional VNet integration (private posture): Storage, Service Bus and Cosmos DB are reached through their
     // private endpoints. Null, as if absent, otherwise.
     virtualNetworkSubnetId: !empty(virtualNetworkSubnetId) ? virtualNetworkSubnetId : null
+    // Inbound (private posture): the site's private endpoint (main.bicep) is the way in; access restrictions do not
+    // apply to it (https://learn.microsoft.com/azure/app-service/overview-access-restrictions). publicDeployment
+    // false closes the public endpoint altogether, the SCM (deployment) endpoint with it. Null, as if absent, off.
+    publicNetworkAccess: inboundPrivate ? (publicDeployment ? 'Enabled' : 'Disabled') : null
     siteConfig: {
       minTlsVersion: '1.2'
       ftpsState: 'Disabled'
+      // Private posture: no public request reaches the app (no allow rule, unmatched traffic denied), while the
+      // SCM endpoint keeps its own rules (publicDeployment: open to Entra ID-authenticated deployments only).
+      ipSecurityRestrictionsDefaultAction: inboundPrivate ? 'Deny' : null
+      scmIpSecurityRestrictionsUseMain: inboundPrivate ? false : null
+      scmIpSecurityRestrictionsDefaultAction: inboundPrivate ? (publicDeployment ? 'Allow' : 'Deny') : null
     }
     functionAppConfig: {
       deployment: {
@@ -228,6 +261,53 @@ resource appSettings 'Microsoft.Web/sites/config@2024-04-01' = {
   parent: functionApp
   name: 'appsettings'
   properties: union(hostSettings, durableTaskSchedulerSettings, codeSettings, appSettingOverrides)
+}
+
+// Operators sign in: App Service authentication ("Easy Auth") with Microsoft Entra ID, token validation only. Every
+// HTTP request without a valid bearer token for the app registration (audience authClientId or api://authClientId,
+// issued by authTenantId's v2.0 endpoint) is answered 401 by the platform; nothing is excluded (excludedPaths): the
+// operator routes (/api/orders..., /api/summary, /api/openapi.json) and the Durable extension's public webhooks
+// (/runtime/webhooks/durabletask, which the app never hands out) all need a token. The Service Bus and timer
+// triggers do not come in over HTTP, and the Durable client inside the app reaches the extension over the host's
+// local endpoint (rpcBaseUrl on localhost), not through the front end this runs in. No client secret: there is no
+// browser login flow (Return401, no clientSecretSettingName), only bearer tokens. Easy Auth does not check app
+// roles; the role is enforced twice: by Entra ID (the hook sets appRoleAssignmentRequired, so nobody without an
+// assigned role gets a token) and by the code (the roles claim of X-MS-CLIENT-PRINCIPAL must hold OperatorAppRole).
+resource authSettings 'Microsoft.Web/sites/config@2024-04-01' = {
+  parent: functionApp
+  name: 'authsettingsV2'
+  properties: {
+    platform: {
+      enabled: true
+    }
+    globalValidation: {
+      requireAuthentication: true
+      unauthenticatedClientAction: 'Return401'
+    }
+    httpSettings: {
+      requireHttps: true
+    }
+    identityProviders: {
+      azureActiveDirectory: {
+        enabled: true
+        registration: {
+          clientId: authClientId
+          openIdIssuer: '${environment().authentication.loginEndpoint}${authTenantId}/v2.0'
+        }
+        validation: {
+          allowedAudiences: [
+            authClientId
+            'api://${authClientId}'
+          ]
+        }
+      }
+    }
+    login: {
+      tokenStore: {
+        enabled: false
+      }
+    }
+  }
 }
 
 resource diagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = {

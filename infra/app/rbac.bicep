@@ -4,12 +4,13 @@
 // across redeployments.
 //
 //  principal        | grant                                  | scope                     | why (what the code does)
-//  function app     | Service Bus Data Receiver              | orders-inbound            | submission trigger
+//  function app     | Service Bus Data Receiver              | each app's inbound queue  | submission-<app> triggers
+//  function app     | Service Bus Data Receiver              | orders-inbound            | submission trigger (legacy)
 //  function app     | Service Bus Data Receiver              | agent-replies             | replies trigger
 //  function app     | Service Bus Data Sender                | agent-requests            | the Scheduler's requests
 //  function app     | Service Bus Data Sender                | operator-alerts           | alerts (poison, escalation)
 //  function app     | Service Bus Data Sender                | each status queue         | order status messages
-//  function app     | Reader                                 | each of those 5 queues    | summary: exact DLQ counts
+//  function app     | Reader                                 | each of those queues      | summary: exact DLQ counts
 //  function app     | Storage Blob Data Owner                | host storage account      | host, deployment package
 //  function app     | Storage Queue + Table Data Contributor | the same account          | Durable hub (AzureStorage)
 //  function app     | Monitoring Metrics Publisher           | Application Insights      | telemetry (Entra ID)
@@ -20,7 +21,8 @@
 //  Agent            | AcrPull                                | container registry        | its container image
 //  Agent            | Monitoring Metrics Publisher           | Application Insights      | telemetry (Entra ID)
 //  Agent            | orderflow circuit breaker (custom)     | container circuitBreakers | the breaker documents
-//  submitting app   | Service Bus Data Sender                | orders-inbound            | SubmitOrder, CancelOrder
+//  submitting app   | Service Bus Data Sender                | its own inbound queue     | SubmitOrder, CancelOrder
+//  legacy app only  | Service Bus Data Sender                | orders-inbound            | as before per-app queues
 //  submitting app   | Service Bus Data Receiver              | its own status queue only | its order statuses
 //  operators (opt.) | Service Bus Data Receiver              | the namespace             | alerts, dlq list|show|replay
 //  operators (opt.) | Service Bus Data Sender                | the namespace             | dlq replay, cancel, breaker
@@ -41,6 +43,14 @@
 // agent-requests, operator-alerts or a status queue to the app (the summary does not peek them), and any Manage
 // right. tests/product/infra/test_rbac_operations.py checks every Service Bus call and every queue ARM read of the
 // deployed code against these grants.
+// Submitting apps (issue 25): Service Bus does not stamp a message with its sender, so the queue names the app: each
+// app may send to its own inbound queue "<name>-orders" only, never to another app's, and read its own status queue
+// only. orders-inbound, the one queue every app sent to before, stays for the legacy app (legacyOrdersApp, the app
+// that owned every order then) and nobody else, until it has moved to its own queue (legacyOrdersQueueOpen false);
+// with no legacy app ('') nobody may send there and the function app does not read it (no submission trigger is
+// registered on it). Bicep is incremental: an app's former Send on
+// orders-inbound from a deployment before issue 25 is not deleted by this one (docs/deploy.md, "Submitting apps").
+// tests/product/infra/test_submitter_rights.py checks each app's send rights for two and three apps.
 // The Agent touches one Cosmos DB container, the circuit-breaker documents (issue 11): a custom data-plane role lets it
 // read, create and replace items there and nothing else (no delete, upsert, query or change feed; no other container;
 // not the orders or the order state). The function app reads and writes the breakers through its Data Contributor
@@ -62,8 +72,14 @@ param appPrincipalId string
 param agentPrincipalId string
 @description('Submitting applications: [{ name, principalId, principalType }] (principalId may be empty: no grant).')
 param submittingApps submittingApp[]
+@description('Inbound queue ("<name>-orders") of each submitting application, index-aligned with submittingApps.')
+param inboundQueueNames array
 @description('Status queue of each submitting application, index-aligned with submittingApps.')
 param statusQueueNames array
+@description('The legacy app (main.bicep legacyOrdersApp, checked there to be one of submittingApps): the only one that may send to orders-inbound; empty for none.')
+param legacyOrdersApp string = ''
+@description('Whether the legacy app may still send to orders-inbound (false once it has moved to its own queue).')
+param legacyOrdersQueueOpen bool = true
 @description('Optional principal (a group, typically): the operator CLI\'s rights (header); empty for none.')
 param operatorPrincipalId string = ''
 @allowed([
@@ -139,6 +155,11 @@ resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' existing = {
   }
 }
 
+resource inboundQueues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existing = [for name in inboundQueueNames: {
+  parent: namespace
+  name: name
+}]
+
 resource statusQueues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existing = [for name in statusQueueNames: {
   parent: namespace
   name: name
@@ -161,7 +182,8 @@ resource registry 'Microsoft.ContainerRegistry/registries@2023-07-01' existing =
 }
 
 // ---- function app: Service Bus ----
-resource appReceivesOrders 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+// orders-inbound is read only while there is a legacy app (the trigger `submission` exists only then).
+resource appReceivesOrders 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(legacyOrdersApp)) {
   name: guid(namespace::ordersQueue.id, appPrincipalId, roles.serviceBusDataReceiver)
   scope: namespace::ordersQueue
   properties: {
@@ -170,6 +192,16 @@ resource appReceivesOrders 'Microsoft.Authorization/roleAssignments@2022-04-01' 
     principalType: 'ServicePrincipal'
   }
 }
+
+resource appReceivesInbound 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (name, i) in inboundQueueNames: {
+  name: guid(inboundQueues[i].id, appPrincipalId, roles.serviceBusDataReceiver)
+  scope: inboundQueues[i]
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataReceiver)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}]
 
 resource appSendsAgentRequests 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   name: guid(namespace::agentRequestsQueue.id, appPrincipalId, roles.serviceBusDataSender)
@@ -251,6 +283,16 @@ resource appReadsOperatorAlertsCounts 'Microsoft.Authorization/roleAssignments@2
     principalType: 'ServicePrincipal'
   }
 }
+
+resource appReadsInboundCounts 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (name, i) in inboundQueueNames: {
+  name: guid(inboundQueues[i].id, appPrincipalId, roles.reader)
+  scope: inboundQueues[i]
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.reader)
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+  }
+}]
 
 resource appReadsStatusCounts 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (name, i) in statusQueueNames: {
   name: guid(statusQueues[i].id, appPrincipalId, roles.reader)
@@ -419,8 +461,19 @@ resource agentPullsImage 'Microsoft.Authorization/roleAssignments@2022-04-01' = 
   }
 }
 
-// ---- submitting applications ----
-resource submitterSendsOrders 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for app in submittingApps: if (!empty(app.principalId)) {
+// ---- submitting applications: each its own inbound queue and status queue, the legacy app orders-inbound too ----
+resource submitterSendsOwnOrders 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (app, i) in submittingApps: if (!empty(app.principalId)) {
+  name: guid(inboundQueues[i].id, app.principalId, roles.serviceBusDataSender)
+  scope: inboundQueues[i]
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.serviceBusDataSender)
+    principalId: app.principalId
+    principalType: app.?principalType ?? 'ServicePrincipal'
+  }
+}]
+
+// The same name as the grant every app had before issue 25: the legacy app's stays as it is.
+resource legacyAppSendsOrders 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for app in submittingApps: if (!empty(app.principalId) && legacyOrdersQueueOpen && (app.name == legacyOrdersApp)) {
   name: guid(namespace::ordersQueue.id, app.principalId, roles.serviceBusDataSender)
   scope: namespace::ordersQueue
   properties: {

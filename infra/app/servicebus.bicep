@@ -6,11 +6,14 @@
 param location string
 param tags object = {}
 param namespaceName string
+@description('The shared inbound queue of before per-app queues: only the legacy app (main.bicep legacyOrdersApp) sends there.')
 param ordersQueueName string
 param agentRequestsQueueName string
 param agentRepliesQueueName string
 param operatorAlertsQueueName string
-@description('One status (reply) queue per submitting application.')
+@description('One inbound queue per submitting application ("<name>-orders"), index-aligned with statusQueueNames.')
+param inboundQueueNames array
+@description('One status (reply) queue per submitting application ("<name>-status").')
 param statusQueueNames array
 param logAnalyticsWorkspaceId string
 @description('Private posture (main.bicep vnetEnabled): Premium tier, no public network access, a private endpoint.')
@@ -53,7 +56,8 @@ var patternQueue = {
   enablePartitioning: false
 }
 // Orders wait up to 14 days (an outage of the app must not lose them); requests and replies are stale after a day
-// (each step's CompleteBy is minutes; the Supervisor recovers the order).
+// (each step's CompleteBy is minutes; the Supervisor recovers the order). Every app's own inbound queue has exactly
+// the properties of orders-inbound: an order is the same message whichever of them it arrives on.
 var ordersQueueProperties = union(patternQueue, { defaultMessageTimeToLive: 'P14D' })
 var agentQueueProperties = union(patternQueue, { defaultMessageTimeToLive: 'P1D', lockDuration: agentLockDuration })
 
@@ -118,6 +122,13 @@ resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' = {
     name: operatorAlertsQueueName
     properties: operatorAlertsQueueProperties
   }
+
+  // Each submitting app's own inbound queue: only its identity may send there (rbac.bicep), so the queue an order
+  // arrives on names its app (orderflow/apps.py); the function app reads each one (trigger submission-<name>).
+  resource inboundQueues 'queues' = [for name in inboundQueueNames: {
+    name: name
+    properties: ordersQueueProperties
+  }]
 
   resource statusQueues 'queues' = [for name in statusQueueNames: {
     name: name

@@ -2,11 +2,11 @@
 // malformed entry fails when the template is compiled, not half-way through a deployment. Types only: no resource.
 
 @export()
-@description('A submitting application: its status queue is "<name>-status"; its principal (when not empty) may send to orders-inbound and receive from its own status queue.')
+@description('A submitting application: it sends its orders to its own inbound queue "<name>-orders" and reads their statuses on "<name>-status"; its principal (when not empty) may send to that inbound queue (and to orders-inbound if it is the legacy app) and receive from that status queue, nothing else.')
 type submittingApp = {
   @minLength(1)
-  @maxLength(43)
-  @description('Application name; the status queue is "<name>-status", which must be a reply queue name (at most 50 characters: orderflow/messages.py QUEUE_NAME_PATTERN), so at most 43.')
+  @maxLength(24)
+  @description('Application name: 1-24 of a-z 0-9 -, starting with a letter (orderflow/apps.py APP_NAME_PATTERN; the app refuses to start otherwise). Its queues are "<name>-orders" and "<name>-status", its submission function "submission-<name>".')
   name: string
 
   @description('Object id of its identity; empty for no grant.')

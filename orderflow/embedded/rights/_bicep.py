@@ -243,15 +243,16 @@ def app(name: str, infra: Path = INFRA) -> BicepFile:
 # ---------------------------------------------------------------- evaluation
 
 
-DEPLOYED = frozenset({"empty", "concat", "==", "for"})  # everything: a deployment as Azure Resource Manager runs it
+# everything: a deployment as Azure Resource Manager runs it
+DEPLOYED = frozenset({"empty", "concat", "contains", "join", "==", "for"})
 
 
 @dataclass(frozen=True)
 class Scope:
     """Where identifiers resolve: a file, plus the parameter values its caller passes (node, caller scope).
     `functions`: what evaluate reduces beyond literals, `union` and `!`, each off unless asked for (`DEPLOYED`):
-    `empty`, `concat`, comparisons and `??` ("=="), `for` expressions and `a[i]` ("for"). `values`: loop variables
-    bound to Python values (`for app in submittingApps`), innermost first."""
+    `empty`, `concat`, `contains`, `join`, comparisons and `??` ("=="), `for` expressions and `a[i]` ("for").
+    `values`: loop variables bound to Python values (`for app in submittingApps`), innermost first."""
 
     file: BicepFile
     passed: tuple[tuple[str, Node, Scope], ...] = ()
@@ -422,7 +423,32 @@ def _call(node: Node, scope: Scope) -> Any:
         return not args[0]
     if function == "concat" and "concat" in scope.functions and args and all(isinstance(a, list) for a in args):
         return [item for arg in args for item in arg]
+    if function in scope.functions and function in _COLLECTION_CALLS and len(args) == 2:
+        value = None if any(isinstance(a, Opaque) for a in args) else _COLLECTION_CALLS[function](args)
+        return Opaque(text(node)) if value is None else value
     return Opaque(text(node))
+
+
+def _contains(args: list[Any]) -> Any:
+    """`contains(container, item)`: an array's element, an object's key, a string's substring; strings compare
+    case-sensitively, object keys case-insensitively (ARM template functions reference, contains)."""
+    container, item = args
+    if isinstance(container, dict) and isinstance(item, str):
+        return item.lower() in {str(key).lower() for key in container}
+    if isinstance(container, list) or (isinstance(container, str) and isinstance(item, str)):
+        return item in container
+    return None
+
+
+def _join(args: list[Any]) -> Any:
+    """`join(array of strings, delimiter)`."""
+    items, delimiter = args
+    if isinstance(items, list) and all(isinstance(i, str) for i in items) and isinstance(delimiter, str):
+        return delimiter.join(items)
+    return None
+
+
+_COLLECTION_CALLS: dict[str, Callable[[list[Any]], Any]] = {"contains": _contains, "join": _join}
 
 
 def _ternary(node: Node, scope: Scope) -> Any:

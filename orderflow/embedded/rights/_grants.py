@@ -84,18 +84,32 @@ PRINCIPALS = {
 }
 
 
+# Submitting applications the local system has beyond main.parameters.json's: the second tenant of the multi-tenant
+# drill (SubmittingApps `app,partner`), whose queues partner-orders and partner-status servicebus.config.json holds.
+# They come after main.parameters.json's, so the legacy app (legacyOrdersApp's default: the first app) stays `app`.
+LOCAL_APPS = ("partner",)
+
+
 def local_deployment(infra: Path) -> Scope:
     """main.bicep as the local system deploys it: its defaults, the submitting applications of main.parameters.json
-    (what azd deploys), and every optional principal configured (a principal id is a placeholder: its identity)."""
+    (what azd deploys) followed by `LOCAL_APPS`, and every optional principal configured (a principal id is a
+    placeholder: its identity)."""
     main = load(str(infra / "main.bicep"), str(infra))
     parameters = json.loads((infra / "main.parameters.json").read_text())["parameters"]
     apps = [{**app, "principalId": app["name"]} for app in parameters["submittingApps"]["value"]]
+    apps += [{"name": name, "principalId": name} for name in LOCAL_APPS if name not in {a["name"] for a in apps}]
     return with_values(Scope(main, functions=DEPLOYED), {"submittingApps": apps, "operatorPrincipalId": OPERATORS})
 
 
 def grants(infra: Path) -> list[Grant]:
-    """Every role assignment main.bicep deploys, through its modules (those whose condition holds)."""
-    return list(_file_grants(local_deployment(infra)))
+    """Every role assignment main.bicep deploys locally, through its modules (those whose condition holds)."""
+    return deployment_grants(local_deployment(infra))
+
+
+def deployment_grants(deployment: Scope) -> list[Grant]:
+    """Every role assignment of main.bicep deployed with the parameters `deployment` passes (e.g. another set of
+    submitting applications), through its modules whose condition holds."""
+    return list(_file_grants(deployment))
 
 
 def _file_grants(scope: Scope) -> Iterator[Grant]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from support.bicep_tree import (
+    DEPLOYED,
     INFRA,
     REPO,
     Opaque,
@@ -38,12 +39,12 @@ NEW = {"AZURE_PRINCIPAL_TYPE": "User"}
 REPROVISION = {**NEW, "SERVICE_AGENT_RESOURCE_EXISTS": "true", "SERVICE_SIMULATOR_RESOURCE_EXISTS": "true"}
 
 
-def _main_scope(env: dict[str, str]) -> Scope:
+def _main_scope(env: dict[str, str], functions: frozenset[str] = frozenset({"empty"})) -> Scope:
     """main.bicep as azd deploys it with `env`; a bool parameter's "true"/"false" is a bool, as ARM reads it."""
     values: dict[str, Any] = {}
     for name, value in azd_parameters(env).items():
         values[name] = value == "true" if param_type(main(), name) == "bool" and isinstance(value, str) else value
-    return with_values(Scope(main(), functions=frozenset({"empty"})), values)
+    return with_values(Scope(main(), functions=functions), values)
 
 
 def _container(file: str, symbol: str, scope: Scope) -> dict[str, Any]:
@@ -191,3 +192,39 @@ def test_azure_yaml_requires_the_azd_that_has_service_conditions() -> None:
     deploy = readme[readme.index("## Deploy") :]
     assert "`azd`) 1.23.4 or later" in deploy
     assert "1.23.4" in (REPO / "docs" / "deploy.md").read_text()
+
+
+# ---------------------------------------------------------------- the Agent's liveness probe (issue 25)
+
+
+def test_the_agent_container_has_an_http_liveness_probe_on_its_health_port() -> None:
+    """Container Apps probes are httpGet or tcpSocket only; a TCP accept succeeds while the Agent's event loop is
+    blocked, so the probe is an HTTP GET of /healthz on AGENT_HEALTH_PORT, the port agent.bicep also gives the Agent."""
+    agent = app("agent.bicep")
+    scope = _agent(REPROVISION)
+    probe = evaluate(agent.variables["livenessProbe"], scope)
+    assert probe["type"] == "Liveness" and set(probe) - {"type"} >= {"httpGet", "periodSeconds", "failureThreshold"}
+    assert probe["httpGet"] == {"path": "/healthz", "port": 8080, "scheme": "HTTP"}
+    assert "tcpSocket" not in probe
+    # Within Container Apps' bounds (initial delay 0-60 s, period 1-240 s, failures 1-10), and a hung Agent is
+    # restarted within a minute: first check after 10 s, then 3 failures 10 s apart.
+    assert 0 <= probe["initialDelaySeconds"] <= 60 and 1 <= probe["periodSeconds"] <= 240
+    assert 1 <= probe["failureThreshold"] <= 10 and probe["timeoutSeconds"] < probe["periodSeconds"]
+    assert probe["initialDelaySeconds"] + probe["periodSeconds"] * probe["failureThreshold"] <= 60
+    env = {e["name"]: e["value"] for e in _container("agent.bicep", "agent", scope)["env"]}
+    assert isinstance(env["AGENT_HEALTH_PORT"], Opaque) and env["AGENT_HEALTH_PORT"].text == "string(healthPort)"
+    assert evaluate(agent.variables["healthPort"], scope) == probe["httpGet"]["port"]
+
+
+def test_the_probe_runs_only_on_an_image_azd_deployed() -> None:
+    """The placeholder of a new app has no health endpoint (a probe would restart it again and again): a new app gets
+    no probe; once azd has deployed the Agent image, a provision sets it."""
+    new = module_scope(_main_scope(NEW, DEPLOYED), main().module("agent"))
+    assert evaluate(app("agent.bicep").variables["runsDeployedImage"], new) is False
+    assert _container("agent.bicep", "agent", new)["probes"] == []
+    agent = app("agent.bicep")
+    assert text(agent.variables["runsDeployedImage"]) == "image.outputs.image != placeholderImage"
+    (container,) = agent.resource("agent").get("properties", "template", "containers").named_children
+    probes = evaluate(container, _agent(REPROVISION))["probes"]
+    assert isinstance(probes, Opaque)
+    assert " ".join(probes.text.split()) == "runsDeployedImage ? [ livenessProbe ] : []"

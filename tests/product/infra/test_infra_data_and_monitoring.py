@@ -182,13 +182,18 @@ def test_dead_letter_alerts_cover_every_queue_and_no_sender_pages() -> None:
         names["agentRepliesQueueName"],
         names["operatorAlertsQueueName"],
     }
-    # The status queues are a deployment-time list (one per submitting app): the sender alert takes the very list the
-    # namespace creates its status queues from, after orders-inbound.
-    bus_status, alert_queues = (
+    # Each app's inbound and status queues are deployment-time lists (one per submitting app): the sender alert takes
+    # the very lists the namespace creates them from, after orders-inbound.
+    bus_inbound, bus_status, alert_queues = (
         text(main().module(m).params()[k])
-        for m, k in (("serviceBus", "statusQueueNames"), ("alerts", "senderQueueNames"))
+        for m, k in (
+            ("serviceBus", "inboundQueueNames"),
+            ("serviceBus", "statusQueueNames"),
+            ("alerts", "senderQueueNames"),
+        )
     )
-    assert bus_status == "statusQueueNames" and alert_queues == "concat([ordersQueueName], statusQueueNames)"
+    assert (bus_inbound, bus_status) == ("inboundQueueNames", "statusQueueNames")
+    assert alert_queues == "concat([ordersQueueName], inboundQueueNames, statusQueueNames)"
     assert text(main().module("serviceBus").params()["ordersQueueName"]) == "ordersQueueName"
     assert system["severity"] == 2 and system_criterion["threshold"] == 0
     assert sender["severity"] == 3 and sender_criterion["threshold"] == 20  # badInputThreshold's default

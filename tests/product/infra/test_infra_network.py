@@ -1,7 +1,9 @@
 """The private posture (main.bicep vnetEnabled, azd env VNET_ENABLED): with it on, every data service has public
-network access Disabled and a private endpoint for each of its private-link groups, Service Bus is Premium, and the
-function app and the Agent's Container Apps environment join their subnets; with it off, nothing is deployed for it and
-every property falls back to the public posture. The Durable Task Scheduler is the documented exception.
+network access Disabled and a private endpoint for each of its private-link groups, Service Bus is Premium, the
+function app and the Agent's Container Apps environment join their subnets, and the function app's own inbound side is
+private too (no public request reaches its HTTP routes; a private endpoint serves the VNet); with it off, nothing is
+deployed for it and every property falls back to the public posture. The Durable Task Scheduler is the documented
+exception.
 """
 
 from __future__ import annotations
@@ -178,6 +180,64 @@ def test_the_function_app_joins_the_app_subnet() -> None:
     subnet = site.get("properties", "virtualNetworkSubnetId")
     assert text(subnet) == "!empty(virtualNetworkSubnetId) ? virtualNetworkSubnetId : null"
     assert evaluate(app("function.bicep").params["virtualNetworkSubnetId"], Scope(app("function.bicep"))) == ""
+
+
+def _site(vnet: bool, public_deployment: bool | None = None) -> dict:
+    values = {"vnetEnabled": "true" if vnet else "false"}
+    if public_deployment is not None:
+        values["functionPublicDeployment"] = "true" if public_deployment else "false"
+    scope = module_scope(with_params(Scope(main()), **values), main().module("functionApp"))
+    site = app("function.bicep").resource("functionApp")
+    return evaluate(site.get("properties"), scope)
+
+
+@pytest.mark.parametrize("public_deployment", [True, False], ids=["public-deployment", "all-private"])
+def test_with_vnet_enabled_no_public_request_reaches_the_function_apps_routes(public_deployment: bool) -> None:
+    site = _site(True, public_deployment)
+    # Access restrictions with no allow rule and unmatched traffic denied: the public endpoint serves no route. The
+    # private endpoint's traffic is not subject to them (learn.microsoft.com/azure/app-service/
+    # overview-access-restrictions: "Access restrictions don't apply to traffic entering through a private endpoint").
+    assert site["siteConfig"]["ipSecurityRestrictionsDefaultAction"] == "Deny"
+    assert "ipSecurityRestrictions" not in site["siteConfig"]
+    assert site["siteConfig"]["scmIpSecurityRestrictionsUseMain"] is False
+    if public_deployment:
+        # The deployment (SCM) endpoint stays reachable for `azd deploy`, Entra ID only (basic auth is off).
+        assert site["publicNetworkAccess"] == "Enabled"
+        assert site["siteConfig"]["scmIpSecurityRestrictionsDefaultAction"] == "Allow"
+    else:
+        assert site["publicNetworkAccess"] == "Disabled"
+        assert site["siteConfig"]["scmIpSecurityRestrictionsDefaultAction"] == "Deny"
+    assert evaluate(main().params["functionPublicDeployment"], Scope(main())) is True
+    assert text(main().module("functionApp").params()["inboundPrivate"]) == "vnetEnabled"
+
+
+def test_without_vnet_the_function_apps_inbound_side_is_as_before() -> None:
+    site = _site(False)
+    assert site["publicNetworkAccess"] is None  # null: as if absent
+    assert {k: v for k, v in site["siteConfig"].items() if v is not None} == {
+        "minTlsVersion": "1.2",
+        "ftpsState": "Disabled",
+    }
+
+
+def test_the_function_app_has_a_private_endpoint_for_its_sites() -> None:
+    (module,) = [
+        m
+        for m in _private_endpoint_modules()
+        if text(m.params()["targetResourceId"]) == "functionApp.outputs.functionAppId"
+    ]
+    assert _is_vnet_enabled(module.condition)
+    params = module.params()
+    assert evaluate(params["groupId"], Scope(main())) == "sites"
+    # One zone serves <app>.azurewebsites.net and <app>.scm.azurewebsites.net inside the VNet.
+    assert evaluate(params["privateDnsZoneName"], Scope(main())) == "privatelink.azurewebsites.net"
+    assert text(params["subnetId"]) == "vnetEnabled ? network.outputs.privateEndpointsSubnetId : ''"
+    assert text(params["virtualNetworkId"]) == "vnetEnabled ? network.outputs.virtualNetworkId : ''"
+    function = app("function.bicep")
+    assert function.outputs["functionAppId"].text.decode() == "functionApp.id"
+    section = _production_posture()
+    for needle in ("privatelink.azurewebsites.net", "functionPublicDeployment", "jump box", "Bastion"):
+        assert needle in section, needle
 
 
 def test_the_agent_environment_joins_the_agent_subnet() -> None:

@@ -18,7 +18,8 @@ from orderflow import settings
 # (scope symbol, role, principal expression) for every Azure RBAC assignment in infra/.
 EXPECTED = Counter(
     [
-        ("namespace::ordersQueue", "Service Bus Data Receiver", "appPrincipalId"),
+        ("namespace::ordersQueue", "Service Bus Data Receiver", "appPrincipalId"),  # while there is a legacy app
+        ("inboundQueues[i]", "Service Bus Data Receiver", "appPrincipalId"),
         ("namespace::agentRequestsQueue", "Service Bus Data Sender", "appPrincipalId"),
         ("namespace::agentRepliesQueue", "Service Bus Data Receiver", "appPrincipalId"),
         ("namespace::operatorAlertsQueue", "Service Bus Data Sender", "appPrincipalId"),
@@ -28,6 +29,7 @@ EXPECTED = Counter(
         ("namespace::agentRequestsQueue", "Reader", "appPrincipalId"),
         ("namespace::agentRepliesQueue", "Reader", "appPrincipalId"),
         ("namespace::operatorAlertsQueue", "Reader", "appPrincipalId"),
+        ("inboundQueues[i]", "Reader", "appPrincipalId"),
         ("statusQueues[i]", "Reader", "appPrincipalId"),
         ("storage", "Storage Blob Data Owner", "appPrincipalId"),
         ("storage", "Storage Queue Data Contributor", "appPrincipalId"),
@@ -40,6 +42,8 @@ EXPECTED = Counter(
         # simulator.bicep (only without AGENT_REMOTE_URL): its own identity pulls its image, nothing else.
         ("registry", "AcrPull", "identity.properties.principalId"),
         ("applicationInsights", "Monitoring Metrics Publisher", "agentPrincipalId"),
+        # Each submitting app: its own inbound and status queue; the legacy app also orders-inbound (issue 25).
+        ("inboundQueues[i]", "Service Bus Data Sender", "app.principalId"),
         ("namespace::ordersQueue", "Service Bus Data Sender", "app.principalId"),
         ("statusQueues[i]", "Service Bus Data Receiver", "app.principalId"),
         # The operator CLI (orderflow/cli) reads and replays the dead letters of every queue, cancels, alerts.
@@ -91,6 +95,7 @@ def test_reader_is_granted_on_queues_only_never_wider() -> None:
         "namespace::agentRequestsQueue",
         "namespace::agentRepliesQueue",
         "namespace::operatorAlertsQueue",
+        "inboundQueues[i]",
         "statusQueues[i]",
     }
     assert {text(a.get("properties", "principalId")) for a in readers} == {"appPrincipalId"}

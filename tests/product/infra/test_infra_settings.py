@@ -34,6 +34,9 @@ HOST_OWNED_NAMES = {
     "PYTHON_ENABLE_OPENTELEMETRY",
 }
 LOCAL_ONLY = {s.name for s in settings.SETTINGS if s.doc.startswith("Local only")}
+# Settings App Service itself sets (WEBSITE_AUTH_ENABLED when authentication is on: learn.microsoft.com
+# app-service/reference-app-settings, "Authentication & Authorization"): read by the code, never written by infra/.
+PLATFORM_SET = {s.name for s in settings.SETTINGS if s.doc.startswith("Set by App Service")}
 HOST_JSON = json.loads((REPO / "host.json").read_text())
 SAMPLE = json.loads((REPO / "local.settings.sample.json").read_text())  # devhost's
 FUNC_SAMPLE = json.loads((REPO / "local.settings.func.sample.json").read_text())  # `func start`'s
@@ -78,7 +81,12 @@ AGENT_ENV = {
     "StateDatabaseName",
     "CircuitBreakerContainerName",
     *BREAKER_TUNABLES,
+    # The port of the health endpoint the liveness probe calls (agent.bicep; tests/product/infra/test_agent_deploy.py).
+    "AGENT_HEALTH_PORT",
 }
+# Registered settings whose default is the empty string (MaxPendingOrdersPerApp): a sample may list them empty, which
+# is their default, not a value that shadows one.
+EMPTY_BY_DEFAULT = {s.name for s in settings.SETTINGS if s.default == ""}
 
 
 def host_json_references() -> set[str]:
@@ -121,7 +129,8 @@ def test_local_only_rule_is_what_the_registry_says() -> None:
 
 def test_bicep_app_settings_equal_the_settings_the_code_reads() -> None:
     code_side = {name for name in bicep_app_settings() if not is_host_owned(name)}
-    assert code_side == settings.SETTING_NAMES - LOCAL_ONLY
+    assert PLATFORM_SET == {"WEBSITE_AUTH_ENABLED"} and not PLATFORM_SET & set(bicep_app_settings())
+    assert code_side == settings.SETTING_NAMES - LOCAL_ONLY - PLATFORM_SET
 
 
 def test_no_local_only_or_flex_forbidden_setting_in_bicep() -> None:
@@ -297,7 +306,9 @@ def test_sample_runs_locally_with_zero_cloud() -> None:
         "Endpoint=embedded://.devhost/servicebus.db;ConfigFile=servicebus.config.json;Identity=function-app"
     )
     assert values["CosmosDb__accountEndpoint"] == "embedded://.devhost/store.db?identity=function-app"
-    assert all(value != "" for value in values.values()), "an empty value would shadow a default"
+    assert [k for k, v in values.items() if v == "" and k not in EMPTY_BY_DEFAULT] == [], (
+        "an empty value shadows a default"
+    )
     # One sample per host: no block of `func start` values to move around (local.settings.func.sample.json has them).
     assert set(SAMPLE) == {"//", "IsEncrypted", "Values"} == set(FUNC_SAMPLE)
 
@@ -316,7 +327,9 @@ def test_func_start_sample_is_zero_cloud_azurite_the_amqp_endpoint_and_the_embed
     # The embedded store runs inside the Python worker (orderflow/adapters.py picks it for embedded://).
     assert values["CosmosDb__accountEndpoint"] == "embedded://.devhost/store.db"
     assert not [k for k in values if k.endswith(("__credential", "__clientId"))]
-    assert all(value != "" for value in values.values()), "an empty value would shadow a default"
+    assert [k for k, v in values.items() if v == "" and k not in EMPTY_BY_DEFAULT] == [], (
+        "an empty value shadows a default"
+    )
     # The two samples differ exactly in the connections; every tunable is the same.
     connections = {
         "ServiceBusConnection",
@@ -327,6 +340,9 @@ def test_func_start_sample_is_zero_cloud_azurite_the_amqp_endpoint_and_the_embed
     }
     devhost = {k: v for k, v in SAMPLE["Values"].items() if k not in connections}
     func = {k: v for k, v in values.items() if k not in connections}
+    # ...and in the Easy Auth switch: devhost has a stand-in of App Service authentication in front of the operator
+    # routes; `func start` has none, so the app must not trust a principal header there (docs/devhost.md).
+    assert devhost.pop("WEBSITE_AUTH_ENABLED") == "True" and "WEBSITE_AUTH_ENABLED" not in func
     assert devhost == func
 
 

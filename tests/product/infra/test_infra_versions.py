@@ -165,6 +165,10 @@ VERIFIED_PROPERTIES: dict[str, set[str]] = {
         "properties/siteConfig",
         "properties/siteConfig/minTlsVersion",
         "properties/siteConfig/ftpsState",
+        # Issue 25, the private posture's inbound side (SiteConfig: 'Allow' | 'Deny' | string, and a bool).
+        "properties/siteConfig/ipSecurityRestrictionsDefaultAction",
+        "properties/siteConfig/scmIpSecurityRestrictionsUseMain",
+        "properties/siteConfig/scmIpSecurityRestrictionsDefaultAction",
         "properties/siteConfig/vnetRouteAllEnabled",
         "properties/siteConfig/publicNetworkAccess",
         "properties/virtualNetworkSubnetId",
@@ -187,8 +191,35 @@ VERIFIED_PROPERTIES: dict[str, set[str]] = {
         "properties/functionAppConfig/scaleAndConcurrency/instanceMemoryMB",
         "properties/functionAppConfig/scaleAndConcurrency/maximumInstanceCount",
     },
-    # properties: the app settings dictionary (union(...)), not checked further.
-    "Microsoft.Web/sites/config@2024-04-01": {"name", "properties"},
+    # appsettings: the app settings dictionary (union(...)), not checked further. authsettingsV2 (issue 25, operator
+    # sign-in): the body SiteAuthSettingsV2Properties of the config resource named 'authsettingsV2' (types.md of the
+    # same directory: AuthPlatform, GlobalValidation, HttpSettings, IdentityProviders, AzureActiveDirectory,
+    # AzureActiveDirectoryRegistration, AzureActiveDirectoryValidation, Login, TokenStore).
+    "Microsoft.Web/sites/config@2024-04-01": {
+        "name",
+        "properties",
+        "properties/platform",
+        "properties/platform/enabled",
+        "properties/globalValidation",
+        "properties/globalValidation/requireAuthentication",
+        "properties/globalValidation/unauthenticatedClientAction",
+        "properties/globalValidation/excludedPaths",
+        "properties/httpSettings",
+        "properties/httpSettings/requireHttps",
+        "properties/identityProviders",
+        "properties/identityProviders/azureActiveDirectory",
+        "properties/identityProviders/azureActiveDirectory/enabled",
+        "properties/identityProviders/azureActiveDirectory/registration",
+        "properties/identityProviders/azureActiveDirectory/registration/clientId",
+        "properties/identityProviders/azureActiveDirectory/registration/openIdIssuer",
+        "properties/identityProviders/azureActiveDirectory/validation",
+        "properties/identityProviders/azureActiveDirectory/validation/allowedAudiences",
+        "properties/identityProviders/azureActiveDirectory/validation/defaultAuthorizationPolicy",
+        "properties/identityProviders/azureActiveDirectory/validation/jwtClaimChecks",
+        "properties/login",
+        "properties/login/tokenStore",
+        "properties/login/tokenStore/enabled",
+    },
     "Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01": {"name", "properties", "properties/allow"},
 }
 

@@ -2,7 +2,10 @@
 assignment in infra/ (read from the Bicep tree), and every Service Bus grant to a deployed identity is used.
 
 Identities: the function app (function_app.py's blueprints: triggers/, activities/, orchestrators/, and the core in
-orderflow/ they run), the Agent (agent/), the submitting application (examples/client.py). Rights, as Azure checks
+orderflow/ they run), the Agent (agent/), the submitting application (examples/client.py, as main.parameters.json's
+first app, the legacy app). A queue is known by its role: one of the pattern's queues, or a submitting app's own
+inbound queue (`<app>-orders`) or status queue (`<app>-status`); for a submitting app, another app's queue keeps its
+name, so a grant there is never taken for its own. Rights, as Azure checks
 them: Azure Service Bus Data Sender = Send, Data Receiver = Listen; a receive, a peek and a settlement are Listen, on
 the queue and on its dead-letter sub-queue `<queue>/$deadletterqueue`
 (https://learn.microsoft.com/azure/role-based-access-control/built-in-roles/integration,
@@ -21,7 +24,9 @@ run time.
 from __future__ import annotations
 
 import ast
+import base64
 import importlib
+import json
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -46,14 +51,19 @@ from orderflow.starter import run_starter
 from orderflow.submission import Accepted, submit
 
 # The identities as the rights module names them (orderflow/embedded/rights: the grants of infra/, read from the Bicep
-# tree, the one source); the submitting application is main.parameters.json's.
+# tree, the one source): every submitting application of the local deployment; examples/client.py is the first of
+# main.parameters.json's, the legacy app (legacyOrdersApp's default).
 RIGHTS_OF_INFRA = load_rights()
 APP, AGENT = FUNCTION_APP, AGENT_IDENTITY
-[SUBMITTER] = sorted(RIGHTS_OF_INFRA.identities - {FUNCTION_APP, AGENT_IDENTITY, OPERATORS, SIMULATOR})
+SUBMITTERS = frozenset(RIGHTS_OF_INFRA.identities - {FUNCTION_APP, AGENT_IDENTITY, OPERATORS, SIMULATOR})
+SUBMITTER = json.loads((REPO / "infra" / "main.parameters.json").read_text())["parameters"]["submittingApps"]["value"][
+    0
+]["name"]
 SEND, LISTEN, READ = "Send", "Listen", "Read"
-# Queues by role in the system; "status" is any submitting application's status (reply) queue.
-ORDERS, REQUESTS, REPLIES, ALERTS, STATUS = (
+# Queues by role in the system; "inbound" and "status" are a submitting application's own inbound and status queues.
+ORDERS, INBOUND, REQUESTS, REPLIES, ALERTS, STATUS = (
     "orders-inbound",
+    "inbound",
     "agent-requests",
     "agent-replies",
     "operator-alerts",
@@ -97,9 +107,13 @@ RUN_TIME = {
 }
 # Operations the code performs knowing the right may be missing (it catches the refusal and says so).
 MAY_BE_REFUSED = {
-    (SUBMITTER, ORDERS, LISTEN): "examples/client.py dead_letter_reason: peeks the orders DLQ for its "
+    (SUBMITTER, queue, LISTEN): "examples/client.py dead_letter_reason: peeks the orders DLQ for its "
     "own rejected order, and says so when it may not (ServiceBusError)"
+    for queue in (ORDERS, INBOUND)
 }
+# Grants held by design whether or not the code uses them: the legacy app may send to orders-inbound and to its own
+# inbound queue while it moves (docs/deploy.md, "Move an app to its own queue"); examples/client.py sends to one.
+MIGRATION = {(SUBMITTER, ORDERS, SEND), (SUBMITTER, INBOUND, SEND)}
 # Bus and ARM calls: name → (keyword of the queue argument, at position 0; the rights it needs).
 PRIMITIVES = {
     "get_queue_sender": ("queue_name", {SEND}),
@@ -116,21 +130,31 @@ class Operation:
     where: str
 
 
+def queue_role(queue: str, identity: str) -> str:
+    """The role of `queue` for `identity`: a pattern queue's role; INBOUND or STATUS for a submitting app's own
+    `<app>-orders` or `<app>-status` (types.bicep), or for any app's when `identity` is not a submitting app; another
+    app's queue, for a submitting app, by its own name."""
+    pattern = {settings.get(key, env={}): role for key, role in QUEUE_SETTINGS.items()}
+    if queue in pattern:
+        return pattern[queue]
+    for suffix, role in (("-orders", INBOUND), ("-status", STATUS)):
+        owner = queue.removesuffix(suffix)
+        if queue.endswith(suffix) and owner in SUBMITTERS:
+            return role if identity not in SUBMITTERS or owner == identity else queue
+    raise AssertionError(f"{queue}: a queue unknown here")
+
+
 def grants() -> dict[str, set[tuple[str, str]]]:
     """identity → {(queue, right)}, from every Service Bus grant of the rights module: Send and Listen as its roles'
     data actions give them, Read for Reader (`*/read`)."""
-    queues = {settings.get(key, env={}): queue for key, queue in QUEUE_SETTINGS.items()}
-    queues[f"{SUBMITTER}-status"] = STATUS  # types.bicep: a submitting application's status queue is <name>-status
+    every_role = {*QUEUE_SETTINGS.values(), INBOUND, STATUS}
     found: dict[str, set[tuple[str, str]]] = defaultdict(set)
     for grant in RIGHTS_OF_INFRA.grants:
         if grant.service != "servicebus":
             continue
-        assert grant.resource in queues or not grant.resource, (
-            f"{grant.where}: a grant on {grant.resource}, unknown here"
-        )
         rights = {right for right in (SEND, LISTEN) if grant.role.allows(BUS_ACTIONS[right])}
         rights |= {READ} if grant.role.name == "Reader" else set()
-        on = set(queues.values()) if not grant.resource else {queues[grant.resource]}  # "": the namespace
+        on = every_role if not grant.resource else {queue_role(grant.resource, grant.identity)}  # "": the namespace
         found[grant.identity] |= {(queue, right) for queue in on for right in rights}
     return found
 
@@ -244,26 +268,20 @@ def scanned_operations() -> tuple[list[Operation], list[str]]:
 
 
 def trigger_operations() -> list[Operation]:
-    """Listen on the queue of every Service Bus trigger the app registers (the host receives and settles there)."""
+    """Listen on the queue of every Service Bus trigger the app registers (the host receives and settles there): each
+    blueprint's functions as registered, one per app's inbound queue included (`submission-<app>`)."""
     from support.product_app import BLUEPRINT_MODULES
 
-    names = {settings.get(key, env={}): queue for key, queue in QUEUE_SETTINGS.items()}
     found = []
     for module_name in BLUEPRINT_MODULES:
-        module = importlib.import_module(module_name)
-        for attr in dir(module):
-            function = getattr(getattr(module, attr), "_function", None)
-            for binding in [] if function is None else function.get_bindings():
+        for builder in importlib.import_module(module_name).bp._function_builders:
+            function = builder._function
+            for binding in function.get_bindings():
                 if binding.type == "serviceBusTrigger":
-                    setting = binding.queue_name.strip("%")
-                    found.append(
-                        Operation(
-                            APP,
-                            names[settings.get(setting, env={})],
-                            LISTEN,
-                            f"{module_name}.{attr} ({binding.queue_name})",
-                        )
-                    )
+                    name = binding.queue_name
+                    queue = settings.get(name.strip("%"), env={}) if name.startswith("%") else name
+                    where = f"{module_name}: {function.get_function_name()} ({name})"
+                    found.append(Operation(APP, queue_role(str(queue), APP), LISTEN, where))
     return found
 
 
@@ -288,6 +306,7 @@ def test_the_scan_and_the_triggers_see_each_identitys_operations() -> None:
     seen = {(o.identity, o.queue, o.right) for o in operations + trigger_operations()}
     assert {
         (APP, ORDERS, LISTEN),
+        (APP, INBOUND, LISTEN),
         (APP, REPLIES, LISTEN),
         (APP, REQUESTS, SEND),
         (APP, ALERTS, SEND),
@@ -295,9 +314,9 @@ def test_the_scan_and_the_triggers_see_each_identitys_operations() -> None:
         (AGENT, REQUESTS, LISTEN),
         (AGENT, REPLIES, SEND),
         (AGENT, ALERTS, SEND),
-        (SUBMITTER, ORDERS, SEND),
         (SUBMITTER, STATUS, LISTEN),
     } <= seen
+    assert seen & MIGRATION, "examples/client.py sends its orders to orders-inbound or to its own inbound queue"
 
 
 def test_every_operation_of_the_deployed_code_is_granted() -> None:
@@ -314,7 +333,7 @@ def test_every_service_bus_grant_to_a_deployed_identity_is_used() -> None:
         for identity, pairs in grants().items()
         if identity in SOURCES
         for queue, right in pairs
-        if (identity, queue, right) not in used and right != READ
+        if (identity, queue, right) not in used | MIGRATION and right != READ
     )
     assert unused == []
 
@@ -379,19 +398,22 @@ def _order(order_id: str, reply_to: str) -> bytes:
     )
 
 
+# An operator as App Service authentication hands the request to the app (X-MS-CLIENT-PRINCIPAL: Base64 JSON of the
+# token's claims, the app role among them), on an app where it is on (WEBSITE_AUTH_ENABLED, set by App Service).
+OPERATOR_CLAIMS = {
+    "auth_typ": "aad",
+    "name_typ": "name",
+    "role_typ": "http://schemas.microsoft.com/ws/2008/06/identity/claims/role",
+    "claims": [{"typ": "name", "val": "ops@example.com"}, {"typ": "roles", "val": "Orders.Operator"}],
+}
+OPERATOR_HEADERS = {"X-MS-CLIENT-PRINCIPAL": base64.b64encode(json.dumps(OPERATOR_CLAIMS).encode()).decode()}
+EASY_AUTH_ON = {"WEBSITE_AUTH_ENABLED": "True"}
+
+
 def _as_operations(services: Services, route: str, read: list[str] | None = None) -> list[Operation]:
     """The recording bus's (queue, right) pairs as operations; with `read`, those ARM queue reads (Read) instead."""
-    queues = {
-        services.tunables.orders_queue: ORDERS,
-        services.tunables.agent_requests_queue: REQUESTS,
-        services.tunables.agent_replies_queue: REPLIES,
-        services.tunables.alerts_queue: ALERTS,
-    }
     pairs = services.bus.opened if read is None else [(q, READ) for q in read]
-    return [
-        Operation(APP, queues.get(q, STATUS if q in services.tunables.allowed_reply_queues else q), right, route)
-        for q, right in pairs
-    ]
+    return [Operation(APP, queue_role(q, APP), right, route) for q, right in pairs]
 
 
 @pytest.mark.parametrize("arm", [True, False], ids=["azure-arm-counts", "no-resource-id-peek"])
@@ -420,9 +442,10 @@ async def test_the_operator_routes_use_only_what_the_function_app_is_granted(app
         if arm:
             app_services.queue_counts = ArmQueueCounts(NAMESPACE_ID, FakeCredential(), endpoint=fake.url)
         answers = [
-            await ops_http.serve(ops_http.cancel(o, b"", {}, {}, tell), ok=202) for o in ("pending-1", "running-1")
+            await ops_http.serve(ops_http.cancel(o, b"", tell), OPERATOR_HEADERS, EASY_AUTH_ON, ok=202)
+            for o in ("pending-1", "running-1")
         ]
-        summary = await ops_http.serve(ops_http.summary())
+        summary = await ops_http.serve(ops_http.summary(), OPERATOR_HEADERS, EASY_AUTH_ON)
     assert [a.status for a in answers] == [202, 202], answers
     assert summary.status == 200
     route = "POST /api/orders/{id}/cancel, GET /api/ops/summary"

@@ -50,7 +50,8 @@ def test_every_role_assignment_of_infra_is_a_grant_of_the_rights() -> None:
         for r in f.resources_of("Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments")
     }
     assert declared - read == {"appUsesTaskHub"}
-    assert rights.identities == {FUNCTION_APP, AGENT, OPERATORS, "app", "simulator"}
+    # The submitting apps: main.parameters.json's `app`, then the local-only `partner` (_grants.LOCAL_APPS).
+    assert rights.identities == {FUNCTION_APP, AGENT, OPERATORS, "app", "partner", "simulator"}
 
 
 def test_the_verdicts_follow_the_bicep() -> None:
@@ -59,6 +60,23 @@ def test_the_verdicts_follow_the_bicep() -> None:
     assert rights.bus_allows(AGENT, LISTEN, "agent-requests") and not rights.bus_allows(AGENT, LISTEN, "agent-replies")
     assert rights.bus_allows("app", LISTEN, "app-status") and not rights.bus_allows("app", LISTEN, "orders-inbound")
     assert not rights.bus_allows(FUNCTION_APP, SEND, "orders-inbound")  # the cancel route sends nothing
+    # Each app sends to its own inbound queue, reads its own status queue, and nothing of the other's; only the legacy
+    # app (legacyOrdersApp's default, the first: `app`) still sends to orders-inbound (issue 25).
+    assert rights.bus_allows("app", SEND, "app-orders") and rights.bus_allows("app", SEND, "orders-inbound")
+    assert rights.bus_allows("partner", SEND, "partner-orders") and rights.bus_allows(
+        "partner", LISTEN, "partner-status"
+    )
+    for queue in ("app-orders", "orders-inbound", "app-status"):
+        assert not rights.bus_allows("partner", SEND, queue) and not rights.bus_allows("partner", LISTEN, queue), queue
+    assert not rights.bus_allows("app", SEND, "partner-orders") and not rights.bus_allows(
+        "app", LISTEN, "partner-status"
+    )
+    assert {(g.role.name, g.resource) for g in rights.of("partner")} == {
+        ("Service Bus Data Sender", "partner-orders"),
+        ("Service Bus Data Receiver", "partner-status"),
+    }
+    for queue in ("app-orders", "partner-orders", "orders-inbound"):
+        assert rights.bus_allows(FUNCTION_APP, LISTEN, queue), queue
     breakers = "/dbs/state/colls/circuitBreakers"
     assert rights.store_allows(AGENT, "sqlDatabases/containers/items/replace", breakers)
     assert not rights.store_allows(AGENT, "sqlDatabases/containers/items/delete", breakers)

@@ -39,7 +39,11 @@ from orderflow.embedded.rights import AGENT, FUNCTION_APP
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "servicebus.config.json"
-SUBMITTER = "app"  # main.parameters.json's submitting application: Send on orders-inbound, Listen on app-status
+# main.parameters.json's submitting application, the legacy app: Send on app-orders and orders-inbound, Listen on
+# app-status. The local system's second app (orderflow/embedded/rights/_grants.py LOCAL_APPS): Send on partner-orders,
+# Listen on partner-status, nothing else (issue 25).
+SUBMITTER = "app"
+PARTNER = "partner"
 AZURE_TEXT = re.compile(
     r"^Unauthorized access\. '(Send|Listen)' claim\(s\) are required to perform this operation\. "
     r"Resource: 'sb://NAMESPACE/[^']+'\. TrackingId:\w+, SystemTracker:\w+, Timestamp:\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d "
@@ -151,6 +155,35 @@ def test_granted_operations_pass_and_the_owner_has_every_right(served: InProcess
     owner = "RootManageSharedAccessKey"  # the emulator's root policy: every right, as on the Service Bus emulator
     with make(served, owner) as client:
         send("agent-requests")(client)
+
+
+@pytest.mark.parametrize("transport", sorted(CLIENTS))
+def test_each_app_sends_to_its_own_inbound_queue_and_reads_its_own_status_queue(
+    served: InProcess, transport: str
+) -> None:
+    make = CLIENTS[transport]
+    with make(served, PARTNER) as client:
+        send("partner-orders")(client)
+        with client.get_queue_receiver("partner-status", session_id="s-1") as receiver:
+            assert receiver.peek_messages(max_message_count=1) == []
+    with make(served, SUBMITTER) as client:
+        send("app-orders")(client)
+
+
+def test_an_app_may_not_touch_another_apps_queues_nor_orders_inbound_unless_legacy(served: InProcess) -> None:
+    """Refused as Service Bus refuses it, on both transports: the queue an order arrives on names its app, so no app
+    may send to another's inbound queue (nor read another's statuses), and only the legacy app to orders-inbound."""
+    refused = [
+        (PARTNER, send("app-orders"), "Send", "app-orders"),
+        (PARTNER, send("orders-inbound"), "Send", "orders-inbound"),
+        (PARTNER, receive("app-status", session_id="s-1"), "Listen", "app-status"),
+        (SUBMITTER, send("partner-orders"), "Send", "partner-orders"),
+        (SUBMITTER, receive("partner-status", session_id="s-1"), "Listen", "partner-status"),
+    ]
+    for identity, act, claim, queue in refused:
+        local, wire = both(served, identity, act)
+        assert AZURE_TEXT.match(local) and same_but_tracking(local) == same_but_tracking(wire), (identity, local, wire)
+        assert f"'{claim}' claim(s)" in local and f"Resource: 'sb://NAMESPACE/{queue}'" in local, (identity, queue)
 
 
 @pytest.mark.parametrize("transport", sorted(CLIENTS))
