@@ -4,11 +4,10 @@
     .venv/bin/python examples/client.py --file examples/my-order.json
     .venv/bin/python examples/client.py --order-id 'bad/id'    # rejected: exits 2 with the reason
 
-Connection (first match wins): ServiceBusConnection (`embedded://` or any connection string), then
-SERVICEBUS_FULLY_QUALIFIED_NAMESPACE or ServiceBusConnection__fullyQualifiedNamespace with DefaultAzureCredential.
-Sends to `orders-inbound` with SessionId = orderId, MessageId `<orderId>:<sha256 of the body, 12 hex digits>`; reads
-statuses from `replyTo` (default `app-status`). Exits 0 completed, 1 not completed, 2 rejected, 3 no connection.
-"""
+Connection: ServiceBusConnection, else SERVICEBUS_FULLY_QUALIFIED_NAMESPACE (or ServiceBusConnection__fully...)
+with DefaultAzureCredential. Sends to the app's own `<app>-orders` (the app of `replyTo` `<app>-status`, default
+`app-status`; ORDERS_QUEUE_NAME overrides), SessionId = orderId, MessageId `<orderId>:<sha256 of the body, 12 hex>`;
+reads statuses from `replyTo`; exits 0 completed, 1 not completed, 2 rejected, 3 no connection."""
 
 from __future__ import annotations
 
@@ -110,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     order.setdefault("submittedAt", datetime.now(UTC).isoformat())
     order_id = str(order["orderId"])
     reply_queue = str(order.get("replyTo", "app-status"))
-    orders_queue = os.environ.get("ORDERS_QUEUE_NAME", "orders-inbound")
+    # Each app sends to its own `<app>-orders` and reads its own `<app>-status` (README, "Who may do what").
+    orders_queue = os.environ.get("ORDERS_QUEUE_NAME") or f"{reply_queue.removesuffix('-status')}-orders"
     body = json.dumps(order)
     message_id = f"{order_id}:{hashlib.sha256(body.encode()).hexdigest()[:12]}"
 

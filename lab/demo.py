@@ -30,6 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from devhost.timing_option import add_timing_argument
+from orderflow.apps import inbound_queue, status_queue
 from orderflow.messages import TERMINAL_STATUSES, OrderStatus, StatusMessage, SubmitOrder
 
 from .system import ROOT, TRANSPORTS, LocalSystem, SystemConfig
@@ -64,7 +65,7 @@ def make_orders(count: int, seed: int, reply_to: str, prefix: str = "demo") -> l
 
 @dataclass
 class ClientApp:
-    """The submitting application: sends orders to orders-inbound, reads statuses from its own reply queue."""
+    """The submitting application: sends orders to its own inbound queue, reads statuses from its own reply queue."""
 
     bus: Any
     orders_queue: str
@@ -155,13 +156,14 @@ class ClientApp:
 
 
 @asynccontextmanager
-async def client_app(system: LocalSystem) -> AsyncIterator[ClientApp]:
-    """A `ClientApp` on a started system's broker, listening on its reply queue until the block ends."""
+async def client_app(system: LocalSystem, app: str | None = None) -> AsyncIterator[ClientApp]:
+    """A `ClientApp` of `app` (default: the system's submitting app) on a started system's broker, as that app's
+    identity, on its own inbound and status queues, listening on its status queue until the block ends."""
     from orderflow.adapters import aio_bus_from_connection_string
 
-    env = system.env()
-    bus = aio_bus_from_connection_string(system.bus_connection_for(system.submitter))  # as the submitting app
-    client = ClientApp(bus, env.get("OrdersQueueName", "orders-inbound"), system.config.reply_queue)
+    app = app or system.submitter
+    bus = aio_bus_from_connection_string(system.bus_connection_for(app))  # as the submitting app
+    client = ClientApp(bus, inbound_queue(app), status_queue(app))
     stop = asyncio.Event()
     listener = asyncio.create_task(client.listen(stop))
     try:

@@ -90,7 +90,8 @@ def add_command(sub: Any) -> None:
         "while attempts expire; bus-outage makes Service Bus busy, then time out, for devhost "
         "and the Agent; scale-out runs three devhost hosts on one task hub and "
         "kills them in turn; idle-then-burst submits orders after a quiet spell longer than "
-        "the Durable queue polling ceiling (--timing azure-storage). Every drill also checks the invariants of "
+        "the Durable queue polling ceiling (--timing azure-storage); tenant-isolation runs two submitting apps, "
+        "one of them hostile (lab/tenant_drills.py). Every drill also checks the invariants of "
         "lab/invariants.py. When every order has its final status, print the figures "
         "(a table, or "
         "one JSON object as the last line with --json). Exit code 1 unless the drill "
@@ -105,7 +106,8 @@ def add_command(sub: Any) -> None:
         "8; upgrade-in-flight: 8 before the restart and half as many after; cancel-in-flight and "
         "poison-in-session run a fixed set; remote-hang, late-replies, reply-reordering 12, "
         "clock-skew 10; starter-race 60, supervisor-race 12; scale-out 200; durable-api-outage 8; bus-outage 12 "
-        "and half as many as the outage begins; idle-then-burst 30 after 4 before the quiet spell)",
+        "and half as many as the outage begins; idle-then-burst 30 after 4 before the quiet spell; "
+        "tenant-isolation 40 of app's, after as many alone)",
     )
     d.add_argument(
         "--kills",

@@ -46,13 +46,15 @@ MODULE_DRILLS: dict[str, str] = {
     "durable-api-outage": "lab.durable_api_drills:run_command",
     "bus-outage": "lab.bus_drills:run_command",
     "idle-then-burst": "lab.profile_drills:run_command",
+    # Issue 25: two submitting apps on one system, one hostile (lab/tenant_drills.py).
+    "tenant-isolation": "lab.tenant_drills:run_command",
 }
 DRILLS = (*sorted(TARGETS), *RESILIENCE_DRILLS, *LIFECYCLE_DRILLS, *MODULE_DRILLS)
 DEFAULT_ORDERS = {"host-crash": 100, "agent-crash": 100, "retry-budget": 20, "remote-outage": 100, "backlog-flood": 300}
 SETTINGS_CHOICES = ("local", "sample")
 SAMPLE_FILE = ROOT / "local.settings.sample.json"
 # Values of the sample that name this machine's resources, not tunables: the drill's system sets its own.
-_CONNECTIONS = frozenset({"ServiceBusConnection", "CosmosDb__accountEndpoint", "AllowedReplyQueues"})
+_CONNECTIONS = frozenset({"ServiceBusConnection", "CosmosDb__accountEndpoint"})
 
 
 def sample_settings() -> dict[str, str]:

@@ -290,7 +290,7 @@ async def drill_duplicate_delivery(lab: Lab, options: InputOptions) -> tuple[Ver
                 lab.alerts_queue,
             )
         ),
-        "orders-inbound: each order's message delivered twice": redelivered.get(inbound, 0) == len(everyone),
+        "the app's inbound queue: each order's message delivered twice": redelivered.get(inbound, 0) == len(everyone),
         "the app got every status at least twice": all(n >= 2 for n in status_deliveries.values()),
         "every queue drained (each second delivery consumed)": not any(left.values()),
     }

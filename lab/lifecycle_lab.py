@@ -151,7 +151,7 @@ async def until(probe: Callable[[], Any], timeout: float, every: float = 0.1) ->
 
 class Lab:
     """A started system as the drill sees and drives it: the client app (its statuses), the stores, the simulator,
-    the orders queue, the dead-letter sub-queue and the operator alerts. Each wait that times out is noted."""
+    the app's orders queue, the dead-letter sub-queue and the operator alerts. Each wait that times out is noted."""
 
     def __init__(self, system: LocalSystem, client: ClientApp) -> None:
         from orderflow.adapters import open_stores
@@ -160,7 +160,7 @@ class Lab:
         self.client = client
         self.env = system.env()
         self.stores = open_stores(self.env)
-        self.orders_queue = self.env.get("OrdersQueueName", "orders-inbound")
+        self.orders_queue = client.orders_queue  # the submitting app's own inbound queue (`<app>-orders`)
         self.alerts_queue = self.env.get("OperatorAlertsQueueName", "operator-alerts")
         self.timeouts: list[str] = []
         self.alerts: list[OperatorAlert] = []

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from azure.durable_functions.models.history import HistoryEventType
 
+from orderflow.apps import inbound_queue
 from orderflow.embedded.connection import store_endpoint_as, store_identity
 from orderflow.messages import STEPS, OrderStatus, SubmitOrder
 from orderflow.records import ProcessState
@@ -213,7 +214,7 @@ def missing_effects(effects: dict[str, Any], processed: list[str]) -> int:
 
 
 async def settled(system: LocalSystem, client: ClientApp, order_ids: list[str]) -> bool:
-    """Every order has its final status, or (a lost order never gets one) the rest are in orders-inbound's dead-letter
+    """Every order has its final status, or (a lost order never gets one) the rest are in the app queue's dead-letter
     queue: nothing more will happen, so the drill need not wait for its timeout."""
     if client.all_terminal.is_set():
         return True
@@ -227,7 +228,7 @@ def _dead_letter_sessions(system: LocalSystem) -> set[str]:
 
     from orderflow.adapters import bus_from_connection_string
 
-    queue = system.env().get("OrdersQueueName", "orders-inbound")
+    queue = inbound_queue(system.submitter)  # the client app's own queue (lab/demo.py client_app)
     found: set[str] = set()
     with (
         bus_from_connection_string(system.config.bus_connection) as bus,

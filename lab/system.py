@@ -256,7 +256,6 @@ class LocalSystem:
             {
                 "ServiceBusConnection": self.app_bus_connection,
                 "CosmosDb__accountEndpoint": c.store_endpoint,
-                "AllowedReplyQueues": c.reply_queue,
                 "PYTHONUNBUFFERED": "1",
                 **LOCAL_DEFAULTS,
                 **c.settings,

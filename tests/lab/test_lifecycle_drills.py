@@ -305,9 +305,10 @@ def test_poison_in_session_drill_dead_letters_the_poison_and_processes_the_next_
         assert all(c["poison_to_good_ms"] >= 0 for c in cases.values()), text
         assert [c["final"] for c in cases.values()][:2] == ["completed", "completed"], text
         # Independently: the dead-letter sub-queue holds exactly the four poisons, nothing else.
-        letters = [client.dead_letter(f"poison:poison-in-session-1-{i:05d}") for i in range(4)]
+        # The drill's client app sends to its own queue, app-orders (issue 25).
+        letters = [client.dead_letter(f"poison:poison-in-session-1-{i:05d}", "app-orders") for i in range(4)]
         assert [d.reason for d in letters if d is not None] == [c["reason"] for c in cases.values()]
-        assert client.dead_letter("submit:poison-in-session-1-00000") is None
+        assert client.dead_letter("submit:poison-in-session-1-00000", "app-orders") is None
 
 
 @pytest.mark.slow

@@ -138,9 +138,9 @@ class Client:
                 self._alerts.append(OperatorAlert.model_validate_json(b"".join(msg.body)))
         return [a for a in self._alerts if a.order_id == order_id]
 
-    def dead_letter(self, message_id: str) -> DeadLetter | None:
+    def dead_letter(self, message_id: str, queue: str = ORDERS_QUEUE) -> DeadLetter | None:
         with self.bus.get_queue_receiver(
-            ORDERS_QUEUE, sub_queue=ServiceBusSubQueue.DEAD_LETTER, receive_mode=RECEIVE_AND_DELETE
+            queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER, receive_mode=RECEIVE_AND_DELETE
         ) as r:
             for msg in r.receive_messages(max_message_count=100, max_wait_time=POLL_WAIT):
                 self._dead[str(msg.message_id)] = DeadLetter(

@@ -44,7 +44,7 @@ def test_sample_order_prints_received_then_completed(client: Client) -> None:
     order_id = f"example-{uuid.uuid4().hex[:8]}"
     result = run_client(client, "--order-id", order_id)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"sent {order_id} to orders-inbound (MessageId {order_id}:" in result.stdout
+    assert f"sent {order_id} to app-orders (MessageId {order_id}:" in result.stdout  # its own queue (issue 25)
     assert status_lines(result.stdout) == ["received", "completed"], result.stdout
 
 
@@ -73,7 +73,7 @@ def test_conflicting_resubmission_is_reported_from_the_dead_letter_queue(client:
     order["orderId"] = order_id
     path = tmp_path / "changed.json"
     path.write_text(json.dumps(order))
-    # As the submitting application, as on Azure: it may not read orders-inbound's dead letters (Data Sender only).
+    # As the submitting application, as on Azure: it may not read app-orders' dead letters (Data Sender only).
     result = run_client(client, "--file", str(path), timeout=8.0)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "dead-letter queue is not readable here" in result.stdout
