@@ -46,6 +46,8 @@ class Figures:
     # Each app's Pending backlog (empty: a document written before per-app bounds; `pending_of` then answers the
     # total, an over-count, until the next refresh).
     pending_by_app: Mapping[str, int] = field(default_factory=dict)
+    # Starter runs so far (each refresh adds one): whose turn it is to be claimed first (orderflow/starter.py).
+    turn: int = 0
 
     def to_data(self) -> dict[str, Any]:
         return {
@@ -54,6 +56,7 @@ class Figures:
             "refreshedAt": self.refreshed_at,
             "reserved": list(self.reserved),
             "pendingByApp": dict(self.pending_by_app),
+            "turn": self.turn,
         }
 
     @classmethod
@@ -64,6 +67,7 @@ class Figures:
             data.get("refreshedAt"),
             tuple(data.get("reserved", ())),
             {str(k): int(v) for k, v in dict(data.get("pendingByApp") or {}).items()},
+            int(data.get("turn", 0)),
         )
 
     def pending_of(self, app: str | None) -> int:
@@ -111,7 +115,9 @@ async def refresh(services: Services) -> Figures:
         telemetry.set_orders_in_state(ProcessState.PROCESSING.value, processing)  # gauge orderflow.orders.in_state
         telemetry.set_orders_in_state(ProcessState.PENDING.value, pending)
         recent = tuple(at for at in current.reserved if parse_utc(at) >= started - RESERVATION_GRACE)
-        figures = Figures(processing + len(recent), pending, format_utc(services.clock.now()), recent, by_app)
+        figures = Figures(
+            processing + len(recent), pending, format_utc(services.clock.now()), recent, by_app, current.turn + 1
+        )
         if await _write(services, figures, etag):
             return figures
     raise PreconditionFailed(f"admission refresh lost {WRITE_ATTEMPTS} races in a row")
@@ -233,6 +239,7 @@ async def _flush(services: Services, batch: list[_Request]) -> None:
             figures.refreshed_at,
             recent + (format_utc(now),) * granted_total,
             figures.leaving_pending(granted_apps),
+            figures.turn,
         )
         if await _write(services, updated, etag):
             return
@@ -255,6 +262,7 @@ async def release(services: Services, count: int) -> None:
                 figures.refreshed_at,
                 figures.reserved,
                 figures.pending_by_app,
+                figures.turn,
             )
             if await _write(services, updated, etag):
                 return
@@ -321,12 +329,13 @@ def others_waiting(services: Services, app: str) -> bool:
     """Whether an app other than `app` has orders waiting in Pending, as this process last saw the figures (its own
     acceptances since included). While one does, `app`'s new orders take no Processing slot at submission: they wait
     for the Starter, which shares the slots round-robin among the apps with due work."""
-    mine = backlog_gate(services, app)
+    mine = backlog_gate(services, app)  # its figures were read (at most a second ago) by this submission's `admit`
+    since = mine._counted_since()
     for other in services.tunables.apps.names:
         if other == app:
             continue
         gate = services.backlog.get(other)
-        waiting = gate.backlog() if gate is not None else mine.figures.pending_by_app.get(other, 0)
-        if waiting > 0:
+        accepted = 0 if gate is None else sum(1 for at in gate.accepted_at if since is None or at > since)
+        if mine.figures.pending_by_app.get(other, 0) + accepted > 0:
             return True
     return False

@@ -112,6 +112,13 @@ class SubmittingApps:
         app = self.legacy if scope is None else scope
         return app if app in self.names else None
 
+    def owner_of(self, key: str, app: str | None, reply_to: str | None) -> str | None:
+        """The app a stored order belongs to: the record's own `app`; for a scoped key, its scope; for a record written
+        before per-app queues (no `app`, a bare key, from the days when every app sent to one queue), the app whose
+        status queue its replyTo names, else the legacy app. None: no configured app (one since removed)."""
+        owner = app or key_scope(key) or next((n for n in self.names if status_queue(n) == reply_to), self.legacy)
+        return owner if owner in self.names else None
+
     def keys_of(self, app: str) -> KeyFilter:
         """The store filter that selects `app`'s orders."""
         return KeyFilter(None if app == self.legacy else app)

@@ -144,7 +144,7 @@ def check_app(name: str, known: SubmittingApps) -> str:
 def app_of(rec: OrderStateRecord, known: SubmittingApps) -> str | None:
     """The order's app: the record's own `app`, else its key's owner (a record written before per-app queues), else
     the app its key names (one since removed from SubmittingApps); None for an unscoped key with no legacy app."""
-    return rec.app or known.owner(rec.order_id) or apps.key_scope(rec.order_id)
+    return known.owner_of(rec.order_id, rec.app, rec.reply_to) or rec.app or apps.key_scope(rec.order_id)
 
 
 def identity(rec: OrderStateRecord, known: SubmittingApps) -> dict[str, Any]:
@@ -285,7 +285,7 @@ class Operations:
             )
         if rec.cancel_requested_at is not None:
             return _cancel_answer(rec, self.apps, already=True)
-        owner = self.apps.owner(order_id)
+        owner = self.apps.owner_of(order_id, rec.app, rec.reply_to)
         if owner is None:
             raise WrongState(f"order {order_id} belongs to no submitting app (SubmittingApps): no app to cancel it for")
         client_id = apps.client_order_id(order_id)

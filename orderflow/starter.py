@@ -22,7 +22,7 @@ from orderflow import admission, tracing
 from orderflow import function_names as fn
 from orderflow.breaker import BreakerConfig, SharedBreaker
 from orderflow.errors import PreconditionFailed
-from orderflow.records import CLAIMABLE_STATES, OrderStateRecord, ProcessState, format_utc, instance_id
+from orderflow.records import CLAIMABLE_STATES, OrderStateRecord, ProcessState, instance_id
 from orderflow.recovery_index import index_deadline
 from orderflow.runtime import Services
 from orderflow.state_machine import IllegalTransition, claim
@@ -128,32 +128,28 @@ async def run_starter(services: Services, start_new: StartNew, *, limit: int | N
     # Ask for the room left only; a compensation needs no Processing slot, so while Processing is full the run asks
     # for compensations alone (they never wait behind new orders).
     if room > 0:
-        batch = await due_fairly(services, min(wanted, room))
+        batch = await due_fairly(services, min(wanted, room), turn=figures.turn)
     else:
-        batch = await due_fairly(services, wanted, (ProcessState.COMPENSATING,))
+        batch = await due_fairly(services, wanted, (ProcessState.COMPENSATING,), turn=figures.turn)
     await _claim_within_the_bound(services, start_new, batch, result)
     return result
 
 
 async def due_fairly(
-    services: Services, limit: int, states: tuple[ProcessState, ...] = CLAIMABLE_STATES
+    services: Services, limit: int, states: tuple[ProcessState, ...] = CLAIMABLE_STATES, *, turn: int = 0
 ) -> list[tuple[OrderStateRecord, str]]:
-    """At most `limit` claimable records, shared fairly among the submitting apps with due work: round-robin, each
-    round taking every app's next record, the longest-waiting first. With one app, the store's own order. So an
-    app's flood of Pending orders takes its share of MaxOrdersInProcessing, never another app's."""
+    """At most `limit` claimable records, shared among the submitting apps with due work: round-robin, each round
+    taking every app's next record (each app's in the store's own order), the rounds starting from app `turn` (mod
+    the number of apps; the Starter passes its run count, so that the first slot goes to each app in turn even when
+    only one slot is free). With one app, the store's order. So an app's flood of Pending orders takes its share of
+    MaxOrdersInProcessing, never another app's."""
     now, apps = services.clock.now(), services.tunables.apps
     if len(apps.names) == 1:
         return await services.state.query_claimable(now, limit, states)
-    queues = [await services.state.query_claimable(now, limit, states, keys=apps.keys_of(a)) for a in apps.names]
-    batch: list[tuple[OrderStateRecord, str]] = []
-    for round_ in itertools.zip_longest(*queues):
-        batch += sorted((v for v in round_ if v is not None), key=lambda v: _waiting_since(v[0]))
-    return batch[:limit]
-
-
-def _waiting_since(rec: OrderStateRecord) -> str:
-    """The store's claim order: retryAt (none first), then createdAt (records.format_utc strings sort as times)."""
-    return format_utc(rec.retry_at) if rec.retry_at is not None else "0" + format_utc(rec.created_at)
+    names = [apps.names[(turn + i) % len(apps.names)] for i in range(len(apps.names))]
+    queues = [await services.state.query_claimable(now, limit, states, keys=apps.keys_of(a)) for a in names]
+    rounds = itertools.zip_longest(*queues)
+    return [v for round_ in rounds for v in round_ if v is not None][:limit]
 
 
 async def start_one(services: Services, start_new: StartNew, order_id: str) -> StarterRun:
@@ -180,7 +176,7 @@ async def _claim_within_the_bound(
     # A compensation (CompensationInProgress) needs no slot: it undoes work and left Processing already.
     forward = [(rec, etag) for rec, etag in batch if rec.process_state is ProcessState.PENDING]
     undo = [(rec, etag) for rec, etag in batch if rec.process_state is not ProcessState.PENDING]
-    owners = [services.tunables.apps.owner(rec.order_id) for rec, _ in forward]
+    owners = [services.tunables.apps.owner_of(rec.order_id, rec.app, rec.reply_to) for rec, _ in forward]
     slots = await admission.reserve(services, len(forward), owners) if forward else 0
     result.not_admitted += len(forward) - slots
     claimed: list[WorkflowInput] = []

@@ -234,6 +234,8 @@ async def cancel_order(
         )
     order_id, now = source.key(services, request.order_id), services.clock.now()
     before = await services.state.get(order_id)
+    if before is not None and not _owned(services, before[0], source):
+        before = None  # another app's order (a record from before per-app queues): answered as an unknown one
     if before is None:
         return await _reject(
             services,
@@ -255,7 +257,7 @@ async def cancel_order(
             attempt=before[0].attempt,
             reason=f"cancel refused: {exc}",
             now=now,
-            message_id=f"{order_id}:{OrderStatus.REJECTED.value}:cancel:{message_id or sequence_number}",
+            message_id=f"{request.order_id}:{OrderStatus.REJECTED.value}:cancel:{message_id or sequence_number}",
         )
         return CancelTooLate(order_id=order_id, reason=str(exc))
     if rec.process_state in TERMINAL_STATES and rec.notified_at is None:
@@ -356,7 +358,9 @@ async def _store(
     the state record is new. With `claim_slot`, a new state record is created claimed for attempt 1 (see `submit`)."""
     key = source.key(services, order.order_id)
     stored, order_created = await services.orders.create_if_absent(OrderRecord.from_order(order, now, key, source.app))
-    if stored.order_hash != order.immutable_hash():
+    stored_reply_to = stored.order.get("replyTo") if isinstance(stored.order, dict) else None
+    theirs = services.tunables.apps.owner_of(stored.order_id, stored.app, stored_reply_to) != source.app
+    if stored.order_hash != order.immutable_hash() or theirs:
         return await _reject(
             services,
             "OrderConflict",
@@ -374,7 +378,8 @@ async def _store(
         new = claim_record(new, first, now + services.tunables.claim_lease, now)
         await index_deadline(services.index, key, new.complete_by or now, first)
     state, state_created = await services.state.create_if_absent(new)
-    if state.order_hash != order.immutable_hash():  # a state record from another order under this id: never touch
+    # A state record from another order under this key, or another app's (from before per-app queues): never touch.
+    if state.order_hash != order.immutable_hash() or not _owned(services, state, source):
         return await _reject(
             services,
             "OrderConflict",
@@ -406,6 +411,12 @@ async def acknowledge_order(services: Services, accepted: Accepted) -> None:
     )
     if state is not None and state.process_state in TERMINAL_STATES:
         await send_terminal_status(services, state)
+
+
+def _owned(services: Services, rec: OrderStateRecord, source: Inbound) -> bool:
+    """Whether the stored order is the sending app's (apps.SubmittingApps.owner_of: a record from before per-app
+    queues, with a bare key, is the app's whose status queue it replies to)."""
+    return services.tunables.apps.owner_of(rec.order_id, rec.app, rec.reply_to) == source.app
 
 
 def _about(source: Inbound, message_id: object, session_id: object, sequence_number: object) -> dict[str, Any]:

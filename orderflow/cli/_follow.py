@@ -11,7 +11,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -79,11 +79,32 @@ def _statuses(client: Any, reply_to: str, order_id: str, wait: float) -> Iterato
     None after each batch (the caller's moment to look for a dead-letter)."""
     deadline = time.monotonic() + wait
     with client.get_queue_receiver(reply_to, session_id=order_id, max_wait_time=wait) as receiver:
+        keep = _SessionKeeper(receiver.session)
         while (remaining := deadline - time.monotonic()) > 0:
             for message in receiver.receive_messages(max_message_count=10, max_wait_time=min(1.0, remaining)):
                 receiver.complete_message(message)
                 yield StatusMessage.model_validate_json(b"".join(message.body))
+            keep.renew_when_due()
             yield None
+
+
+class _SessionKeeper:
+    """Renews a held session's lock once half of its span has passed, so that a wait longer than the queue's
+    LockDuration (`--wait 90` against app-status's 1 minute) keeps the session instead of losing it
+    (SessionLockLostError): Service Bus locks a session for LockDuration from the accept or the last renewal."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.span = self._left()
+
+    def _left(self) -> float:
+        until = getattr(self.session, "locked_until_utc", None)
+        return 0.0 if until is None else (until - datetime.now(UTC)).total_seconds()
+
+    def renew_when_due(self) -> None:
+        if self.span > 0 and self._left() < self.span / 2:
+            self.session.renew_lock()
+            self.span = max(self._left(), self.span)
 
 
 def _follow(

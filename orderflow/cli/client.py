@@ -228,7 +228,7 @@ def submit(args: argparse.Namespace) -> int:
     except InvalidMessage as exc:  # still sent: the system dead-letters it with the reason; say so here too
         known_rejection = exc
         console.print(f"[yellow]note: the system will reject this order: {safe(exc)}[/]")
-    orders_queue = _inbound_queue(submitting_app(reply_to), args.app_dir)
+    orders_queue = apps.inbound_queue(submitting_app(reply_to))
     with _client(args, submitting_app(reply_to)) as client:
         with client.get_queue_sender(orders_queue) as sender:
             sender.send_messages(
@@ -270,7 +270,7 @@ def submit_many(args: argparse.Namespace) -> int:
         _usage_error(args.prog, "--order-id names one order; --count generates the ids")
     template = _read_order_file(args.file, args.prog) if args.file else dict(SAMPLE_ORDER)
     reply_to = str(args.reply_to or template.get("replyTo") or "app-status")
-    orders_queue = _inbound_queue(submitting_app(reply_to), args.app_dir)
+    orders_queue = apps.inbound_queue(submitting_app(reply_to))
     prefix = f"order-{uuid.uuid4().hex[:6]}"
     ids = [f"{prefix}-{n:05d}" for n in range(args.count)]
     console = Console(emoji=False)
@@ -338,14 +338,6 @@ def watch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inbound_queue(app: str, app_dir: Path) -> str:
-    """Where `app` sends its orders: its own `<app>-orders`, or the shared OrdersQueueName for the legacy app."""
-    values = load_settings(app_dir.resolve())
-    if app == values.get("LegacyOrdersApp", "app").strip():
-        return values.get("OrdersQueueName") or "orders-inbound"
-    return apps.inbound_queue(app)
-
-
 def _stored_record(order_id: str) -> tuple[Any, apps.SubmittingApps]:
     """The order's state record (the state store named by CosmosDb__accountEndpoint), None when there is no such
     order, and the submitting apps; CliError when the store cannot be read."""
@@ -386,10 +378,12 @@ def _checked(key: str, reply_to: str | None) -> tuple[str, str, str]:
         raise CliError(
             f"order {key} is {record.process_state.value}: only a Pending or Processing order can be cancelled"
         )
-    owner = known.owner(key)
+    owner = known.owner_of(key, record.app, record.reply_to)
     if owner is None:
         raise CliError(f"order {key} belongs to no submitting app (SubmittingApps): no app to cancel it for")
-    return apps.inbound_queue(owner), apps.client_order_id(key), reply_to or apps.status_queue(owner)
+    if reply_to not in (None, apps.status_queue(owner)):
+        raise CliError(f"--reply-to {reply_to!r}: an operator's cancel answers on the owning app's own status queue")
+    return apps.inbound_queue(owner), apps.client_order_id(key), apps.status_queue(owner)
 
 
 def cancel(args: argparse.Namespace) -> int:
@@ -407,7 +401,7 @@ def cancel(args: argparse.Namespace) -> int:
         reason = args.reason
         if args.no_check:
             reply_to = args.reply_to or "app-status"
-            orders_queue = _inbound_queue(submitting_app(reply_to), Path("."))
+            orders_queue = apps.inbound_queue(submitting_app(reply_to))
         else:
             orders_queue, order_id, reply_to = _checked(order_id, args.reply_to)
             reason = cancel_reason(operator_name(None, os.environ), reason)  # the record names the operator

@@ -38,12 +38,13 @@ def _closed_port() -> int:
 
 
 def _system(conn: str, order_id: str, act: Callable[[Any, Any, Any], None]) -> threading.Thread:
-    """Plays the system's part for one order: waits for it on orders-inbound, then `act(client, receiver, msg)`."""
+    """Plays the system's part for one order: waits for it on app-orders (the app's own queue, where `orderflow
+    submit` sends), then `act(client, receiver, msg)`."""
 
     def run() -> None:
         with (
             bus_from_connection_string(conn) as client,
-            client.get_queue_receiver("orders-inbound", session_id=order_id, max_wait_time=30) as receiver,
+            client.get_queue_receiver("app-orders", session_id=order_id, max_wait_time=30) as receiver,
         ):
             [message] = receiver.receive_messages(max_message_count=1, max_wait_time=30)
             act(client, receiver, message)
@@ -59,7 +60,7 @@ def test_submit_sends_with_session_and_content_message_id_then_queues_shows_it(t
     assert sent.returncode == 1 and "sent order cli-1" in sent.stdout  # nobody processed it: no terminal status
     with (
         bus_from_connection_string(conn) as client,
-        client.get_queue_receiver("orders-inbound", session_id="cli-1", max_wait_time=1) as receiver,
+        client.get_queue_receiver("app-orders", session_id="cli-1", max_wait_time=1) as receiver,
     ):
         [message] = receiver.peek_messages(max_message_count=5)
     body = b"".join(message.body)
@@ -67,7 +68,7 @@ def test_submit_sends_with_session_and_content_message_id_then_queues_shows_it(t
     assert message.message_id == f"cli-1:{hashlib.sha256(body).hexdigest()[:12]}"
     shown = _run("queues", "--connection", conn, cwd=tmp_path)
     assert shown.returncode == 0
-    row = next(line for line in shown.stdout.splitlines() if "orders-inbound" in line)
+    row = next(line for line in shown.stdout.splitlines() if "app-orders" in line)
     assert [cell.strip() for cell in row.strip("│┃ ").split("│")][1:] == ["1", "0", "0", "1"]
 
 

@@ -387,7 +387,7 @@ async def test_top_refreshes_the_summary_with_throughput(system: Services, cli: 
 async def test_submit_count_sends_that_many_orders_each_in_its_own_session(system: Services, cli: Cli) -> None:
     code, out, _ = cli("submit", "--count", "3", "--wait", "0.3")
     assert code == 1 and "sent 3 orders" in out and "0 of 3 ended" in out  # nothing runs them here
-    counts = system.bus.broker.counts("orders-inbound")
+    counts = system.bus.broker.counts("app-orders")  # the app's own queue (issue 25)
     assert (counts.active, counts.sessions_with_backlog) == (3, 3)
 
 

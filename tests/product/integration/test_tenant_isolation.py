@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from support.integration_support import Pipeline, RecordingStartNew, encode, open_pipeline, order_body
 
-from orderflow.admission import BACKLOG_FULL
+from orderflow.admission import BACKLOG_FULL, refresh
 from orderflow.apps import SubmittingApps, status_queue
 from orderflow.messages import AlertKind, CancelOrder, OrderStatus, StatusMessage
 from orderflow.records import ProcessState
-from orderflow.starter import run_starter
+from orderflow.starter import due_fairly, run_starter
 from orderflow.submission import Accepted, Inbound, Refused, Rejected, receive
 
 APPS = SubmittingApps(names=("app", "partner"), legacy="app")
@@ -203,3 +203,51 @@ async def test_a_record_from_before_per_app_queues_is_the_legacy_apps_on_either_
     assert shared == Inbound("app", "orders-inbound")
     assert (await p.services.state.get("M1"))[0].process_state is ProcessState.CANCELLED  # type: ignore[index]
     assert from_shared.__class__.__name__ == "CancelDone"
+
+
+async def test_a_record_of_another_app_from_before_per_app_queues_stays_that_apps(p: Pipeline) -> None:
+    """Before per-app queues every app's order had a bare key. Such a record of partner's (no `app`, replyTo
+    partner-status) is partner's, not the legacy app's: the legacy app's cancel of that id is answered as for an
+    unknown order, and its submission of the same id is a conflict (nothing written, no status)."""
+    body = {**submit_body("partner", "P1"), "replyTo": "partner-status"}
+    assert isinstance(await send(p, "app", {**body, "replyTo": "app-status"}), Accepted)  # written as app's...
+    rec = (await p.services.state.get("P1"))[0]  # type: ignore[index]
+    # ...then made what the previous version wrote for partner: no `app`, partner's status queue.
+    old = rec.model_copy(update={"app": None, "reply_to": "partner-status"})
+    await p.services.state.replace(old, (await p.services.state.get("P1"))[1])  # type: ignore[index]
+    assert APPS.owner_of(old.order_id, old.app, old.reply_to) == "partner"
+
+    cancel = await send(p, "app", cancel_body("app", "P1"))
+    again = await send(p, "app", {**body, "replyTo": "app-status"})
+
+    assert isinstance(cancel, Rejected) and cancel.reason == "UnknownOrder"
+    assert isinstance(again, Rejected) and again.reason == "OrderConflict"
+    assert (await p.services.state.get("P1"))[0].process_state is ProcessState.PENDING  # type: ignore[index]
+
+
+async def test_the_first_free_slot_goes_to_each_app_in_turn(p: Pipeline) -> None:
+    """With one slot free per Starter run, the first claim goes to each app in turn (the admission document's
+    `turn`), not always to the app with the oldest orders: partner's older flood cannot starve app."""
+    for i in range(4):
+        await send(p, "partner", submit_body("partner", f"F{i}"))
+    p.clock.advance(1)
+    await send(p, "app", submit_body("app", "A0"))
+
+    firsts = [(await due_fairly(p.services, 1, turn=t))[0][0].order_id for t in range(2)]
+
+    assert sorted(firsts) == ["A0", "partner.F0"]
+
+
+async def test_the_fast_path_reads_another_apps_backlog_from_the_fresh_figures(p: Pipeline) -> None:
+    """A gate of another app last read long ago must not keep this app off the fast path once that app's backlog
+    has drained: the waiting of others comes from the figures this submission just read."""
+    await send(p, "partner", submit_body("partner", "F0"))  # partner's gate, with stale figures, in this process
+    await p.services.state.update_with_retry(
+        "partner.F0", lambda r: r.model_copy(update={"process_state": ProcessState.PROCESSED})
+    )
+    await refresh(p.services)  # the Starter's count: partner has nothing Pending
+    p.clock.advance(5)
+
+    fresh = await send(p, "app", submit_body("app", "A0"), claim=True)
+
+    assert isinstance(fresh, Accepted) and fresh.claimed is not None

@@ -86,19 +86,19 @@ async def test_refresh_counts_processing_and_pending_exactly(services: Services,
 
     figures = await refresh(services)
 
-    assert figures == Figures(processing=2, pending=3, refreshed_at=format_utc(clock.now()), pending_by_app={"app": 3})
+    assert figures == Figures(2, 3, format_utc(clock.now()), pending_by_app={"app": 3}, turn=1)
     assert await stored(services) == figures  # written, for every instance to read
 
     clock.advance(15)
     await add_record(services, "proc-2", ProcessState.PROCESSING)
     again = await refresh(services)
-    assert again == Figures(processing=3, pending=3, refreshed_at=format_utc(clock.now()), pending_by_app={"app": 3})
+    assert again == Figures(3, 3, format_utc(clock.now()), pending_by_app={"app": 3}, turn=2)
 
 
 async def test_refresh_of_an_empty_store_creates_the_document(services: Services, clock: FakeClock) -> None:
     assert await services.state.get_checkpoint(DOCUMENT) is None
-    assert await refresh(services) == Figures(0, 0, format_utc(clock.now()), pending_by_app={"app": 0})
-    assert await stored(services) == Figures(0, 0, format_utc(clock.now()), pending_by_app={"app": 0})
+    assert await refresh(services) == Figures(0, 0, format_utc(clock.now()), pending_by_app={"app": 0}, turn=1)
+    assert await stored(services) == Figures(0, 0, format_utc(clock.now()), pending_by_app={"app": 0}, turn=1)
 
 
 async def test_reserve_grants_up_to_the_bound_and_no_further(services: Services) -> None:
