@@ -76,7 +76,7 @@ param legacyOrdersApp string = submittingApps[0].name
 @description('''Whether the legacy app may still send to orders-inbound (default true). False once it sends to its own
 queue and orders-inbound is drained: nobody may send there any more, while LegacyOrdersApp keeps its order ids unscoped
 and the function app still reads what is left (docs/deploy.md, "Move an app to its own queue"). Bicep does not delete
-the former assignment: delete it once (the same page).''')
+the former assignment: the postprovision hook then reports it (and deletes it with ORDERFLOW_PRUNE_SHARED_QUEUE_SENDERS).''')
 param legacyOrdersQueueOpen bool = true
 @description('App setting MaxPendingOrdersPerApp: per-app backlog bounds, e.g. \'app=5000,partner=200\'; an app not named gets MaxPendingOrders.')
 param maxPendingOrdersPerApp string = ''
@@ -194,6 +194,46 @@ var legacyApp = !hasLegacyApp
 var operatorAuthClientId = !empty(authClientId)
   ? authClientId
   : fail('authClientId is empty: the operator API needs an Entra ID app registration. azd: the preprovision hook (infra/hooks) sets AUTH_CLIENT_ID; without azd, pass authClientId=<application (client) id> (docs/deploy.md, "Operator sign-in").')
+// ---------- submittingApps as the code accepts them (orderflow/apps.py), checked before anything is deployed ----------
+// The function app refuses to start (the worker indexes no function at all) on an app name outside APP_NAME_PATTERN,
+// ^[a-z][a-z0-9-]{0,23}$, on 'none' (LegacyOrdersApp's "no legacy app") and on a name given twice; and one principal
+// for two apps would merge two tenants (one identity sending to both inbound queues and reading both status queues,
+// so the queue no longer tells their orders apart). Each check below is true or Bicep's fail(): ARM evaluates every
+// variable when it validates the template, before any resource is deployed, so nothing needs to refer to them.
+// Bicep has no regex: a valid name is 1-24 characters, lower case (toLower changes nothing), starts with a letter
+// (contains() compares case-sensitively) and leaves nothing once every allowed character is replaced by ''.
+// tests/product/infra/test_submitting_app_checks.py evaluates these against the code's own rule.
+var appNameLetters = 'abcdefghijklmnopqrstuvwxyz'
+var appNameAlphabet = '${appNameLetters}0123456789-'
+var appNameCharacters = [for i in range(0, length(appNameAlphabet)): substring(appNameAlphabet, i, 1)]
+// Per app: '' for a name the code accepts, the name in quotes for one it refuses.
+var appNameVerdicts = [for name in submittingAppNames: length(name) >= 1 && length(name) <= 24 && name != 'none' && name == toLower(name) && contains(appNameLetters, take(name, 1)) && empty(reduce(appNameCharacters, name, (rest, c) => replace(rest, c, ''))) ? '' : '\'${name}\'']
+var invalidAppNames = filter(appNameVerdicts, verdict => !empty(verdict))
+// Per app: the name in quotes when an app before it has the same name, '' otherwise.
+var appNameRepeats = [for (name, i) in submittingAppNames: contains(take(submittingAppNames, i), name) ? '\'${name}\'' : '']
+var repeatedAppNames = filter(appNameRepeats, repeat => !empty(repeat))
+// Object ids are GUIDs, compared lower-cased. Per app: the app and its principalId when it is not empty and an app
+// before it has the same one, '' otherwise.
+var submitterPrincipalIds = [for app in submittingApps: toLower(app.principalId)]
+var principalRepeats = [for (app, i) in submittingApps: !empty(app.principalId) && contains(take(submitterPrincipalIds, i), toLower(app.principalId)) ? '\'${app.name}\' (${app.principalId})' : '']
+var sharedPrincipalApps = filter(principalRepeats, repeat => !empty(repeat))
+#disable-next-line no-unused-vars
+var appNamesAccepted = empty(invalidAppNames)
+  ? true
+  : fail('submittingApps: the function app refuses the app name(s) ${join(invalidAppNames, ', ')} (orderflow/apps.py): a name is 1-24 characters of a-z, 0-9 and -, starts with a letter, and is not \'none\'.')
+#disable-next-line no-unused-vars
+var appNamesDistinct = empty(repeatedAppNames)
+  ? true
+  : fail('submittingApps names an app more than once: ${join(repeatedAppNames, ', ')}; the function app refuses that.')
+#disable-next-line no-unused-vars
+var appPrincipalsDistinct = empty(sharedPrincipalApps)
+  ? true
+  : fail('submittingApps: ${join(sharedPrincipalApps, ', ')} has the principalId of an app listed before it. One identity for two apps would send to both inbound queues and read both status queues, so their orders could no longer be told apart: give each app its own identity (or \'\' for no grant).')
+// The legacy app's principal while it may send to orders-inbound ('' otherwise): the postprovision hook keeps its
+// Data Sender there and reports every other sender (infra/hooks/postprovision.sh).
+var legacyAppPrincipalIds = [for app in submittingApps: app.name == legacyApp ? app.principalId : '']
+var legacyOrdersSenderPrincipalId = hasLegacyApp && legacyOrdersQueueOpen ? join(legacyAppPrincipalIds, '') : ''
+
 var useDurableTaskScheduler = durableBackend == 'DurableTaskScheduler'
 var useSimulator = empty(agentRemoteUrl)
 var simulatorAppName = !empty(simulatorContainerAppName) ? simulatorContainerAppName : '${abbrs.appContainerApps}simulator-${resourceToken}'
@@ -584,6 +624,13 @@ output AZURE_AGENT_IDENTITY_CLIENT_ID string = identity.outputs.agentClientId
 output SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace
 output SERVICEBUS_NAMESPACE_RESOURCE_ID string = serviceBus.outputs.namespaceId
 output ORDERS_QUEUE_NAME string = ordersQueueName
+// What the postprovision hook (infra/hooks/postprovision.sh, .ps1) needs to list the senders on orders-inbound and on
+// the namespace and keep the declared ones: the queue's id, the principals of the legacy app (while it may send
+// there), the function app and the operators (docs/deploy.md, "Upgrading: stale senders on orders-inbound").
+output ORDERS_QUEUE_RESOURCE_ID string = '${serviceBus.outputs.namespaceId}/queues/${ordersQueueName}'
+output LEGACY_ORDERS_APP_PRINCIPAL_ID string = legacyOrdersSenderPrincipalId
+output AZURE_APP_IDENTITY_PRINCIPAL_ID string = identity.outputs.appPrincipalId
+output OPERATOR_PRINCIPAL_ID string = operatorPrincipalId
 output INBOUND_QUEUE_NAMES string = join(inboundQueueNames, ',')
 output LEGACY_ORDERS_APP string = hasLegacyApp ? legacyApp : 'none'
 output STATUS_QUEUE_NAMES string = join(statusQueueNames, ',')

@@ -15,8 +15,11 @@
 // grant is a custom role on that container (read, create, replace items: rbac.bicep). Its tunables are the function
 // app's (the registered defaults, or appSettingOverrides), so the Starter and the Agent read the breaker alike.
 // Liveness: Container Apps restarts a replica whose GET http://<replica>:AGENT_HEALTH_PORT/healthz fails
-// (timeout or a status outside 200-399) livenessFailureThreshold times in a row: a hung Agent (a blocked event loop,
-// a receive loop that stopped) holds its sessions' locks and takes no new work, and restarting it is the repair.
+// (timeout or a status outside 200-399) livenessFailureThreshold times in a row. agent/health.py answers from the
+// Agent's own event loop: 200 while the Agent's serve task runs and no stop was requested, 503 otherwise. So the probe
+// catches a blocked event loop (no answer in time) and an Agent whose serve task has ended or that hangs while
+// stopping (503); restarting is the repair. It does not look at the receive loops themselves: one that stopped while
+// the serve task still runs goes unseen (200), and the Supervisor recovers its orders after their deadlines.
 // Container Apps probes are httpGet or tcpSocket only; a TCP accept succeeds while the event loop is blocked (the
 // kernel completes the handshake), so only an HTTP answer shows the process is alive. The probe needs no ingress. The
 // placeholder image of a new app has no such endpoint, so the probe is set only once the app runs an image azd

@@ -266,16 +266,20 @@ resource appSettings 'Microsoft.Web/sites/config@2024-04-01' = {
 // Operators sign in: App Service authentication ("Easy Auth") with Microsoft Entra ID, token validation only. Every
 // HTTP request without a valid bearer token for the app registration (audience authClientId or api://authClientId,
 // issued by authTenantId's v2.0 endpoint) is answered 401 by the platform; nothing is excluded (excludedPaths): the
-// operator routes (/api/orders..., /api/summary, /api/openapi.json) and the Durable extension's public webhooks
+// operator routes (/api/orders..., /api/ops/summary, /api/openapi.json) and the Durable extension's public webhooks
 // (/runtime/webhooks/durabletask, which the app never hands out) all need a token. The Service Bus and timer
 // triggers do not come in over HTTP, and the Durable client inside the app reaches the extension over the host's
 // local endpoint (rpcBaseUrl on localhost), not through the front end this runs in. No client secret: there is no
 // browser login flow (Return401, no clientSecretSettingName), only bearer tokens. Easy Auth does not check app
 // roles; the role is enforced twice: by Entra ID (the hook sets appRoleAssignmentRequired, so nobody without an
 // assigned role gets a token) and by the code (the roles claim of X-MS-CLIENT-PRINCIPAL must hold OperatorAppRole).
+// After the app settings: two writes of a site's config at once can fail with 409 Conflict, intermittently.
 resource authSettings 'Microsoft.Web/sites/config@2024-04-01' = {
   parent: functionApp
   name: 'authsettingsV2'
+  dependsOn: [
+    appSettings
+  ]
   properties: {
     platform: {
       enabled: true

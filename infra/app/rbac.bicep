@@ -49,7 +49,9 @@
 // that owned every order then) and nobody else, until it has moved to its own queue (legacyOrdersQueueOpen false);
 // with no legacy app ('') nobody may send there and the function app does not read it (no submission trigger is
 // registered on it). Bicep is incremental: an app's former Send on
-// orders-inbound from a deployment before issue 25 is not deleted by this one (docs/deploy.md, "Submitting apps").
+// orders-inbound from a deployment before issue 25 is not deleted by this one, and until it is, that app can send
+// there as the legacy app: azd's postprovision hook (infra/hooks/postprovision.sh) reports every such grant and, with
+// ORDERFLOW_PRUNE_SHARED_QUEUE_SENDERS=true, deletes it (docs/deploy.md, "Upgrading: stale senders on orders-inbound").
 // tests/product/infra/test_submitter_rights.py checks each app's send rights for two and three apps.
 // The Agent touches one Cosmos DB container, the circuit-breaker documents (issue 11): a custom data-plane role lets it
 // read, create and replace items there and nothing else (no delete, upsert, query or change feed; no other container;

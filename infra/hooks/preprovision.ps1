@@ -1,7 +1,9 @@
 # azd preprovision hook (azure.yaml, Windows): the same steps as preprovision.sh, which explains them. The Microsoft
 # Entra ID app registration of the operator API (no secret, no certificate): created with the app role
 # ORDERFLOW_OPERATOR_APP_ROLE (default Orders.Operator) unless AUTH_CLIENT_ID names one already; its service principal
-# requires an app role assignment; `azd env set AUTH_CLIENT_ID <client id>`. docs/deploy.md, "Operator sign-in".
+# requires an app role assignment (set only when it is not set yet); `azd env set AUTH_CLIENT_ID <client id>`. Calls
+# right after a create are retried on Graph's replication delay ("does not exist": 6 tries, 5 s apart).
+# docs/deploy.md, "Operator sign-in".
 $ErrorActionPreference = 'Stop'
 Set-StrictMode -Version Latest
 
@@ -16,12 +18,33 @@ function Az {
     if ($LASTEXITCODE -ne 0) { Fail "az $($args -join ' ') failed ($LASTEXITCODE)" }
     return $out
 }
+# az, tried again while it fails because Microsoft Graph does not show the object yet (the replication delay after
+# `az ad app create` or `az ad sp create`): 6 tries, 5 s apart, on a "does not exist" / "not found" answer only; any
+# other error, or the sixth not-found, fails the hook with az's message.
+function AzGraph {
+    for ($try = 1; ; $try++) {
+        $errFile = New-TemporaryFile
+        try {
+            $out = & az @args 2> $errFile
+            $code = $LASTEXITCODE
+            $err = Get-Content -Raw $errFile
+        } finally { Remove-Item $errFile }
+        if ($code -eq 0) { return $out }
+        if ($try -lt 6 -and $err -match 'does not exist|not found|notfound') {
+            Say "az $($args[0..2] -join ' '): not visible in Microsoft Graph yet (replication delay), trying again in 5 s ($try/6)"
+            Start-Sleep -Seconds 5
+            continue
+        }
+        if ($err) { [Console]::Error.Write($err) }
+        Fail "az $($args[0..2] -join ' ') failed ($code)"
+    }
+}
 function Body($value) { return ($value | ConvertTo-Json -Depth 10 -Compress) }
 function Patch([string] $uri, $value) {
     $file = New-TemporaryFile
     try {
         Set-Content -Path $file -Value (Body $value) -Encoding utf8
-        Az rest --method PATCH --uri $uri --headers 'Content-Type=application/json' --body "@$file" | Out-Null
+        AzGraph rest --method PATCH --uri $uri --headers 'Content-Type=application/json' --body "@$file" | Out-Null
     } finally { Remove-Item $file }
 }
 
@@ -60,7 +83,7 @@ if (-not $clientId) {
         $clientId = Az ad app create --display-name $name --sign-in-audience AzureADMyOrg --app-roles "@$rolesFile" --query appId -o tsv
     } finally { Remove-Item $rolesFile }
     if (-not $clientId) { Fail 'az ad app create returned no appId' }
-    Az ad app update --id $clientId --identifier-uris "api://$clientId" | Out-Null
+    AzGraph ad app update --id $clientId --identifier-uris "api://$clientId" | Out-Null
     $scopeId = [guid]::NewGuid().ToString()
     Patch "$graph/applications(appId='$clientId')" @{ api = @{
             requestedAccessTokenVersion = 2
@@ -85,14 +108,26 @@ if (-not $clientId) {
     Say "using the app registration $clientId (AUTH_CLIENT_ID)"
 }
 
-$roleId = Az ad app show --id $clientId --query "appRoles[?value=='$role' && isEnabled] | [0].id" -o tsv
+# Retried only for a registration just created: for AUTH_CLIENT_ID, "does not exist" means a wrong id.
+$roleQuery = "appRoles[?value=='$role' && isEnabled] | [0].id"
+$roleId = if ($created) { AzGraph ad app show --id $clientId --query $roleQuery -o tsv } else { Az ad app show --id $clientId --query $roleQuery -o tsv }
 if (-not $roleId) {
     Fail "the app registration $clientId declares no enabled app role '$role': add it (App roles, allowed member types Users/Groups and Applications) or choose another registration"
 }
 
 $spId = & az ad sp show --id $clientId --query id -o tsv 2> $null
-if ($LASTEXITCODE -ne 0 -or -not $spId) { $spId = Az ad sp create --id $clientId --query id -o tsv }
-Az ad sp update --id $clientId --set appRoleAssignmentRequired=true | Out-Null
+if ($LASTEXITCODE -ne 0 -or -not $spId) {
+    $spId = AzGraph ad sp create --id $clientId --query id -o tsv
+    $required = 'false'
+} else {
+    # Set only when it is not set yet: a CI principal that does not own the service principal cannot update it.
+    $required = Az ad sp show --id $clientId --query appRoleAssignmentRequired -o tsv
+}
+if ($required -eq 'true') {
+    Say "its service principal $spId already requires an app role assignment"
+} else {
+    AzGraph ad sp update --id $clientId --set appRoleAssignmentRequired=true | Out-Null
+}
 
 if ($created -and $env:ORDERFLOW_OPERATOR_SELF_ASSIGN -ne 'false') {
     $me = & az ad signed-in-user show --query id -o tsv 2> $null
@@ -101,7 +136,7 @@ if ($created -and $env:ORDERFLOW_OPERATOR_SELF_ASSIGN -ne 'false') {
         $file = New-TemporaryFile
         try {
             Set-Content -Path $file -Value (Body @{ principalId = $me; resourceId = $spId; appRoleId = $roleId }) -Encoding utf8
-            Az rest --method POST --uri "$graph/servicePrincipals/$spId/appRoleAssignedTo" --headers 'Content-Type=application/json' --body "@$file" | Out-Null
+            AzGraph rest --method POST --uri "$graph/servicePrincipals/$spId/appRoleAssignedTo" --headers 'Content-Type=application/json' --body "@$file" | Out-Null
         } finally { Remove-Item $file }
     } else {
         Say "signed in as a service principal: assign the app role $role to your operators (docs/deploy.md, ""Operator sign-in"")"

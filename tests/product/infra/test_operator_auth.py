@@ -4,7 +4,9 @@ operator API's app registration (requireAuthentication, Return401, no excluded p
 authClientId fails the deployment, and the operator app role is required twice: by Entra ID (the azd preprovision hook
 declares the role and sets appRoleAssignmentRequired on the service principal) and by the code (app setting
 OperatorAppRole, the role the routes check in the caller's roles claim). The hook itself runs here against stand-ins
-of `az` and `azd` that record every call.
+of `az`, `azd` and `sleep` that record every call: it waits out Graph's replication delay after a create, and it
+leaves a service principal that already requires an assignment alone. The auth settings are written after the app
+settings, and the docs call the routes the app serves, with a function key and the token of OPERATOR_API_SCOPE.
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ from support.bicep_tree import (
     app,
     azd_parameters,
     azure_yaml_services,
+    depends_on,
     evaluate,
     main,
     module_scope,
     with_values,
 )
 
-from orderflow import ops_http
+from orderflow import openapi, ops_http
 
 CLIENT_ID = "7c0a4e3e-1111-4222-8333-444455556666"
 TENANT_ID = "0f0e0d0c-aaaa-4bbb-8ccc-ddddeeeeffff"
@@ -84,6 +87,14 @@ def test_easy_auth_requires_a_token_of_the_operator_apis_registration() -> None:
     assert auth["login"] == {"tokenStore": {"enabled": False}}
 
 
+def test_the_auth_settings_are_written_after_the_app_settings() -> None:
+    """Two writes of one site's config at once (appsettings and authsettingsV2) intermittently fail with 409
+    Conflict: the auth settings wait for the app settings."""
+    function = app("function.bicep")
+    assert "appSettings" in depends_on(function.resource("authSettings"))
+    assert not depends_on(function.resource("appSettings")) & {"authSettings"}
+
+
 def test_an_empty_client_id_fails_the_deployment() -> None:
     # main.bicep passes operatorAuthClientId: the id, or Bicep's fail() with a message that says what to do.
     assert text_of_param("authClientId") == "operatorAuthClientId"
@@ -126,9 +137,21 @@ def test_azd_runs_the_hook_before_every_provision() -> None:
 
 # ---------------------------------------------------------------- the hook, against stand-ins of az and azd
 
-# Answers of the az stand-in by the start of its arguments (the first that matches); every call is logged.
+# Answers of the az stand-in by the start of its arguments (the first that matches); every call is logged. A command
+# starting with STUB_FLAKY fails its first STUB_FLAKY_TIMES calls with STUB_FLAKY_ERROR (default: Graph's answer for
+# an object it does not show yet).
+NOT_REPLICATED = (
+    "ERROR: Resource '7c0a4e3e' does not exist or one of its queried reference-property objects are not present."
+)
 AZ = r"""#!/bin/sh
 printf '%s\n' "$*" >> "$STUB_LOG"
+if [ -n "${STUB_FLAKY:-}" ]; then
+  case "$*" in
+    "$STUB_FLAKY"*)
+      echo x >> "$STUB_LOG.flaky"
+      if [ $(wc -l < "$STUB_LOG.flaky") -le "$STUB_FLAKY_TIMES" ]; then echo "$STUB_FLAKY_ERROR" >&2; exit 1; fi ;;
+  esac
+fi
 case "$*" in
   "account show --query id -o tsv") echo sub-1 ;;
   "account show --query tenantId -o tsv") echo "$STUB_TENANT" ;;
@@ -136,6 +159,7 @@ case "$*" in
   "cloud show "*) echo https://graph.microsoft.com/ ;;
   "ad app create "*) echo new-client ;;
   "ad app show "*) echo "$STUB_ROLE_ID" ;;
+  "ad sp show "*"--query appRoleAssignmentRequired "*) echo "${STUB_SP_REQUIRED:-False}" ;;
   "ad sp show "*) [ -n "${STUB_SP:-}" ] && echo "$STUB_SP" || exit 3 ;;
   "ad sp create "*) echo sp-1 ;;
   "ad signed-in-user show "*) echo user-1 ;;
@@ -145,12 +169,16 @@ exit 0
 AZD = """#!/bin/sh
 printf 'azd %s\\n' "$*" >> "$STUB_LOG"
 """
+# The hook waits between Graph retries: the stand-in only records how long.
+SLEEP = """#!/bin/sh
+printf 'sleep %s\\n' "$*" >> "$STUB_LOG"
+"""
 
 
 def _run_hook(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    for name, body in (("az", AZ), ("azd", AZD)):
+    for name, body in (("az", AZ), ("azd", AZD), ("sleep", SLEEP)):
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(0o755)
     log = tmp_path / "calls.log"
@@ -162,6 +190,7 @@ def _run_hook(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[s
         "STUB_ROLE_ID": "role-1",
         "AZURE_ENV_NAME": "dev",
         "AZURE_SUBSCRIPTION_ID": "sub-1",
+        "STUB_FLAKY_ERROR": NOT_REPLICATED,
         **env,
     }
     done = subprocess.run(["sh", str(HOOK)], env=environment, capture_output=True, text=True, timeout=30)
@@ -201,8 +230,86 @@ def test_the_hook_keeps_an_existing_registration_and_only_requires_the_assignmen
     assert done.returncode == 0, done.stderr
     assert not [c for c in calls if c.startswith(("ad app create", "ad app update", "rest ", "ad sp create"))]
     assert "ad app show --id existing-1 --query appRoles[?value=='Ops.X' && isEnabled] | [0].id -o tsv" in calls
+    assert "ad sp show --id existing-1 --query appRoleAssignmentRequired -o tsv" in calls
     assert "ad sp update --id existing-1 --set appRoleAssignmentRequired=true" in calls
     assert calls[-1] == "azd env set AUTH_CLIENT_ID existing-1"
+
+
+@pytest.mark.parametrize("shown", ["True", "true"])
+def test_the_hook_leaves_a_service_principal_that_already_requires_an_assignment(tmp_path: Path, shown: str) -> None:
+    """A CI principal that does not own the service principal may not update it: the hook reads the flag and writes
+    it only when it is not set yet (az prints a boolean as True in tsv)."""
+    done, calls = _run_hook(tmp_path, AUTH_CLIENT_ID="existing-1", STUB_SP="sp-9", STUB_SP_REQUIRED=shown)
+    assert done.returncode == 0, done.stderr
+    assert "ad sp show --id existing-1 --query appRoleAssignmentRequired -o tsv" in calls
+    assert not [c for c in calls if c.startswith("ad sp update")]
+    assert "already requires an app role assignment" in done.stderr
+    assert calls[-1] == "azd env set AUTH_CLIENT_ID existing-1"
+
+
+# The calls right after `az ad app create` (or `az ad sp create`) that Graph may answer "does not exist" for a while.
+AFTER_CREATE = [
+    "ad app update",
+    "rest --method PATCH",
+    "ad app show",
+    "ad sp create",
+    "ad sp update",
+    "rest --method POST",
+]
+
+
+@pytest.mark.parametrize("command", AFTER_CREATE)
+def test_the_hook_waits_for_graph_to_show_a_new_object(tmp_path: Path, command: str) -> None:
+    def of_command(calls: list[str]) -> list[str]:  # the scope's id is a new GUID each run
+        return [
+            re.sub(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", "<guid>", c) for c in calls if c.startswith(command)
+        ]
+
+    (tmp_path / "plain").mkdir()
+    expected = of_command(_run_hook(tmp_path / "plain")[1])
+    done, calls = _run_hook(tmp_path, STUB_FLAKY=command, STUB_FLAKY_TIMES="2")
+    assert done.returncode == 0, done.stderr
+    assert of_command(calls) == expected[:1] * 2 + expected  # two failed tries, then as without the delay
+    assert [c for c in calls if c.startswith("sleep")] == ["sleep 5", "sleep 5"]
+    assert "not visible in Microsoft Graph yet" in done.stderr and "(1/6)" in done.stderr and "(2/6)" in done.stderr
+    assert calls[-1] == "azd env set AUTH_CLIENT_ID new-client"
+
+
+def test_the_hook_gives_up_after_six_tries(tmp_path: Path) -> None:
+    done, calls = _run_hook(tmp_path, STUB_FLAKY="ad sp create", STUB_FLAKY_TIMES="99")
+    assert done.returncode != 0
+    assert len([c for c in calls if c.startswith("ad sp create")]) == 6
+    assert [c for c in calls if c.startswith("sleep")] == ["sleep 5"] * 5
+    assert NOT_REPLICATED in done.stderr and "az ad sp create failed" in done.stderr
+    assert not [c for c in calls if c.startswith("azd env set")]
+
+
+@pytest.mark.parametrize("command", ["ad app update", "ad sp update"])
+def test_any_other_graph_error_stops_the_hook_at_once(tmp_path: Path, command: str) -> None:
+    refusal = "ERROR: Insufficient privileges to complete the operation."
+    done, calls = _run_hook(tmp_path, STUB_FLAKY=command, STUB_FLAKY_TIMES="99", STUB_FLAKY_ERROR=refusal)
+    assert done.returncode != 0 and refusal in done.stderr
+    assert len([c for c in calls if c.startswith(command)]) == 1
+    assert not [c for c in calls if c.startswith(("sleep", "azd env set"))]
+
+
+def test_a_wrong_auth_client_id_is_not_waited_for(tmp_path: Path) -> None:
+    """For a registration the hook did not just create, "does not exist" means a wrong AUTH_CLIENT_ID: no retry."""
+    done, calls = _run_hook(tmp_path, AUTH_CLIENT_ID="typo-1", STUB_FLAKY="ad app show", STUB_FLAKY_TIMES="99")
+    assert done.returncode != 0
+    assert len([c for c in calls if c.startswith("ad app show")]) == 1
+    assert not [c for c in calls if c.startswith(("sleep", "azd env set"))]
+
+
+def test_the_windows_hook_retries_and_checks_the_flag_alike() -> None:
+    source = HOOK.with_suffix(".ps1").read_text()
+    assert "function AzGraph" in source and "Start-Sleep -Seconds 5" in source and "$try -lt 6" in source
+    assert "'does not exist|not found|notfound'" in source
+    for command in ("ad app update", "rest --method PATCH", "ad sp create", "ad sp update", "rest --method POST"):
+        assert re.search(rf"AzGraph {command}", source), command
+    assert "--query appRoleAssignmentRequired -o tsv" in source and "if ($required -eq 'true')" in source
+    sh = HOOK.read_text()
+    assert "graph_tries=6" in sh and "graph_delay=5" in sh and "'does not exist|not found|notfound'" in sh
 
 
 @pytest.mark.parametrize(
@@ -219,3 +326,41 @@ def test_the_hook_stops_before_azd_deploys_with_a_registration_it_cannot_vouch_f
     done, calls = _run_hook(tmp_path, **env)
     assert done.returncode != 0 and says in done.stderr
     assert not [c for c in calls if c.startswith("azd env set")]
+
+
+# ---------------------------------------------------------------- the docs call the API as it is served
+
+
+def _section(doc: str, heading: str) -> str:
+    match = re.search(rf"^{re.escape(heading)}\n(.*?)(?=^#{{2,3}} )", doc, re.MULTILINE | re.DOTALL)
+    assert match, heading
+    return match.group(1)
+
+
+def test_the_docs_call_the_served_routes_with_a_key_and_the_same_token() -> None:
+    deploy = (REPO / "docs" / "deploy.md").read_text()
+    operations = (REPO / "docs" / "operations.md").read_text()
+    sign_in = _section(deploy, "### Operator sign-in")
+    for route in (openapi.ROUTE_ORDERS, openapi.ROUTE_SUMMARY, openapi.ROUTE_OPENAPI):
+        assert f"`/api/{route}`" in sign_in, route
+    assert "/api/summary" not in deploy + operations and "/api/summary" not in app("function.bicep").path.read_text()
+    # Every curl to the API sends the function key and the bearer token.
+    curls = re.findall(r"^curl .*?(?<!\\)$", sign_in, re.MULTILINE | re.DOTALL)
+    assert curls and all("x-functions-key: $key" in c and "Authorization: Bearer $token" in c for c in curls), curls
+    # ... to a route the app serves (OPERATOR_API_URL ends in /api).
+    served = {openapi.ROUTE_ORDERS, openapi.ROUTE_SUMMARY, openapi.ROUTE_OPENAPI}
+    called = {re.split(r"[?\"]", c.split("OPERATOR_API_URL)/", 1)[1])[0] for c in curls}
+    assert called and called <= served, called - served
+    # One token command, in both documents: the scope azd outputs as OPERATOR_API_SCOPE.
+    assert evaluate(main().outputs["OPERATOR_API_SCOPE"], _main_scope(authClientId=CLIENT_ID)) == (
+        f"api://{CLIENT_ID}/user_impersonation"
+    )
+    command = 'az account get-access-token --scope "$(azd env get-value OPERATOR_API_SCOPE)" --query accessToken -o tsv'
+    assert command in sign_in and command in operations
+    assert "api://<client id>/user_impersonation" in sign_in and "api://<client id>/user_impersonation" in operations
+    assert "--resource api://" not in deploy + operations
+    # The private posture's deployment endpoint, said where operators read.
+    assert "With `vnetEnabled` and the default `functionPublicDeployment=true`, the function app's SCM" in " ".join(
+        sign_in.split()
+    )
+    assert "Entra ID only" in sign_in
