@@ -121,7 +121,7 @@ def test_readme_local_section_runs_as_written(app_copy: Path) -> None:
         elif kind == "submit":
             assert re.search(r"\breceived\b.*\bcompleted\b", out), out
         elif kind == "queues":
-            assert re.search(r"dead-lettered on orders-inbound: bad/id:\S+ InvalidField:orderId", out), out
+            assert re.search(r"dead-lettered on app-orders: bad/id:\S+ InvalidField:orderId", out), out
             assert re.search(r"alert PoisonMessage: .*InvalidField:orderId", out), out
         elif kind == "down":
             assert "stopped" in out
