@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -70,11 +70,9 @@ class Figures:
             int(data.get("turn", 0)),
         )
 
-    def pending_of(self, app: str | None) -> int:
-        """The Pending backlog of `app` (None: of every app)."""
-        if app is None or not self.pending_by_app:
-            return self.pending
-        return self.pending_by_app.get(app, 0)
+    def pending_of(self, app: str) -> int:
+        """The Pending backlog of `app`."""
+        return self.pending_by_app.get(app, 0) if self.pending_by_app else self.pending
 
     def leaving_pending(self, granted: Sequence[str]) -> dict[str, int]:
         """`pending_by_app` after the orders of `granted` (one app name per slot) were claimed."""
@@ -233,13 +231,12 @@ async def _flush(services: Services, batch: list[_Request]) -> None:
             return
         now = services.clock.now()
         recent = tuple(at for at in figures.reserved if parse_utc(at) >= now - RESERVATION_GRACE)
-        updated = Figures(
-            processing + granted_total,
-            max(0, figures.pending - granted_total),
-            figures.refreshed_at,
-            recent + (format_utc(now),) * granted_total,
-            figures.leaving_pending(granted_apps),
-            figures.turn,
+        updated = replace(
+            figures,
+            processing=processing + granted_total,
+            pending=max(0, figures.pending - granted_total),
+            reserved=recent + (format_utc(now),) * granted_total,
+            pending_by_app=figures.leaving_pending(granted_apps),
         )
         if await _write(services, updated, etag):
             return
@@ -256,14 +253,7 @@ async def release(services: Services, count: int) -> None:
     async with _lock(services):
         for _ in range(WRITE_ATTEMPTS):
             figures, etag = await read_figures(services)
-            updated = Figures(
-                max(0, figures.processing - count),
-                figures.pending,
-                figures.refreshed_at,
-                figures.reserved,
-                figures.pending_by_app,
-                figures.turn,
-            )
+            updated = replace(figures, processing=max(0, figures.processing - count))
             if await _write(services, updated, etag):
                 return
     log.info("admission: %d unused slot(s) left counted until the next refresh", count)
@@ -273,10 +263,9 @@ async def release(services: Services, count: int) -> None:
 class BacklogGate:
     """One process's view of one app's Pending backlog: the stored figure (cached for a second) plus the orders this
     process accepted for the app since that figure's count started. `admit` checks and counts in one step (no await
-    in between), so concurrent submissions in one process cannot all pass at the bound. `app` None: every app's
-    orders together, against MaxPendingOrders."""
+    in between), so concurrent submissions in one process cannot all pass at the bound."""
 
-    app: str | None = None
+    app: str
     figures: Figures = field(default_factory=Figures)
     read_at: datetime | None = None
     accepted_at: deque[datetime] = field(default_factory=deque)
@@ -296,15 +285,11 @@ class BacklogGate:
             self.accepted_at.popleft()  # its record was written before the figure's count started: counted there
         return self.figures.pending_of(self.app) + len(self.accepted_at)
 
-    def bound(self, services: Services) -> int:
-        apps = services.tunables.apps
-        return apps.max_pending if self.app is None else apps.pending_bound(self.app)
-
     async def admit(self, services: Services) -> bool:
         """Whether a new order fits under the app's MaxPendingOrders; if so it is counted at once (`release` if not
         stored as Pending)."""
         await self._figures(services)
-        if self.backlog() >= self.bound(services):
+        if self.backlog() >= services.tunables.apps.pending_bound(self.app):
             return False
         self.accepted_at.append(services.clock.now())
         return True
@@ -315,11 +300,11 @@ class BacklogGate:
             self.accepted_at.pop()
 
 
-def backlog_gate(services: Services, app: str | None = None) -> BacklogGate:
-    """This process's gate of `app` (None: every app together), one per app and services."""
+def backlog_gate(services: Services, app: str) -> BacklogGate:
+    """This process's gate of `app`, one per app and services."""
     if services.backlog is None:
         services.backlog = {}
-    gates: dict[str | None, BacklogGate] = services.backlog
+    gates: dict[str, BacklogGate] = services.backlog
     if app not in gates:
         gates[app] = BacklogGate(app)
     return gates[app]

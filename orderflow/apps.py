@@ -106,11 +106,9 @@ class SubmittingApps:
         return order_id if app == self.legacy else f"{app}{SCOPE}{order_id}"
 
     def owner(self, key: str) -> str | None:
-        """The app an order key belongs to; None when no configured app owns it (an unscoped key with no legacy
-        app, or an app since removed from SubmittingApps)."""
-        scope = key_scope(key)
-        app = self.legacy if scope is None else scope
-        return app if app in self.names else None
+        """The app an order key belongs to, from the key alone (`owner_of` with no record: an unscoped key is the
+        legacy app's); None when no configured app owns it."""
+        return self.owner_of(key, None, None)
 
     def owner_of(self, key: str, app: str | None, reply_to: str | None) -> str | None:
         """The app a stored order belongs to: the record's own `app`; for a scoped key, its scope; for a record written

@@ -298,7 +298,7 @@ class Operations:
             body.encode(),
             client_id,
             f"{client_id}:cancel:ops",
-            source=Inbound.of_app(self.services, owner),
+            source=Inbound.of_app(owner),
         )
         if isinstance(done, CancelTooLate):
             raise WrongState(f"order {order_id}: {done.reason}")

@@ -50,10 +50,7 @@ class Accepted:
     # write instead of a Pending create and a claim); the caller starts this Scheduler.
     claimed: WorkflowInput | None = None
     state: OrderStateRecord | None = None  # the stored state record (what `acknowledge_order` answers with)
-    key: str | None = None  # the order key (orderflow/apps.py); None: the bare orderId
-
-    def order_key(self) -> str:
-        return self.key or self.order.order_id
+    key: str = ""  # the order key (orderflow/apps.py), set by `_store`
 
 
 @dataclass(frozen=True)
@@ -99,7 +96,7 @@ class Inbound:
     queue: str
 
     @classmethod
-    def of_app(cls, services: Services, app: str) -> Inbound:
+    def of_app(cls, app: str) -> Inbound:
         """The app's own inbound queue `<app>-orders`."""
         return cls(app, apps.inbound_queue(app))
 
@@ -234,7 +231,7 @@ async def cancel_order(
         )
     order_id, now = source.key(services, request.order_id), services.clock.now()
     before = await services.state.get(order_id)
-    if before is not None and not _owned(services, before[0], source):
+    if before is not None and not _owned(services, source, before[0].order_id, before[0].app, before[0].reply_to):
         before = None  # another app's order (a record from before per-app queues): answered as an unknown one
     if before is None:
         return await _reject(
@@ -325,7 +322,7 @@ async def submit(
     outcome: Accepted | Rejected | None = None
     slot = claim and not admission.others_waiting(services, source.app) and await fast_path_slot(services)
     try:
-        outcome, created = await _store(services, order, source, now, where, claim_slot=slot)
+        outcome, created = await _store(services, order, source, key, now, where, claim_slot=slot)
     finally:
         claimed = isinstance(outcome, Accepted) and outcome.claimed is not None
         if admitted and (not created or claimed):
@@ -349,17 +346,18 @@ async def _store(
     services: Services,
     order: SubmitOrder,
     source: Inbound,
+    key: str,
     now: datetime,
     where: dict[str, Any],
     *,
     claim_slot: bool = False,
 ) -> tuple[Accepted | Rejected, bool]:
-    """Write the order and its state record (each create-if-absent, under the app's order key) and answer; whether
-    the state record is new. With `claim_slot`, a new state record is created claimed for attempt 1 (see `submit`)."""
-    key = source.key(services, order.order_id)
+    """Write the order and its state record (each create-if-absent, under the app's order key `key`) and answer;
+    whether the state record is new. With `claim_slot`, a new state record is created claimed for attempt 1 (see
+    `submit`). A record of another order under the key, or of another app (from before per-app queues), is a
+    conflict: never touched."""
     stored, order_created = await services.orders.create_if_absent(OrderRecord.from_order(order, now, key, source.app))
-    stored_reply_to = stored.order.get("replyTo") if isinstance(stored.order, dict) else None
-    theirs = services.tunables.apps.owner_of(stored.order_id, stored.app, stored_reply_to) != source.app
+    theirs = not _owned(services, source, stored.order_id, stored.app, stored.order.get("replyTo"))
     if stored.order_hash != order.immutable_hash() or theirs:
         return await _reject(
             services,
@@ -378,8 +376,7 @@ async def _store(
         new = claim_record(new, first, now + services.tunables.claim_lease, now)
         await index_deadline(services.index, key, new.complete_by or now, first)
     state, state_created = await services.state.create_if_absent(new)
-    # A state record from another order under this key, or another app's (from before per-app queues): never touch.
-    if state.order_hash != order.immutable_hash() or not _owned(services, state, source):
+    if state.order_hash != order.immutable_hash() or not _owned(services, source, key, state.app, state.reply_to):
         return await _reject(
             services,
             "OrderConflict",
@@ -413,10 +410,10 @@ async def acknowledge_order(services: Services, accepted: Accepted) -> None:
         await send_terminal_status(services, state)
 
 
-def _owned(services: Services, rec: OrderStateRecord, source: Inbound) -> bool:
-    """Whether the stored order is the sending app's (apps.SubmittingApps.owner_of: a record from before per-app
-    queues, with a bare key, is the app's whose status queue it replies to)."""
-    return services.tunables.apps.owner_of(rec.order_id, rec.app, rec.reply_to) == source.app
+def _owned(services: Services, source: Inbound, key: str, app: str | None, reply_to: str | None) -> bool:
+    """Whether a stored order (its key, `app` and `replyTo`) is the sending app's (apps.SubmittingApps.owner_of: a
+    record from before per-app queues, with a bare key, is the app's whose status queue it replies to)."""
+    return services.tunables.apps.owner_of(key, app, reply_to) == source.app
 
 
 def _about(source: Inbound, message_id: object, session_id: object, sequence_number: object) -> dict[str, Any]:

@@ -65,7 +65,7 @@ def _register_all(submitting: apps.SubmittingApps) -> None:
 
 def _own_queue_of(app: str) -> Callable[[Services], Inbound]:
     def source(services: Services) -> Inbound:
-        return Inbound.of_app(services, app)
+        return Inbound.of_app(app)
 
     return source
 
@@ -151,9 +151,9 @@ async def _handle(
         if outcome.claimed is not None:
             await start_attempt(client.start_new, outcome.claimed, StarterRun())
         elif not admission.others_waiting(services, source.app):
-            await start_one(services, client.start_new, outcome.order_key())
+            await start_one(services, client.start_new, outcome.key)
     except Exception:
-        log.exception("fast-path start of %s failed; the Starter poll will pick it up", outcome.order_key())
+        log.exception("fast-path start of %s failed; the Starter poll will pick it up", outcome.key)
 
 
 _register_all(submitting_apps())

@@ -42,7 +42,7 @@ def with_tunables(p: Pipeline, **overrides: Any) -> None:
 async def send(p: Pipeline, app: str, body: dict[str, Any], *, claim: bool = False) -> Any:
     """One message as the app's own submission trigger receives it from `<app>-orders`."""
     order_id = body["orderId"]
-    source = Inbound.of_app(p.services, app)
+    source = Inbound.of_app(app)
     return await receive(
         p.services, encode(body), order_id, f"{app}:{order_id}:{body['type']}", source=source, claim=claim
     )
@@ -67,7 +67,7 @@ async def statuses(p: Pipeline, app: str, order_id: str) -> list[StatusMessage]:
 async def test_an_order_is_stored_under_its_apps_key_and_its_status_carries_the_apps_own_id(p: Pipeline) -> None:
     outcome = await send(p, "partner", submit_body("partner", "X1"))
 
-    assert isinstance(outcome, Accepted) and outcome.order_key() == "partner.X1"
+    assert isinstance(outcome, Accepted) and outcome.key == "partner.X1"
     found = await p.services.state.get("partner.X1")
     assert found is not None and found[0].app == "partner" and found[0].order_id == "partner.X1"
     stored = await p.services.orders.get("partner.X1")

@@ -163,7 +163,7 @@ async def test_refresh_keeps_counting_slots_reserved_within_the_grace(services: 
 async def test_backlog_gate_counts_an_admission_at_once(services: Services, clock: FakeClock) -> None:
     first = "2024-01-01T00:00:00.000000Z"
     await put(services, Figures(processing=0, pending=5, refreshed_at=first))
-    gate = BacklogGate()
+    gate = BacklogGate("app")
     assert [await gate.admit(services) for _ in range(3)] == [True, True, True]
     assert gate.backlog() == 8  # the stored figure plus this process's admissions since
 
@@ -179,7 +179,7 @@ async def test_backlog_gate_counts_an_admission_at_once(services: Services, cloc
 async def test_backlog_gate_refuses_at_the_bound_even_for_concurrent_submissions(services: Services) -> None:
     bound = services.tunables.apps.max_pending
     await put(services, Figures(processing=0, pending=bound - 2, refreshed_at="2024-01-01T00:00:00.000000Z"))
-    gate = BacklogGate()
+    gate = BacklogGate("app")
     results = await asyncio.gather(*(gate.admit(services) for _ in range(10)))
     assert sorted(results) == [False] * 8 + [True] * 2
     assert gate.backlog() == bound
@@ -187,7 +187,7 @@ async def test_backlog_gate_refuses_at_the_bound_even_for_concurrent_submissions
 
 async def test_a_new_refresh_drops_the_admissions_it_counted(services: Services, clock: FakeClock) -> None:
     await put(services, Figures(processing=0, pending=5, refreshed_at=format_utc(clock.now())))
-    gate = BacklogGate()
+    gate = BacklogGate("app")
     await gate.admit(services)
     clock.advance(RESERVATION_GRACE + timedelta(seconds=2))
     await gate.admit(services)  # an admission just before the next refresh's count: the count may miss its record
@@ -199,7 +199,7 @@ async def test_a_new_refresh_drops_the_admissions_it_counted(services: Services,
 
 
 async def test_backlog_gate_without_a_document_counts_its_own_admissions(services: Services) -> None:
-    gate = BacklogGate()
+    gate = BacklogGate("app")
     assert await gate.admit(services)
     assert gate.backlog() == 1
 
@@ -208,8 +208,8 @@ async def test_each_services_keeps_one_backlog_gate(tmp_path: Path, clock: FakeC
     a = open_services(tmp_path / "s.db", clock)
     b = open_services(tmp_path / "s.db", clock)
     try:
-        assert backlog_gate(a) is backlog_gate(a)
-        assert backlog_gate(a) is not backlog_gate(b)
+        assert backlog_gate(a, "app") is backlog_gate(a, "app")
+        assert backlog_gate(a, "app") is not backlog_gate(b, "app")
     finally:
         await a.state.aclose()
         await b.state.aclose()
@@ -287,3 +287,14 @@ async def test_a_reservation_at_the_bound_frees_the_waiting_exits_first(services
     await admission.exited(services, clock.now())
     assert (await stored(services)).processing == 3
     assert await reserve(services) == 1
+
+
+async def test_a_reserved_slot_takes_its_order_out_of_its_apps_pending_figure(services: Services) -> None:
+    """Issue 25: each slot granted for an app's order leaves that app's Pending backlog (`pendingByApp`), so the
+    app's bound is not held by orders already claimed until the next refresh; a slot of no known app changes none."""
+    await put(services, Figures(0, 5, "2024-01-01T00:00:00.000000Z", pending_by_app={"app": 3, "partner": 2}))
+
+    assert await reserve(services, 3, ["partner", "app", None]) == 3
+
+    figures = await stored(services)
+    assert (figures.pending, dict(figures.pending_by_app)) == (2, {"app": 2, "partner": 1})
