@@ -12,7 +12,7 @@ from orderflow.workflow import WORKFLOW_V1, WORKFLOW_V2
 
 from .drill_common import LIFECYCLE_DRILLS, SETTINGS_CHOICES, base_settings
 from .lifecycle_lab import Lab
-from .system import SystemConfig
+from .system import SystemConfig, with_bus_config
 
 DEFAULT_ORDERS = {"compensation": 8, "upgrade-in-flight": 8}  # upgrade: the orders before the restart
 FIXED_ORDERS = {"cancel-in-flight": 5, "poison-in-session": 4}  # one order per stage / per case
@@ -87,9 +87,7 @@ def lifecycle_config(work_dir: Path, options: LifecycleOptions, servicebus_confi
     )
     if options.drill == "upgrade-in-flight":
         config.latency_ms_mean = options.latency_ms
-    if servicebus_config is not None:
-        config.servicebus_config = servicebus_config.resolve()
-    return config
+    return with_bus_config(config, servicebus_config)
 
 
 SHIP, CHARGE, RESERVE = StepName.ARRANGE_SHIPPING, StepName.CHARGE_PAYMENT, StepName.RESERVE_INVENTORY

@@ -13,7 +13,7 @@ from orderflow.embedded.config import load_config_file
 
 from .agent_faults import faults_from_env
 from .drill_common import SETTINGS_CHOICES, base_settings
-from .system import ROOT, SystemConfig
+from .system import ROOT, SystemConfig, with_bus_config
 
 TIMING_DRILLS = ("remote-hang", "late-replies", "reply-reordering", "clock-skew")
 DEFAULT_ORDERS = {"remote-hang": 12, "late-replies": 12, "reply-reordering": 12, "clock-skew": 10}
@@ -154,6 +154,4 @@ def timing_config(work_dir: Path, options: TimingOptions, servicebus_config: Pat
     )
     if clock_skew:
         config.latency_ms_mean = CLOCK_SKEW_LATENCY_MS
-    if servicebus_config is not None:
-        config.servicebus_config = servicebus_config.resolve()
-    return config
+    return with_bus_config(config, servicebus_config)

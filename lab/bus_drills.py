@@ -27,7 +27,7 @@ from .drill_common import SETTINGS_CHOICES, Verdict, base_settings, parse_overri
 from .invariants import _dead_letters, check_system, install_for
 from .lifecycle_lab import until
 from .store_drills import IN_FLIGHT_WAIT_S, UNFINISHED, FaultLedger, _finish, _in_flight
-from .system import LocalSystem, Process, SystemConfig
+from .system import LocalSystem, Process, SystemConfig, with_bus_config
 
 DRILL = "bus-outage"
 DEFAULT_ORDERS = 12  # and half as many submitted as the outage begins
@@ -212,9 +212,7 @@ def bus_config(work_dir: Path, options: BusDrillOptions, servicebus_config: Path
     """As store-outage's system: a remote that never fails by itself and answers slowly (orders in flight)."""
     config = SystemConfig(work_dir.resolve(), options.seed, settings=options.settings_values())
     config.latency_ms_mean = options.latency_ms
-    if servicebus_config is not None:
-        config.servicebus_config = servicebus_config.resolve()
-    return config
+    return with_bus_config(config, servicebus_config)
 
 
 def run_command(args: argparse.Namespace) -> int:

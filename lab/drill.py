@@ -54,7 +54,7 @@ from .invariants import check_system, install_for
 from .lifecycle_drills import run_lifecycle_command
 from .profile_drills import wait_holding
 from .resilience_drills import ResilienceOptions, resilience_config, run_resilience_drill
-from .system import LocalSystem, Process, SystemConfig
+from .system import LocalSystem, Process, SystemConfig, with_bus_config
 
 DEFAULT_KILLS = {"host-crash": 10, "agent-crash": 5}
 # With --timing azure-storage each host loss idles the task hub until the dead host's leases run out (up to 70 s), so
@@ -264,9 +264,7 @@ def drill_config(work_dir: Path, options: DrillOptions, servicebus_config: Path 
     )
     if options.latency_ms is not None:
         config.latency_ms_mean = options.latency_ms
-    if servicebus_config is not None:
-        config.servicebus_config = servicebus_config.resolve()
-    return config
+    return with_bus_config(config, servicebus_config)
 
 
 @dataclass

@@ -42,7 +42,7 @@ from .drill_common import SETTINGS_CHOICES, Verdict, base_settings, parse_overri
 from .invariants import check_system, install_for, read_transitions, store_path
 from .lifecycle_lab import Lab, durable_instances, lifecycle_verdict, status_matches_ledger
 from .poison_strategies import Poison, draw_poison, poison_digest
-from .system import LocalSystem, SystemConfig
+from .system import LocalSystem, SystemConfig, with_bus_config
 
 INPUT_DRILLS = ("duplicate-delivery", "poison-input")
 DEFAULT_ORDERS = {"duplicate-delivery": 12, "poison-input": 10}
@@ -109,9 +109,7 @@ def input_config(work_dir: Path, options: InputOptions, servicebus_config: Path 
         hang_rate=0.0,
         settings=options.settings_values(),
     )
-    if servicebus_config is not None:
-        config.servicebus_config = servicebus_config.resolve()
-    return config
+    return with_bus_config(config, servicebus_config)
 
 
 # --- what both drills read beyond the Lab: the broker's counts, the store's ids, alerts in peek-lock mode ----------

@@ -39,7 +39,7 @@ from .demo import (
 )
 from .drill_common import DEFAULT_ORDERS, RESILIENCE_DRILLS, SETTINGS_CHOICES, Verdict, base_settings
 from .invariants import check_system, install_for
-from .system import LocalSystem, SystemConfig
+from .system import LocalSystem, SystemConfig, with_bus_config
 
 # Each resilience drill's settings, over the chosen base (LOCAL_DEFAULTS or the sample's) and under `--set`. The
 # Starter runs every second so that a retried or deferred order is claimed again at once, and admission figures are
@@ -117,9 +117,7 @@ def resilience_config(
         hang_rate=0.0,
         settings=options.settings_values(),
     )
-    if servicebus_config is not None:
-        config.servicebus_config = servicebus_config.resolve()
-    return config
+    return with_bus_config(config, servicebus_config)
 
 
 @dataclass(frozen=True)

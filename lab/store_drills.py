@@ -41,7 +41,7 @@ from .demo import (
 from .drill_common import SETTINGS_CHOICES, Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
 from .invariants import _dead_letters, check_system, install_for, read_transitions, store_path
 from .lifecycle_lab import until
-from .system import LocalSystem, Process, SystemConfig
+from .system import LocalSystem, Process, SystemConfig, with_bus_config
 
 STORE_DRILLS = ("state-store-conflicts", "store-outage")
 DEFAULT_ORDERS = {"state-store-conflicts": 40, "store-outage": 20}  # store-outage: and half as many during it
@@ -148,9 +148,7 @@ def store_config(work_dir: Path, options: StoreDrillOptions, servicebus_config: 
     )
     if options.drill == "store-outage":
         config.latency_ms_mean = options.latency_ms
-    if servicebus_config is not None:
-        config.servicebus_config = servicebus_config.resolve()
-    return config
+    return with_bus_config(config, servicebus_config)
 
 
 # --- what the drills read ---------------------------------------------------------------------------------------

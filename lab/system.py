@@ -160,6 +160,13 @@ LOCAL_DEFAULTS = {
 }
 
 
+def with_bus_config(config: SystemConfig, servicebus_config: Path | None) -> SystemConfig:
+    """`config` with the broker configuration a drill was given (`--servicebus-config`, resolved), else as it is."""
+    if servicebus_config is not None:
+        config.servicebus_config = servicebus_config.resolve()
+    return config
+
+
 class Process:
     """A child process whose output goes to a log file; `url` is what it printed after 'listening on'."""
 

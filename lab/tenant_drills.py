@@ -51,7 +51,7 @@ from .demo import ClientApp, client_app, default_work_dir, make_orders
 from .drill_common import SETTINGS_CHOICES, Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
 from .invariants import check_system, dead_letters, install_for, read_transitions, store_path
 from .lifecycle_lab import Lab
-from .system import LocalSystem, SystemConfig
+from .system import LocalSystem, SystemConfig, with_bus_config
 
 DEFAULT_ORDERS = 40  # app's honest orders (and as many again alone first: the baseline)
 PARTNER_BOUND = 20  # MaxPendingOrdersPerApp partner=20
@@ -138,16 +138,11 @@ def tenant_config(work_dir: Path, options: TenantOptions, servicebus_config: Pat
     config = SystemConfig(
         work_dir=work_dir.resolve(),
         seed=options.seed,
-        transient_failure_rate=0.0,
-        permanent_failure_rate=0.0,
-        hang_rate=0.0,
         latency_ms_mean=LATENCY_MS,
         settings=options.settings_values(),
         rights=options.rights,
-    )
-    if servicebus_config is not None:
-        config.servicebus_config = servicebus_config.resolve()
-    return config
+    )  # SystemConfig's failure and hang rates are 0 by default
+    return with_bus_config(config, servicebus_config)
 
 
 # --- driving the system ----------------------------------------------------------------------------------------------
