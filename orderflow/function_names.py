@@ -6,6 +6,8 @@ SUBMISSION_PREFIX = "submission-"  # `submission-<app>`: each app's own inbound 
 STARTER_TIMER = "starter_timer"
 AGENT_REPLIES = "agent_replies"
 SUPERVISOR = "supervisor"
+PURGE = "purge"  # finished Durable instances past InstanceRetentionSeconds (triggers/retention.py)
+ALARMS = "alarms"  # the alarm figures and their metrics (triggers/alarms.py)
 
 # The Scheduler
 ORDER_WORKFLOW = "order_workflow"

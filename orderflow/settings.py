@@ -170,6 +170,42 @@ SETTINGS: tuple[Setting, ...] = (
         "Per-app sizes of that bound, `<app>=<N>,...` (e.g. `app=5000,partner=200`); an app not named gets "
         "MaxPendingOrders.",
     ),
+    Setting(
+        "FinishedOrderRetentionSeconds",
+        "7776000",
+        "How long a finished order (terminal and notified) is kept: its state record and its stored order get this "
+        "Cosmos DB TTL when its terminal status is sent (90 days by default; an unfinished record never has one). "
+        "0 keeps finished orders forever. `orderflow keep KEY` exempts one order.",
+    ),
+    Setting(
+        "InstanceRetentionSeconds",
+        "2592000",
+        "How long the Durable instances (history) of finished attempts are kept: the purge timer deletes Completed, "
+        "Failed and Terminated instances created before now minus this (30 days by default). 0 never purges.",
+    ),
+    Setting("PurgeSchedule", "0 */5 * * * *", "NCRONTAB of the timer that purges finished Durable instances."),
+    Setting(
+        "PurgeWindowSeconds",
+        "3600",
+        "Created-time window of one purge call (`purge_instance_history_by`); it doubles over empty stretches "
+        "and halves after a call that deleted more than PurgeMaxInstancesPerCall.",
+    ),
+    Setting("PurgeMaxInstancesPerCall", "500", "Instances one purge call should delete at most (the window adapts)."),
+    Setting("PurgeMaxCallsPerRun", "8", "Most purge calls one run of the purge timer makes: the bound per run."),
+    Setting("AlarmSchedule", "0 * * * * *", "NCRONTAB of the timer that computes the alarms (orderflow/alarms.py)."),
+    Setting(
+        "BacklogGrowthAlarmOrders",
+        "100",
+        "The backlog-growth alarm fires when the Pending backlog grew by more than this many orders over "
+        "BacklogGrowthWindowSeconds.",
+    ),
+    Setting("BacklogGrowthWindowSeconds", "900", "The window over which the backlog's growth is measured."),
+    Setting(
+        "SenderDeadLetterAlarmDepth",
+        "20",
+        "Dead letters on a sender's queue (an app's inbound or status queue, orders-inbound) above which the "
+        "dead-letters alarm fires; on a system queue any dead letter fires it.",
+    ),
 )
 
 SETTING_NAMES = frozenset(s.name for s in SETTINGS)
