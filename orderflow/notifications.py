@@ -6,7 +6,8 @@ The fenced state write (Processed/Error) comes first, the sends after it, and `n
 succeed; the Supervisor's sweep sends again for records left with `notifiedAt` null. Status MessageIds are stable
 (`<orderId>:<state>:<attempt>`); alerts are at-least-once. The write that sets `notifiedAt` counts the order as
 finished (`orderflow.orders.completed`, `orderflow.order.duration`); the sends run in the span
-`orderflow.terminal_status`. Why this order of writes: docs/modules-product.md."""
+`orderflow.terminal_status`. That write also starts the finished order's retention (orderflow/retention.py: the TTL of
+its stored order first, then of its state record). Why this order of writes: docs/modules-product.md."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from orderflow import telemetry, tracing
 from orderflow.messages import COMPENSATED_STEP, AlertKind, Effects, OrderStatus
 from orderflow.outbound import raise_alert, send_status
 from orderflow.records import OrderStateRecord, ProcessState, StepStatus
+from orderflow.retention import expire_finished
 from orderflow.runtime import Services
 from orderflow.state_machine import CANCELLED_PREFIX, IllegalTransition, Wrote, mark_notified
 
@@ -123,7 +125,9 @@ async def notify_terminal(services: Services, rec: OrderStateRecord) -> None:
                 details=details,
             )
         await send_terminal_status(services, rec)
-        wrote = Wrote(lambda r: mark_notified(r, services.clock.now()))
+        ttl = services.tunables.finished_ttl
+        await expire_finished(services, rec, ttl)
+        wrote = Wrote(lambda r: mark_notified(r, services.clock.now(), ttl))
         await services.state.update_with_retry(rec.order_id, wrote)
     if wrote.changed:  # this call recorded the notification: the order ends here, once
         ended = rec.process_state.value

@@ -118,6 +118,11 @@ class OrdersDb(Protocol):
 
     async def get(self, order_id: str) -> OrderRecord | None: ...
 
+    async def set_ttl(self, order_id: str, ttl: int) -> None:
+        """Give the stored order the per-item TTL `ttl` (seconds from this write; records.TTL_NEVER: never expires).
+        NotFound when it is not stored (or expired)."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

@@ -11,18 +11,42 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, field_validator
 
 from orderflow.clock import ensure_utc
 from orderflow.messages import MAX_ATTEMPT, STEPS, CompensationName, StepName, SubmitOrder
+from orderflow.text import bounded
 
 RECORD_SCHEMA_VERSION = 1  # the immutable OrderRecord
 # The state record: 2 added the compensation log, the cancel and the workflow version. A version-1 record reads as
 # version 2 (every added field has its default) and is written back as 2; a newer version than this code knows is
 # kept as it is (its unknown fields survive, `extra="allow"`).
 STATE_RECORD_SCHEMA_VERSION = 2
+
+
+# Bounds of what a record keeps (issue 26): an error or cause (the remote service's text among them) is cut to
+# ERROR_TEXT_MAX characters with its length said; `previousErrors` keeps the newest MAX_PREVIOUS_ERRORS and the
+# resubmission audit the newest MAX_RESUBMISSIONS, each counting what it dropped.
+ERROR_TEXT_MAX = 1024
+T = TypeVar("T")
+MAX_PREVIOUS_ERRORS = 10
+MAX_RESUBMISSIONS = 20
+# Cosmos DB's per-item `ttl` that never expires the item, whatever the container's default
+# (https://learn.microsoft.com/azure/cosmos-db/nosql/time-to-live): what `orderflow keep` sets.
+TTL_NEVER = -1
+
+
+def error_text(text: str) -> str:
+    """An error, cause or reason as a record keeps it: at most ERROR_TEXT_MAX characters (text.bounded)."""
+    return bounded(text, ERROR_TEXT_MAX)
+
+
+def newest(items: tuple[T, ...], bound: int) -> tuple[tuple[T, ...], int]:
+    """The newest `bound` of `items` (oldest first) and how many older ones were dropped."""
+    dropped = max(0, len(items) - bound)
+    return items[dropped:], dropped
 
 
 def format_utc(value: datetime) -> str:
@@ -159,6 +183,14 @@ class Resubmission(_Record):
     failure_count: int = Field(ge=0, alias="failureCount")
 
 
+class Kept(_Record):
+    """An operator's hold on a finished order's retention (`orderflow keep`): who, when, why."""
+
+    at: UtcDatetime
+    by: str = Field(min_length=1, max_length=256)
+    reason: str = Field(min_length=1, max_length=256)
+
+
 class OrderStateRecord(_Record):
     """The state store record of one order (id = the order key, partition key /orderId: orderflow/apps.py)."""
 
@@ -182,6 +214,7 @@ class OrderStateRecord(_Record):
     # without `previousErrors` (written before the field existed) reads as ().
     last_error: str | None = Field(default=None, alias="lastError")
     previous_errors: tuple[str, ...] = Field(default=(), alias="previousErrors")
+    previous_errors_dropped: int = Field(default=0, ge=0, alias="previousErrorsDropped")  # the oldest, past the bound
     retry_at: UtcDatetime | None = Field(default=None, alias="retryAt")
     # Attempts handed back without a FailureCount (state_machine.defer: the breaker was open, or admission).
     deferrals: int = Field(default=0, ge=0)
@@ -208,9 +241,22 @@ class OrderStateRecord(_Record):
     notified_at: UtcDatetime | None = Field(default=None, alias="notifiedAt")
     # Operators' resubmits, oldest first (the audit trail: who, when, why).
     resubmissions: tuple[Resubmission, ...] = ()
+    resubmissions_dropped: int = Field(default=0, ge=0, alias="resubmissionsDropped")  # the oldest, past the bound
+    # Retention: the Cosmos DB per-item TTL in seconds, set when the finished order's status went out
+    # (orderflow/retention.py); None while unfinished (no `ttl` in the document: the container's default, -1, never
+    # expires it); TTL_NEVER once an operator kept the order (`kept`).
+    ttl: int | None = Field(default=None)
+    kept: Kept | None = None
     # The W3C trace context of the order's trace (the submission's span), so that every later hop (Starter,
     # Scheduler, activities, Agent, replies, terminal status) joins the same trace. None: not traced.
     traceparent: str | None = Field(default=None, max_length=55)
+
+    def to_doc(self) -> dict[str, Any]:
+        """The stored document; no `ttl` property while the record has none (Cosmos DB takes a number or nothing)."""
+        doc = super().to_doc()
+        if doc.get("ttl") is None:
+            doc.pop("ttl", None)
+        return doc
 
     @field_validator("schema_version")
     @classmethod

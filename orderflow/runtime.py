@@ -45,6 +45,13 @@ def submitting_apps(env: Mapping[str, str] | None = None) -> SubmittingApps:
     )
 
 
+def _finished_ttl(env: Mapping[str, str] | None) -> int | None:
+    value = settings.get_int("FinishedOrderRetentionSeconds", env)
+    if value < 0:
+        raise ValueError(f"app setting FinishedOrderRetentionSeconds must be 0 (forever) or more, got {value}")
+    return value or None
+
+
 @dataclass(frozen=True)
 class Tunables:
     """Every tunable, from app settings (defaults documented in orderflow.settings)."""
@@ -66,6 +73,8 @@ class Tunables:
     remote_service: str  # the id of the remote service's circuit-breaker document
     scan_mode: str  # the Supervisor's: "query" or "index" (the recovery index, orderflow/recovery_index.py)
     backoff: Backoff = field(compare=False)
+    # FinishedOrderRetentionSeconds: the TTL a finished order's documents get (orderflow/retention.py); None: forever.
+    finished_ttl: int | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Tunables:
@@ -98,6 +107,7 @@ class Tunables:
             remote_service=s("RemoteServiceName"),
             scan_mode=scan_mode(s("SupervisorScanMode")),
             backoff=exponential_backoff(float(i("RetryBackoffBaseSeconds")), float(i("RetryBackoffMaxSeconds"))),
+            finished_ttl=_finished_ttl(env),
         )
 
     def internal_queues(self) -> frozenset[str]:

@@ -11,14 +11,18 @@ the record unchanged: activities run at least once, so `complete`, `fail` and `r
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 
+from orderflow.backoff import Backoff, exponential_backoff
 from orderflow.clock import ensure_utc
 from orderflow.messages import COMPENSATION_OF, MAX_ATTEMPT, CompensationName, StepName
 from orderflow.records import (
     CLAIMABLE_STATES,
+    MAX_PREVIOUS_ERRORS,
+    MAX_RESUBMISSIONS,
     TERMINAL_STATES,
+    TTL_NEVER,
     CompensationRecord,
     IllegalTransition,
     OrderStateRecord,
@@ -26,7 +30,9 @@ from orderflow.records import (
     Resubmission,
     StepRecord,
     StepStatus,
+    error_text,
     instance_id,
+    newest,
 )
 
 __all__ = [
@@ -144,8 +150,6 @@ STEP_TRANSITIONS: Mapping[StepStatus, frozenset[StepStatus]] = {
     StepStatus.SUCCEEDED: frozenset(),
 }
 
-Backoff = Callable[[int], timedelta]
-
 
 def next_state(state: ProcessState, event: Event) -> ProcessState:
     try:
@@ -154,30 +158,23 @@ def next_state(state: ProcessState, event: Event) -> ProcessState:
         raise IllegalTransition(f"{event.value} is not allowed in state {state.value}") from None
 
 
-def exponential_backoff(base_seconds: float, max_seconds: float) -> Backoff:
-    """Delay before retry number `failure_count` (1-based): base * 2**(n-1), capped at max_seconds."""
-    if base_seconds < 0 or max_seconds < 0:
-        raise ValueError("backoff seconds must be >= 0")
-
-    def delay(failure_count: int) -> timedelta:
-        if failure_count < 1:
-            raise ValueError(f"failure_count must be >= 1, got {failure_count}")
-        exponent = min(failure_count - 1, 62)  # 2**62 seconds is past any cap; avoids huge ints
-        return timedelta(seconds=min(base_seconds * (2**exponent), max_seconds))
-
-    return delay
-
-
 def fence(rec: OrderStateRecord, instance: str) -> None:
     if rec.locked_by != instance:
         raise Fenced(rec.order_id, instance, rec.locked_by)
 
 
 def _error_changes(rec: OrderStateRecord, error: str | None) -> dict[str, object]:
-    """`last_error` becomes `error`; the error it replaces is kept, oldest first, in `previous_errors`."""
+    """`last_error` becomes `error` (bounded: records.error_text); the error it replaces is kept, oldest first, in
+    `previous_errors`, which keeps the newest MAX_PREVIOUS_ERRORS and counts the ones it drops."""
+    error = None if error is None else error_text(error)
     replaced = rec.last_error
     history = rec.previous_errors if replaced is None or replaced == error else (*rec.previous_errors, replaced)
-    return {"last_error": error, "previous_errors": history}
+    kept, dropped = newest(history, MAX_PREVIOUS_ERRORS)
+    return {
+        "last_error": error,
+        "previous_errors": kept,
+        "previous_errors_dropped": rec.previous_errors_dropped + dropped,
+    }
 
 
 def _move(rec: OrderStateRecord, event: Event, now: datetime, **changes: object) -> OrderStateRecord:
@@ -331,6 +328,7 @@ def fail(rec: OrderStateRecord, instance: str, error: str, now: datetime) -> Ord
     """Scheduler (fenced): Processing → Error with the permanent error; CompensationInProgress → CompensationFailed
     (a compensation failed permanently)."""
     fence(rec, instance)
+    error = error_text(error)
     if rec.process_state in (ProcessState.ERROR, ProcessState.COMPENSATION_FAILED) and rec.last_error == error:
         return rec
     return _move(rec, Event.FAIL, now, complete_by=None, **_error_changes(rec, error))
@@ -365,6 +363,7 @@ def begin_compensation(
     fence(rec, instance)
     if cause == CANCELLED_PREFIX:
         cause = _cancel_cause(rec.cancel_reason)  # the client's reason, recorded with the cancel
+    cause = error_text(cause)
     if rec.compensation_cause == cause and rec.process_state is not ProcessState.PROCESSING:
         return rec
     if rec.process_state is not ProcessState.PROCESSING:
@@ -507,6 +506,7 @@ def defer(rec: OrderStateRecord, instance: str, retry_at: datetime, now: datetim
     breaker of the remote service is open, or admission control gave a claim back. FailureCount is unchanged (no
     attempt was spent on the remote service); `deferrals` counts these. The next claim starts a new attempt. A
     cancelled order is undone instead. Repeating it is a no-op (the lock is gone)."""
+    reason = error_text(reason)
     if (
         rec.process_state in CLAIMABLE_STATES
         and rec.locked_by is None
@@ -550,19 +550,30 @@ def resubmit(rec: OrderStateRecord, now: datetime, by: str, reason: str) -> Orde
         complete_by=None,
         retry_at=None,
         notified_at=None,
-        resubmissions=(*rec.resubmissions, audit),
+        **_audited(rec, audit),
         **budget,
         **_error_changes(rec, None),
     )
 
 
-def mark_notified(rec: OrderStateRecord, now: datetime) -> OrderStateRecord:
-    """A terminal record's status (and alert) has been sent; repeating it is a no-op. Not a state change."""
+def _audited(rec: OrderStateRecord, audit: Resubmission) -> dict[str, object]:
+    """The resubmission audit with `audit` appended: the newest MAX_RESUBMISSIONS, the older ones counted."""
+    entries, dropped = newest((*rec.resubmissions, audit), MAX_RESUBMISSIONS)
+    # Unfinished again: a finished order's TTL goes (a kept order stays kept).
+    ttl = rec.ttl if rec.ttl == TTL_NEVER else None
+    return {"resubmissions": entries, "resubmissions_dropped": rec.resubmissions_dropped + dropped, "ttl": ttl}
+
+
+def mark_notified(rec: OrderStateRecord, now: datetime, ttl: int | None = None) -> OrderStateRecord:
+    """A terminal record's status (and alert) has been sent: the order is finished, and from now on it expires after
+    `ttl` seconds (Cosmos DB per-item TTL; None: kept forever; a kept order keeps TTL_NEVER). Repeating it is a no-op.
+    Not a state change."""
     if rec.process_state not in TERMINAL_STATES:
         raise IllegalTransition(f"order {rec.order_id} is {rec.process_state.value}: nothing to notify yet")
     if rec.notified_at is not None:
         return rec
-    return rec.model_copy(update={"notified_at": ensure_utc(now), "updated_at": ensure_utc(now)})
+    expiry = rec.ttl if rec.ttl == TTL_NEVER else ttl
+    return rec.model_copy(update={"notified_at": ensure_utc(now), "updated_at": ensure_utc(now), "ttl": expiry})
 
 
 class Wrote:

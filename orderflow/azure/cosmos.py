@@ -31,6 +31,7 @@ from orderflow.azure._cosmos_io import (
 )
 from orderflow.azure._cosmos_io import CosmosNames as CosmosNames  # re-exported: callers name it through this module
 from orderflow.azure._cosmos_io import translate as translate  # re-exported, as CosmosNames
+from orderflow.errors import NotFound, PreconditionFailed
 from orderflow.ports import (
     ExpiredCursor,
     IndexEntry,
@@ -179,6 +180,20 @@ class CosmosOrdersDb:
     async def get(self, order_id: str) -> OrderRecord | None:
         doc = await read_doc(self._container, order_id, order_id)
         return None if doc is None else OrderRecord.from_doc(doc)
+
+    async def set_ttl(self, order_id: str, ttl: int) -> None:
+        # A point read and an If-Match replace (items/read, items/replace: the rights infra/app/rbac.bicep grants);
+        # a concurrent writer is retried once, then PreconditionFailed propagates.
+        for attempt in range(2):
+            doc = await read_doc(self._container, order_id, order_id)
+            if doc is None:
+                raise NotFound(f"order {order_id!r} does not exist")
+            try:
+                await replace_if_match(self._container, {**_strip(doc), "ttl": ttl}, str(doc["_etag"]))
+                return
+            except PreconditionFailed:
+                if attempt:
+                    raise
 
     async def aclose(self) -> None:
         await self._connection.aclose()

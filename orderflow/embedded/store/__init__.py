@@ -43,6 +43,7 @@ from ._faults import FaultInjector, StoreFaults, split_endpoint_path
 from ._file import (
     _UPDATED_AT,
     BUSY_TIMEOUT_SECONDS,
+    LIVE,
     SqliteFile,
     _conditional_update,
     _dumps,
@@ -52,6 +53,7 @@ from ._file import (
     _state_row,
     _values,
     _versioned,
+    expires_at,
     new_etag,
 )
 
@@ -92,7 +94,8 @@ class SqliteOrdersDb:
 
     async def create_if_absent(self, record: OrderRecord) -> tuple[OrderRecord, bool]:
         self._db.authorize("orders", CREATE)
-        row = {"id": record.id, "etag": new_etag(), "doc": _dumps(record.to_doc())}
+        doc = record.to_doc()
+        row = {"id": record.id, "etag": new_etag(), "doc": _dumps(doc), "expires_at": expires_at(doc, self._db.now())}
 
         def run(conn: sqlite3.Connection) -> tuple[OrderRecord, bool]:
             if _insert_if_absent(conn, "orders", row):
@@ -111,6 +114,21 @@ class SqliteOrdersDb:
         found = await self._db.read(lambda conn: _select_doc(conn, "orders", order_id), "orders.get")
         return None if found is None else OrderRecord.from_doc(found[0])
 
+    async def set_ttl(self, order_id: str, ttl: int) -> None:
+        self._db.authorize("orders", READ)
+        self._db.authorize("orders", REPLACE)
+        now = self._db.now()
+
+        def run(conn: sqlite3.Connection) -> None:
+            found = _select_doc(conn, "orders", order_id)
+            if found is None:
+                raise NotFound(f"order {order_id!r} does not exist")
+            doc = {**found[0], "ttl": ttl}
+            row = {"etag": new_etag(), "doc": _dumps(doc), "expires_at": expires_at(doc, now)}
+            _conditional_update(conn, "orders", order_id, found[1], row)
+
+        await self._db.write(run, "orders.set_ttl")
+
     async def aclose(self) -> None:
         await self._db.aclose()
 
@@ -123,7 +141,7 @@ class SqliteStateStore(UpdateWithRetry):
 
     async def create_if_absent(self, rec: OrderStateRecord) -> tuple[OrderStateRecord, bool]:
         self._db.authorize("order_state", CREATE)
-        row = _state_row(rec, new_etag())
+        row = _state_row(rec, new_etag(), self._db.now())
 
         def run(conn: sqlite3.Connection) -> tuple[OrderStateRecord, bool]:
             if _insert_if_absent(conn, "order_state", row):
@@ -144,7 +162,7 @@ class SqliteStateStore(UpdateWithRetry):
 
     async def replace(self, rec: OrderStateRecord, etag: str) -> str:
         self._db.authorize("order_state", REPLACE)
-        row = _state_row(rec, new_etag())
+        row = _state_row(rec, new_etag(), self._db.now())
         row.pop("id")
         await self._db.write(
             lambda conn: _conditional_update(conn, "order_state", rec.id, etag, row),
@@ -164,7 +182,7 @@ class SqliteStateStore(UpdateWithRetry):
         of_app, app_args = _of_app(keys)
         sql = (
             f"SELECT doc, etag FROM order_state WHERE process_state IN {_marks(states)} AND locked_by IS NULL"
-            f" AND (retry_at IS NULL OR retry_at <= ?){of_app} ORDER BY retry_at, created_at, id LIMIT ?"
+            f" AND (retry_at IS NULL OR retry_at <= ?){of_app} AND {LIVE} ORDER BY retry_at, created_at, id LIMIT ?"
         )
         args = (*_values(states), format_utc(now), *app_args, limit)
         self._db.authorize("order_state", QUERY)
@@ -174,7 +192,7 @@ class SqliteStateStore(UpdateWithRetry):
     async def query_unnotified(self, updated_before: datetime, limit: int) -> list[Versioned]:
         sql = (
             f"SELECT doc, etag FROM order_state WHERE process_state IN {_marks(TERMINAL_STATES)}"
-            f" AND json_extract(doc, '$.notifiedAt') IS NULL AND {_UPDATED_AT} < ?"
+            f" AND json_extract(doc, '$.notifiedAt') IS NULL AND {_UPDATED_AT} < ? AND {LIVE}"
             f" ORDER BY {_UPDATED_AT}, id LIMIT ?"
         )
         args = (*_values(TERMINAL_STATES), format_utc(updated_before), limit)
@@ -190,7 +208,7 @@ class SqliteStateStore(UpdateWithRetry):
         after = ExpiredCursor.start(window_start, continuation)
         sql = (
             f"SELECT doc, etag FROM order_state WHERE process_state IN {_marks(SUPERVISED_STATES)}"
-            " AND (complete_by, id) > (?, ?) AND complete_by >= ? AND complete_by < ?"
+            f" AND (complete_by, id) > (?, ?) AND complete_by >= ? AND complete_by < ? AND {LIVE}"
             " ORDER BY complete_by, id LIMIT ?"
         )
         args = (
@@ -208,7 +226,7 @@ class SqliteStateStore(UpdateWithRetry):
 
     async def count_in_state(self, state: ProcessState, *, keys: KeyFilter | None = None) -> int:
         of_app, app_args = _of_app(keys)
-        sql = f"SELECT COUNT(*) FROM order_state WHERE process_state = ?{of_app}"
+        sql = f"SELECT COUNT(*) FROM order_state WHERE process_state = ?{of_app} AND {LIVE}"
         args = (state.value, *app_args)
         self._db.authorize("order_state", QUERY)
         row = await self._db.read(lambda conn: conn.execute(sql, args).fetchone(), "state.count_in_state")
@@ -226,7 +244,7 @@ class SqliteStateStore(UpdateWithRetry):
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
         of_app, app_args = _of_app(keys)
-        where: list[str] = ["process_state = ?"]
+        where: list[str] = ["process_state = ?", LIVE]
         args: list[object] = [state.value]
         if continuation is not None:
             after = KeysetCursor.decode(continuation)
@@ -251,7 +269,10 @@ class SqliteStateStore(UpdateWithRetry):
         return page.items[0][0] if page.items else None
 
     async def count_expired(self, now: datetime) -> int:
-        sql = f"SELECT COUNT(*) FROM order_state WHERE process_state IN {_marks(SUPERVISED_STATES)} AND complete_by < ?"
+        sql = (
+            f"SELECT COUNT(*) FROM order_state WHERE process_state IN {_marks(SUPERVISED_STATES)} AND complete_by < ?"
+            f" AND {LIVE}"
+        )
         args = (*_values(SUPERVISED_STATES), format_utc(now))
         self._db.authorize("order_state", QUERY)
         row = await self._db.read(lambda conn: conn.execute(sql, args).fetchone(), "state.count_expired")

@@ -7,6 +7,7 @@ import asyncio
 import json
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -24,10 +25,11 @@ BUSY_TIMEOUT_SECONDS = 30.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS orders (
-    id TEXT PRIMARY KEY, etag TEXT NOT NULL, doc TEXT NOT NULL);
+    id TEXT PRIMARY KEY, etag TEXT NOT NULL, doc TEXT NOT NULL, expires_at REAL);
 CREATE TABLE IF NOT EXISTS order_state (
     id TEXT PRIMARY KEY, etag TEXT NOT NULL, doc TEXT NOT NULL,
-    process_state TEXT NOT NULL, locked_by TEXT, retry_at TEXT, complete_by TEXT, created_at TEXT NOT NULL);
+    process_state TEXT NOT NULL, locked_by TEXT, retry_at TEXT, complete_by TEXT, created_at TEXT NOT NULL,
+    expires_at REAL);
 CREATE INDEX IF NOT EXISTS ix_state_claimable ON order_state (process_state, retry_at, created_at);
 CREATE INDEX IF NOT EXISTS ix_state_expired ON order_state (process_state, complete_by, id);
 CREATE INDEX IF NOT EXISTS ix_state_updated ON order_state (process_state, json_extract(doc, '$.updatedAt'), id);
@@ -42,6 +44,17 @@ CREATE TABLE IF NOT EXISTS documents (
     collection TEXT NOT NULL, id TEXT NOT NULL, etag TEXT NOT NULL, doc TEXT NOT NULL, PRIMARY KEY (collection, id));
 """
 
+# Per-item TTL, as Cosmos DB has it (https://learn.microsoft.com/azure/cosmos-db/nosql/time-to-live): a document whose
+# `ttl` is N > 0 expires N seconds after its last write (`_ts`); from then on no read or query returns it, and it is
+# deleted in the background. Here `expires_at` (epoch seconds, the file's clock `SqliteFile.now`) holds that moment;
+# reads filter on `LIVE`, a write transaction first deletes up to EXPIRED_SWEEP expired rows. No ttl, or -1: never.
+TTL_TABLES = ("orders", "order_state")
+LIVE = "(expires_at IS NULL OR expires_at > store_now())"
+EXPIRED_SWEEP = 100
+_TTL_MIGRATION = [f"ALTER TABLE {t} ADD COLUMN expires_at REAL" for t in TTL_TABLES]
+_TTL_INDEXES = "".join(
+    f"CREATE INDEX IF NOT EXISTS ix_{t}_expires ON {t} (expires_at) WHERE expires_at IS NOT NULL;\n" for t in TTL_TABLES
+)
 # The indexed expression of ix_state_updated: a query uses that index only when it spells the expression the same way.
 _UPDATED_AT = "json_extract(doc, '$.updatedAt')"
 
@@ -87,7 +100,10 @@ class SqliteFile:
         )
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
+        self.now: Callable[[], float] = time.time  # the store's clock (epoch seconds): TTL expiry; tests move it
+        self._conn.create_function("store_now", 0, lambda: self.now())
         self._conn.executescript(_SCHEMA)
+        _migrate_ttl(self._conn)
         self._closed = False
         self.faults = None if faults is None else FaultInjector(faults, self.path)
         self.access: StoreAccess | None = None  # the identity it acts as (None: the owner, every right)
@@ -132,6 +148,7 @@ class SqliteFile:
                 self._conn.execute("COMMIT")
             self._conn.execute("BEGIN IMMEDIATE")
             try:
+                _sweep_expired(self._conn)
                 result = fn(self._conn)
             except BaseException:
                 self._conn.execute("ROLLBACK")
@@ -148,19 +165,52 @@ class SqliteFile:
                     self.faults.close()
 
 
+def _migrate_ttl(conn: sqlite3.Connection) -> None:
+    """Add `expires_at` to a file written before per-item TTL (another process may be doing the same)."""
+    for table, alter in zip(TTL_TABLES, _TTL_MIGRATION, strict=True):
+        if "expires_at" not in {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}:
+            try:
+                conn.execute(alter)
+            except sqlite3.OperationalError as exc:
+                if "duplicate column" not in str(exc):
+                    raise
+    conn.executescript(_TTL_INDEXES)
+
+
+def _sweep_expired(conn: sqlite3.Connection) -> None:
+    """Cosmos DB's background deletion of expired items, a few per write transaction."""
+    for table in TTL_TABLES:
+        conn.execute(
+            f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE expires_at <= store_now() LIMIT ?)",
+            (EXPIRED_SWEEP,),
+        )
+
+
+def expires_at(doc: dict[str, Any], now: float) -> float | None:
+    """When a document written at `now` expires: its `ttl` seconds later when positive, else never."""
+    ttl = doc.get("ttl")
+    return now + ttl if isinstance(ttl, int) and not isinstance(ttl, bool) and ttl > 0 else None
+
+
 def _dumps(doc: dict[str, Any]) -> str:
     return json.dumps(doc, separators=(",", ":"), sort_keys=True)
 
 
 def _insert_if_absent(conn: sqlite3.Connection, table: str, row: dict[str, Any]) -> bool:
+    if table in TTL_TABLES:  # an expired item is gone: its id is free
+        conn.execute(f"DELETE FROM {table} WHERE id = ? AND NOT {LIVE}", (row["id"],))
     names = ", ".join(row)
     marks = ", ".join(f":{k}" for k in row)
     cur = conn.execute(f"INSERT OR IGNORE INTO {table} ({names}) VALUES ({marks})", row)
     return cur.rowcount == 1
 
 
+def _live(table: str) -> str:
+    return f" AND {LIVE}" if table in TTL_TABLES else ""
+
+
 def _select_doc(conn: sqlite3.Connection, table: str, key: str) -> tuple[dict[str, Any], str] | None:
-    row = conn.execute(f"SELECT doc, etag FROM {table} WHERE id = ?", (key,)).fetchone()
+    row = conn.execute(f"SELECT doc, etag FROM {table} WHERE id = ?{_live(table)}", (key,)).fetchone()
     return None if row is None else (json.loads(row[0]), row[1])
 
 
@@ -168,18 +218,20 @@ def _conditional_update(conn: sqlite3.Connection, table: str, key: str, etag: st
     """UPDATE ... WHERE id AND etag; NotFound or PreconditionFailed when it changes nothing."""
     sets = ", ".join(f"{k} = :{k}" for k in row)
     cur = conn.execute(
-        f"UPDATE {table} SET {sets} WHERE id = :_id AND etag = :_etag", {**row, "_id": key, "_etag": etag}
+        f"UPDATE {table} SET {sets} WHERE id = :_id AND etag = :_etag{_live(table)}",
+        {**row, "_id": key, "_etag": etag},
     )
     if cur.rowcount == 1:
         return
-    if conn.execute(f"SELECT 1 FROM {table} WHERE id = ?", (key,)).fetchone() is None:
+    if conn.execute(f"SELECT 1 FROM {table} WHERE id = ?{_live(table)}", (key,)).fetchone() is None:
         raise NotFound(f"{table} {key!r} does not exist")
     raise PreconditionFailed(f"{table} {key!r} changed since etag {etag}")
 
 
-def _state_row(rec: OrderStateRecord, etag: str) -> dict[str, Any]:
+def _state_row(rec: OrderStateRecord, etag: str, now: float) -> dict[str, Any]:
     doc = rec.to_doc()
     return {
+        "expires_at": expires_at(doc, now),
         "id": rec.id,
         "etag": etag,
         "doc": _dumps(doc),

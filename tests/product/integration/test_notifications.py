@@ -90,3 +90,35 @@ async def test_completed_status_lost_by_finish_order_is_sent_by_the_sweep(p: Pip
     p.clock.advance(p.services.tunables.claim_lease * 2)
     assert (await run_supervisor(p.services)).notified == 1
     assert [s.state for s in await p.statuses("o-1")].count(OrderStatus.COMPLETED) == 1
+
+
+async def test_a_finished_order_expires_only_once_its_status_went_out(p: Pipeline) -> None:
+    # Issue 26: the TTL (FinishedOrderRetentionSeconds) comes with the notification's write, never before: a record
+    # whose status is still owed must outlive its retry.
+    p.services.tunables = replace(p.services.tunables, failure_threshold=1, finished_ttl=3600)
+    await claim_orders(p, "o-1")
+    p.clock.advance(p.services.tunables.claim_lease * 2)
+    good_bus = p.services.bus
+    p.services.bus = FlakyBus(good_bus, fail=1)
+    await run_supervisor(p.services)  # escalated, the send failed: the notification is owed
+    p.services.bus = good_bus
+    owed = await state_of(p, "o-1")
+    stored = await p.services.orders.get("o-1")
+    assert owed.process_state is ProcessState.ERROR and owed.ttl is None
+    assert stored is not None and "ttl" not in (stored.model_extra or {})
+    p.clock.advance(p.services.tunables.claim_lease * 2)
+    assert (await run_supervisor(p.services)).notified == 1
+    finished = await state_of(p, "o-1")
+    stored = await p.services.orders.get("o-1")
+    assert finished.ttl == 3600 and stored is not None and (stored.model_extra or {}).get("ttl") == 3600
+
+
+async def test_no_ttl_when_finished_orders_are_kept_forever(p: Pipeline) -> None:
+    p.services.tunables = replace(p.services.tunables, failure_threshold=1, finished_ttl=None)
+    await claim_orders(p, "o-1")
+    p.clock.advance(p.services.tunables.claim_lease * 2)
+    await run_supervisor(p.services)
+    finished = await state_of(p, "o-1")
+    stored = await p.services.orders.get("o-1")
+    assert finished.notified_at is not None and finished.ttl is None
+    assert stored is not None and "ttl" not in (stored.model_extra or {})

@@ -122,8 +122,12 @@ def test_state_document_is_camel_case_with_sortable_dates() -> None:
         "updatedAt",
         "notifiedAt",
         "resubmissions",
+        "resubmissionsDropped",
+        "previousErrorsDropped",
+        "kept",
         "traceparent",
     }
+    assert "ttl" not in doc  # no ttl while the record has none: the container's default (never) applies
     assert doc["processState"] == "Pending" and doc["lockedBy"] is None
     assert doc["retryAt"] == "2024-05-01T12:00:02.000000Z" and doc["createdAt"] == "2024-05-01T12:00:00.000000Z"
     assert set(doc["steps"][0]) == {"name", "status", "attempt", "startedAt", "completedAt"}

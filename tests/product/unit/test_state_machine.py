@@ -9,10 +9,19 @@ from datetime import datetime, timedelta
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.state_records import FIRST, LEASE, NOW, ORDER, pending
+from support.state_records import FIRST, LEASE, NOW, ORDER, in_state, pending
 
 from orderflow.messages import MAX_ATTEMPT, STEPS, CompensationName, StepName
-from orderflow.records import OrderStateRecord, ProcessState, StepStatus, instance_id
+from orderflow.records import (
+    ERROR_TEXT_MAX,
+    MAX_PREVIOUS_ERRORS,
+    MAX_RESUBMISSIONS,
+    TERMINAL_STATES,
+    OrderStateRecord,
+    ProcessState,
+    StepStatus,
+    instance_id,
+)
 from orderflow.state_machine import (
     STEP_TRANSITIONS,
     TRANSITIONS,
@@ -29,6 +38,7 @@ from orderflow.state_machine import (
     defer,
     exponential_backoff,
     fail,
+    mark_notified,
     next_state,
     record_step,
     recover,
@@ -41,19 +51,6 @@ from orderflow.state_machine import (
 BACKOFF = exponential_backoff(2, 300)
 THRESHOLD = 3
 STEP = StepName.RESERVE_INVENTORY
-
-
-def in_state(state: ProcessState) -> OrderStateRecord:
-    """A reachable record in `state`, locked by FIRST where the pattern keeps a lock."""
-    rec = pending()
-    if state is ProcessState.PENDING:
-        return rec
-    rec = claim(rec, FIRST, NOW - LEASE, NOW - LEASE)  # its lease has expired by NOW
-    if state is ProcessState.PROCESSING:
-        return rec
-    if state is ProcessState.PROCESSED:
-        return complete(rec, FIRST, NOW - LEASE)
-    return fail(rec, FIRST, "boom", NOW - LEASE)
 
 
 # Each event as a call with valid arguments, so the only reason to refuse is the state (or the lock).
@@ -435,7 +432,10 @@ def _random_op(kind: str, rec: OrderStateRecord, now: datetime, step: StepName) 
         "ko": lambda: record_step(rec, owner, step, StepStatus.FAILED, now, error="x"),
         "complete": lambda: complete(rec, owner, now),
         "fail": lambda: fail(rec, owner, "boom", now),
+        "failbig": lambda: record_step(rec, owner, step, StepStatus.FAILED, now, error=f"{now}: " + "remote " * 900),
         "recover": lambda: recover(rec, owner, now, THRESHOLD, BACKOFF),
+        "notify": lambda: mark_notified(rec, now, 3600),
+        "resubmit": lambda: resubmit(rec, now, "ops", "fixed"),
         "stale": lambda: complete(rec, instance_id(ORDER, rec.attempt + 7), now),
     }
     return calls[kind]()
@@ -449,18 +449,32 @@ def _check_invariants(before: OrderStateRecord, after: OrderStateRecord) -> None
         assert after.locked_by is None and after.complete_by is None
     if after.process_state is ProcessState.PROCESSING:
         assert after.locked_by == instance_id(ORDER, after.attempt) and after.complete_by is not None
-    if before.process_state in (ProcessState.PROCESSED, ProcessState.ERROR):
+    if before.process_state is ProcessState.PROCESSED:
         assert after.process_state is before.process_state  # terminal
+    if before.process_state is ProcessState.ERROR and after.process_state is not ProcessState.ERROR:
+        assert after.process_state is ProcessState.PENDING and len(after.resubmissions) + after.resubmissions_dropped > (
+            len(before.resubmissions) + before.resubmissions_dropped
+        )  # only an operator's resubmit reopens a failed order
     if after.process_state is ProcessState.PROCESSED:
         assert after.last_error is None  # an old error is history (previousErrors), never the current one
-    assert after.previous_errors[: len(before.previous_errors)] == before.previous_errors  # history only grows
+    # History only grows; past its bound the oldest entries are dropped and counted.
+    assert after.previous_errors_dropped + len(after.previous_errors) >= before.previous_errors_dropped + len(
+        before.previous_errors
+    )
+    assert len(after.previous_errors) <= MAX_PREVIOUS_ERRORS and len(after.resubmissions) <= MAX_RESUBMISSIONS
+    assert all(len(e) <= ERROR_TEXT_MAX for e in (after.last_error or "", *after.previous_errors))
+    # Issue 26: a TTL only on a finished order whose status went out (or TTL_NEVER, kept): never on unfinished work.
+    if after.ttl is not None:
+        assert after.process_state in TERMINAL_STATES and after.notified_at is not None
 
 
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["claim", "deadline", "ok", "ko", "complete", "fail", "recover", "stale"]),
+            st.sampled_from(
+                ["claim", "deadline", "ok", "ko", "complete", "fail", "failbig", "recover", "stale", "notify", "resubmit"]
+            ),
             st.integers(0, 400),
             st.sampled_from(STEPS),
         ),
