@@ -122,6 +122,25 @@ param durableTaskSchedulerSku string = 'Consumption'
 param cosmosCapacityMode string = 'serverless'
 @minValue(1000)
 param cosmosAutoscaleMaxThroughput int = 1000
+@description('''Continuous backup tier of the Cosmos DB account (azd env ORDERFLOW_COSMOS_BACKUP_TIER): the point-in-time
+restore window, 7 days (no backup storage charge) or 30 days (charged per GB and region). See docs/deploy.md, "Retention
+and backup".''')
+@allowed([
+  'Continuous7Days'
+  'Continuous30Days'
+])
+param cosmosBackupTier string = 'Continuous7Days'
+
+// ---------- retention: data that ends (issue 26; docs/deploy.md, "Retention and backup") ----------
+@description('''App setting FinishedOrderRetentionSeconds (default 90 days): the Cosmos DB TTL a finished order's state
+record and stored order get once its terminal status went out; 0 keeps finished orders forever.''')
+@minValue(0)
+param finishedOrderRetentionSeconds int = 7776000
+@description('''App setting InstanceRetentionSeconds (default 30 days): the purge timer deletes finished Durable instances
+created longer ago; 0 never purges. With durableBackend=DurableTaskScheduler it also sets the scheduler's retention
+policy (whole days, rounded up; the scheduler keeps 90 days at most).''')
+@minValue(0)
+param instanceRetentionSeconds int = 2592000
 
 // ---------- function app scale ----------
 @minValue(40)
@@ -170,6 +189,11 @@ param functionPublicDeployment bool = true
 param alertEmail string = ''
 @minValue(5)
 param supervisorSilenceMinutes int = 15
+@description('''Dead letters on a sender's queue (orders-inbound, an app's inbound or status queue) above which the Sev-3
+alert fires, and the app's dead-letters alarm with it (app setting SenderDeadLetterAlarmDepth: one value for both); also
+the bad-input alert's count of poison or conflicting messages per 15 minutes.''')
+@minValue(1)
+param badInputThreshold int = 20
 
 // ---------- operations workbook ----------
 @description('Display name of the operations workbook (the figures of `orderflow summary`) in the Workbooks gallery.')
@@ -233,6 +257,20 @@ var appPrincipalsDistinct = empty(sharedPrincipalApps)
 // Data Sender there and reports every other sender (infra/hooks/postprovision.sh).
 var legacyAppPrincipalIds = [for app in submittingApps: app.name == legacyApp ? app.principalId : '']
 var legacyOrdersSenderPrincipalId = hasLegacyApp && legacyOrdersQueueOpen ? join(legacyAppPrincipalIds, '') : ''
+
+// The settings that have their own parameter because infra/ uses the value twice (InstanceRetentionSeconds: the
+// scheduler's retention policy; SenderDeadLetterAlarmDepth: the sender dead-letter alert) or documents it as one
+// (FinishedOrderRetentionSeconds). appSettingOverrides would change only the app's copy, so it may not name them.
+var settingsWithParameters = {
+  FinishedOrderRetentionSeconds: 'finishedOrderRetentionSeconds'
+  InstanceRetentionSeconds: 'instanceRetentionSeconds'
+  SenderDeadLetterAlarmDepth: 'badInputThreshold'
+}
+var overriddenSettingParameters = filter(items(settingsWithParameters), setting => contains(appSettingOverrides, setting.key))
+#disable-next-line no-unused-vars
+var settingParametersNotOverridden = empty(overriddenSettingParameters)
+  ? true
+  : fail('appSettingOverrides sets ${join(map(overriddenSettingParameters, setting => '${setting.key} (use the parameter ${setting.value})'), ', ')}: these settings have their own parameters, which also configure the alerts or the Durable Task Scheduler.')
 
 var useDurableTaskScheduler = durableBackend == 'DurableTaskScheduler'
 var useSimulator = empty(agentRemoteUrl)
@@ -314,6 +352,7 @@ module cosmos 'app/cosmos.bicep' = {
     recoveryIndexContainerName: recoveryIndexContainerName
     logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
     vnetEnabled: vnetEnabled
+    backupTier: cosmosBackupTier
   }
 }
 
@@ -350,6 +389,7 @@ module rbac 'app/rbac.bicep' = {
     applicationInsightsName: monitoring.outputs.applicationInsightsName
     cosmosAccountName: cosmos.outputs.accountName
     ordersDatabaseName: ordersDatabaseName
+    ordersContainerName: ordersContainerName
     stateDatabaseName: stateDatabaseName
     circuitBreakerContainerName: circuitBreakerContainerName
     registryName: registry.outputs.registryName
@@ -366,6 +406,7 @@ module durableTaskScheduler 'app/durable-task-scheduler.bicep' = if (useDurableT
     taskHubName: taskHubName
     skuName: durableTaskSchedulerSku
     appPrincipalId: identity.outputs.appPrincipalId
+    instanceRetentionSeconds: instanceRetentionSeconds
   }
 }
 
@@ -415,6 +456,9 @@ module functionApp 'app/function.bicep' = {
     instanceMemoryMB: functionInstanceMemoryMB
     alwaysReady: functionAlwaysReady
     appSettingOverrides: appSettingOverrides
+    finishedOrderRetentionSeconds: finishedOrderRetentionSeconds
+    instanceRetentionSeconds: instanceRetentionSeconds
+    senderDeadLetterAlarmDepth: badInputThreshold
     virtualNetworkSubnetId: vnetEnabled ? network.outputs.appSubnetId : ''
     inboundPrivate: vnetEnabled
     publicDeployment: functionPublicDeployment
@@ -584,6 +628,8 @@ module alerts 'app/alerts.bicep' = {
     applicationInsightsId: monitoring.outputs.applicationInsightsId
     alertEmail: alertEmail
     supervisorSilenceMinutes: supervisorSilenceMinutes
+    // The function app's SenderDeadLetterAlarmDepth is the same value (functionApp above).
+    badInputThreshold: badInputThreshold
     // Queues only the product writes to: a dead letter there is a product fault (Sev-2).
     systemQueueNames: [
       agentRequestsQueueName

@@ -7,7 +7,7 @@
   PurgeMaxCallsPerRun calls a run; a window doubles after an empty call and halves after a call that deleted more
   than PurgeMaxInstancesPerCall.
 - `keep_order`: an operator's hold: the order's two documents never expire (TTL -1), audited on the record.
-Choices and caveats: docs/modules-product.md, "Retention"."""
+Choices and caveats: docs/retention.md."""
 
 from __future__ import annotations
 

@@ -26,6 +26,25 @@ param recoveryIndexContainerName string
 param logAnalyticsWorkspaceId string
 @description('Private posture (main.bicep vnetEnabled): no public network access; reached through a private endpoint (Sql).')
 param vnetEnabled bool = false
+@description('Continuous backup tier (point-in-time restore window): Continuous7Days (no backup storage charge) or Continuous30Days.')
+@allowed([
+  'Continuous7Days'
+  'Continuous30Days'
+])
+param backupTier string = 'Continuous7Days'
+
+// Issue 26: the orders and the state records expire only when the app says so. A container's defaultTtl of -1 turns
+// Time to Live on with no default expiry: an item without its own `ttl` never expires, an item with `ttl` = n expires
+// n seconds after its last write. A per-item `ttl` is honoured only when the container's DefaultTimeToLive is set
+// (-1 or n); with it missing (null) every item's `ttl` is ignored. ("Time to Live on an item ... is applicable only
+// if DefaultTimeToLive is present and it isn't set to null for the parent container"; "If TTL on a container is set
+// to -1, an item in this container that has the time to live set to n, will expire after n seconds, and remaining
+// items won't expire": Time to Live in Azure Cosmos DB, https://learn.microsoft.com/azure/cosmos-db/nosql/time-to-live)
+// The app writes `ttl` (FinishedOrderRetentionSeconds) on a finished order's state record and stored order once its
+// terminal status went out, and never on an unfinished one, so nothing unfinished can expire; `orderflow keep` sets
+// -1 on one order. Changing defaultTtl on an existing container is an in-place update; the items already there carry
+// no `ttl` and so never expire.
+var ttlOnWithoutDefaultExpiry = -1
 
 // Time to live of a recovery index entry: 604800 s = 7 days after its last write (the container's defaultTtl; see
 // recoveryIndexContainer).
@@ -56,6 +75,21 @@ resource account 'Microsoft.DocumentDB/databaseAccounts@2024-05-15' = {
       }
     ]
     capabilities: capacityMode == 'serverless' ? [ { name: 'EnableServerless' } ] : []
+    // Continuous backup (point-in-time restore to a new account, docs/deploy.md "Retention and backup"): every
+    // write is backed up within about 100 s, restorable to any second of the tier's window. Continuous7Days has no
+    // backup storage charge, Continuous30Days does; a restore is charged per GB in either. An existing account on
+    // the default periodic mode migrates on the next deployment, one way (it cannot go back to periodic).
+    // Schema: ContinuousModeBackupPolicy { type: 'Continuous', continuousModeProperties: { tier } } in
+    // Microsoft.DocumentDB/databaseAccounts@2024-05-15 (Azure/bicep-types-az generated/cosmos-db/microsoft.documentdb/
+    // 2024-05-15/types.md: BackupPolicy, ContinuousModeProperties.tier 'Continuous30Days' | 'Continuous7Days');
+    // https://learn.microsoft.com/azure/cosmos-db/continuous-backup-restore-introduction and
+    // https://learn.microsoft.com/azure/cosmos-db/migrate-continuous-backup (the ARM template form).
+    backupPolicy: {
+      type: 'Continuous'
+      continuousModeProperties: {
+        tier: backupTier
+      }
+    }
   }
 }
 
@@ -84,6 +118,8 @@ resource ordersContainer 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/con
         kind: 'Hash'
         version: 2
       }
+      // TTL on, no default expiry: a stored order expires only with the `ttl` the app sets once it finished.
+      defaultTtl: ttlOnWithoutDefaultExpiry
       // The code reads this container by id only (orderflow/azure/cosmos.py CosmosOrdersDb: create, point
       // read); the partition key is the one path worth an index entry.
       indexingPolicy: {
@@ -130,6 +166,8 @@ resource stateContainer 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/cont
         kind: 'Hash'
         version: 2
       }
+      // TTL on, no default expiry: a state record expires only with the `ttl` the app sets once it finished.
+      defaultTtl: ttlOnWithoutDefaultExpiry
       indexingPolicy: {
         indexingMode: 'consistent'
         automatic: true

@@ -75,6 +75,16 @@ param inboundPrivate bool = false
 @description('With inboundPrivate: keep the deployment (SCM) endpoint public, Entra ID only (basic publishing credentials are off), so `azd deploy` works from outside the VNet. False: publicNetworkAccess Disabled, the site and its SCM endpoint are private (deploy from inside the VNet).')
 param publicDeployment bool = true
 
+@description('FinishedOrderRetentionSeconds: the Cosmos DB TTL a finished order\'s state record and stored order get (0: kept forever).')
+@minValue(0)
+param finishedOrderRetentionSeconds int = 7776000
+@description('InstanceRetentionSeconds: finished Durable instances older than this are purged (0: never); the Durable Task Scheduler\'s retention policy follows it.')
+@minValue(0)
+param instanceRetentionSeconds int = 2592000
+@description('SenderDeadLetterAlarmDepth: the dead-letters alarm\'s depth on a sender\'s queue; main.bicep passes the sender dead-letter alert\'s threshold (badInputThreshold).')
+@minValue(1)
+param senderDeadLetterAlarmDepth int = 20
+
 @description('Client id of the operator API\'s Entra ID app registration (infra/hooks/preprovision.*): the audience of the bearer tokens App Service authentication accepts.')
 param authClientId string
 @description('Tenant of that app registration: only its tokens are accepted.')
@@ -170,6 +180,21 @@ var codeSettings = {
   SupervisorScanMode: 'query'
   RecoveryIndexContainerName: recoveryIndexContainerName
   RecoveryIndexBucketSeconds: '300'
+  // Issue 26: data that ends (docs/deploy.md, "Retention and backup"). The two retentions are main.bicep parameters:
+  // InstanceRetentionSeconds also sets the Durable Task Scheduler's retention policy (durable-task-scheduler.bicep).
+  FinishedOrderRetentionSeconds: string(finishedOrderRetentionSeconds)
+  InstanceRetentionSeconds: string(instanceRetentionSeconds)
+  PurgeSchedule: '0 */5 * * * *'
+  PurgeWindowSeconds: '3600'
+  PurgeMaxInstancesPerCall: '500'
+  PurgeMaxCallsPerRun: '8'
+  // ...and alerts before anything is stuck: the app computes the alarms every AlarmSchedule tick and reports them as
+  // the gauge orderflow.alarm.firing, which the alert rules of alerts.bicep read. SenderDeadLetterAlarmDepth is the
+  // threshold of the sender dead-letter alert (alerts.bicep badInputThreshold): main.bicep passes one value to both.
+  AlarmSchedule: '0 * * * * *'
+  BacklogGrowthAlarmOrders: '100'
+  BacklogGrowthWindowSeconds: '900'
+  SenderDeadLetterAlarmDepth: string(senderDeadLetterAlarmDepth)
 }
 
 resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {

@@ -27,6 +27,7 @@
 //  operators (opt.) | Service Bus Data Receiver              | the namespace             | alerts, dlq list|show|replay
 //  operators (opt.) | Service Bus Data Sender                | the namespace             | dlq replay, cancel, breaker
 //  operators (opt.) | Cosmos DB Built-in Data Reader         | database orders           | orderflow order
+//  operators (opt.) | custom: read, replace items            | container orders          | orderflow keep (ttl -1)
 //  operators (opt.) | Cosmos DB Built-in Data Contributor    | database state            | order(s), resubmit, breaker
 // Service Bus rights are per queue, and a queue's dead-letter sub-queue (<queue>/$deadletterqueue) is part of it
 // (https://learn.microsoft.com/azure/service-bus-messaging/service-bus-dead-letter-queues). A receive, a peek included,
@@ -106,6 +107,8 @@ param durableBackend string = 'AzureStorage'
 param applicationInsightsName string
 param cosmosAccountName string
 param ordersDatabaseName string
+@description('Container of the stored orders (in the orders database): operators may set its items\' ttl (orderflow keep).')
+param ordersContainerName string = 'orders'
 param stateDatabaseName string
 @description('Container of the circuit-breaker documents (in the state database): the Agent\'s only Cosmos DB scope.')
 param circuitBreakerContainerName string
@@ -540,5 +543,43 @@ resource operatorsStateData 'Microsoft.DocumentDB/databaseAccounts/sqlRoleAssign
     roleDefinitionId: '${cosmosAccount.id}/sqlRoleDefinitions/${cosmosDataContributor}'
     principalId: operatorPrincipalId
     scope: '${cosmosAccount.id}/dbs/${stateDatabaseName}'
+  }
+}
+
+// `orderflow keep` gives the stored order ttl -1 (docs/retention.md): a point read and an If-Match replace, nothing
+// else; the orders stay immutable to operators in content only by the CLI's use of this right.
+var keepOrderDataActions = [
+  'Microsoft.DocumentDB/databaseAccounts/readMetadata'
+  'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers/items/read'
+  'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers/items/replace'
+]
+
+resource keepOrderRole 'Microsoft.DocumentDB/databaseAccounts/sqlRoleDefinitions@2024-05-15' = if (!empty(operatorPrincipalId)) {
+  parent: cosmosAccount
+  name: guid(cosmosAccount.id, ordersDatabaseName, ordersContainerName, 'orderflow-keep-order')
+  dependsOn: [
+    operatorsStateData
+  ]
+  properties: {
+    roleName: 'orderflow keep (${ordersDatabaseName}/${ordersContainerName}): read, replace items'
+    type: 'CustomRole'
+    assignableScopes: [
+      '${cosmosAccount.id}/dbs/${ordersDatabaseName}/colls/${ordersContainerName}'
+    ]
+    permissions: [
+      {
+        dataActions: keepOrderDataActions
+      }
+    ]
+  }
+}
+
+resource operatorsKeepOrders 'Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments@2024-05-15' = if (!empty(operatorPrincipalId)) {
+  parent: cosmosAccount
+  name: guid(cosmosAccount.id, operatorPrincipalId, 'orderflow-keep-order', ordersContainerName)
+  properties: {
+    roleDefinitionId: keepOrderRole.id
+    principalId: operatorPrincipalId
+    scope: '${cosmosAccount.id}/dbs/${ordersDatabaseName}/colls/${ordersContainerName}'
   }
 }

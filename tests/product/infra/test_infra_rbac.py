@@ -122,7 +122,7 @@ def test_cosmos_grants_are_data_contributor_for_the_app_per_database() -> None:
     every_file = [
         r for f in all_files() for r in f.resources_of("Microsoft.DocumentDB/databaseAccounts/sqlRoleAssignments")
     ]
-    assert len(every_file) == 5, "the app's two grants, the Agent's circuit-breaker grant, the operators' two"
+    assert len(every_file) == 6, "the app's two grants, the Agent's circuit-breaker grant, the operators' three"
 
 
 def test_the_operators_read_the_orders_and_write_the_state_database_only_when_configured() -> None:
@@ -147,7 +147,26 @@ def test_the_operators_read_the_orders_and_write_the_state_database_only_when_co
             "'${cosmosAccount.id}/sqlRoleDefinitions/${cosmosDataContributor}'",
             "'${cosmosAccount.id}/dbs/${stateDatabaseName}'",
         ),
+        ("keepOrderRole.id", KEEP_SCOPE),  # `orderflow keep`: the stored order's ttl (docs/retention.md)
     }
+
+
+# The operators' custom role for `orderflow keep`: a point read and an If-Match replace of a stored order (the
+# data-plane actions reference below), on the orders container only.
+KEEP_DATA_ACTIONS = {
+    "Microsoft.DocumentDB/databaseAccounts/readMetadata",
+    "Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers/items/read",
+    "Microsoft.DocumentDB/databaseAccounts/sqlDatabases/containers/items/replace",
+}
+KEEP_SCOPE = "'${cosmosAccount.id}/dbs/${ordersDatabaseName}/colls/${ordersContainerName}'"
+
+
+def test_the_keep_role_reads_and_replaces_stored_orders_only_when_operators_are_configured() -> None:
+    role = _custom_role("keepOrderRole")
+    assert "!empty(operatorPrincipalId)" in text(role.condition)
+    (permission,) = evaluate(role.get("properties"), Scope(role.file))["permissions"]
+    assert set(permission["dataActions"]) == KEEP_DATA_ACTIONS and len(permission["dataActions"]) == 3
+    assert [text(s) for s in role.get("properties", "assignableScopes").named_children] == [KEEP_SCOPE]
 
 
 # ---- the Agent: the circuit-breaker container only (issue 11) ----
@@ -163,12 +182,16 @@ BREAKER_DATA_ACTIONS = {
 BREAKER_SCOPE = "'${cosmosAccount.id}/dbs/${stateDatabaseName}/colls/${circuitBreakerContainerName}'"
 
 
-def _breaker_role() -> Resource:
+def _custom_role(symbol: str) -> Resource:
     definitions = [
         r for f in all_files() for r in f.resources_of("Microsoft.DocumentDB/databaseAccounts/sqlRoleDefinitions")
     ]
-    assert [d.symbol for d in definitions] == ["circuitBreakerRole"], "one custom Cosmos role, nothing else"
-    return definitions[0]
+    assert [d.symbol for d in definitions] == ["circuitBreakerRole", "keepOrderRole"], "two custom Cosmos roles"
+    return next(d for d in definitions if d.symbol == symbol)
+
+
+def _breaker_role() -> Resource:
+    return _custom_role("circuitBreakerRole")
 
 
 def test_the_breaker_role_allows_exactly_read_create_replace_items_and_metadata() -> None:

@@ -68,6 +68,13 @@ API_VERSIONS: dict[str, str] = {
     "Microsoft.DurableTask/schedulers@2025-11-01": _BT + "durabletask_0/microsoft.durabletask/2025-11-01/types.json",
     "Microsoft.DurableTask/schedulers/taskHubs@2025-11-01": _BT
     + "durabletask_0/microsoft.durabletask/2025-11-01/types.json",
+    # Issue 26 (the scheduler's retention policy), checked at commit 64446c8 in generated/durabletask/
+    # microsoft.durabletask/2025-11-01/types.md: "Resource
+    # Microsoft.DurableTask/schedulers/retentionPolicies@2025-11-01", name 'default',
+    # RetentionPolicyProperties.retentionPolicies: RetentionPolicyDetails[] (orchestrationState?,
+    # retentionPeriodInDays).
+    "Microsoft.DurableTask/schedulers/retentionPolicies@2025-11-01": _BT
+    + "durabletask/microsoft.durabletask/2025-11-01/types.json",
     "Microsoft.Insights/actionGroups@2023-01-01": _BT + "monitor_1/microsoft.insights/2023-01-01/types.json",
     "Microsoft.Insights/components@2020-02-02": _BT + "applicationinsights/microsoft.insights/2020-02-02/types.json",
     "Microsoft.Insights/diagnosticSettings@2021-05-01-preview": _BT
@@ -150,6 +157,41 @@ VERIFIED_PROPERTIES: dict[str, set[str]] = {
         "properties/assignableScopes",
         "properties/permissions",
         "properties/permissions/dataActions",
+    },
+    # Issue 26 (continuous backup): DatabaseAccountCreateUpdateProperties, Location, ConsistencyPolicy and the
+    # BackupPolicy variant ContinuousModeBackupPolicy (type 'Continuous', continuousModeProperties:
+    # ContinuousModeProperties { tier 'Continuous30Days' | 'Continuous7Days' }), checked in the same directory's
+    # types.md at commit 00e6e94.
+    "Microsoft.DocumentDB/databaseAccounts@2024-05-15": _COMMON
+    | {
+        "kind",
+        "properties",
+        "properties/databaseAccountOfferType",
+        "properties/disableLocalAuth",
+        "properties/disableKeyBasedMetadataWriteAccess",
+        "properties/minimalTlsVersion",
+        "properties/publicNetworkAccess",
+        "properties/consistencyPolicy",
+        "properties/consistencyPolicy/defaultConsistencyLevel",
+        "properties/locations",
+        "properties/locations/locationName",
+        "properties/locations/failoverPriority",
+        "properties/locations/isZoneRedundant",
+        "properties/capabilities",
+        "properties/capabilities/name",
+        "properties/backupPolicy",
+        "properties/backupPolicy/type",
+        "properties/backupPolicy/continuousModeProperties",
+        "properties/backupPolicy/continuousModeProperties/tier",
+    },
+    # Issue 26: RetentionPolicyProperties.retentionPolicies: RetentionPolicyDetails[] { orchestrationState?,
+    # retentionPeriodInDays (required) }; name is the literal 'default'.
+    "Microsoft.DurableTask/schedulers/retentionPolicies@2025-11-01": {
+        "name",
+        "properties",
+        "properties/retentionPolicies",
+        "properties/retentionPolicies/orchestrationState",
+        "properties/retentionPolicies/retentionPeriodInDays",
     },
     "Microsoft.Web/serverfarms@2024-04-01": _COMMON
     | {"kind", "sku", "sku/name", "sku/tier", "properties", "properties/reserved"},
@@ -395,6 +437,8 @@ def test_an_implicit_dependency_counts_and_a_missing_one_is_caught() -> None:
         "agentCircuitBreakerData",
         "operatorsReadOrders",
         "operatorsStateData",
+        "keepOrderRole",
+        "operatorsKeepOrders",
     ]
     # The assignment names the definition's id (implicit); the definition lists appStateData (explicit).
     assert "circuitBreakerRole" in _references(rbac.resource("agentCircuitBreakerData"))
