@@ -173,9 +173,27 @@ class AppCounts(_Answer):
     processing: int = Field(ge=0, alias="Processing")
 
 
-class OldestPending(_Identity):
+class OldestOrder(_Identity):
+    """The order in a state unchanged the longest: since its last write (`updatedAt`)."""
+
     since: datetime
     age_seconds: float | None
+
+
+class Alarm(_Answer):
+    """One alarm (orderflow/alarms.py), as the alarm timer evaluates it: `value` (seconds for the two oldest, orders
+    for backlog-growth, messages for dead-letters; null when unknown) against `threshold`; `runbook` names its row in
+    the README's "Operating it" table; `queue` the dead-letter queue, `orderId` the oldest order, `detail` why a
+    queue has no value."""
+
+    name: Literal["oldest-pending", "oldest-processing", "backlog-growth", "dead-letters"]
+    queue: str | None
+    value: float | None
+    threshold: float = Field(ge=0)
+    firing: bool
+    runbook: str
+    order_id: str | None
+    detail: str | None
 
 
 class DeadLetterDepth(_Answer):
@@ -239,11 +257,13 @@ class Summary(_Answer):
     generated_at: datetime
     states: StateCounts
     apps: dict[str, AppCounts] = Field(description="Each submitting app's Pending and Processing orders")
-    oldest_pending: OldestPending | None
+    oldest_pending: OldestOrder | None
+    oldest_processing: OldestOrder | None
     expired_supervised: int = Field(ge=0)
     dead_letters: dict[str, DeadLetterDepth | DeadLetterUnreadable]
     breakers: list[Breaker]
     supervisor: SupervisorCheckpoint | None
+    alarms: list[Alarm] = Field(description="Every alarm, dead-letters once per queue")
 
 
 class ResubmitRequest(_Answer):
@@ -404,8 +424,8 @@ def _paths(apps: tuple[str, ...]) -> dict[str, Any]:
         f"/{ROUTE_SUMMARY}": {
             "get": {
                 "operationId": "getSummary",
-                "summary": "Counts per state, oldest Pending, expired work, dead letters, "
-                "breakers, the Supervisor's last run",
+                "summary": "Counts per state, oldest Pending and Processing, expired work, dead letters, "
+                "breakers, the Supervisor's last run, the alarms",
                 "responses": {"200": _json(Summary, "The figures"), **_errors(500)},
             }
         },

@@ -23,12 +23,14 @@ from typing import Any, Protocol
 
 from azure.servicebus import ServiceBusMessage
 
-from orderflow import apps, deadletters, telemetry
+from orderflow import alarms, apps, deadletters, telemetry
+from orderflow.alarms import AlarmConfig
 from orderflow.apps import APP_NAME_PATTERN, SubmittingApps
 from orderflow.breaker import BreakerConfig, show_breakers
 from orderflow.messages import ORDER_ID_PATTERN, CancelOrder
 from orderflow.ports import BusClient
 from orderflow.records import OrderStateRecord, ProcessState, format_utc, instance_id, parse_utc
+from orderflow.retention import keep_order
 from orderflow.runtime import Services, Tunables
 from orderflow.state_machine import IllegalTransition, resubmit
 from orderflow.submission import CancelTooLate, Inbound, Rejected, cancel_order
@@ -179,6 +181,8 @@ class Operations:
     # The queues whose dead letters this caller may peek (Listen), from the tunables; None: try every queue. Only
     # for peeking: with `services.queue_counts` (Azure) every depth is the queue's runtime count instead.
     listens: Callable[[Tunables], frozenset[str]] | None = None
+    # The alarms' thresholds (orderflow/alarms.py); None: from the tunables and this process's app settings.
+    alarm_config: AlarmConfig | None = None
 
     @property
     def now(self) -> datetime:
@@ -268,6 +272,16 @@ class Operations:
             "resubmission": rec.resubmissions[-1].model_dump(mode="json", by_alias=True),
         }
 
+    async def keep(self, order_id: str, by: str, reason: str) -> dict[str, Any]:
+        """Keep the order from expiring (orderflow/retention.py: ttl -1 on its state record and stored order), in any
+        state, audited on the record (who, when, why); repeatable."""
+        if not by.strip() or not reason.strip():
+            raise BadRequest("a keep needs who (by) and why (reason)")
+        await self._record(order_id)
+        rec = await keep_order(self.services, order_id, by.strip()[:256], reason.strip()[:256])
+        kept = rec.kept.model_dump(mode="json", by_alias=True) if rec.kept is not None else None
+        return {**identity(rec, self.apps), "processState": rec.process_state.value, "ttl": rec.ttl, "kept": kept}
+
     async def cancel(
         self, order_id: str, by: str, reason: str | None = None, tell: RaiseEvent | None = None
     ) -> dict[str, Any]:
@@ -313,39 +327,64 @@ class Operations:
         return _cancel_answer(after, self.apps, already=not done.changed)
 
     async def summary(self, dead_letter_cap: int = 1000) -> dict[str, Any]:
-        """Counts per state, the oldest Pending, the expired supervised records, dead-letter depth per queue (the
-        exact runtime count from `services.queue_counts` when set, else peeked, at most `dead_letter_cap`, on the
-        queues the caller `listens` to; an unreadable queue says why), breaker states and the Supervisor's last run
-        (every figure is also set as a metric for the workbook)."""
+        """Counts per state, the oldest Pending and Processing, the expired supervised records, dead-letter depth per
+        queue (the exact runtime count from `services.queue_counts` when set, else peeked, at most `dead_letter_cap`,
+        on the queues the caller `listens` to; an unreadable queue says why), breaker states, the Supervisor's last
+        run and the alarms, evaluated as the alarm timer does (every figure is also set as a metric)."""
         now, state = self.now, self.services.state
         counts = await asyncio.gather(*(state.count_in_state(s) for s in ProcessState))
         per_app = await self._per_app()
-        oldest, expired = await asyncio.gather(state.oldest_in_state(ProcessState.PENDING), state.count_expired(now))
+        oldest, processing, expired = await asyncio.gather(
+            state.oldest_in_state(ProcessState.PENDING),
+            state.oldest_in_state(ProcessState.PROCESSING),
+            state.count_expired(now),
+        )
+        due = oldest if oldest is None or _due(oldest, now) else await alarms.oldest_due_pending(state, now)
         queues = sorted(self.services.tunables.internal_queues() | self.services.tunables.allowed_reply_queues)
-        depths = await self._depths(queues, dead_letter_cap)
+        depths = dict(zip(queues, await self._depths(queues, dead_letter_cap), strict=True))
         checkpoint = await state.get_checkpoint(CHECKPOINT)
         per_state = {s.value: n for s, n in zip(ProcessState, counts, strict=True)}
         for name, n in per_state.items():
             telemetry.set_orders_in_state(name, n)
-        for queue, found in zip(queues, depths, strict=True):
+        for queue, found in depths.items():
             if "count" in found:
                 telemetry.set_deadletter_depth(queue, found["count"])
+        snap = alarms.Snapshot(now, per_state[ProcessState.PENDING.value], due, processing, depths)
         return {
             "generatedAt": format_utc(now),
             "states": per_state,
             "apps": per_app,
-            "oldestPending": None
-            if oldest is None
-            else {
-                **identity(oldest, self.apps),
-                "since": format_utc(oldest.updated_at),
-                "ageSeconds": _age(now, oldest.updated_at),
-            },
+            "oldestPending": self._oldest(oldest, now),
+            "oldestProcessing": self._oldest(processing, now),
             "expiredSupervised": expired,
-            "deadLetters": dict(zip(queues, depths, strict=True)),
+            "deadLetters": depths,
             "breakers": await self._breakers(),
             "supervisor": None if checkpoint is None else _supervisor(checkpoint[0], now),
+            "alarms": [a.to_json() for a in await alarms.stored(state, self.alarm_settings(), snap)],
         }
+
+    def _oldest(self, rec: OrderStateRecord | None, now: datetime) -> dict[str, Any] | None:
+        if rec is None:
+            return None
+        return {
+            **identity(rec, self.apps),
+            "since": format_utc(rec.updated_at),
+            "ageSeconds": _age(now, rec.updated_at),
+        }
+
+    def alarm_settings(self) -> AlarmConfig:
+        return self.alarm_config or AlarmConfig.from_env(self.services.tunables)
+
+    async def alarm_tick(self) -> list[alarms.Alarm]:
+        """The alarm timer's run (triggers/alarms.py): the figures, read as the summary reads them (dead letters
+        counted up to one past the highest threshold), then `alarms.run`."""
+        config = self.alarm_settings()
+
+        async def depths(queues: Sequence[str]) -> list[dict[str, Any]]:
+            return await self._depths(queues, config.sender_dead_letters + 1)
+
+        snap = await alarms.snapshot(self.services.state, self.now, config, depths)
+        return await alarms.run(self.services.state, config, snap)
 
     async def _per_app(self) -> dict[str, dict[str, int]]:
         """Each submitting app's Pending and Processing orders, by key (apps.KeyFilter)."""
@@ -380,6 +419,10 @@ async def _depth_or_error(bus: BusClient, queue: str, cap: int) -> dict[str, Any
         return (await deadletters.depth(bus, queue, cap)).to_json()
     except Exception as exc:  # noqa: BLE001 - one unreadable queue must not hide the others
         return {"error": f"{type(exc).__name__}: {first_line(exc)}"}
+
+
+def _due(rec: OrderStateRecord, now: datetime) -> bool:
+    return rec.retry_at is None or rec.retry_at <= now
 
 
 def _cancel_answer(rec: OrderStateRecord, known: SubmittingApps, *, already: bool) -> dict[str, Any]:

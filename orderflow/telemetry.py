@@ -121,12 +121,13 @@ def _configure_console(source: Mapping[str, str], service_name: str | None) -> b
     return True
 
 
-def alert_event(kind: str, order_id: str | None, reason: str) -> None:
+def alert_event(kind: str, order_id: str | None, reason: str, details: Mapping[str, str] | None = None) -> None:
     """An operator alert as an OpenTelemetry event: a log record on `orderflow.alerts` whose attributes are the event
     name (`microsoft.custom_event.name` = OrderflowAlert: a customEvents row in Application Insights), `kind`,
-    `orderId` (when the alert is about an order) and `reason`. Logged at WARNING so that the default level lets it
-    through; the ERROR line that names the alert stays on its own logger (orderflow.outbound, agent)."""
-    attributes = {CUSTOM_EVENT_ATTRIBUTE: ALERT_EVENT_NAME, "kind": kind, "reason": reason}
+    `orderId` (when the alert is about an order), `reason`, and any `details` (an alarm's `alarm`, `queue`,
+    `runbook`). Logged at WARNING so that the default level lets it through; the ERROR line that names the alert
+    stays on its own logger (orderflow.outbound, agent)."""
+    attributes = {**(details or {}), CUSTOM_EVENT_ATTRIBUTE: ALERT_EVENT_NAME, "kind": kind, "reason": reason}
     if order_id is not None:
         attributes["orderId"] = order_id
     log.warning("%s %s", ALERT_EVENT_NAME, kind, extra=attributes)
@@ -243,3 +244,65 @@ def record_order_duration(state: str, seconds: float) -> None:
     _meter().create_histogram(
         "orderflow.order.duration", unit="s", description="Order end-to-end latency: creation to terminal state"
     ).record(seconds, {"state": state})
+
+
+# The alarms (orderflow/alarms.py): the last evaluation's figures, reported by observable gauges like the ones above.
+_alarms_firing: dict[tuple[str, str], int] = {}
+_oldest_ages: dict[str, float] = {}
+_backlog_growth: dict[str, int] = {}
+
+
+def _observe_alarms(_options: metrics.CallbackOptions) -> list[metrics.Observation]:
+    return [
+        metrics.Observation(value, {"alarm": alarm, **({"queue": queue} if queue else {})})
+        for (alarm, queue), value in sorted(_alarms_firing.items())
+    ]
+
+
+def _observe_oldest(_options: metrics.CallbackOptions) -> list[metrics.Observation]:
+    return [metrics.Observation(age, {"state": state}) for state, age in sorted(_oldest_ages.items())]
+
+
+def _observe_growth(_options: metrics.CallbackOptions) -> list[metrics.Observation]:
+    return [metrics.Observation(value) for value in _backlog_growth.values()]
+
+
+def set_alarm_firing(alarm: str, firing: bool, queue: str | None = None) -> None:
+    """Whether `alarm` fires, 1 or 0 (gauge `orderflow.alarm.firing`, attribute `alarm`, and `queue` for the
+    dead-letters alarm)."""
+    _alarms_firing[(alarm, queue or "")] = int(firing)
+    if "alarm_firing" not in _gauges_registered:
+        _meter().create_observable_gauge(
+            "orderflow.alarm.firing",
+            callbacks=[_observe_alarms],
+            unit="1",
+            description="1 while the alarm fires, else 0 (orderflow/alarms.py; runbook: README, Operating it)",
+        )
+        _gauges_registered.add("alarm_firing")
+
+
+def set_oldest_age(state: str, seconds: float) -> None:
+    """The age of the oldest order in `state` the alarms watch, Pending (the oldest due one) or Processing, in
+    seconds since its last write; 0 when there is none (gauge `orderflow.orders.oldest_age`, attribute `state`)."""
+    _oldest_ages[state] = seconds
+    if "oldest_age" not in _gauges_registered:
+        _meter().create_observable_gauge(
+            "orderflow.orders.oldest_age",
+            callbacks=[_observe_oldest],
+            unit="s",
+            description="Age of the oldest due Pending and of the oldest Processing order, since its last write",
+        )
+        _gauges_registered.add("oldest_age")
+
+
+def set_backlog_growth(orders: int) -> None:
+    """How much the Pending backlog grew over BacklogGrowthWindowSeconds (gauge `orderflow.backlog.growth`)."""
+    _backlog_growth["growth"] = orders
+    if "backlog_growth" not in _gauges_registered:
+        _meter().create_observable_gauge(
+            "orderflow.backlog.growth",
+            callbacks=[_observe_growth],
+            unit="1",
+            description="Growth of the Pending backlog over BacklogGrowthWindowSeconds (orders; negative: it shrank)",
+        )
+        _gauges_registered.add("backlog_growth")

@@ -24,6 +24,7 @@ import aiohttp
 from rich.markup import escape
 
 from orderflow import text
+from orderflow.alarms import AlarmConfig
 from orderflow.breaker import BreakerUnreadable
 from orderflow.clock import Clock, SystemClock
 from orderflow.operations import Operations
@@ -160,6 +161,7 @@ async def operations(
 
     try:
         tunables = Tunables.from_env(env)
+        alarm_config = AlarmConfig.from_env(tunables, env)
     except (ValueError, KeyError, AssertionError) as exc:
         raise CliError(f"invalid app settings: {one_line(exc)}") from exc
     if not env.get("CosmosDb__accountEndpoint"):
@@ -189,7 +191,7 @@ async def operations(
         breakers=breakers,
     )
     try:
-        yield Operations(services, durable)
+        yield Operations(services, durable, alarm_config=alarm_config)
     finally:
         for closing in (stores.aclose(), breakers.aclose(), bus.close()):
             try:

@@ -1,7 +1,7 @@
 """`orderflow` (also `python -m orderflow`): the operator's command line, against the local system and Azure from
 the same app settings.
 
-Commands: `submit`, `watch`, `order`, `orders`, `resubmit`, `cancel`, `dlq list|show|replay`,
+Commands: `submit`, `watch`, `order`, `orders`, `resubmit`, `keep`, `cancel`, `dlq list|show|replay`,
 `breaker show|open|close`, `summary`, `top`, `queues` (`orderflow --help`; each one in docs/modules-product.md).
 Every read command but `top` takes --json. A failure (an unknown order, a refused move, a missing setting or
 permission, an unreachable store) is one line on stderr and exit status 1; bad usage or a bad value exits 2. Never a

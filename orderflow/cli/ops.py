@@ -1,4 +1,4 @@
-"""The operator commands of `orderflow`: order, orders, resubmit, summary, dlq, breaker and top, over
+"""The operator commands of `orderflow`: order, orders, resubmit, keep, summary, dlq, breaker and top, over
 `orderflow.operations` (the same answers as the HTTP API) and `orderflow.deadletters`.
 
 They act on the stores and the bus directly, as the operators' identity (infra/; locally the `operators` rights), not
@@ -80,7 +80,21 @@ def add_commands(sub: Any) -> None:
     r.add_argument("--by", default=None, help="who, kept on the record (default: the OS user, $USER)")
     r.set_defaults(run=_resubmit)
 
-    s = command("summary", "counts per state, oldest Pending, expired work, dead letters, breakers, Supervisor")
+    k = command(
+        "keep",
+        "keep an order from expiring (its state record and stored order are never deleted)",
+        "A finished order's documents expire FinishedOrderRetentionSeconds after its terminal status was sent "
+        "(docs/retention.md); a kept order's never do, in any state. Audited on the record: who, when, why.",
+    )
+    k.add_argument("order_id", metavar="ORDER_KEY", help=ORDER_KEY_HELP)
+    k.add_argument("--reason", required=True, help="why (kept on the record)")
+    k.add_argument("--by", default=None, help="who, kept on the record (default: the OS user, $USER)")
+    k.set_defaults(run=_keep)
+
+    s = command(
+        "summary",
+        "counts per state, oldest Pending and Processing, expired work, dead letters, breakers, Supervisor, alarms",
+    )
     s.add_argument(
         "--dead-letter-cap",
         type=int,
@@ -198,6 +212,17 @@ async def _orders(ops: Operations, args: argparse.Namespace, env: Mapping[str, s
     return _render(table) + f"{len(page['items'])} order(s){more}"
 
 
+async def _keep(ops: Operations, args: argparse.Namespace, env: Mapping[str, str]) -> str:
+    result = await ops.keep(args.order_id, operator_name(args.by, env), args.reason)
+    if args.json:
+        return dumps(result)
+    kept = result["kept"]
+    return (
+        f"order {result['orderId']} (app {result['app'] or '-'}, {result['processState']}) kept from expiring "
+        f"by {kept['by']}: {kept['reason']}"
+    )
+
+
 async def _resubmit(ops: Operations, args: argparse.Namespace, env: Mapping[str, str]) -> str:
     result = await ops.resubmit(args.order_id, operator_name(args.by, env), args.reason)
     if args.json:
@@ -300,6 +325,7 @@ async def top(
                             + ("-" if rate is None else f"{rate:.2f} orders/s"),
                             style="bold",
                         ),
+                        Text(firing_line(data["alarms"]), style="bold"),
                         summary_view(data),
                     ),
                     refresh=True,
@@ -358,15 +384,15 @@ def summary_view(data: Mapping[str, Any]) -> Group:
     per_app = _table("orders per app", ("app", "Pending", "Processing"))
     for app, counts in data["apps"].items():
         per_app.add_row(app, str(counts["Pending"]), str(counts["Processing"]))
-    oldest = data["oldestPending"]
     facts = _table("stuck work", ("figure", "value"))
-    facts.add_row(
-        "oldest Pending",
-        "-"
-        if oldest is None
-        else f"{oldest['orderId']} (app {oldest['app'] or '-'}) for {_duration(oldest['ageSeconds'])} "
-        f"(since {oldest['since']})",
-    )
+    for label, oldest in (("oldest Pending", data["oldestPending"]), ("oldest Processing", data["oldestProcessing"])):
+        facts.add_row(
+            label,
+            "-"
+            if oldest is None
+            else f"{oldest['orderId']} (app {oldest['app'] or '-'}) for {_duration(oldest['ageSeconds'])} "
+            f"(since {oldest['since']})",
+        )
     facts.add_row("expired Processing / CompensationInProgress", str(data["expiredSupervised"]))
     sup = data["supervisor"]
     last = None if sup is None else sup["lastRun"]
@@ -393,7 +419,41 @@ def summary_view(data: Mapping[str, Any]) -> Group:
             row["openUntil"] or "-",
             row["reason"] or "-",
         )
-    return Group(states, per_app, facts, dead, breakers)
+    return Group(states, per_app, facts, dead, breakers, alarms_view(data["alarms"]))
+
+
+ALARM_UNITS = {"oldest-pending": "s", "oldest-processing": "s", "backlog-growth": "orders", "dead-letters": "messages"}
+
+
+def _alarm_figure(name: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if ALARM_UNITS[name] == "s":
+        return _duration(value)
+    return f"{value:+.0f} {ALARM_UNITS[name]}" if name == "backlog-growth" else f"{value:.0f} {ALARM_UNITS[name]}"
+
+
+def alarms_view(alarms: Sequence[Mapping[str, Any]]) -> Table:
+    """Each alarm: its figure against its threshold, FIRING or ok, and its runbook row (README, Operating it)."""
+    table = _table("alarms (runbook: README, Operating it)", ("alarm", "of", "value", "threshold", "state", "runbook"))
+    for alarm in alarms:
+        name = alarm["name"]
+        state = "FIRING" if alarm["firing"] else "ok" if alarm["detail"] is None else alarm["detail"]
+        table.add_row(
+            name,
+            alarm["queue"] or alarm["orderId"] or "-",
+            _alarm_figure(name, alarm["value"]),
+            "> " + _alarm_figure(name, alarm["threshold"]).lstrip("+"),
+            state,
+            alarm["runbook"],
+        )
+    return table
+
+
+def firing_line(alarms: Sequence[Mapping[str, Any]]) -> str:
+    """`top`'s headline of the alarms: which fire, or none."""
+    firing = [a["name"] + (f" ({a['queue']})" if a["queue"] else "") for a in alarms if a["firing"]]
+    return f"alarms firing: {', '.join(firing)}" if firing else "no alarm firing"
 
 
 def render_order(view: Mapping[str, Any]) -> str:

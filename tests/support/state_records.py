@@ -1,5 +1,5 @@
-"""A pending (or any reachable) order-state record for the state machine's tests: order "o-1", its first instance, a fixed clock and
-lease."""
+"""A pending (or any reachable) order-state record for the state machine's tests: order "o-1", its first instance, a
+fixed clock and lease."""
 
 from __future__ import annotations
 

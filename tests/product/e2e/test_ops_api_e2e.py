@@ -423,6 +423,20 @@ def test_summary_agrees_with_a_direct_count_of_the_store(api: Api) -> None:
     assert [b["service"] for b in body["breakers"]] == ["fulfilment"]
     assert body["supervisor"]["lastRun"]["scanned"] == 0
     assert body["supervisor"]["position"] == format_utc(EPOCH - timedelta(minutes=5))
+    # The alarms, as the alarm timer evaluates them: dead-letters once per queue the summary counts.
+    alarms = {(a["name"], a["queue"]): a for a in body["alarms"]}
+    assert {name for name, _ in alarms} == {"oldest-pending", "oldest-processing", "backlog-growth", "dead-letters"}
+    assert {queue for name, queue in alarms if name == "dead-letters"} == set(body["deadLetters"])
+    inbound = alarms[("dead-letters", "orders-inbound")]
+    assert (inbound["value"], inbound["threshold"], inbound["firing"]) == (1, 20, False)  # a sender's queue
+    unread = alarms[("dead-letters", "agent-requests")]
+    assert unread["value"] is None and "no Listen right" in unread["detail"] and not unread["firing"]
+    assert body["oldestProcessing"]["ageSeconds"] > 0
+    # Hours-old Pending and Processing orders fire nothing here: the Starter and the Supervisor run once a year
+    # (SETTINGS), so the thresholds derived from their schedules are over a year.
+    assert alarms[("oldest-pending", None)]["threshold"] > 365 * 86400
+    assert alarms[("oldest-pending", None)]["orderId"] == f"partner.{api.ids['partner_pending']}"
+    assert not [a for a in body["alarms"] if a["firing"]]
 
 
 # --- GET /openapi.json, and keys -------------------------------------------------------------------------------------

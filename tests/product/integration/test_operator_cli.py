@@ -170,6 +170,23 @@ async def test_resubmit_runs_an_error_again_with_a_fresh_budget_and_audits_it(sy
     assert (await system.state.get("o-err")) == found  # the refused repeat wrote nothing
 
 
+async def test_keep_holds_a_finished_order_from_expiring_as_the_operators_identity(system: Services, cli: Cli) -> None:
+    # Issue 26: `orderflow keep` sets ttl -1 on both documents, with the operators' rights of infra/ (the keep role:
+    # items/read and items/replace on the orders container), audited on the record.
+    await seed(system.orders, system.state, "o-done", ProcessState.PROCESSED, NOW)
+    await system.orders.set_ttl("o-done", 3600)  # finished: it would expire
+    code, out, err = cli("keep", "o-done", "--reason", "audit 42", "--by", "ada")
+    assert code == 0, err
+    assert "o-done (app app, Processed) kept from expiring by ada: audit 42" in out
+    found = await system.state.get("o-done")
+    stored = await system.orders.get("o-done")
+    assert found is not None and found[0].ttl == -1 and found[0].kept is not None and found[0].kept.by == "ada"
+    assert stored is not None and (stored.model_extra or {}).get("ttl") == -1
+    assert cli.json("keep", "o-done", "--reason", "again")["kept"]["by"] == "ada"  # repeatable: the first hold stays
+    missing, _, err = cli("keep", "o-none", "--reason", "x")
+    assert missing == 1 and "no order 'o-none'" in err
+
+
 async def test_resubmit_of_a_failed_compensation_tries_it_again(system: Services, cli: Cli) -> None:
     await seed(system.orders, system.state, "o-cf", ProcessState.COMPENSATION_FAILED, NOW)
     result = cli.json("resubmit", "o-cf", "--reason", "undone by hand")
@@ -373,8 +390,16 @@ async def test_summary_agrees_with_a_direct_count_of_the_store(system: Services,
     assert data["deadLetters"]["orders-inbound"] == {"count": 1, "capped": False}
     assert data["supervisor"]["lastRun"]["recovered"] == 2
     assert data["breakers"][0]["service"] == "fulfilment" and data["breakers"][0]["effectiveState"] == "closed"
+    # Hour-old Pending orders fire oldest-pending (the recovered ones wait for their retryAt: not stuck); one dead
+    # letter on a sender's queue does not fire; no alarm timer ran, so the backlog has no growth figure yet.
+    assert {(a["name"], a["queue"]) for a in data["alarms"] if a["firing"]} == {("oldest-pending", None)}
+    assert [a["orderId"] for a in data["alarms"] if a["name"] == "oldest-pending"] == ["o-000"]
+    assert [a["value"] for a in data["alarms"] if a["queue"] == "orders-inbound"] == [1]
+    assert [a["value"] for a in data["alarms"] if a["name"] == "backlog-growth"] == [None]
+    assert data["oldestProcessing"] is None  # the Supervisor recovered both
     code, out, _ = cli("summary")
     assert code == 0 and "orders per state" in out and "dead letters" in out and "Supervisor's last run" in out
+    assert "FIRING" in out and "Orders wait too long in Pending" in out and "A dead-letter queue grows" in out
 
 
 async def test_top_refreshes_the_summary_with_throughput(system: Services, cli: Cli) -> None:
@@ -382,6 +407,7 @@ async def test_top_refreshes_the_summary_with_throughput(system: Services, cli: 
     code, out, err = cli("top", "--iterations", "2", "--interval", "0")
     assert code == 0, err
     assert "orderflow top" in out and "throughput 0.00 orders/s" in out and "Processed" in out
+    assert "no alarm firing" in out and "alarms (runbook: README, Operating it)" in out
 
 
 async def test_submit_count_sends_that_many_orders_each_in_its_own_session(system: Services, cli: Cli) -> None:

@@ -28,6 +28,8 @@ def test_every_function_is_registered_under_its_constant(triggers: dict[str, dic
         fn.STARTER_TIMER: "timerTrigger",
         fn.AGENT_REPLIES: "serviceBusTrigger",
         fn.SUPERVISOR: "timerTrigger",
+        fn.ALARMS: "timerTrigger",
+        fn.PURGE: "timerTrigger",
         fn.ORDER_WORKFLOW: "orchestrationTrigger",
         fn.SET_STEP_DEADLINE: "activityTrigger",
         fn.LOAD_ORDER: "activityTrigger",
@@ -77,7 +79,11 @@ def test_service_bus_triggers_use_session_queues_named_by_settings(triggers: dic
 def test_timers_run_from_settings_without_the_monitor(triggers: dict[str, dict[str, Any]]) -> None:
     # The default schedules are sub-minute; the timer extension turns useMonitor off for them anyway
     # (TimerSchedule.Create, azure-webjobs-sdk-extensions), so the app says so (tests/product/unit/test_host_json.py).
-    for name, setting in ((fn.STARTER_TIMER, "%StarterSchedule%"), (fn.SUPERVISOR, "%SupervisorSchedule%")):
+    for name, setting in (
+        (fn.STARTER_TIMER, "%StarterSchedule%"),
+        (fn.SUPERVISOR, "%SupervisorSchedule%"),
+        (fn.ALARMS, "%AlarmSchedule%"),  # every minute: a missed tick is not worth running late
+    ):
         assert triggers[name]["schedule"] == setting
         assert triggers[name]["useMonitor"] is False and triggers[name]["runOnStartup"] is False
 

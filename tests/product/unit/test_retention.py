@@ -140,11 +140,11 @@ async def test_purge_window_doubles_over_empty_stretches_and_halves_after_a_big_
     purge = RecordingPurge(burst)
     _, state = open_sqlite_stores(tmp_path / "s.db")
     services: Any = Services(state, FakeClock(now))
-    run = await run_purge(services, purge, retention(max_calls=3))
+    await run_purge(services, purge, retention(max_calls=3))
     widths = [end - start for start, end, _ in purge.calls]
     assert widths == [timedelta(hours=1), timedelta(hours=2), timedelta(hours=4)]  # empty: doubled
     while purge.instances:
-        run = await run_purge(services, purge, retention(max_calls=3))
+        await run_purge(services, purge, retention(max_calls=3))
     big = next(n for n, deleted in enumerate(purge.deleted) if deleted > 10)  # the burst: 50 in one call
     await run_purge(services, purge, retention(max_calls=1))  # the next call after it
     width = [end - start for start, end, _ in purge.calls]

@@ -432,7 +432,7 @@ def _random_op(kind: str, rec: OrderStateRecord, now: datetime, step: StepName) 
         "ko": lambda: record_step(rec, owner, step, StepStatus.FAILED, now, error="x"),
         "complete": lambda: complete(rec, owner, now),
         "fail": lambda: fail(rec, owner, "boom", now),
-        "failbig": lambda: record_step(rec, owner, step, StepStatus.FAILED, now, error=f"{now}: " + "remote " * 900),
+        "failbig": lambda: record_step(rec, owner, step, StepStatus.FAILED, now, error=f"{now}: " + "x " * 900),
         "recover": lambda: recover(rec, owner, now, THRESHOLD, BACKOFF),
         "notify": lambda: mark_notified(rec, now, 3600),
         "resubmit": lambda: resubmit(rec, now, "ops", "fixed"),
@@ -452,9 +452,10 @@ def _check_invariants(before: OrderStateRecord, after: OrderStateRecord) -> None
     if before.process_state is ProcessState.PROCESSED:
         assert after.process_state is before.process_state  # terminal
     if before.process_state is ProcessState.ERROR and after.process_state is not ProcessState.ERROR:
-        assert after.process_state is ProcessState.PENDING and len(after.resubmissions) + after.resubmissions_dropped > (
-            len(before.resubmissions) + before.resubmissions_dropped
-        )  # only an operator's resubmit reopens a failed order
+        # Only an operator's resubmit reopens a failed order.
+        audited = len(after.resubmissions) + after.resubmissions_dropped
+        assert after.process_state is ProcessState.PENDING
+        assert audited > len(before.resubmissions) + before.resubmissions_dropped
     if after.process_state is ProcessState.PROCESSED:
         assert after.last_error is None  # an old error is history (previousErrors), never the current one
     # History only grows; past its bound the oldest entries are dropped and counted.
@@ -473,7 +474,19 @@ def _check_invariants(before: OrderStateRecord, after: OrderStateRecord) -> None
     st.lists(
         st.tuples(
             st.sampled_from(
-                ["claim", "deadline", "ok", "ko", "complete", "fail", "failbig", "recover", "stale", "notify", "resubmit"]
+                [
+                    "claim",
+                    "deadline",
+                    "ok",
+                    "ko",
+                    "complete",
+                    "fail",
+                    "failbig",
+                    "recover",
+                    "stale",
+                    "notify",
+                    "resubmit",
+                ]
             ),
             st.integers(0, 400),
             st.sampled_from(STEPS),
