@@ -75,10 +75,7 @@ def add_commands(sub: Any) -> None:
         "CompensationInProgress (its compensation is tried again); FailureCount (compensationFailures) back "
         "to 0; audited on the record: who, when, why. Any other state is refused.",
     )
-    r.add_argument("order_id", metavar="ORDER_KEY", help=ORDER_KEY_HELP)
-    r.add_argument("--reason", required=True, help="why (kept on the record)")
-    r.add_argument("--by", default=None, help="who, kept on the record (default: the OS user, $USER)")
-    r.set_defaults(run=_resubmit)
+    _audited_action(r, _resubmit)
 
     k = command(
         "keep",
@@ -86,10 +83,7 @@ def add_commands(sub: Any) -> None:
         "A finished order's documents expire FinishedOrderRetentionSeconds after its terminal status was sent "
         "(docs/retention.md); a kept order's never do, in any state. Audited on the record: who, when, why.",
     )
-    k.add_argument("order_id", metavar="ORDER_KEY", help=ORDER_KEY_HELP)
-    k.add_argument("--reason", required=True, help="why (kept on the record)")
-    k.add_argument("--by", default=None, help="who, kept on the record (default: the OS user, $USER)")
-    k.set_defaults(run=_keep)
+    _audited_action(k, _keep)
 
     s = command(
         "summary",
@@ -210,6 +204,14 @@ async def _orders(ops: Operations, args: argparse.Namespace, env: Mapping[str, s
         )
     more = f"\nnext page: --continuation {page['continuation']}" if page["continuation"] else ""
     return _render(table) + f"{len(page['items'])} order(s){more}"
+
+
+def _audited_action(parser: argparse.ArgumentParser, run: Any) -> None:
+    """An operator's action on one order, audited on its record: ORDER_KEY, --reason, --by."""
+    parser.add_argument("order_id", metavar="ORDER_KEY", help=ORDER_KEY_HELP)
+    parser.add_argument("--reason", required=True, help="why (kept on the record)")
+    parser.add_argument("--by", default=None, help="who, kept on the record (default: the OS user, $USER)")
+    parser.set_defaults(run=run)
 
 
 async def _keep(ops: Operations, args: argparse.Namespace, env: Mapping[str, str]) -> str:
