@@ -21,8 +21,9 @@ from orderflow import tracing
 from orderflow.messages import AgentRequest, parse_action
 from orderflow.notifications import entered_end
 from orderflow.outbound import send_agent_request
+from orderflow.ports import IndexEntry
 from orderflow.records import TERMINAL_STATES, OrderStateRecord, ProcessState, StepStatus, parse_utc
-from orderflow.recovery_index import index_deadline
+from orderflow.recovery_index import index_deadline, update_indexed
 from orderflow.runtime import Services, get_services
 from orderflow.state_machine import (
     Fenced,
@@ -78,7 +79,7 @@ async def set_step_deadline_activity(request: ActivityInput) -> bool | str:
         services = await get_services()
         action, deadline = parse_action(request["step"]), parse_utc(request["completeBy"])
         instance, honours_cancel = request["instanceId"], bool(request.get("honoursCancel"))
-        await index_deadline(services.index, request["orderId"], deadline, instance)
+        ahead = await index_deadline(services.index, request["orderId"], deadline, instance)
 
         def mutate(r: OrderStateRecord) -> OrderStateRecord:
             if honours_cancel and cancel_pending(r, instance):
@@ -88,7 +89,7 @@ async def set_step_deadline_activity(request: ActivityInput) -> bool | str:
             )
 
         try:
-            return await fenced_update(request["orderId"], mutate, fn.SET_STEP_DEADLINE)
+            return await fenced_update(request["orderId"], mutate, fn.SET_STEP_DEADLINE, ahead=ahead)
         except _CancelRequested:
             return "cancel"
 
@@ -124,13 +125,14 @@ async def begin_compensation_activity(request: ActivityInput) -> list[str] | Non
         services = await get_services()
         now = services.clock.now()
         deadline = parse_utc(request["completeBy"])
-        await index_deadline(services.index, request["orderId"], deadline, request["instanceId"])
+        ahead = await index_deadline(services.index, request["orderId"], deadline, request["instanceId"])
         rec = await _write_and_notify(
             services,
             request["orderId"],
             Wrote(lambda r: begin_compensation(r, request["instanceId"], request["cause"], deadline, now)),
             now,
             fn.BEGIN_COMPENSATION,
+            ahead,
         )
         if rec is None:
             return None
@@ -172,13 +174,14 @@ async def finish_order(request: ActivityInput) -> bool | str:
 
 
 async def _write_and_notify(
-    services: Services, order_id: str, wrote: Wrote, now: datetime, what: str
+    services: Services, order_id: str, wrote: Wrote, now: datetime, what: str, ahead: IndexEntry | None = None
 ) -> OrderStateRecord | None:
-    """One fenced write (None: fenced); the admission slot of an exit from Processing is freed, and a record that
-    reached its end sends what it owes. A failed send raises: the Scheduler retries the activity, and the
-    Supervisor's sweep sends whatever a terminal record still owes (orderflow/notifications.py)."""
+    """One fenced write (None: fenced), then the removal of the recovery-index entries it superseded (`ahead`: the
+    one written for it); the admission slot of an exit from Processing is freed, and a record that reached its end
+    sends what it owes. A failed send raises: the Scheduler retries the activity, and the Supervisor's sweep sends
+    whatever a terminal record still owes (orderflow/notifications.py)."""
     try:
-        rec, _ = await services.state.update_with_retry(order_id, wrote)
+        rec, _ = await update_indexed(services.state, services.index, order_id, wrote, ahead)
     except Fenced as exc:
         log.info("%s fenced: %s", what, exc)
         return None

@@ -25,8 +25,9 @@ from orderflow.messages import AgentRequest, idempotency_key
 from orderflow.notifications import entered_end
 from orderflow.outbound import send_agent_request
 from orderflow.patience import patiently
+from orderflow.ports import IndexEntry
 from orderflow.records import OrderRecord, OrderStateRecord, ProcessState
-from orderflow.recovery_index import index_deadline
+from orderflow.recovery_index import index_deadline, update_indexed
 from orderflow.runtime import Services, get_services
 from orderflow.state_machine import (
     Fenced,
@@ -55,14 +56,16 @@ async def fenced_update(
     mutate: Callable[[OrderStateRecord], OrderStateRecord],
     what: str,
     left_processing_at: datetime | None = None,
+    ahead: IndexEntry | None = None,
 ) -> bool:
     """Apply one fenced update; False when this instance no longer holds LockedBy (a superseded attempt). With
     `left_processing_at` (the `now` the mutation stamps), the update takes the order out of Processing: when this call
-    wrote it, its admission slot is freed."""
+    wrote it, its admission slot is freed. The recovery-index entries the write superseded are removed after it
+    (`ahead`: the entry written for it; orderflow/recovery_index.py)."""
     services = await get_services()
     wrote = Wrote(mutate)
     try:
-        rec, _ = await services.state.update_with_retry(order_id, wrote)
+        rec, _ = await update_indexed(services.state, services.index, order_id, wrote, ahead)
     except Fenced as exc:
         log.info("%s fenced: %s", what, exc)
         return False
@@ -110,9 +113,10 @@ async def advance_order(request: ActivityInput) -> dict[str, Any] | None:
     request — or end the order and send what it owes. Answers {"send": action} (the request is on its way; its
     CompleteBy is the one given), {"done": state} (the record is terminal) or None (superseded: fenced out).
 
-    Idempotent: the recovery-index entry is written before the CompleteBy, the write is a no-op when repeated, the
-    request's MessageId `<instanceId>:<step>` lets duplicate detection absorb a resend, and a terminal record still
-    owing its notification sends it. A transient bus failure of the request is retried here until the CompleteBy."""
+    Idempotent: the recovery-index entry is written before the CompleteBy (the entries the write superseded are
+    removed after it), the write is a no-op when repeated, the request's MessageId `<instanceId>:<step>` lets
+    duplicate detection absorb a resend, and a terminal record still owing its notification sends it. A transient bus
+    failure of the request is retried here until the CompleteBy."""
     with traced(fn.ADVANCE_ORDER, request) as span:
         services = await get_services()
         now = services.clock.now()
@@ -127,12 +131,12 @@ async def advance_order(request: ActivityInput) -> dict[str, Any] | None:
             return decisions[-1].record
 
         # The entry of the CompleteBy this decision may write, first: a crash in between leaves a stale entry, never a
-        # missing one. Written even when the decision turns out to end the order (one stale entry; knowing it would
-        # cost a read).
-        await index_deadline(services.index, order_id, complete_by, instance)
+        # missing one. Written even when the decision turns out to end the order (knowing it would cost a read); then
+        # removed after the write, with the entry of the CompleteBy the write replaced.
+        ahead = await index_deadline(services.index, order_id, complete_by, instance)
         wrote = Wrote(decide)
         try:
-            rec, _ = await services.state.update_with_retry(order_id, wrote)
+            rec, _ = await update_indexed(services.state, services.index, order_id, wrote, ahead)
         except Fenced as exc:
             log.info("%s fenced: %s", fn.ADVANCE_ORDER, exc)
             return None

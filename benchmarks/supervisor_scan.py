@@ -1,17 +1,17 @@
-"""Benchmark of one Supervisor pass in each `SupervisorScanMode`: `query` (the CompleteBy query of the state store)
-against `index` (the recovery index: one single-partition query per CompleteBy bucket, each hit verified with a point
-read of the state record), and `index_live_only` (index mode over the live entries only: its lower bound).
+"""Benchmark of the Supervisor's catch-up over a day in each `SupervisorScanMode`: `query` (the CompleteBy query of the
+state store) against `index` (the recovery index: one single-partition query per CompleteBy bucket, each hit verified
+with a point read), the index as the writers leave it since issue 26: the live entries and the stale ones a crash
+leaves (STALE_SHARE of the records). Extra mode `index_uncleaned`: one entry per CompleteBy, as before issue 26.
 
-Data: N state records (1,000 and 10,000; 1,000 with --quick) over the 24 hours before the pass, built with the state
-machine's own transitions; a whole-day pass, then an idle pass 10 s later. Per pass: `SupervisorRun.cost`,
-`request_charge`, wall time and, on Cosmos, every request by kind. Backends: the embedded store, and azure-cosmos
-against tests/support/cosmos_server.py (`@vercel/cosmosdb-server`) when node and the package are present, whose RU
-figure is a request count and whose bucket queries read too much. Data mix and caveats: docs/modules-host.md.
-"""
+Data: N state records (1,000, 10,000, 100,000; 1,000 with --quick) over the 24 hours before the pass, built with the
+state machine's own transitions; passes until the day is caught up, then an idle pass 10 s later. Per pass: cost,
+request charge, wall time, on Cosmos every request by kind. Backends: the embedded store, and azure-cosmos against
+tests/support/cosmos_server.py (a request counter, not Azure RU). Data mix and caveats: docs/modules-host.md."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import sqlite3
 import tempfile
@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from benchmarks._azure_cost_figures import RU_PER_ITEM_RETURNED, RU_RULES
 from orderflow.clock import FakeClock
 from orderflow.messages import STEPS, SubmitOrder
 from orderflow.ports import IndexEntry, RecoveryIndex, StateStore
@@ -38,11 +39,20 @@ LEASE = timedelta(seconds=30)  # ClaimLeaseSeconds
 STEP_TIMEOUT = timedelta(seconds=10)
 BUCKET_SECONDS = 300  # RecoveryIndexBucketSeconds (the default)
 EXPIRED, LIVE, PENDING = 0.01, 0.01, 0.02  # shares of N; the rest is Processed
+# Share of the records that left one stale entry: a writer that crashed (or lost the index) between its state write
+# and the removal of the entry it superseded, a Starter that lost a claim race. Not measured: an assumption.
+STALE_SHARE = 0.01
 CONCURRENCY = 32  # concurrent writes while loading a Cosmos copy
-MODES = ("query", "index", "index_live_only")
-# On the protocol server every query reads the whole container (it has no partitions), so index mode over the stale
-# entries of 10,000 orders would take hours: the server runs the 1,000-record set only, and --quick skips `index` there.
-COSMOS_SIZES = [1000]
+SIZES, QUICK_SIZES = [1000, 10000, 100000], [1000]
+MODES = ("query", "index", "index_uncleaned")
+# The extra mode reads ~4 stale entries per finished order (27 s at 10,000 on the embedded store): only up to here.
+UNCLEANED_MAX = 10000
+# The protocol server reads every document of the container for each query (it has no partitions or indexes):
+# 100,000 records are left to the embedded store; `index_uncleaned` there took 5 minutes at 1,000 and is left out.
+COSMOS_SIZES, COSMOS_QUICK_SIZES = [1000, 10000], [1000]
+COSMOS_MODES = ("query", "index")
+MAX_PASSES = 50  # catch-up passes (each handles at most SupervisorMaxResults records)
+STEADY_PASSES, STEADY_EVERY = 30, 10  # after the catch-up: the Supervisor's timer (10 s) over one 300 s bucket
 SERVER_LOG_LIMIT = 10000  # tests/support/cosmosdb_server.js MAX_LOG
 
 
@@ -52,7 +62,14 @@ class Dataset:
 
     records: list[OrderStateRecord]
     live_entries: list[IndexEntry]  # the entry of each Processing record's current CompleteBy
-    stale_entries: list[IndexEntry]  # earlier CompleteBys and finished orders
+    stale_entries: list[IndexEntry]  # what crashes left: one superseded entry of STALE_SHARE of the records
+    superseded_entries: list[IndexEntry]  # every superseded CompleteBy (earlier ones, finished orders): before issue 26
+
+    def entries(self, mode: str) -> list[IndexEntry]:
+        """The index the mode reads."""
+        if mode == "index":
+            return self.live_entries + self.stale_entries
+        return self.live_entries + self.superseded_entries if mode == "index_uncleaned" else []
 
     def counts(self) -> dict[str, int]:
         by_state: dict[str, int] = {}
@@ -65,6 +82,7 @@ class Dataset:
             "expired": expired,
             "live_entries": len(self.live_entries),
             "stale_entries": len(self.stale_entries),
+            "superseded_entries": len(self.superseded_entries),
         }
 
 
@@ -82,14 +100,15 @@ def _order(order_id: str) -> SubmitOrder:
 
 
 def build(n: int, seed: int = 12) -> Dataset:
-    """N records spread over SPAN, with the index entries the Starter and the Scheduler write for them."""
+    """N records spread over SPAN, with the index entries the Starter and the Scheduler write for them; STALE_SHARE
+    of the records (a second random stream: the records are those of the seed) keep one superseded entry."""
     rng = random.Random(seed)
     kinds = ["expired"] * round(n * EXPIRED) + ["live"] * round(n * LIVE) + ["pending"] * round(n * PENDING)
     kinds += ["processed"] * (n - len(kinds))
     rng.shuffle(kinds)
     records: list[OrderStateRecord] = []
     live: list[IndexEntry] = []
-    stale: list[IndexEntry] = []
+    superseded: list[list[IndexEntry]] = []  # per order that has some
     for i, kind in enumerate(kinds):
         order_id = f"bench-{i:06d}"
         if kind == "live":  # claimed in the last minute: its step deadline has not passed
@@ -114,12 +133,15 @@ def build(n: int, seed: int = 12) -> Dataset:
         if kind == "processed":
             done = t + timedelta(seconds=len(steps) + 1)
             rec = complete(rec, instance, done).model_copy(update={"notified_at": done})
-            stale.extend(entries)
+            superseded.append(entries)
         else:
             live.append(entries[-1])
-            stale.extend(entries[:-1])
+            superseded.append(entries[:-1])  # the claim lease at least
         records.append(rec)
-    return Dataset(records, live, stale)
+    crashes = random.Random(seed + 1)
+    crashed = sorted(crashes.sample(range(len(superseded)), round(n * STALE_SHARE)))
+    stale = [crashes.choice(superseded[i]) for i in crashed]
+    return Dataset(records, live, stale, [e for entries in superseded for e in entries])
 
 
 def _tunables(mode: str) -> Tunables:
@@ -139,15 +161,15 @@ async def _gather(jobs: list[Callable[[], Awaitable[Any]]], concurrency: int) ->
 
 async def _load(state: StateStore, index: RecoveryIndex | None, data: Dataset, mode: str, concurrency: int) -> None:
     jobs: list[Callable[[], Awaitable[Any]]] = [lambda r=r: state.create_if_absent(r) for r in data.records]
-    if index is not None and mode != "query":
-        entries = data.live_entries + (data.stale_entries if mode == "index" else [])
-        jobs += [lambda e=e: index.add(e) for e in entries]
+    if index is not None:
+        jobs += [lambda e=e: index.add(e) for e in data.entries(mode)]
     await _gather(jobs, concurrency)
     await state.put_checkpoint(CHECKPOINT, {"position": format_utc(NOW - SPAN)}, None)
 
 
 @dataclass
 class Pass:
+    passes: int
     recovered: int
     escalated: int
     skipped: int
@@ -160,37 +182,46 @@ class Pass:
     requests: dict[str, int] | None = None  # Cosmos only: what the backend received, by kind
 
 
-async def _pass(services: Services, count_requests: Callable[[], dict[str, int]] | None) -> Pass:
+async def _pass(services: Services, total: Pass | None = None, catch_up: bool = True) -> Pass:
+    """Supervisor runs on one clock, their figures added to `total`: with `catch_up`, until one ends within its
+    result budget (`SupervisorMaxResults`), the day caught up; else one."""
+    total = total or Pass(0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0)
     started = time.perf_counter()
-    run = await run_supervisor(services)
-    wall = time.perf_counter() - started
-    return Pass(
-        len(run.recovered),
-        len(run.escalated),
-        run.skipped,
-        run.cost.queries,
-        run.cost.documents,
-        run.cost.point_reads,
-        run.cost.stale,
-        round(run.request_charge, 2),
-        round(wall * 1000, 1),
-        count_requests() if count_requests else None,
-    )
+    while total.passes < MAX_PASSES:
+        run = await run_supervisor(services)
+        total.passes += 1
+        total.recovered += len(run.recovered)
+        total.escalated += len(run.escalated)
+        total.skipped += run.skipped
+        total.queries += run.cost.queries
+        total.documents += run.cost.documents
+        total.point_reads += run.cost.point_reads
+        total.stale_entries += run.cost.stale
+        total.request_charge = round(total.request_charge + run.request_charge, 2)
+        if not catch_up or run.handled < services.tunables.max_results:
+            break
+    total.wall_ms = round(total.wall_ms + (time.perf_counter() - started) * 1000, 1)
+    return total
 
 
-async def _two_passes(
+async def _passes(
     services: Services, count: Callable[[], dict[str, int]] | None, clear: Callable[[], None] | None
 ) -> dict[str, Any]:
-    """The catch-up pass over the day, then an idle pass 10 s later."""
+    """The catch-up over the day; an idle pass 10 s later; then STEADY_PASSES more every STEADY_EVERY s (the
+    Supervisor's timer: what it costs a day once caught up), summed."""
     assert isinstance(services.clock, FakeClock)
-    if clear:
-        clear()
-    first = await _pass(services, count)
-    services.clock.advance(10)
-    if clear:
-        clear()
-    idle = await _pass(services, count)
-    return {"pass": asdict(first), "idle_pass": asdict(idle)}
+    out: dict[str, Any] = {}
+    for name in ("pass", "idle_pass", "steady"):
+        if clear:
+            clear()
+        total = None
+        for _ in range(STEADY_PASSES if name == "steady" else 1):
+            services.clock.advance(0 if name == "pass" else STEADY_EVERY)
+            total = await _pass(services, total, catch_up=name == "pass")
+        assert total is not None
+        total.requests = count() if count else None
+        out[name] = asdict(total)
+    return out
 
 
 # --- embedded ---------------------------------------------------------------------------------------------
@@ -202,6 +233,8 @@ async def _embedded(data: Dataset) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-supervisor-") as tmp:
         for mode in MODES:
+            if mode == "index_uncleaned" and len(data.records) > UNCLEANED_MAX:
+                continue
             path = Path(tmp) / f"{mode}.db"
             orders, state = open_sqlite_stores(path)
             index = open_sqlite_recovery_index(path, BUCKET_SECONDS)
@@ -215,7 +248,8 @@ async def _embedded(data: Dataset) -> dict[str, Any]:
                     clock=FakeClock(NOW),
                     index=index if mode != "query" else None,
                 )
-                out[mode] = await _two_passes(services, None, None)
+                out[mode] = {"index_rows_before": _rows(path)}
+                out[mode].update(await _passes(services, None, None))
                 out[mode]["index_rows_after"] = _rows(path)
             finally:
                 await index.aclose()
@@ -277,7 +311,7 @@ async def _cosmos(data: Dataset, endpoint: str, server: Any, modes: tuple[str, .
                 clock=FakeClock(NOW),
                 index=index if mode != "query" else None,
             )
-            out[mode] = await _two_passes(services, count, server.clear_requests)
+            out[mode] = await _passes(services, count, server.clear_requests)
         finally:
             await index.aclose()
             await state.aclose()
@@ -295,19 +329,21 @@ def _run_cosmos(sizes: list[int], datasets: dict[int, Dataset], modes: tuple[str
 
 
 def run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    sizes = [1000] if quick else [1000, 10000]
-    datasets = {n: build(n) for n in sorted({*sizes, *COSMOS_SIZES})}
+    sizes, cosmos_sizes = (QUICK_SIZES, COSMOS_QUICK_SIZES) if quick else (SIZES, COSMOS_SIZES)
+    datasets = {n: build(n) for n in sorted({*sizes, *cosmos_sizes})}
     figures: dict[str, Any] = {"datasets": {str(n): d.counts() for n, d in datasets.items()}}
     figures["embedded"] = {str(n): asyncio.run(_embedded(datasets[n])) for n in sizes}
     problem = _cosmos_available()
     if problem is None:
-        cosmos_modes = tuple(m for m in MODES if not (quick and m == "index"))
-        figures["cosmos_protocol_server"] = _run_cosmos(COSMOS_SIZES, datasets, cosmos_modes)
+        figures["cosmos_protocol_server"] = _run_cosmos(cosmos_sizes, datasets, COSMOS_MODES)
     else:
         figures["cosmos_protocol_server"] = {"skipped": problem}
+    figures["modeled_azure_ru"] = {str(n): _modeled(figures["embedded"][str(n)]) for n in sizes}
+    figures["cheaper_at"] = {str(n): _cheaper(figures, str(n)) for n in sizes}
     params = {
         "sizes": sizes,
-        "cosmos_sizes": COSMOS_SIZES,
+        "cosmos_sizes": cosmos_sizes,
+        "stale_share": STALE_SHARE,
         "span_hours": SPAN.total_seconds() / 3600,
         "expired_share": EXPIRED,
         "live_share": LIVE,
@@ -315,7 +351,57 @@ def run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
         "bucket_seconds": BUCKET_SECONDS,
         "scan_window_seconds": int(_tunables("query").scan_window.total_seconds()),
         "page_size": _tunables("query").page_size,
+        "steady": f"{STEADY_PASSES} passes every {STEADY_EVERY} s after the idle pass, summed",
         "max_results": _tunables("query").max_results,
-        "checkpoint": "24 h back (the pass covers the day), then an idle pass 10 s later",
+        "checkpoint": "24 h back: passes until the day is caught up, then an idle pass 10 s later",
     }
     return figures, params
+
+
+def _modeled_ru(p: dict[str, Any], mode: str, partitions: int = 1) -> float:
+    """Azure RU of a pass's reads by docs/cost.md's rules (benchmarks/_azure_cost_figures.py RU_RULES): a query 3 RU
+    per physical partition it visits + 1 RU per item returned (the index's ~200-byte entries too: an overestimate),
+    a point read 1 RU; in index mode each stale entry's delete 5.5 RU. Query mode's CompleteBy query visits
+    `partitions`; the index's queries one (a bucket is one partition; the index of live entries is small)."""
+    if mode == "query":
+        per_query = RU_RULES["query_cross"] * partitions
+        return p["queries"] * per_query + p["documents"] * RU_PER_ITEM_RETURNED
+    reads = p["queries"] * RU_RULES["query_single"] + p["documents"] * RU_PER_ITEM_RETURNED
+    return reads + p["point_reads"] * RU_RULES["point_read"] + p["stale_entries"] * RU_RULES["delete"]
+
+
+def _modeled(modes: dict[str, Any]) -> dict[str, Any]:
+    """Modeled Azure RU of each mode's catch-up and steady passes on one physical partition, and for each the number
+    of physical partitions of the state container from which query mode would cost more than index mode."""
+    out: dict[str, Any] = {}
+    for name in ("pass", "steady"):
+        q, i = modes["query"][name], modes["index"][name]
+        row: dict[str, Any] = {m: round(_modeled_ru(modes[m][name], m), 1) for m in ("query", "index")}
+        out[name] = row
+        per_partition = q["queries"] * RU_RULES["query_cross"]
+        rest = _modeled_ru(i, "index") - q["documents"] * RU_PER_ITEM_RETURNED
+        row["query_dearer_from_partitions"] = max(1, math.floor(rest / per_partition) + 1) if per_partition else None
+    return out
+
+
+def _cheaper(figures: dict[str, Any], n: str) -> dict[str, str]:
+    """Per measure of the catch-up, the mode (`query` or `index`) that spent less ("equal" on a tie); `requests`:
+    queries + point reads, what the store is asked."""
+    out: dict[str, str] = {}
+    for backend in ("embedded", "cosmos_protocol_server"):
+        modes = figures.get(backend, {}).get(n)
+        if not isinstance(modes, dict) or "query" not in modes or "index" not in modes:
+            continue
+        q, i = modes["query"]["pass"], modes["index"]["pass"]
+        for measure in ("queries", "documents", "point_reads", "requests", "request_charge", "wall_ms"):
+            a, b = (q[measure], i[measure]) if measure != "requests" else (_requests(q), _requests(i))
+            out[f"{backend}.{measure}"] = "equal" if a == b else ("query" if a < b else "index")
+    modeled = figures.get("modeled_azure_ru", {}).get(n)
+    if modeled:
+        a, b = modeled["pass"]["query"], modeled["pass"]["index"]
+        out["modeled_azure_ru_1_partition"] = "equal" if a == b else ("query" if a < b else "index")
+    return out
+
+
+def _requests(figures: dict[str, Any]) -> int:
+    return int(figures["queries"] + figures["point_reads"])

@@ -23,7 +23,7 @@ from orderflow import function_names as fn
 from orderflow.breaker import BreakerConfig, SharedBreaker
 from orderflow.errors import PreconditionFailed
 from orderflow.records import CLAIMABLE_STATES, OrderStateRecord, ProcessState, instance_id
-from orderflow.recovery_index import index_deadline
+from orderflow.recovery_index import index_deadline, superseded
 from orderflow.runtime import Services
 from orderflow.state_machine import IllegalTransition, claim
 from orderflow.workflow import WORKFLOW_VERSION, WorkflowInput
@@ -71,11 +71,12 @@ async def try_claim(services: Services, rec: OrderStateRecord, etag: str) -> Wor
     ) as span:
         try:
             claimed = claim(rec, instance, now + services.tunables.claim_lease, now)
-            await index_deadline(services.index, rec.order_id, claimed.complete_by or now, instance)
+            ahead = await index_deadline(services.index, rec.order_id, claimed.complete_by or now, instance)
             await services.state.replace(claimed, etag)
         except (PreconditionFailed, IllegalTransition):
             span.set_attribute("orderflow.claimed", False)
-            return None
+            return None  # a lost race leaves its entry ahead stale: removing it blindly could remove the winner's
+        await superseded(services.index, rec, claimed, ahead)  # a compensation's earlier entry, if it had one
     return workflow_input(services, claimed)
 
 

@@ -33,7 +33,7 @@ from orderflow.outbound import about_message, raise_alert, send_status
 from orderflow.patience import LONGEST_WAIT as LONGEST_WAIT  # re-exported: the patience's bound (tests, host.json)
 from orderflow.patience import patiently
 from orderflow.records import OrderRecord, OrderStateRecord, ProcessState, instance_id
-from orderflow.recovery_index import index_deadline
+from orderflow.recovery_index import index_deadline, superseded, update_indexed
 from orderflow.runtime import Services
 from orderflow.starter import claims_allowed, workflow_input
 from orderflow.state_machine import TERMINAL_STATES, CancelRefused, Wrote, cancel
@@ -244,7 +244,7 @@ async def cancel_order(
         )
     wrote = Wrote(lambda r: cancel(r, now, request.reason))
     try:
-        rec, _ = await services.state.update_with_retry(order_id, wrote)
+        rec, _ = await update_indexed(services.state, services.index, order_id, wrote)
     except CancelRefused as exc:
         await send_status(
             services.bus,
@@ -371,11 +371,13 @@ async def _store(
     traceparent = tracing.current_traceparent()  # the submission's span: every later hop joins this trace
     if traceparent is not None:
         new = new.model_copy(update={"traceparent": traceparent})
+    ahead = None
     if claim_slot:
         first = instance_id(key, 1)
         new = claim_record(new, first, now + services.tunables.claim_lease, now)
-        await index_deadline(services.index, key, new.complete_by or now, first)
+        ahead = await index_deadline(services.index, key, new.complete_by or now, first)
     state, state_created = await services.state.create_if_absent(new)
+    await superseded(services.index, None, state, ahead)  # the record existed: the entry ahead describes nothing
     if state.order_hash != order.immutable_hash() or not _owned(services, source, key, state.app, state.reply_to):
         return await _reject(
             services,

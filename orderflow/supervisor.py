@@ -19,7 +19,7 @@ from orderflow import admission, telemetry
 from orderflow.errors import Conflict, NotFound, PreconditionFailed, is_transient
 from orderflow.notifications import entered_end, sweep_unnotified
 from orderflow.records import TERMINAL_STATES, OrderStateRecord, ProcessState, format_utc, parse_utc
-from orderflow.recovery_index import ExpiredSource, ScanCost, expired_source, index_deadline
+from orderflow.recovery_index import ExpiredSource, ScanCost, expired_source, index_deadline, update_indexed
 from orderflow.runtime import Services
 from orderflow.starter import DurableStarts, StarterRun, never_started, start_attempt, workflow_input
 from orderflow.state_machine import Fenced, IllegalTransition, recover, restart
@@ -111,13 +111,12 @@ async def run_supervisor(services: Services, durable: DurableStarts | None = Non
         if end >= now:
             position = max(position, min(end, now - CLOCK_SKEW))
             break
-        probe = await source.query_expired(end, now, 1)
-        run.request_charge += probe.request_charge
-        if not probe.items:
+        first, charge = await source.first_expired(end, now)
+        run.request_charge += charge
+        if first is None:
             position = max(position, now - CLOCK_SKEW)
             break
-        first, _ = probe.items[0]
-        position = first.complete_by or end
+        position = max(first, end)
     if run.hold is not None:  # never past a record skipped for a reason that may pass (never before the start)
         position = min(position, run.hold)
     run.position = position
@@ -189,8 +188,11 @@ async def _recover_one(
     ):
         return
     try:
-        rec, _ = await services.state.update_with_retry(
-            seen.order_id, lambda r: recover(r, expired_by, now, t.failure_threshold, t.backoff)
+        rec, _ = await update_indexed(  # the expired entry is superseded: removed after the write
+            services.state,
+            services.index,
+            seen.order_id,
+            lambda r: recover(r, expired_by, now, t.failure_threshold, t.backoff),
         )
     except (Fenced, IllegalTransition, NotFound, PreconditionFailed):
         run.skipped += 1  # another Supervisor or the Scheduler got there first
@@ -231,9 +233,9 @@ async def _restarted(
     now = services.clock.now()
     lease_until = now + services.tunables.claim_lease
     try:
-        await index_deadline(services.index, seen.order_id, lease_until, expired_by)
-        rec, _ = await services.state.update_with_retry(
-            seen.order_id, lambda r: restart(r, expired_by, lease_until, now)
+        ahead = await index_deadline(services.index, seen.order_id, lease_until, expired_by)
+        rec, _ = await update_indexed(
+            services.state, services.index, seen.order_id, lambda r: restart(r, expired_by, lease_until, now), ahead
         )
     except (Fenced, IllegalTransition, NotFound, PreconditionFailed):
         run.skipped += 1  # started meanwhile (its Scheduler moved CompleteBy), or another Supervisor won

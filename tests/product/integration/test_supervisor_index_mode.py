@@ -1,15 +1,13 @@
 """Integration: the Supervisor in `SupervisorScanMode` index (the recovery index, orderflow/recovery_index.py) against
 query mode, on the embedded store with a FakeClock.
 
-Spec: issue 12 part 4. The index is written before every state write that sets a CompleteBy (the Starter's claim,
-`orderflow.starter.try_claim`; the Scheduler's step deadline, `set_step_deadline` in activities/frozen_versions.py)
-and may be stale; the state record stays the truth. Index mode must find every expired record that query mode finds,
-ignore (and remove) stale entries, not end a scan early on a page of stale entries, and jump over long empty
-stretches.
-
-Each comparison builds the same data twice, in lockstep on one clock, through the real writers: one deployment in
-query mode (no index), one in index mode (services.index on the same store file); then one Supervisor run on each.
-"""
+Spec: issue 12 part 4, issue 26. An entry is written before the state write that sets its CompleteBy and removed after
+the write that supersedes it; a crash in between leaves a stale entry (made here by removals that fail,
+`CrashedRemovals`). The state record stays the truth. Index mode must find every expired record that query mode
+finds, ignore (and remove) stale entries, not end a scan early on a page of stale entries, and jump over long empty
+stretches. Each comparison builds the same data twice, in lockstep on one clock, through the real writers: one
+deployment in query mode (no index), one in index mode (services.index on the same store file); then one Supervisor
+run on each. The writers' removals: tests/product/integration/test_recovery_index_live.py."""
 
 from __future__ import annotations
 
@@ -32,7 +30,7 @@ from orderflow.ports import IndexEntry
 from orderflow.records import OrderStateRecord, ProcessState, format_utc, parse_utc
 from orderflow.starter import DurableStarts, try_claim
 from orderflow.submission import Accepted, submit
-from orderflow.supervisor import CHECKPOINT, SupervisorRun, run_supervisor
+from orderflow.supervisor import CHECKPOINT, CLOCK_SKEW, SupervisorRun, run_supervisor
 
 BUCKET = 300  # RecoveryIndexBucketSeconds (the default)
 WIDTH = timedelta(seconds=BUCKET)
@@ -154,6 +152,26 @@ class Pair:
     async def run(self) -> tuple[SupervisorRun, SupervisorRun]:
         return await run_supervisor(self.query.services), await run_supervisor(self.index.services)
 
+    def crashing(self, crashed: bool = True) -> None:
+        """From now on every writer of the index deployment crashes (or not) between its state write and the removal
+        of the entry that write superseded: the entry stays, stale, as before issue 26."""
+        assert self.index.index is not None
+        self.index.services.index = CrashedRemovals(self.index.index) if crashed else self.index.index
+
+
+class CrashedRemovals:
+    """The index, its removals lost (the writer crashed after its state write): superseded entries stay."""
+
+    def __init__(self, inner: SqliteRecoveryIndex) -> None:
+        self.bucket_seconds = inner.bucket_seconds
+        self.inner = inner
+
+    async def remove(self, entry: IndexEntry) -> None:
+        raise ConnectionError(f"crashed before removing {entry.id}")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
 
 @pytest.fixture
 async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
@@ -263,8 +281,12 @@ def expected(mix: Mix) -> tuple[set[str], set[str]]:
 
 @pytest.mark.parametrize(("seed", "page_size"), [(1, 100), (2, 2), (3, 1), (4, 5)])
 async def test_index_mode_recovers_what_query_mode_recovers(pair: Pair, seed: int, page_size: int) -> None:
+    """The mix built by writers that all crashed before their removals: one entry per CompleteBy (the index before
+    issue 26), the most stale entries a scan can meet."""
     await reconfigure(pair, page_size=page_size)
+    pair.crashing()
     mix = await build_mix(pair, seed)
+    pair.crashing(False)
     every = [*mix.orders, *mix.live]
     before = {o: await pair.index.record(o) for o in every}
     assert before == {o: await pair.query.record(o) for o in every}  # the same data in both copies
@@ -290,16 +312,18 @@ async def test_index_mode_recovers_what_query_mode_recovers(pair: Pair, seed: in
         sorted(by_query.escalated),
     )
     assert by_index.skipped == by_query.skipped == 0  # nothing found that was not due (a stale hit would be)
-    assert by_index.position == by_query.position
+    # Index mode's probe for the next window answers the first entry, stale or not: its checkpoint may stay a little
+    # behind query mode's (never ahead of it), and still reaches now - CLOCK_SKEW.
+    assert by_index.position is not None and by_query.position is not None
+    assert min(by_query.position, now - CLOCK_SKEW) <= by_index.position <= by_query.position
     for o in every:  # the same outcome, record for record
         assert await pair.index.record(o) == await pair.query.record(o), o
-    # Every stale entry in the scanned range was seen once and deleted; what is left there are the entries of the
-    # orders just recovered or escalated (they expire by TTL); entries later than now are untouched.
+    # Every stale entry in the scanned range was seen once and deleted, and the recovery of each record removed its
+    # entry: nothing is left before now; entries later than now are untouched.
     assert by_index.cost.stale == len(stale)
     handled = recovered | escalated
     left = pair.index.entries()
-    assert sorted(e.order_id for e in left if e.complete_by < now) == sorted(handled)
-    assert all(e.matches(before[e.order_id]) for e in left if e.complete_by < now)
+    assert [e for e in left if e.complete_by < now] == []
     assert {e.order_id for e in left if e.complete_by >= now} == {
         *mix.live,
         *(o for o, k in mix.orders.items() if k == "moved-to-future"),
@@ -308,13 +332,31 @@ async def test_index_mode_recovers_what_query_mode_recovers(pair: Pair, seed: in
     # at most once more as the probe that found the window.
     assert len(stale) + len(handled) <= by_index.cost.point_reads <= len(stale) + 2 * len(handled)
 
-    # A second run finds nothing in either mode. It re-scans from the checkpoint (now - CLOCK_SKEW): the entries of
-    # orders recovered in that overlap are stale now and deleted; no stale entry is read twice.
-    assert by_index.position is not None
-    overlap = [e for e in left if by_index.position <= e.complete_by < now]
+    # A second run finds nothing in either mode, and no stale entry: the recoveries removed theirs.
     pair.clock.advance(5)
     again_query, again_index = await pair.run()
-    assert (again_query.scanned, again_index.scanned, again_index.cost.stale) == (0, 0, len(overlap))
+    assert (again_query.scanned, again_index.scanned, again_index.cost.stale) == (0, 0, 0)
+
+
+async def test_with_writers_that_remove_what_they_supersede_the_scan_meets_live_entries(pair: Pair) -> None:
+    """The same mix through writers that do not crash: the only stale entries are those of the mix's second attempts,
+    whose first attempt was recovered by a hand-made write (not a writer that removes)."""
+    mix = await build_mix(pair, 1)
+    every = [*mix.orders, *mix.live]
+    before = {o: await pair.index.record(o) for o in every}
+    now = pair.clock.now()
+    stale = stale_before(pair.index, before, now)
+    assert {mix.orders[e.order_id] for e in stale} == {"second-attempt"}
+    assert len(stale) == sum(1 for k in mix.orders.values() if k == "second-attempt")
+    assert all(e.matches(before[e.order_id]) for e in pair.index.entries() if e not in stale)
+
+    by_query, by_index = await pair.run()
+
+    recovered, escalated = expected(mix)
+    assert (set(by_index.recovered), set(by_index.escalated)) == (set(by_query.recovered), set(by_query.escalated))
+    assert (set(by_index.recovered), set(by_index.escalated)) == (recovered, escalated)
+    assert by_index.cost.stale == len(stale)
+    assert by_index.cost.point_reads <= len(stale) + 2 * len(recovered | escalated)
 
 
 async def test_a_probe_whose_first_entry_is_stale_finds_the_live_one_behind_it(pair: Pair) -> None:
@@ -324,7 +366,9 @@ async def test_a_probe_whose_first_entry_is_stale_finds_the_live_one_behind_it(p
     await pair.set_position(start)
     pair.clock.set(start + timedelta(hours=2) - timedelta(seconds=30))
     await pair.submit("o-finished")
+    pair.crashing()
     await pair.finish("o-finished", await pair.claim("o-finished"))  # four stale entries around start + 2 h
+    pair.crashing(False)
     pair.clock.set(start + timedelta(hours=3) - timedelta(seconds=30))
     await pair.submit("o-expired")
     await pair.claim("o-expired")  # lease ends at start + 3 h
@@ -334,7 +378,7 @@ async def test_a_probe_whose_first_entry_is_stale_finds_the_live_one_behind_it(p
 
     assert by_query.recovered == by_index.recovered == ["o-expired"]
     assert by_index.cost.stale == 4
-    assert [e.order_id for e in pair.index.entries()] == ["o-expired"]
+    assert pair.index.entries() == []  # the stale ones deleted by the scan, the recovered one's by its recovery
 
 
 async def test_a_window_page_of_only_stale_entries_does_not_end_the_window(pair: Pair) -> None:
@@ -342,10 +386,12 @@ async def test_a_window_page_of_only_stale_entries_does_not_end_the_window(pair:
     await reconfigure(pair, page_size=2)
     start = pair.clock.now()
     await pair.set_position(start)
+    pair.crashing()
     for i in range(5):
         pair.clock.advance(60)
         await pair.submit(f"o-done-{i}")
         await pair.finish(f"o-done-{i}", await pair.claim(f"o-done-{i}"))
+    pair.crashing(False)
     pair.clock.advance(60)
     await pair.submit("o-expired")
     await pair.claim("o-expired")

@@ -442,7 +442,11 @@ def _random_op(kind: str, rec: OrderStateRecord, now: datetime, step: StepName) 
 
 
 def _check_invariants(before: OrderStateRecord, after: OrderStateRecord) -> None:
-    assert after.failure_count >= before.failure_count and after.attempt >= before.attempt
+    resubmitted = len(after.resubmissions) + after.resubmissions_dropped > (
+        len(before.resubmissions) + before.resubmissions_dropped
+    )
+    assert after.failure_count >= before.failure_count or resubmitted  # an operator's resubmit is a fresh budget
+    assert after.attempt >= before.attempt
     assert after.updated_at >= before.updated_at
     assert after.failure_count < THRESHOLD or after.process_state is ProcessState.ERROR
     if after.process_state is ProcessState.PENDING:
@@ -452,10 +456,7 @@ def _check_invariants(before: OrderStateRecord, after: OrderStateRecord) -> None
     if before.process_state is ProcessState.PROCESSED:
         assert after.process_state is before.process_state  # terminal
     if before.process_state is ProcessState.ERROR and after.process_state is not ProcessState.ERROR:
-        # Only an operator's resubmit reopens a failed order.
-        audited = len(after.resubmissions) + after.resubmissions_dropped
-        assert after.process_state is ProcessState.PENDING
-        assert audited > len(before.resubmissions) + before.resubmissions_dropped
+        assert after.process_state is ProcessState.PENDING and resubmitted  # only a resubmit reopens a failed order
     if after.process_state is ProcessState.PROCESSED:
         assert after.last_error is None  # an old error is history (previousErrors), never the current one
     # History only grows; past its bound the oldest entries are dropped and counted.
