@@ -91,7 +91,9 @@ def add_command(sub: Any) -> None:
         "and the Agent; scale-out runs three devhost hosts on one task hub and "
         "kills them in turn; idle-then-burst submits orders after a quiet spell longer than "
         "the Durable queue polling ceiling (--timing azure-storage); tenant-isolation runs two submitting apps, "
-        "one of them hostile (lab/tenant_drills.py). Every drill also checks the invariants of "
+        "one of them hostile (lab/tenant_drills.py); retention runs retentions of seconds (finished orders expire, "
+        "their instances are purged, unfinished and kept ones stay) and forces each alarm "
+        "(lab/retention_drills.py). Every drill also checks the invariants of "
         "lab/invariants.py. When every order has its final status, print the figures "
         "(a table, or "
         "one JSON object as the last line with --json). Exit code 1 unless the drill "
@@ -107,7 +109,8 @@ def add_command(sub: Any) -> None:
         "poison-in-session run a fixed set; remote-hang, late-replies, reply-reordering 12, "
         "clock-skew 10; starter-race 60, supervisor-race 12; scale-out 200; durable-api-outage 8; bus-outage 12 "
         "and half as many as the outage begins; idle-then-burst 30 after 4 before the quiet spell; "
-        "tenant-isolation 40 of app's, after as many alone)",
+        "tenant-isolation 40 of app's, after as many alone; retention 12 that finish, besides one kept and two "
+        "held unfinished)",
     )
     d.add_argument(
         "--kills",

@@ -48,6 +48,8 @@ MODULE_DRILLS: dict[str, str] = {
     "idle-then-burst": "lab.profile_drills:run_command",
     # Issue 25: two submitting apps on one system, one hostile (lab/tenant_drills.py).
     "tenant-isolation": "lab.tenant_drills:run_command",
+    # Issue 26: data that ends (retention, purge, keep) and the alarms, forced and quiet (lab/retention_drills.py).
+    "retention": "lab.retention_drills:run_command",
 }
 DRILLS = (*sorted(TARGETS), *RESILIENCE_DRILLS, *LIFECYCLE_DRILLS, *MODULE_DRILLS)
 DEFAULT_ORDERS = {"host-crash": 100, "agent-crash": 100, "retry-budget": 20, "remote-outage": 100, "backlog-flood": 300}

@@ -41,6 +41,7 @@ class Run:
 
 BUS_OUTAGE_FIGURES = ("outage_s", "injected", "sdk_retries_by_kind", "time_to_drain_s", "attempts", "elapsed_s")
 TENANT_FIGURES = ("claims", "flood_admitted", "flood_rejected", "hostile", "p50_vs_baseline", "elapsed_s")
+RETENTION_FIGURES = ("expired", "purged", "kept", "unfinished", "index_stale", "alarms_fired", "elapsed_s")
 # Every drill with its defaults (`make drills`); the figures each one's row shows.
 FULL: tuple[Run, ...] = (
     Run("host-crash", ("--orders", "200", "--kills", "20"), ("kills_done", "settle_s", "max_attempt", "total_s")),
@@ -72,6 +73,7 @@ FULL: tuple[Run, ...] = (
     ),
     Run("bus-outage", (), BUS_OUTAGE_FIGURES),
     Run("tenant-isolation", (), TENANT_FIGURES),
+    Run("retention", (), RETENTION_FIGURES),
     # The azure-storage timing profile (devhost/durable/timing.py), with the deployed settings: minutes each.
     Run(
         "idle-then-burst",
@@ -86,8 +88,8 @@ FULL: tuple[Run, ...] = (
     ),
 )
 # What CI runs after the tests: the invariants under a crash of each process, a remote that fails, and a fault of
-# the bus (a duplicate delivery, an outage), of the store and of the Durable HTTP API, and two apps, one hostile,
-# each small.
+# the bus (a duplicate delivery, an outage), of the store and of the Durable HTTP API, two apps, one hostile, and
+# data that ends with the alarms forced, each small.
 QUICK: tuple[Run, ...] = (
     Run("host-crash", ("--orders", "20", "--kills", "3"), ("kills_done", "settle_s", "max_attempt", "total_s")),
     Run("agent-crash", ("--orders", "20", "--kills", "3"), ("kills_done", "settle_s", "max_attempt", "total_s")),
@@ -123,6 +125,8 @@ QUICK: tuple[Run, ...] = (
     Run("bus-outage", ("--orders", "6", "--outage-for", "14"), BUS_OUTAGE_FIGURES),
     # Two apps, one hostile: every trick, small (18 s on 2 cores).
     Run("tenant-isolation", ("--orders", "6", "--set", "flood=50"), TENANT_FIGURES),
+    # Retention of seconds, then each alarm forced (devhost stopped for 14 s: the oldest-processing threshold).
+    Run("retention", ("--orders", "6"), RETENTION_FIGURES),
 )
 COMMON = ("invariants.transitions_audited", "invariants.most_calls_per_key")
 

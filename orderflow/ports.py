@@ -120,7 +120,8 @@ class OrdersDb(Protocol):
 
     async def set_ttl(self, order_id: str, ttl: int) -> None:
         """Give the stored order the per-item TTL `ttl` (seconds from this write; records.TTL_NEVER: never expires).
-        NotFound when it is not stored (or expired)."""
+        A kept order (TTL_NEVER) stays kept: a later finite `ttl` writes nothing (`orderflow keep` may land between a
+        notification's read and its TTL write). NotFound when it is not stored (or expired)."""
         ...
 
     async def aclose(self) -> None: ...

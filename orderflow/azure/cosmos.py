@@ -46,6 +46,7 @@ from orderflow.records import (
     CLAIMABLE_STATES,
     SUPERVISED_STATES,
     TERMINAL_STATES,
+    TTL_NEVER,
     OrderRecord,
     OrderStateRecord,
     ProcessState,
@@ -188,6 +189,8 @@ class CosmosOrdersDb:
             doc = await read_doc(self._container, order_id, order_id)
             if doc is None:
                 raise NotFound(f"order {order_id!r} does not exist")
+            if doc.get("ttl") == TTL_NEVER:
+                return  # kept: stays kept
             try:
                 await replace_if_match(self._container, {**_strip(doc), "ttl": ttl}, str(doc["_etag"]))
                 return

@@ -31,6 +31,7 @@ from orderflow.records import (
     CLAIMABLE_STATES,
     SUPERVISED_STATES,
     TERMINAL_STATES,
+    TTL_NEVER,
     OrderRecord,
     OrderStateRecord,
     ProcessState,
@@ -123,6 +124,8 @@ class SqliteOrdersDb:
             found = _select_doc(conn, "orders", order_id)
             if found is None:
                 raise NotFound(f"order {order_id!r} does not exist")
+            if found[0].get("ttl") == TTL_NEVER:
+                return  # kept: stays kept
             doc = {**found[0], "ttl": ttl}
             row = {"etag": new_etag(), "doc": _dumps(doc), "expires_at": expires_at(doc, now)}
             _conditional_update(conn, "orders", order_id, found[1], row)

@@ -61,6 +61,10 @@ async def test_a_finished_orders_documents_carry_their_ttl(stores: Stores) -> No
     await stores.orders.set_ttl("o-1", TTL_NEVER)  # `orderflow keep`
     kept = await stores.orders.get("o-1")
     assert kept is not None and (kept.model_extra or {}).get("ttl") == TTL_NEVER
+    # A notification's TTL write that lands after the keep (it read the record before) leaves it kept.
+    await stores.orders.set_ttl("o-1", 3600)
+    still = await stores.orders.get("o-1")
+    assert still is not None and (still.model_extra or {}).get("ttl") == TTL_NEVER
 
 
 async def finish_running(stores: Stores, etag: str) -> None:
