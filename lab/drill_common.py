@@ -9,7 +9,7 @@ import json
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from rich.console import Console
 
@@ -120,7 +120,11 @@ def run_verdict_drill(
     """Start `system`, run a drill that ends in a Verdict on it, stop it; print the table (and with --json the
     verdict as the last line of stdout); the exit code."""
     console = Console(stderr=args.json)
-    verdict = run_on_system(system, console, lambda: drill(console))
+    return report_verdict(args, console, run_on_system(system, console, lambda: drill(console)))
+
+
+def report_verdict(args: argparse.Namespace, console: Console, verdict: Verdict) -> int:
+    """The verdict's table (and with --json the verdict as the last line of stdout); the exit code."""
     title = f"drill {args.scenario} ({args.settings} settings)"
     return report(
         console,
@@ -128,6 +132,32 @@ def run_verdict_drill(
         verdict.to_json() if args.json else None,
         verdict.failed_checks(),
     )
+
+
+class Periodic:
+    """A drill's background look every `every` seconds (`tick`), from `async with` until its exit."""
+
+    every = 0.2
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[None] | None = None
+
+    async def tick(self) -> object:
+        raise NotImplementedError
+
+    async def _loop(self) -> None:
+        while True:
+            await self.tick()
+            await asyncio.sleep(self.every)
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.create_task(self._loop())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
 
 
 def report(console: Console, table: Any, line: dict[str, Any] | None, failures: list[str]) -> int:

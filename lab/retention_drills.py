@@ -46,8 +46,16 @@ from ._retention_checks import (
     judge,
     merge_findings,
 )
-from .demo import ClientApp, client_app, default_work_dir, make_orders, summary_table
-from .drill_common import SETTINGS_CHOICES, base_settings, parse_overrides, report, run_on_system, usage_error
+from .demo import ClientApp, client_app, default_work_dir, make_orders
+from .drill_common import (
+    SETTINGS_CHOICES,
+    Periodic,
+    base_settings,
+    parse_overrides,
+    report_verdict,
+    run_on_system,
+    usage_error,
+)
 from .invariants import Findings, check_system, install_for, store_path
 from .lifecycle_lab import Lab, durable_instances, until
 from .system import ROOT, LocalSystem, SystemConfig, with_bus_config
@@ -132,14 +140,16 @@ def drill_config(work_dir: Path, values: dict[str, str], seed: int, servicebus_c
 # --- what the drill reads ----------------------------------------------------------------------------------------
 
 
-class AlarmWatch:
+class AlarmWatch(Periodic):
     """Every WATCH_EVERY_S: the alarm timer's document `alarms` (orderflow/alarms.py), its etag (one a tick) and its
     firing set, kept as a history."""
 
+    every = WATCH_EVERY_S
+
     def __init__(self, lab: Lab) -> None:
+        super().__init__()
         self.state = lab.stores.state
         self.history: list[tuple[float, str | None, frozenset[str]]] = []
-        self._task: asyncio.Task[None] | None = None
 
     async def look(self) -> frozenset[str]:
         found = await self.state.get_checkpoint(alarms.DOCUMENT)
@@ -163,19 +173,8 @@ class AlarmWatch:
     def now(self) -> frozenset[str]:
         return self.history[-1][2] if self.history else frozenset()
 
-    async def _loop(self) -> None:
-        while True:
-            await self.look()
-            await asyncio.sleep(WATCH_EVERY_S)
-
-    async def __aenter__(self) -> AlarmWatch:
-        self._task = asyncio.create_task(self._loop())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+    async def tick(self) -> frozenset[str]:
+        return await self.look()
 
 
 async def summary_alarms(ops: Operations) -> list[dict[str, Any]]:
@@ -572,10 +571,4 @@ def run_command(args: argparse.Namespace) -> int:
     fired, found_too = run_on_system(second, console, lambda: drive_alarms(second, options))
     verdict = judge(retention, fired, merge_findings(found, found_too))
     verdict.figures["work_dir"] = str(work)
-    title = f"drill {args.scenario} ({args.settings} settings)"
-    return report(
-        console,
-        summary_table(verdict.display(), title),
-        verdict.to_json() if args.json else None,
-        verdict.failed_checks(),
-    )
+    return report_verdict(args, console, verdict)

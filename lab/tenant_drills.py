@@ -48,7 +48,15 @@ from ._tenant_checks import (
     was_rejected,
 )
 from .demo import ClientApp, client_app, default_work_dir, make_orders
-from .drill_common import SETTINGS_CHOICES, Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
+from .drill_common import (
+    SETTINGS_CHOICES,
+    Periodic,
+    Verdict,
+    base_settings,
+    parse_overrides,
+    run_verdict_drill,
+    usage_error,
+)
 from .invariants import check_system, dead_letters, install_for, read_transitions, store_path
 from .lifecycle_lab import Lab
 from .system import LocalSystem, SystemConfig, with_bus_config
@@ -168,16 +176,17 @@ def _redirected(order: SubmitOrder) -> ServiceBusMessage:
     )
 
 
-class Sampler:
+class Sampler(Periodic):
     """Every SAMPLE_EVERY_S: each app's Pending (the store's count query by key) and Processing in all; the peaks."""
 
     def __init__(self, env: dict[str, str]) -> None:
         from orderflow.adapters import open_stores
 
+        super().__init__()
+        self.every = SAMPLE_EVERY_S
         self.apps: SubmittingApps = submitting_apps(env)
         self.stores = open_stores(env)
         self.peaks: dict[str, int] = {}
-        self._task: asyncio.Task[None] | None = None
 
     async def sample(self) -> None:
         state = self.stores.state
@@ -189,19 +198,11 @@ class Sampler:
     def _keys(self, app: str) -> KeyFilter:
         return self.apps.keys_of(app)
 
-    async def _loop(self) -> None:
-        while True:
-            await self.sample()
-            await asyncio.sleep(SAMPLE_EVERY_S)
-
-    async def __aenter__(self) -> Sampler:
-        self._task = asyncio.create_task(self._loop())
-        return self
+    async def tick(self) -> None:
+        await self.sample()
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await super().__aexit__(*exc)
         try:
             await self.sample()
         finally:
