@@ -92,6 +92,7 @@ RETENTION_SETTINGS = {
     "PurgeSchedule": _EVERY_SECOND,
     "StepTimeoutSeconds": "120",
     "AGENT_CALL_TIMEOUT_MS": "120000",
+    "SupervisorScanMode": "index",  # only index mode writes the recovery index: its entries are checked
 }
 # The alarm phase: 3 s steps (oldest-processing: 3 + 3 x 3 + 1 + 1 = 14 s), three Processing slots, the index scan.
 ALARM_PHASE_SETTINGS = {"StepTimeoutSeconds": "3", "MaxOrdersInProcessing": "3", "SupervisorScanMode": "index"}

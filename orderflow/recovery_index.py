@@ -25,8 +25,8 @@ log = logging.getLogger("orderflow.supervisor")
 async def index_deadline(
     index: RecoveryIndex | None, order_id: str, complete_by: datetime, locked_by: str
 ) -> IndexEntry | None:
-    """The index entry of a CompleteBy the caller is about to write, written first (in both scan modes): a crash in
-    between leaves at most a stale entry, never a missing one. Returns it (for `superseded`); None without an index."""
+    """The index entry of a CompleteBy the caller is about to write, written first: a crash in between leaves at
+    most a stale entry, never a missing one. Returns it (for `superseded`); None without an index (query mode)."""
     if index is None:
         return None
     entry = IndexEntry(order_id, complete_by, locked_by)

@@ -135,8 +135,9 @@ class Services:
     # One admission-document write at a time in this process (orderflow/admission.py).
     admission_lock: asyncio.Lock | None = None
     admission_waiting: list[Any] | None = None  # orderflow/admission.py: requests for the next write
-    # The recovery index: written with every CompleteBy change in both scan modes (so a switch to `index` finds the
-    # orders already in flight), read by the Supervisor in SupervisorScanMode `index`. None: not written (tests).
+    # The recovery index, in SupervisorScanMode `index` only: written with every CompleteBy change, read by the
+    # Supervisor (after a switch from `query`, once it covers every order in flight: supervisor.reads_index). None:
+    # not written (query mode: no write that the scan does not read).
     index: RecoveryIndex | None = None
     # Queue runtime counts from Azure Resource Manager (orderflow/azure/queue_counts.py, ServiceBusNamespaceResourceId):
     # the ops summary's dead-letter depths. None: the summary peeks them on the bus.
@@ -167,7 +168,7 @@ async def get_services() -> Services:
             bus=aio_bus_from_settings(os.environ),
             tunables=tunables,
             breakers=open_breaker_documents(os.environ),
-            index=open_recovery_index(os.environ),
+            index=open_recovery_index(os.environ) if tunables.scan_mode == "index" else None,
             queue_counts=queue_counts.from_settings(os.environ),
         )
     return _services[loop_id]

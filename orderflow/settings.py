@@ -136,8 +136,8 @@ SETTINGS: tuple[Setting, ...] = (
         "query",
         "How the Supervisor finds expired work: `query` (a cross-partition CompleteBy query of the state "
         "container) or `index` (single-partition queries of the recovery index, one per CompleteBy time bucket, "
-        "each hit verified against the state record). Every CompleteBy change writes an index entry in both "
-        "modes.",
+        "each hit verified against the state record). Only `index` writes the index (every CompleteBy change); "
+        "after a switch from `query` the Supervisor reads by query until the index covers every order in flight.",
     ),
     Setting(
         "RecoveryIndexContainerName",

@@ -46,6 +46,7 @@ class SupervisorRun:
     position: datetime | None = None
     notified: int = 0  # owed terminal notifications sent by this run's sweep
     cost: ScanCost = field(default_factory=ScanCost)  # queries, documents, point reads, stale index entries
+    reads: str = "query"  # what this run read: the CompleteBy query, or the recovery index (reads_index)
 
     @property
     def handled(self) -> int:
@@ -60,12 +61,38 @@ class SupervisorRun:
             self.hold = rec.complete_by
 
 
-async def _load_position(services: Services) -> tuple[datetime, str | None]:
+@dataclass(frozen=True)
+class Checkpoint:
+    """The Supervisor's checkpoint: its position, the etag it was read with, and, in index mode, since when the
+    writers write the recovery index (`index_since`; None in query mode)."""
+
+    position: datetime
+    etag: str | None
+    index_since: datetime | None
+
+
+async def _load_checkpoint(services: Services, now: datetime) -> Checkpoint:
+    """The checkpoint, with `index_since` as this run sees it: in index mode, EPOCH on a new deployment (no
+    checkpoint: every order's entries are written from its start), the stored moment, or now when the mode has just
+    changed from query (the writers start writing with this deployment)."""
     current = await services.state.get_checkpoint(CHECKPOINT)
+    index = services.tunables.scan_mode == "index"
     if current is None:
-        return EPOCH, None
+        return Checkpoint(EPOCH, None, EPOCH if index else None)
     data, etag = current
-    return parse_utc(data["position"]), etag
+    since = (parse_utc(data["indexSince"]) if "indexSince" in data else now) if index else None
+    return Checkpoint(parse_utc(data["position"]), etag, since)
+
+
+def reads_index(services: Services, checkpoint: Checkpoint) -> bool:
+    """Whether this run reads the recovery index: in index mode, once the checkpoint's position has passed every
+    CompleteBy written before the writers wrote entries (index_since + the longest CompleteBy, + CLOCK_SKEW for a
+    straggling instance of the previous deployment). Until then the CompleteBy query finds those orders."""
+    t = services.tunables
+    if checkpoint.index_since is None:
+        return False
+    covered = checkpoint.index_since + max(t.claim_lease, t.step_timeout) + CLOCK_SKEW
+    return checkpoint.index_since == EPOCH or checkpoint.position >= covered
 
 
 def last_run(run: SupervisorRun, at: datetime) -> dict[str, Any]:
@@ -85,11 +112,13 @@ def last_run(run: SupervisorRun, at: datetime) -> dict[str, Any]:
 
 
 async def _save_position(
-    services: Services, position: datetime, etag: str | None, run: SupervisorRun, now: datetime
+    services: Services, position: datetime, checkpoint: Checkpoint, run: SupervisorRun, now: datetime
 ) -> None:
     try:
-        data = {"position": format_utc(position), "lastRun": last_run(run, now)}
-        await services.state.put_checkpoint(CHECKPOINT, data, etag)
+        data: dict[str, Any] = {"position": format_utc(position), "lastRun": last_run(run, now)}
+        if checkpoint.index_since is not None:
+            data["indexSince"] = format_utc(checkpoint.index_since)
+        await services.state.put_checkpoint(CHECKPOINT, data, checkpoint.etag)
     except (PreconditionFailed, Conflict):
         # Another Supervisor moved the checkpoint meanwhile; its position is as good as ours (both are safe).
         log.info("supervisor checkpoint moved by another instance; keeping theirs")
@@ -100,9 +129,11 @@ async def run_supervisor(services: Services, durable: DurableStarts | None = Non
     status to ask), every expired attempt is recovered as a failure."""
     t = services.tunables
     now = services.clock.now()
-    position, etag = await _load_position(services)
+    checkpoint = await _load_checkpoint(services, now)
+    position = checkpoint.position
     run = SupervisorRun()
-    source = expired_source(services.state, services.index, t.scan_mode, run.cost)
+    run.reads = "index" if reads_index(services, checkpoint) else "query"
+    source = expired_source(services.state, services.index, run.reads, run.cost)
     while run.handled < t.max_results:
         end = min(position + t.scan_window, now)
         drained = await _scan_window(source, services, run, position, end, durable)
@@ -120,12 +151,12 @@ async def run_supervisor(services: Services, durable: DurableStarts | None = Non
     if run.hold is not None:  # never past a record skipped for a reason that may pass (never before the start)
         position = min(position, run.hold)
     run.position = position
-    await _save_position(services, position, etag, run, now)
+    await _save_position(services, position, checkpoint, run, now)
     run.notified = await sweep_unnotified(services)
     log.info(
         "supervisor scan (%s): %d expired, %d recovered, %d escalated, %d restarted, %d held, %.2f RU, "
         "%d queries, %d documents, %d point reads, %d stale index entries, position %s",
-        t.scan_mode,
+        t.scan_mode if run.reads == t.scan_mode else f"{t.scan_mode}, reading {run.reads}",
         run.scanned,
         len(run.recovered),
         len(run.escalated),

@@ -30,7 +30,7 @@ from orderflow.ports import IndexEntry
 from orderflow.records import OrderStateRecord, ProcessState, format_utc, parse_utc
 from orderflow.starter import DurableStarts, try_claim
 from orderflow.submission import Accepted, submit
-from orderflow.supervisor import CHECKPOINT, CLOCK_SKEW, SupervisorRun, run_supervisor
+from orderflow.supervisor import CHECKPOINT, CLOCK_SKEW, EPOCH, SupervisorRun, run_supervisor
 
 BUCKET = 300  # RecoveryIndexBucketSeconds (the default)
 WIDTH = timedelta(seconds=BUCKET)
@@ -146,8 +146,12 @@ class Pair:
         )
 
     async def set_position(self, at: datetime) -> None:
+        """Both checkpoints at `at`; the index deployment's has written its index from the start (EPOCH)."""
         for d in self.both:
-            await d.services.state.put_checkpoint(CHECKPOINT, {"position": format_utc(at)}, None)
+            data = {"position": format_utc(at)}
+            if d is self.index:
+                data["indexSince"] = format_utc(EPOCH)
+            await d.services.state.put_checkpoint(CHECKPOINT, data, None)
 
     async def run(self) -> tuple[SupervisorRun, SupervisorRun]:
         return await run_supervisor(self.query.services), await run_supervisor(self.index.services)
@@ -584,3 +588,48 @@ async def test_a_record_whose_status_failed_is_not_passed_in_either_mode(pair: P
         again = await run_supervisor(d.services, clients[d.mode].client())
         assert (again.restarted, again.held) == (["o-first"], []), d.mode
         assert (await d.record("o-first")).restarts == 1
+
+
+# --- the switch from query to index (issue 27: only index mode writes the index) ------------------------------------
+
+
+async def test_after_a_switch_from_query_the_supervisor_reads_by_query_until_the_index_covers_every_order(
+    tmp_path: Path,
+) -> None:
+    """In query mode nothing writes the index; an order claimed then has no entry. After the switch the Supervisor
+    finds it by the CompleteBy query, and reads the index once its position passed index_since + the longest
+    CompleteBy (+ CLOCK_SKEW)."""
+    clock = FakeClock()
+    before = await open_deployment(tmp_path / "q", "query", clock)
+    assert before.services.index is None  # query mode: no write that the scan does not read
+    assert isinstance(await submit(before.services, encode(order_body("o-old")), "o-old"), Accepted)
+    found = await before.services.state.get("o-old")
+    assert found is not None and await try_claim(before.services, *found) is not None
+    first = await run_supervisor(before.services)  # a query-mode checkpoint, without indexSince
+    assert first.reads == "query"
+    # The same store, now in index mode (the settings change restarts every instance).
+    index = open_sqlite_recovery_index(before.pipeline.store_path, BUCKET)
+    before.services.tunables = replace(before.services.tunables, scan_mode="index")
+    before.services.index = index
+    assert before.entries() == []  # written in query mode: no entry
+    clock.advance(before.services.tunables.claim_lease * 2)  # o-old expired, and it has no entry
+    switched = await run_supervisor(before.services)
+    assert switched.reads == "query" and switched.recovered == ["o-old"]
+    t = before.services.tunables
+    clock.advance(max(t.claim_lease, t.step_timeout) + CLOCK_SKEW * 3)
+    # This run starts from the position the last one saved (before the cover), reads by query and moves past it ...
+    assert (await run_supervisor(before.services)).reads == "query"
+    assert (await run_supervisor(before.services)).reads == "index"  # ... so the next one reads the index
+    await index.aclose()
+    await before.pipeline.aclose()
+
+
+async def test_a_new_deployment_in_index_mode_reads_the_index_at_once(tmp_path: Path) -> None:
+    d = await open_deployment(tmp_path / "i", "index", FakeClock())
+    assert (await run_supervisor(d.services)).reads == "index"
+    back = replace(d.services.tunables, scan_mode="query")
+    d.services.tunables = back
+    assert (await run_supervisor(d.services)).reads == "query"
+    saved = await d.services.state.get_checkpoint(CHECKPOINT)
+    assert saved is not None and "indexSince" not in saved[0]  # a later switch starts a new transition
+    await d.pipeline.aclose()
