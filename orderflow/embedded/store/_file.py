@@ -47,10 +47,12 @@ CREATE TABLE IF NOT EXISTS documents (
 # Per-item TTL, as Cosmos DB has it (https://learn.microsoft.com/azure/cosmos-db/nosql/time-to-live): a document whose
 # `ttl` is N > 0 expires N seconds after its last write (`_ts`); from then on no read or query returns it, and it is
 # deleted in the background. Here `expires_at` (epoch seconds, the file's clock `SqliteFile.now`) holds that moment;
-# reads filter on `LIVE`, a write transaction first deletes up to EXPIRED_SWEEP expired rows. No ttl, or -1: never.
+# reads filter on `LIVE`; a write transaction first deletes up to EXPIRED_SWEEP expired rows, at most once every
+# SWEEP_EVERY_S per connection (no cost on the write path in between). No ttl, or -1: never.
 TTL_TABLES = ("orders", "order_state")
 LIVE = "(expires_at IS NULL OR expires_at > store_now())"
 EXPIRED_SWEEP = 100
+SWEEP_EVERY_S = 1.0
 _TTL_MIGRATION = [f"ALTER TABLE {t} ADD COLUMN expires_at REAL" for t in TTL_TABLES]
 _TTL_INDEXES = "".join(
     f"CREATE INDEX IF NOT EXISTS ix_{t}_expires ON {t} (expires_at) WHERE expires_at IS NOT NULL;\n" for t in TTL_TABLES
@@ -102,6 +104,7 @@ class SqliteFile:
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self.now: Callable[[], float] = time.time  # the store's clock (epoch seconds): TTL expiry; tests move it
         self._conn.create_function("store_now", 0, lambda: self.now())
+        self._swept = float("-inf")  # when this connection last deleted expired rows (the store's clock)
         self._conn.executescript(_SCHEMA)
         _migrate_ttl(self._conn)
         self._closed = False
@@ -148,7 +151,9 @@ class SqliteFile:
                 self._conn.execute("COMMIT")
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                _sweep_expired(self._conn)
+                if self.now() - self._swept >= SWEEP_EVERY_S:
+                    _sweep_expired(self._conn)
+                    self._swept = self.now()
                 result = fn(self._conn)
             except BaseException:
                 self._conn.execute("ROLLBACK")

@@ -7,6 +7,8 @@ The embedded store reproduces it on its own clock (`SqliteFile.now`); the Cosmos
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 from support.state_records import NOW, in_state
 from support.store_backends import Backend
@@ -100,6 +102,9 @@ async def test_expired_documents_are_gone_and_unfinished_ones_stay(
     assert created
     with pytest.raises(NotFound):  # an expired record cannot be replaced: it is gone
         await stores.state.replace(in_state(ProcessState.PROCESSED), "any")
+    # Deleted in the background as Cosmos DB does: here by a later write transaction (at most once a second).
+    with sqlite3.connect(db.path) as raw:
+        assert raw.execute("SELECT COUNT(*) FROM order_state WHERE id = 'o-1'").fetchone() == (0,)
 
 
 async def test_a_kept_order_never_expires(backend: Backend, stores: Stores, request: pytest.FixtureRequest) -> None:
