@@ -12,19 +12,24 @@ from typing import Any
 import psutil
 
 from . import compare_counts as counts
+from . import compare_peer as peer
 from .common import ROOT, python
 from .compare_proto import SEED, Driver
 
 STRACE_USABLE = [True]  # checked once by main()
 
+# Our SQLite settings, on each of our three stores: the broker (orderflow/embedded/broker/_base.py), the state store
+# and orders DB (orderflow/embedded/store/_file.py) and devhost's Durable store (devhost/durable/store.py).
+OUR_SQLITE = {"journal_mode": "WAL", "synchronous": "NORMAL"}
+
 
 @dataclass
 class Options:
     latency_ms: float = 0.0
-    peer_mode: str = "queue"
-    peer_concurrency: int = 16
-    peer_polling_interval: float = 0.05
-    peer_synchronous: str = "default"
+    peer_mode: str = peer.DEFAULT_MODE  # start: DBOS.start_workflow, at most peer_concurrency in flight
+    peer_concurrency: int = peer.DEFAULT_CONCURRENCY
+    peer_polling_interval: float = peer.DEFAULT_POLLING_INTERVAL  # queue mode only
+    peer_synchronous: str = peer.DEFAULT_SYNCHRONOUS  # as ours
     count: bool = True  # the counting shim and strace
     keep: Path | None = None
     hosts: int = 1  # our devhost hosts on one task hub (scale-out, docs/devhost.md)
@@ -34,11 +39,25 @@ class Options:
             "remote_latency_ms_mean": self.latency_ms,
             "peer_mode": self.peer_mode,
             "peer_concurrency": self.peer_concurrency,
-            "peer_polling_interval_s": self.peer_polling_interval,
+            "peer_polling_interval_s": self.peer_polling_interval if self.peer_mode == "queue" else None,
             "peer_synchronous": self.peer_synchronous,
             "counted": self.count,
             "our_hosts": self.hosts,
         }
+
+    def peer_synchronous_level(self) -> str:
+        return "FULL (DBOS's default)" if self.peer_synchronous == "default" else self.peer_synchronous
+
+    def peer_mode_label(self) -> str:
+        """How the peer starts its workflows, in words (the headline and the plots name it)."""
+        if self.peer_mode == "start":
+            return f"start_workflow, at most {self.peer_concurrency} in flight"
+        return f"queue, {self.peer_concurrency} workers, polled every {self.peer_polling_interval * 1000:g} ms"
+
+    def sqlite_label(self) -> str:
+        mine = f"WAL, synchronous={self.peer_synchronous_level()}"
+        ours = f"WAL, synchronous={OUR_SQLITE['synchronous']}"
+        return f"SQLite {ours} on both" if mine == ours else f"SQLite: ours {ours}, DBOS {mine}"
 
 
 # --- instrumentation ---------------------------------------------------------------------------------------------
@@ -105,8 +124,8 @@ class OurSystem:
             """LocalSystem whose processes start under strace and with the counting shim's environment. `_process`
             is LocalSystem's one place that builds a process; nothing else changes."""
 
-            def env(self) -> dict[str, str]:
-                return {**super().env(), **instrument.env()}
+            def env(self, identity: str | None = None) -> dict[str, str]:
+                return {**super().env(identity), **instrument.env()}
 
             def _process(self, name: str, argv: list[str]) -> Any:
                 proc = super()._process(name, argv)
@@ -120,6 +139,11 @@ class OurSystem:
         self.system = InstrumentedSystem(self.config)
         self.driver: Driver | None = None
         self.pids: dict[str, int] = {}
+
+    @property
+    def sqlite_settings(self) -> dict[str, dict[str, str]]:
+        """As our code sets them (OUR_SQLITE), per store."""
+        return {name: dict(OUR_SQLITE) for name in ("broker", "store", "durable")}
 
     def start(self) -> None:
         self.system.start()
@@ -170,6 +194,12 @@ class PeerSystem:
         self.driver: Driver | None = None
         self.simulator: Any = None
         self.pids: dict[str, int] = {}
+        self.ready: dict[str, Any] = {}
+
+    @property
+    def sqlite_settings(self) -> dict[str, dict[str, str]]:
+        """As the peer read them back from its connections (compare_peer.Peer._note_settings), per database file."""
+        return dict(self.ready.get("sqlite") or {})
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
@@ -217,7 +247,7 @@ class PeerSystem:
             o.peer_synchronous,
         ]
         self.driver = Driver("peer", self.instrument.wrap("peer", argv), self._env(), self.dir / "peer.log", ROOT)
-        self.driver.wait_ready(120)
+        self.ready = self.driver.wait_ready(120)
         self.pids = {"peer": python_pid(self.driver.proc.pid), "simulator": python_pid(self.simulator.proc.pid)}
 
     def unfinished(self, prefix: str) -> int:

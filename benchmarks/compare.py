@@ -4,7 +4,9 @@ order workflow (three remote calls to the same simulator over HTTP, a state writ
 Rounds alternate ours and the peer (benchmarks/compare_ours.py, benchmarks/compare_peer.py), each a fresh system, a
 warm-up, then the workloads `burst`, `sequential` and `rate`, bare; the per-order counts come from one counted round
 per system at the end (strace and benchmarks/compare_shim/sitecustomize.py). benchmarks/README.md (section compare)
-says how each figure is counted; docs/modules-host.md describes the rounds and workloads.
+says how each figure is counted; docs/modules-host.md describes the rounds and workloads. The peer runs at its best by
+default: `DBOS.start_workflow` with at most 50 in flight, no queue polling (`--peer-mode queue` is the option), on our
+SQLite settings (WAL, synchronous NORMAL); the headline (`headline` in the document) names its mode.
 Writes benchmarks/results/compare.json (compare.quick.json with --quick) and the plots compare-*.png
 (compare-*.quick.png); with --json the last line printed is the result document, on one line.
 """
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from . import compare_counts as counts
+from . import compare_peer as peer_module
 from ._compare_systems import (
     STRACE_USABLE,
     SYSTEMS,
@@ -89,6 +92,7 @@ class Phase:
     fsync_seconds: float = 0.0
     stores: dict[str, Any] = field(default_factory=dict)
     counted: bool = False
+    sqlite: dict[str, dict[str, str]] = field(default_factory=dict)  # per database: journal mode, synchronous
 
 
 def snapshot(system: OurSystem | PeerSystem) -> Snapshot:
@@ -142,6 +146,7 @@ def run_round(
                 instrument.strace_logs(), phase.before.wall, phase.after.wall
             )
         phase.stores = system.store_counts(phase.workload["prefix"])
+        phase.sqlite = system.sqlite_settings
     took = time.monotonic() - started
     label = f"{kind} (counted)" if counted else kind
     log(f"   round {index:2d} {label:15s}: {', '.join(_describe(p) for p in phases)} ({took:.0f} s)")
@@ -321,7 +326,70 @@ def summarize(phases: list[Phase], plan: Plan, rates: dict[float, float]) -> dic
     ours, peer = out["ours"], out["peer"]
     out["ratio_orders_per_s_ours_over_peer"] = _ratio(ours["orders_per_s"], peer["orders_per_s"])
     out["ratio_cpu_ms_per_order_ours_over_peer"] = _ratio(ours["cpu_ms_per_order"], peer["cpu_ms_per_order"])
+    out["ratio_single_order_p50_ours_over_peer"] = _ratio(_p50(ours), _p50(peer))
     return out
+
+
+def _p50(figures: dict[str, Any]) -> float | None:
+    return (figures.get("single_order_latency_ms") or {}).get("p50")
+
+
+def sqlite_settings(phases: list[Phase]) -> dict[str, Any]:
+    """The SQLite settings each system ran with (ours as our code sets them, the peer's read back from its
+    connections), and whether every database of the peer had ours."""
+    out: dict[str, Any] = {}
+    for kind in SYSTEMS:
+        seen: dict[str, dict[str, str]] = {}
+        for phase in phases:
+            if phase.system == kind:
+                seen.update(phase.sqlite)
+        out[kind] = seen
+    wanted = {tuple(sorted(v.items())) for v in out["ours"].values()}
+    found = {tuple(sorted(v.items())) for v in out["peer"].values()}
+    out["same"] = bool(found) and found == wanted
+    return out
+
+
+def peer_setup(options: Options, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """How the peer ran: its start mode and bound, and its SQLite settings."""
+    return {
+        "mode": options.peer_mode,
+        "concurrency": options.peer_concurrency,
+        "polling_interval_s": options.peer_polling_interval if options.peer_mode == "queue" else None,
+        "synchronous": options.peer_synchronous_level(),
+        "journal_mode": "WAL",
+        "label": f"DBOS {options.peer_mode_label()}",
+        "sqlite": options.sqlite_label(),
+        "sqlite_same_as_ours": None if settings is None else settings["same"],
+    }
+
+
+def headline(document: dict[str, Any]) -> dict[str, Any]:
+    """The headline comparison: ours against the peer in the mode it ran, at the largest burst."""
+    ours, peer, setup = document["ours"], document["peer"], document["peer_setup"]
+    ratio = {
+        "orders_per_s": document.get("ratio_orders_per_s_ours_over_peer"),
+        "cpu_ms_per_order": document.get("ratio_cpu_ms_per_order_ours_over_peer"),
+        "single_order_p50": document.get("ratio_single_order_p50_ours_over_peer"),
+    }
+    text = (
+        f"ours/{setup['label']} ({setup['sqlite']}), {ours.get('orders_per_s_at')} orders at once: "
+        f"orders/s {_fig(ours.get('orders_per_s'))} vs {_fig(peer.get('orders_per_s'))} "
+        f"(ratio {_fig(ratio['orders_per_s'])}); CPU ms per order {_fig(ours.get('cpu_ms_per_order'))} vs "
+        f"{_fig(peer.get('cpu_ms_per_order'))} (ratio {_fig(ratio['cpu_ms_per_order'])}); single-order p50 "
+        f"{_fig(_p50(ours))} vs {_fig(_p50(peer))} ms (ratio {_fig(ratio['single_order_p50'])})"
+    )
+    return {
+        "peer": setup["label"],
+        "peer_mode": setup["mode"],
+        "peer_concurrency": setup["concurrency"],
+        **ratio,
+        "text": text,
+    }
+
+
+def _fig(value: Any) -> str:
+    return "n/a" if value is None else f"{value:g}"
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -412,6 +480,9 @@ def run(plan: Plan, options: Options, quick: bool, log: Any) -> dict[str, Any]:
             log(f"   compare stopped; the rounds' folders (logs, databases) are kept in {work}")
         elif options.keep is None:
             shutil.rmtree(work, ignore_errors=True)
+    settings = sqlite_settings(phases)
+    if not settings["same"]:
+        log(f"   WARNING: the SQLite settings differ: ours {settings['ours']}, the peer's {settings['peer']}")
     env = environment()
     tree_at_end = tree_fingerprint(base)
     if tree_at_end != tree_at_start:
@@ -432,11 +503,14 @@ def run(plan: Plan, options: Options, quick: bool, log: Any) -> dict[str, Any]:
             **plan.as_dict(),
             **options.as_dict(),
             "seed": SEED,
-            "peer": f"dbos {_version('dbos')}, SQLite system database (WAL)",
+            "peer": f"dbos {_version('dbos')}, {options.peer_mode_label()}, {options.sqlite_label()}",
         },
+        "peer_setup": peer_setup(options, settings),
+        "sqlite_settings": settings,
         "run_seconds": round(time.monotonic() - started, 1),
         **summarize(phases, plan, rates),
     }
+    document["headline"] = headline(document)
     return document
 
 
@@ -459,24 +533,33 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result document as the last line")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="results folder (default benchmarks/results)")
     p.add_argument("--latency-ms", type=float, default=0.0, help="the simulator's mean remote latency (default 0)")
+    defaults = Options()
     p.add_argument(
         "--peer-mode",
-        choices=("queue", "start"),
-        default="queue",
-        help="queue: DBOS queue with worker_concurrency (default); start: DBOS.start_workflow, bounded",
+        choices=peer_module.MODES,
+        default=defaults.peer_mode,
+        help=f"start: DBOS.start_workflow with at most --peer-concurrency in flight, no queue polling (default "
+        f"{defaults.peer_mode}); queue: a DBOS queue with worker_concurrency = --peer-concurrency, polled",
     )
-    p.add_argument("--peer-concurrency", type=int, default=16, help="DBOS workflows at once (default 16)")
+    p.add_argument(
+        "--peer-concurrency",
+        type=int,
+        default=defaults.peer_concurrency,
+        help=f"DBOS workflows in flight at most (default {defaults.peer_concurrency})",
+    )
     p.add_argument(
         "--peer-polling-interval",
         type=float,
-        default=0.05,
-        help="DBOS queue polling interval, seconds (default 0.05; DBOS's own default is 1)",
+        default=defaults.peer_polling_interval,
+        help=f"queue mode: DBOS queue polling interval, seconds (default {defaults.peer_polling_interval:g}; "
+        "DBOS's own default is 1)",
     )
     p.add_argument(
         "--peer-synchronous",
-        choices=("default", "FULL", "NORMAL"),
-        default="default",
-        help="PRAGMA synchronous of the peer's databases (default: DBOS's, i.e. SQLite's FULL)",
+        choices=peer_module.SYNCHRONOUS,
+        default=defaults.peer_synchronous,
+        help=f"PRAGMA synchronous of the peer's databases (default {defaults.peer_synchronous}, as ours; "
+        "default: DBOS's, i.e. SQLite's FULL); journal mode WAL either way",
     )
     p.add_argument("--no-count", action="store_true", help="no counting shim, no strace: timing only")
     p.add_argument(
@@ -530,7 +613,10 @@ def main(argv: list[str] | None = None) -> int:
     def log(message: str) -> None:
         print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
 
-    log(f"== compare{' (quick)' if args.quick else ''}: ours vs DBOS {_version('dbos')}")
+    log(
+        f"== compare{' (quick)' if args.quick else ''}: ours vs DBOS {_version('dbos')} "
+        f"({options.peer_mode_label()}); {options.sqlite_label()}"
+    )
     try:
         document = run(plan, options, args.quick, log)
     except (RuntimeError, OSError) as exc:
@@ -549,6 +635,7 @@ def main(argv: list[str] | None = None) -> int:
     from . import report
 
     log(report.compare_table(document))
+    log(f"\nHeadline: {document['headline']['text']}")
     if args.json:
         print(json.dumps(document), flush=True)
     return 0

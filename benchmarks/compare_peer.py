@@ -3,10 +3,12 @@
 Per order, one DBOS workflow (workflow id = orderId): for each of the three steps a DBOS step that POSTs to the
 simulator exactly what our Agent sends (retried on a transient answer, 3 attempts), then a DBOS transaction that
 writes the order's state record; then a fenced final update (else the workflow ends `superseded`). Storage:
-`dbos-system.sqlite` and `orders.sqlite`, both WAL, synchronous DBOS's default (FULL) unless --synchronous says
-otherwise. Start modes (--mode): `queue` (default: a DBOS queue, `worker_concurrency` = --concurrency) or `start`
-(`DBOS.start_workflow` when one of --concurrency slots is free). An order is terminal when its fenced final update has
-run. Speaks benchmarks/compare_proto.py on stdin/stdout. The workflow in full: docs/modules-host.md.
+`dbos-system.sqlite` and `orders.sqlite`, both WAL, `synchronous` NORMAL by default as our stores (--synchronous;
+`default` leaves DBOS's, SQLite's FULL); the settings each connection really has are read back and announced.
+Start modes (--mode): `start` (default: `DBOS.start_workflow` when one of --concurrency slots is free, no queue
+polling) or `queue` (a DBOS queue, `worker_concurrency` = --concurrency, polled every --polling-interval s). An order
+is terminal when its fenced final update has run. Speaks benchmarks/compare_proto.py on stdin/stdout. The workflow in
+full: docs/modules-host.md.
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ APP_SCHEMA = (
     "NOT NULL, locked_by TEXT)"
 )
 TRANSIENT = frozenset({408, 425, 429, 500, 502, 503, 504})
+MODES = ("start", "queue")  # the first is the default
+DEFAULT_MODE = "start"
+DEFAULT_CONCURRENCY = 50
+DEFAULT_POLLING_INTERVAL = 0.05
+SYNCHRONOUS = ("NORMAL", "FULL", "default")  # "default": DBOS's own, i.e. SQLite's FULL
+DEFAULT_SYNCHRONOUS = "NORMAL"  # as our three stores (broker, state store, devhost's Durable store)
+SYNCHRONOUS_NAMES = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
 
 
 class Transient(Exception):
@@ -68,15 +77,17 @@ class Peer:
         self.terminal_at: dict[str, float] = {}
         self.outcome: dict[str, str] = {}
         self.sent_at: dict[str, float] = {}
+        self.sqlite: dict[str, dict[str, str]] = {}  # database file -> the settings its connections really have
         work_dir.mkdir(parents=True, exist_ok=True)
         system_db, app_db = work_dir / "dbos-system.sqlite", work_dir / "orders.sqlite"
         prepare(system_db)
         prepare(app_db, APP_SCHEMA)
-        if synchronous != "default":
 
-            @sa.event.listens_for(sa.engine.Engine, "connect")
-            def _synchronous(dbapi_conn: Any, _record: Any) -> None:
+        @sa.event.listens_for(sa.engine.Engine, "connect")
+        def _settings(dbapi_conn: Any, _record: Any) -> None:
+            if synchronous != "default":
                 dbapi_conn.execute(f"PRAGMA synchronous={synchronous}")
+            self._note_settings(dbapi_conn)
 
         config: DBOSConfig = {
             "name": "orderflow-peer",
@@ -147,19 +158,25 @@ class Peer:
             order_id = order["orderId"]
             instance_id = DBOS.workflow_id or order_id
             state = "Processed"
-            for step in STEPS:
-                result = remote_call(order_id, step.value, order)
-                record_step(order_id, instance_id, step.value, result)
-                if not result["ok"]:
-                    state = "Error"
-                    break
-            outcome = state.lower() if finish(order_id, instance_id, state) else "superseded"
+            try:
+                for step in STEPS:
+                    result = remote_call(order_id, step.value, order)
+                    record_step(order_id, instance_id, step.value, result)
+                    if not result["ok"]:
+                        state = "Error"
+                        break
+                outcome = state.lower() if finish(order_id, instance_id, state) else "superseded"
+            except BaseException:
+                self._release()  # the order never becomes terminal, but its slot frees (`start` mode)
+                raise
             self._done(order_id, outcome)
             return outcome
 
         self.order_workflow = order_workflow
         self.dbos = DBOS
         DBOS.launch()
+        with ds.engine.connect():  # the application database's settings are known before the first order
+            pass
         self._slots = threading.BoundedSemaphore(concurrency)
         self.queue = (
             DBOS.register_queue("orders", worker_concurrency=concurrency, polling_interval_sec=polling_interval)
@@ -167,14 +184,25 @@ class Peer:
             else None
         )
 
+    def _note_settings(self, dbapi_conn: Any) -> None:
+        """Record the journal mode and synchronous level a new connection has, per database file."""
+        name = next((Path(row[2]).name for row in dbapi_conn.execute("PRAGMA database_list") if row[1] == "main"), "?")
+        journal = str(dbapi_conn.execute("PRAGMA journal_mode").fetchone()[0]).upper()
+        level = int(dbapi_conn.execute("PRAGMA synchronous").fetchone()[0])
+        with self._cv:
+            self.sqlite[name] = {"journal_mode": journal, "synchronous": SYNCHRONOUS_NAMES.get(level, str(level))}
+
     def _done(self, order_id: str, outcome: str) -> None:
         with self._cv:
             if order_id not in self.terminal_at:
                 self.terminal_at[order_id] = time.monotonic()
                 self.outcome[order_id] = outcome
-                if self.mode == "start":
-                    self._slots.release()
+                self._release()
             self._cv.notify_all()
+
+    def _release(self) -> None:
+        if self.mode == "start":
+            self._slots.release()
 
     def close(self) -> None:
         self.dbos.destroy(workflow_completion_timeout_sec=5)
@@ -257,16 +285,25 @@ def _orders(prefix: str, count: int) -> list[dict[str, Any]]:
     return [json.loads(o.to_json()) for o in proto.orders_for(prefix, count, "app-status")]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.compare_peer", description=__doc__.splitlines()[0])
     p.add_argument("--work-dir", type=Path, required=True)
     p.add_argument("--simulator-url", required=True)
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--mode", choices=("queue", "start"), default="queue")
-    p.add_argument("--polling-interval", type=float, default=0.05, help="queue mode: seconds between queue polls")
-    p.add_argument("--synchronous", default="default", choices=("default", "FULL", "NORMAL"))
+    p.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="workflows in flight at most")
+    p.add_argument("--mode", choices=MODES, default=DEFAULT_MODE)
+    p.add_argument(
+        "--polling-interval",
+        type=float,
+        default=DEFAULT_POLLING_INTERVAL,
+        help="queue mode: seconds between queue polls",
+    )
+    p.add_argument("--synchronous", default=DEFAULT_SYNCHRONOUS, choices=SYNCHRONOUS)
     p.add_argument("--timeout", type=float, default=600.0)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     peer = Peer(
         args.work_dir,
         args.simulator_url,
@@ -277,7 +314,9 @@ def main(argv: list[str] | None = None) -> int:
         args.timeout,
     )
     try:
-        proto.serve(peer.handle, {"mode": args.mode, "concurrency": args.concurrency})
+        with peer._cv:
+            sqlite = dict(peer.sqlite)
+        proto.serve(peer.handle, {"mode": args.mode, "concurrency": args.concurrency, "sqlite": sqlite})
     finally:
         peer.close()
     return 0

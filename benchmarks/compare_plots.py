@@ -18,11 +18,17 @@ def plot(document: dict[str, Any], out_dir: Path, quick: bool) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    setup = document.get("peer_setup") or {}
+    styles = {kind: dict(style) for kind, style in STYLE.items()}
+    if setup.get("label"):  # name the peer's start mode (and its SQLite settings when they are not ours)
+        sqlite = "" if setup.get("sqlite_same_as_ours") else f"; {setup.get('synchronous')}"
+        styles["peer"]["label"] = f"{setup['label']} (SQLite{sqlite})"
     out_dir.mkdir(parents=True, exist_ok=True)
     suffix = ".quick.png" if quick else ".png"
     run = (
         f"{'quick run, ' if quick else ''}commit {document['commit']}{' (dirty)' if document['dirty'] else ''}, "
         f"remote latency {document['parameters']['remote_latency_ms_mean']:g} ms"
+        + (f"\n{setup['sqlite']}" if setup.get("sqlite") else "")
     )
     written = []
 
@@ -31,7 +37,7 @@ def plot(document: dict[str, Any], out_dir: Path, quick: bool) -> list[Path]:
         ("cpu_ms_per_order", "CPU ms per order (all processes)", "compare-cpu", "CPU per order"),
     ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for kind, style in STYLE.items():
+        for kind, style in styles.items():
             bursts = document[kind]["bursts"]
             xs = [b["orders"] for b in bursts]
             ax.plot(xs, [b[key] for b in bursts], **style)
@@ -61,7 +67,7 @@ def plot(document: dict[str, Any], out_dir: Path, quick: bool) -> list[Path]:
         written.append(path)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for kind, style in STYLE.items():
+    for kind, style in styles.items():
         rates = document[kind]["rates"]
         xs = [r["offered_per_s"] for r in rates]
         ax.plot(
