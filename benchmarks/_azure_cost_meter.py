@@ -24,10 +24,15 @@ TIMER_FUNCTIONS = ("starter_timer", "supervisor")  # orderflow/function_names.py
 
 # What each embedded-store method sends to Cosmos DB in the Cosmos adapter: (container, operation). `create|replace`
 # is a create when the etag argument is None, else an If-Match replace (put_data); a create_if_absent that finds the
-# item (409) also reads it (create_or_read). update_with_retry and oldest_in_state are not counted: they call the
-# methods below.
+# item (409) also reads it (create_or_read); `a+b` is two operations (set_ttl: a point read, then an If-Match replace,
+# orderflow/azure/cosmos.py; counted both even when a kept order skips the replace). update_with_retry and
+# oldest_in_state are not counted: they call the methods below.
 STORE_OPERATIONS: dict[str, dict[str, tuple[str, str]]] = {
-    "SqliteOrdersDb": {"create_if_absent": ("orders", "create"), "get": ("orders", "point_read")},
+    "SqliteOrdersDb": {
+        "create_if_absent": ("orders", "create"),
+        "get": ("orders", "point_read"),
+        "set_ttl": ("orders", "point_read+replace"),
+    },
     "SqliteStateStore": {
         "create_if_absent": ("state", "create"),
         "get": ("state", "point_read"),
@@ -147,7 +152,8 @@ class Meter:
                 etag = args[2] if len(args) > 2 else kwargs.get("etag")
                 kind = "create" if etag is None else "replace"
             scope = SCOPE.get()
-            meter.bump(key("cosmos", scope, where, kind))
+            for each in kind.split("+"):
+                meter.bump(key("cosmos", scope, where, each))
             result = await method(self, *args, **kwargs)
             if op == "create" and isinstance(result, tuple) and result[1] is False:
                 meter.bump(key("cosmos", scope, where, "point_read"))  # create_or_read: 409, then a point read

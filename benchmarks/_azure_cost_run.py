@@ -96,10 +96,11 @@ class Snapshot:
 class MeteredRun:
     """The local system with the meter in devhost and the Agent, our client in this process."""
 
-    def __init__(self, work: Path, orders: int, log: Callable[[str], None]) -> None:
+    def __init__(self, work: Path, orders: int, log: Callable[[str], None], count_client: bool = True) -> None:
+        """`count_client=False`: leave this process unmetered (a test: METER.install() patches for good)."""
         from lab.system import LocalSystem, SystemConfig
 
-        self.work, self.orders, self.log = work, orders, log
+        self.work, self.orders, self.log, self.count_client = work, orders, log, count_client
         shim = work / "shim"
         shim.mkdir(parents=True, exist_ok=True)
         (shim / "sitecustomize.py").write_text(SITECUSTOMIZE)
@@ -121,7 +122,8 @@ class MeteredRun:
         self._seq = 0
 
     def start(self) -> None:
-        METER.install()  # this process: the client's Service Bus calls
+        if self.count_client:
+            METER.install()  # this process: the client's Service Bus calls
         self.system.start()
         env = self.system.env()
         from .compare_ours import OurClient
