@@ -6,9 +6,8 @@ warm-up, then the workloads `burst`, `sequential` and `rate`, bare; the per-orde
 per system at the end (strace and benchmarks/compare_shim/sitecustomize.py). benchmarks/README.md (section compare)
 says how each figure is counted; docs/modules-host.md describes the rounds and workloads. The peer runs at its best by
 default: `DBOS.start_workflow` with at most 50 in flight, no queue polling (`--peer-mode queue` is the option), on our
-SQLite settings (WAL, synchronous NORMAL); the headline (`headline` in the document) names its mode.
-Writes benchmarks/results/compare.json (compare.quick.json with --quick) and the plots compare-*.png
-(compare-*.quick.png); with --json the last line printed is the result document, on one line.
+SQLite settings (WAL, synchronous NORMAL); the headline (`headline`) names its mode. Writes results/compare.json
+(compare.quick.json with --quick) and the plots compare-*.png; with --json the last line is the result document.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from typing import Any
 
 from . import compare_counts as counts
 from . import compare_peer as peer_module
+from ._compare_headline import headline, p50, peer_setup, ratio
 from ._compare_systems import (
     STRACE_USABLE,
     SYSTEMS,
@@ -324,14 +324,10 @@ def summarize(phases: list[Phase], plan: Plan, rates: dict[float, float]) -> dic
             "rates": rate_runs,
         }
     ours, peer = out["ours"], out["peer"]
-    out["ratio_orders_per_s_ours_over_peer"] = _ratio(ours["orders_per_s"], peer["orders_per_s"])
-    out["ratio_cpu_ms_per_order_ours_over_peer"] = _ratio(ours["cpu_ms_per_order"], peer["cpu_ms_per_order"])
-    out["ratio_single_order_p50_ours_over_peer"] = _ratio(_p50(ours), _p50(peer))
+    out["ratio_orders_per_s_ours_over_peer"] = ratio(ours["orders_per_s"], peer["orders_per_s"])
+    out["ratio_cpu_ms_per_order_ours_over_peer"] = ratio(ours["cpu_ms_per_order"], peer["cpu_ms_per_order"])
+    out["ratio_single_order_p50_ours_over_peer"] = ratio(p50(ours), p50(peer))
     return out
-
-
-def _p50(figures: dict[str, Any]) -> float | None:
-    return (figures.get("single_order_latency_ms") or {}).get("p50")
 
 
 def sqlite_settings(phases: list[Phase]) -> dict[str, Any]:
@@ -348,52 +344,6 @@ def sqlite_settings(phases: list[Phase]) -> dict[str, Any]:
     found = {tuple(sorted(v.items())) for v in out["peer"].values()}
     out["same"] = bool(found) and found == wanted
     return out
-
-
-def peer_setup(options: Options, settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    """How the peer ran: its start mode and bound, and its SQLite settings."""
-    return {
-        "mode": options.peer_mode,
-        "concurrency": options.peer_concurrency,
-        "polling_interval_s": options.peer_polling_interval if options.peer_mode == "queue" else None,
-        "synchronous": options.peer_synchronous_level(),
-        "journal_mode": "WAL",
-        "label": f"DBOS {options.peer_mode_label()}",
-        "sqlite": options.sqlite_label(),
-        "sqlite_same_as_ours": None if settings is None else settings["same"],
-    }
-
-
-def headline(document: dict[str, Any]) -> dict[str, Any]:
-    """The headline comparison: ours against the peer in the mode it ran, at the largest burst."""
-    ours, peer, setup = document["ours"], document["peer"], document["peer_setup"]
-    ratio = {
-        "orders_per_s": document.get("ratio_orders_per_s_ours_over_peer"),
-        "cpu_ms_per_order": document.get("ratio_cpu_ms_per_order_ours_over_peer"),
-        "single_order_p50": document.get("ratio_single_order_p50_ours_over_peer"),
-    }
-    text = (
-        f"ours/{setup['label']} ({setup['sqlite']}), {ours.get('orders_per_s_at')} orders at once: "
-        f"orders/s {_fig(ours.get('orders_per_s'))} vs {_fig(peer.get('orders_per_s'))} "
-        f"(ratio {_fig(ratio['orders_per_s'])}); CPU ms per order {_fig(ours.get('cpu_ms_per_order'))} vs "
-        f"{_fig(peer.get('cpu_ms_per_order'))} (ratio {_fig(ratio['cpu_ms_per_order'])}); single-order p50 "
-        f"{_fig(_p50(ours))} vs {_fig(_p50(peer))} ms (ratio {_fig(ratio['single_order_p50'])})"
-    )
-    return {
-        "peer": setup["label"],
-        "peer_mode": setup["mode"],
-        "peer_concurrency": setup["concurrency"],
-        **ratio,
-        "text": text,
-    }
-
-
-def _fig(value: Any) -> str:
-    return "n/a" if value is None else f"{value:g}"
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 3) if a and b else None
 
 
 # --- the run -----------------------------------------------------------------------------------------------------

@@ -7,8 +7,7 @@ writes the order's state record; then a fenced final update (else the workflow e
 `default` leaves DBOS's, SQLite's FULL); the settings each connection really has are read back and announced.
 Start modes (--mode): `start` (default: `DBOS.start_workflow` when one of --concurrency slots is free, no queue
 polling) or `queue` (a DBOS queue, `worker_concurrency` = --concurrency, polled every --polling-interval s). An order
-is terminal when its fenced final update has run. Speaks benchmarks/compare_proto.py on stdin/stdout. The workflow in
-full: docs/modules-host.md.
+is terminal when its fenced final update has run. Speaks benchmarks/compare_proto.py; in full: docs/modules-host.md.
 """
 
 from __future__ import annotations
