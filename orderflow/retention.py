@@ -38,9 +38,9 @@ PurgeBy = Callable[[datetime, datetime, list[Any]], Awaitable[int]]
 
 @dataclass(frozen=True)
 class Retention:
-    """The retention settings: `finished_ttl` None keeps finished orders forever; `instances` None never purges."""
+    """The purge timer's settings: `instances` None never purges. (FinishedOrderRetentionSeconds is a tunable:
+    `Tunables.finished_ttl`, read where the notification sets it.)"""
 
-    finished_ttl: int | None
     instances: timedelta | None
     window: timedelta
     max_per_call: int
@@ -54,9 +54,8 @@ class Retention:
                 raise ValueError(f"app setting {name} must be at least {least}, got {value}")
             return value
 
-        finished, instances = n("FinishedOrderRetentionSeconds", 0), n("InstanceRetentionSeconds", 0)
+        instances = n("InstanceRetentionSeconds", 0)
         return cls(
-            finished_ttl=finished or None,
             instances=timedelta(seconds=instances) if instances else None,
             window=timedelta(seconds=n("PurgeWindowSeconds", 1)),
             max_per_call=n("PurgeMaxInstancesPerCall", 1),

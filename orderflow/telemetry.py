@@ -168,15 +168,20 @@ def _observable_gauge(name: str, callback: Any, *, unit: str, description: str) 
         _gauges_registered.add(name)
 
 
-def _observe_circuits(_options: metrics.CallbackOptions) -> list[metrics.Observation]:
-    return [metrics.Observation(value, {"service": service}) for service, value in sorted(_circuit_states.items())]
+def _observer(values: dict[str, Any], attribute: str) -> Any:
+    """An observable gauge's callback: one observation of each of `values` as last set, its key as `attribute`."""
+
+    def observe(_options: metrics.CallbackOptions) -> list[metrics.Observation]:
+        return [metrics.Observation(value, {attribute: key}) for key, value in sorted(values.items())]
+
+    return observe
 
 
 def set_circuit_state(service: str, value: int) -> None:
     _circuit_states[service] = value
     _observable_gauge(
         "orderflow.circuit.state",
-        _observe_circuits,
+        _observer(_circuit_states, "service"),
         unit="1",
         description="Circuit breaker state per remote service: 0 closed, 1 half-open, 2 open",
     )
@@ -199,14 +204,6 @@ _orders_in_state: dict[str, int] = {}
 _deadletter_depths: dict[str, int] = {}
 
 
-def _observe_orders(_options: metrics.CallbackOptions) -> list[metrics.Observation]:
-    return [metrics.Observation(count, {"state": state}) for state, count in sorted(_orders_in_state.items())]
-
-
-def _observe_deadletters(_options: metrics.CallbackOptions) -> list[metrics.Observation]:
-    return [metrics.Observation(depth, {"queue": queue}) for queue, depth in sorted(_deadletter_depths.items())]
-
-
 # Each setter names its instrument literally (tests/product/infra reads the metric names the code creates from the
 # calls).
 def set_orders_in_state(state: str, count: int) -> None:
@@ -214,7 +211,7 @@ def set_orders_in_state(state: str, count: int) -> None:
     _orders_in_state[state] = count
     _observable_gauge(
         "orderflow.orders.in_state",
-        _observe_orders,
+        _observer(_orders_in_state, "state"),
         unit="1",
         description="Orders per ProcessState, as last counted",
     )
@@ -225,7 +222,7 @@ def set_deadletter_depth(queue: str, depth: int) -> None:
     _deadletter_depths[queue] = depth
     _observable_gauge(
         "orderflow.deadletter.depth",
-        _observe_deadletters,
+        _observer(_deadletter_depths, "queue"),
         unit="1",
         description="Messages in each queue's dead-letter sub-queue, as last counted",
     )
@@ -259,10 +256,6 @@ def _observe_alarms(_options: metrics.CallbackOptions) -> list[metrics.Observati
     ]
 
 
-def _observe_oldest(_options: metrics.CallbackOptions) -> list[metrics.Observation]:
-    return [metrics.Observation(age, {"state": state}) for state, age in sorted(_oldest_ages.items())]
-
-
 def _observe_growth(_options: metrics.CallbackOptions) -> list[metrics.Observation]:
     return [metrics.Observation(value) for value in _backlog_growth.values()]
 
@@ -285,7 +278,7 @@ def set_oldest_age(state: str, seconds: float) -> None:
     _oldest_ages[state] = seconds
     _observable_gauge(
         "orderflow.orders.oldest_age",
-        _observe_oldest,
+        _observer(_oldest_ages, "state"),
         unit="s",
         description="Age of the oldest due Pending and of the oldest Processing order, since its last write",
     )

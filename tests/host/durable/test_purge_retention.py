@@ -18,9 +18,7 @@ from orderflow.embedded.store import open_sqlite_stores
 from orderflow.retention import Retention, durable_purge, run_purge
 from tests.host.durable.harness import Hub
 
-RETENTION = Retention(
-    finished_ttl=None, instances=timedelta(days=30), window=timedelta(hours=1), max_per_call=500, max_calls=64
-)
+RETENTION = Retention(instances=timedelta(days=30), window=timedelta(hours=1), max_per_call=500, max_calls=64)
 
 
 @dataclass

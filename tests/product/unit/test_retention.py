@@ -21,6 +21,7 @@ from orderflow.records import (
     ProcessState,
 )
 from orderflow.retention import CHECKPOINT, FINISHED_STATUSES, START, Retention, keep, run_purge
+from orderflow.runtime import Tunables
 from orderflow.state_machine import IllegalTransition, fail, mark_notified, resubmit
 
 DAY = timedelta(days=1)
@@ -96,7 +97,6 @@ class RecordingPurge:
 
 def retention(**overrides: Any) -> Retention:
     base: dict[str, Any] = {
-        "finished_ttl": 3600,
         "instances": 30 * DAY,
         "window": timedelta(hours=1),
         "max_per_call": 10,
@@ -160,8 +160,10 @@ async def test_no_purge_when_instances_are_kept_forever(tmp_path: Path) -> None:
 
 
 def test_retention_settings_read_zero_as_forever_and_refuse_negatives() -> None:
-    cfg = Retention.from_env({"FinishedOrderRetentionSeconds": "0", "InstanceRetentionSeconds": "0"})
-    assert cfg.finished_ttl is None and cfg.instances is None
-    assert Retention.from_env({}).finished_ttl == 90 * 86400 and Retention.from_env({}).instances == 30 * DAY
+    assert Retention.from_env({"InstanceRetentionSeconds": "0"}).instances is None
+    assert Tunables.from_env({"FinishedOrderRetentionSeconds": "0"}).finished_ttl is None
+    assert Tunables.from_env({}).finished_ttl == 90 * 86400 and Retention.from_env({}).instances == 30 * DAY
     with pytest.raises(ValueError, match="FinishedOrderRetentionSeconds"):
-        Retention.from_env({"FinishedOrderRetentionSeconds": "-1"})
+        Tunables.from_env({"FinishedOrderRetentionSeconds": "-1"})
+    with pytest.raises(ValueError, match="InstanceRetentionSeconds"):
+        Retention.from_env({"InstanceRetentionSeconds": "-1"})
