@@ -23,7 +23,7 @@ from orderflow.embedded.broker._bus_faults import FAULT_KINDS
 from orderflow.messages import SubmitOrder
 
 from .demo import ClientApp, client_app, default_work_dir, make_orders
-from .drill_common import SETTINGS_CHOICES, Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
+from .drill_common import SETTINGS_CHOICES, Verdict, base_settings, drill_arguments, run_verdict_drill, usage_error
 from .invariants import _dead_letters, check_system, install_for
 from .lifecycle_lab import until
 from .store_drills import IN_FLIGHT_WAIT_S, UNFINISHED, FaultLedger, _finish, _in_flight
@@ -218,13 +218,9 @@ def bus_config(work_dir: Path, options: BusDrillOptions, servicebus_config: Path
 def run_command(args: argparse.Namespace) -> int:
     try:
         options = BusDrillOptions(
-            orders=args.orders,
-            seed=args.seed,
-            settings=args.settings,
-            overrides=parse_overrides(args.overrides),
+            **drill_arguments(args),
             outage_for=args.outage_for,
             latency_ms=args.latency_ms,
-            timeout=args.timeout,
         )
     except ValueError as exc:
         return usage_error(exc)

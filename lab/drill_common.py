@@ -85,6 +85,17 @@ def parse_overrides(values: list[str]) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+def drill_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """What every drill's options take from its command line: --orders, --seed, --settings, --set, --timeout."""
+    return {
+        "orders": args.orders,
+        "seed": args.seed,
+        "settings": args.settings,
+        "overrides": parse_overrides(args.overrides),
+        "timeout": args.timeout,
+    }
+
+
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 

@@ -38,7 +38,7 @@ from orderflow.messages import (
 from orderflow.records import ProcessState
 
 from .demo import client_app, default_work_dir, make_orders
-from .drill_common import SETTINGS_CHOICES, Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
+from .drill_common import SETTINGS_CHOICES, Verdict, base_settings, drill_arguments, run_verdict_drill, usage_error
 from .invariants import check_system, install_for, read_transitions, store_path
 from .lifecycle_lab import Lab, durable_instances, lifecycle_verdict, status_matches_ledger
 from .poison_strategies import Poison, draw_poison, poison_digest
@@ -443,11 +443,7 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         options = InputOptions(
             drill=args.scenario,
-            orders=args.orders,
-            seed=args.seed,
-            settings=args.settings,
-            overrides=parse_overrides(args.overrides),
-            timeout=args.timeout,
+            **drill_arguments(args),
         )
     except ValueError as exc:
         return usage_error(exc)

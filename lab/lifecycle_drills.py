@@ -46,7 +46,7 @@ from ._session_drills import drill_cancel_in_flight, drill_poison_in_session
 from .demo import client_app, default_work_dir, make_orders
 from .drill_common import (
     Verdict,
-    parse_overrides,
+    drill_arguments,
     run_verdict_drill,
     usage_error,
 )
@@ -326,11 +326,7 @@ def run_lifecycle_command(args: argparse.Namespace) -> int:
     try:
         options = LifecycleOptions(
             drill=args.scenario,
-            orders=args.orders,
-            seed=args.seed,
-            settings=args.settings,
-            overrides=parse_overrides(args.overrides),
-            timeout=args.timeout,
+            **drill_arguments(args),
             hang_seconds=args.hang_seconds,
             latency_ms=args.latency_ms,
             restart=args.restart,

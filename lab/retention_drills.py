@@ -51,7 +51,7 @@ from .drill_common import (
     SETTINGS_CHOICES,
     Periodic,
     base_settings,
-    parse_overrides,
+    drill_arguments,
     report_verdict,
     run_on_system,
     usage_error,
@@ -554,11 +554,7 @@ async def drive_alarms(system: LocalSystem, options: RetentionOptions) -> tuple[
 def run_command(args: argparse.Namespace) -> int:
     try:
         options = RetentionOptions(
-            orders=args.orders,
-            seed=args.seed,
-            settings=args.settings,
-            overrides=parse_overrides(args.overrides),
-            timeout=args.timeout,
+            **drill_arguments(args),
         )
     except ValueError as exc:
         return usage_error(exc)

@@ -38,7 +38,7 @@ from .demo import (
     read_effects,
     read_states,
 )
-from .drill_common import SETTINGS_CHOICES, Verdict, base_settings, parse_overrides, run_verdict_drill, usage_error
+from .drill_common import SETTINGS_CHOICES, Verdict, base_settings, drill_arguments, run_verdict_drill, usage_error
 from .invariants import _dead_letters, check_system, install_for, read_transitions, store_path
 from .lifecycle_lab import until
 from .system import LocalSystem, Process, SystemConfig, with_bus_config
@@ -448,13 +448,9 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         options = StoreDrillOptions(
             drill=args.scenario,
-            orders=args.orders,
-            seed=args.seed,
-            settings=args.settings,
-            overrides=parse_overrides(args.overrides),
+            **drill_arguments(args),
             outage_for=args.outage_for,
             latency_ms=args.latency_ms,
-            timeout=args.timeout,
         )
     except ValueError as exc:
         return usage_error(exc)

@@ -53,7 +53,7 @@ from .drill_common import (
     Periodic,
     Verdict,
     base_settings,
-    parse_overrides,
+    drill_arguments,
     run_verdict_drill,
     usage_error,
 )
@@ -452,11 +452,7 @@ async def run_tenant_drill(system: LocalSystem, options: TenantOptions) -> Verdi
 def run_command(args: argparse.Namespace) -> int:
     try:
         options = TenantOptions(
-            orders=args.orders,
-            seed=args.seed,
-            settings=args.settings,
-            overrides=parse_overrides(args.overrides),
-            timeout=args.timeout,
+            **drill_arguments(args),
         )
     except ValueError as exc:
         return usage_error(exc)

@@ -41,7 +41,7 @@ from ._timing_options import (
 )
 from .agent_faults import ReplyDelay
 from .demo import client_app, default_work_dir, make_orders, wait_terminal
-from .drill_common import Verdict, parse_overrides, run_verdict_drill, usage_error
+from .drill_common import Verdict, drill_arguments, run_verdict_drill, usage_error
 from .invariants import check_system, install_for
 from .lifecycle_lab import Lab, Ledger, lifecycle_verdict
 from .system import LocalSystem, Process, agent_args
@@ -469,11 +469,7 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         options = TimingOptions(
             drill=args.scenario,
-            orders=args.orders,
-            seed=args.seed,
-            settings=args.settings,
-            overrides=parse_overrides(args.overrides),
-            timeout=args.timeout,
+            **drill_arguments(args),
             hang_seconds=args.hang_seconds,
             servicebus_config=args.servicebus_config,
         )
