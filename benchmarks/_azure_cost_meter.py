@@ -1,8 +1,10 @@
 """The counting of benchmarks/azure_cost.py (runs inside devhost and the Agent): `Meter` wraps the embedded store,
-the embedded broker and devhost's invoker in place; `activate_child` dumps the counts on request."""
+the embedded broker, the embedded clients' waiting receives and devhost's invoker in place; `activate_child` dumps
+the counts on request."""
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextvars
 import importlib.abc
@@ -76,6 +78,13 @@ SERVICE_BUS_OPERATIONS = frozenset(
     }
 )
 RECEIVES = ("receive", "take", "receive_deferred", "peek")
+# A waiting receive or session accept is ONE Service Bus call on Azure, however long it waits: the server holds the
+# AMQP link's credit (or the session accept) until a message (session) comes or the wait ends (azure-servicebus
+# _servicebus_receiver.py `_receive`: one flow with max_wait_time; `_open_with_retry` for NEXT_AVAILABLE_SESSION).
+# The embedded client looks again after each wake-up (client.py `_wait_for`), so inside one the broker's looks are
+# not counted: the wait is, once, by `patch_receivers`, and it found nothing if it returned nothing.
+WAITED = ("take", "accept_session")
+IN_WAIT: contextvars.ContextVar[bool] = contextvars.ContextVar("azure_cost_in_wait", default=False)
 
 SCOPE: contextvars.ContextVar[str] = contextvars.ContextVar("azure_cost_scope", default="-")
 
@@ -184,7 +193,9 @@ class Meter:
             if level == 0:  # outermost only: `receive` calls `take`
                 queue = str(args[0] if args else kwargs.get("queue", "?"))
                 scope = SCOPE.get()
-                meter.bump(key("sb", scope, queue, name))
+                waited = name in WAITED and IN_WAIT.get()  # counted once by the waiting call (patch_receivers)
+                if not waited:
+                    meter.bump(key("sb", scope, queue, name))
                 if name == "send" and len(args) > 1:
                     meter.bump(key("sb_msgs", scope, queue, "sent"), len(args[1]))
                 elif name in RECEIVES:
@@ -193,13 +204,52 @@ class Meter:
                         meter.bump(
                             key("sb_msgs", scope, queue, "peeked" if name == "peek" else "received"), len(messages)
                         )
-                        if not messages:
+                        if not messages and not waited:
                             meter.bump(key("sb_empty", scope, queue, name))
-                elif name == "accept_session" and result is None:
+                elif name == "accept_session" and result is None and not waited:
                     meter.bump(key("sb_empty", scope, queue, name))
             return result
 
         return wrapper
+
+    # The embedded clients' waiting calls (orderflow.embedded.client, client_aio: ServiceBusReceiver._wait_for) --------
+    def patch_receivers(self, module: Any) -> None:
+        cls = module.ServiceBusReceiver
+        original = vars(cls)["_wait_for"]
+        meter = self
+
+        def count(receiver: Any, attempt: Any, result: Any) -> None:
+            core = receiver._core
+            name = "accept_session" if getattr(attempt, "__func__", None) is type(core).try_open else "take"
+            scope = SCOPE.get()
+            meter.bump(key("sb", scope, core.queue, name))
+            if not result:
+                meter.bump(key("sb_empty", scope, core.queue, name))
+
+        if asyncio.iscoroutinefunction(original):
+
+            async def wait_async(self: Any, attempt: Any, *args: Any, **kwargs: Any) -> Any:
+                token = IN_WAIT.set(True)  # asyncio.to_thread carries it to the looks' worker threads
+                try:
+                    result = await original(self, attempt, *args, **kwargs)
+                finally:
+                    IN_WAIT.reset(token)
+                count(self, attempt, result)
+                return result
+
+            self._set(cls, "_wait_for", wait_async)
+            return
+
+        def wait(self: Any, attempt: Any, *args: Any, **kwargs: Any) -> Any:
+            token = IN_WAIT.set(True)
+            try:
+                result = original(self, attempt, *args, **kwargs)
+            finally:
+                IN_WAIT.reset(token)
+            count(self, attempt, result)
+            return result
+
+        self._set(cls, "_wait_for", wait)
 
     # devhost's one entry point of every function execution (devhost.invoke.Invoker.call) -------------------------
     def patch_invoker(self, module: Any) -> None:
@@ -223,6 +273,8 @@ class Meter:
         patches = {
             "orderflow.embedded.store": self.patch_store,
             "orderflow.embedded.broker": self.patch_broker,
+            "orderflow.embedded.client": self.patch_receivers,
+            "orderflow.embedded.client_aio": self.patch_receivers,
             "devhost.invoke": self.patch_invoker,
         }
         for name, patch in list(patches.items()):

@@ -30,6 +30,7 @@ from ._azure_cost_figures import (
     Price,
     Source,
 )
+from ._azure_cost_floors import TARGETS, floors, floors_table
 from ._azure_cost_meter import (
     COUNT_DIR_VARIABLE,
     METER,
@@ -72,6 +73,7 @@ __all__ = [
     "SCOPE",
     "SITECUSTOMIZE",
     "SOURCES",
+    "TARGETS",
     "TIMER_FUNCTIONS",
     "Meter",
     "MeteredRun",
@@ -84,6 +86,8 @@ __all__ = [
     "cosmos_ru",
     "database_of",
     "dts_actions",
+    "floors",
+    "floors_table",
     "key",
     "main",
     "markdown",
@@ -227,6 +231,7 @@ def markdown(doc: Mapping[str, Any]) -> str:
         f"{doc['params']['orders_per_scenario']} orders per scenario, run {doc.get('measured_at', '')}. "
         "See docs/cost.md for how each figure is counted and priced.\n\n"
         f"## Per order\n\n{per_order_table(doc)}\n\n"
+        f"## Each count against its floor (happy path)\n\n{floors_table(doc['floors'])}\n\n"
         f"## Per recovery (scenario minus happy path)\n\n{recovery_table(doc)}\n\n"
         f"## Service Bus: orders/s one Standard namespace carries (happy path, with the client app)\n\n"
         f"{namespace_table(doc)}\n\n"
@@ -261,10 +266,17 @@ def main(argv: list[str] | None = None) -> int:
     doc = run(args.orders, args.idle_seconds, args.keep, lambda line: print(line, file=sys.stderr, flush=True))
     doc["environment"] = environment()
     doc["measured_at"] = doc["environment"]["measured_at"]
+    doc["floors"] = floors(doc["per_order"]["happy"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "azure_cost.json").write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
     (args.out / "azure_cost.md").write_text(markdown(doc))
-    for table in (per_order_table(doc), recovery_table(doc), namespace_table(doc), monthly_table(doc)):
+    for table in (
+        per_order_table(doc),
+        floors_table(doc["floors"]),
+        recovery_table(doc),
+        namespace_table(doc),
+        monthly_table(doc),
+    ):
         print(table)
         print()
     if args.json:

@@ -4,13 +4,16 @@
 then imports this module at start-up (the `site` module's sitecustomize hook). Without that variable it does nothing.
 It counts, per process, SQLite commits, empty commits and write statements per database file and table (a
 `set_trace_callback` on every `sqlite3.connect`), and the embedded broker's outermost public calls with their messages
-(`orderflow.embedded.broker.EmbeddedBroker`). At a request (a byte written to the FIFO `<dir>/<pid>.req`, echoed as
-`seq`) and at exit it writes the counts to `<dir>/<pid>.json` (by rename). What counts as what: docs/modules-host.md.
+(`orderflow.embedded.broker.EmbeddedBroker`; a waiting receive or accept once). At a request (a byte written to the
+FIFO `<dir>/<pid>.req`, echoed as `seq`) and at exit it writes the counts to `<dir>/<pid>.json` (by rename). What
+counts as what: docs/modules-host.md.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import contextvars
 import importlib.abc
 import importlib.machinery
 import inspect
@@ -120,6 +123,10 @@ def _install_sqlite() -> None:
 # --- the embedded broker -----------------------------------------------------------------------------------------
 RECEIVES = ("receive", "take", "receive_deferred")  # calls that hand out messages (a list, or `.messages`)
 _DEPTH = threading.local()
+# A waiting receive or session accept is one Service Bus call (benchmarks/_azure_cost_meter.py WAITED): inside the
+# embedded client's `_wait_for` the broker's looks count as `<name>_look` (local wake-up machinery), the wait once.
+WAITED = ("take", "accept_session")
+_IN_WAIT: contextvars.ContextVar[bool] = contextvars.ContextVar("compare_shim_in_wait", default=False)
 
 
 def _bump(key: str, by: int = 1) -> None:
@@ -135,7 +142,12 @@ def _wrap(name: str, method: Any) -> Any:
             result = method(self, *args, **kwargs)
         finally:
             _DEPTH.n = depth
-        if depth == 0:
+        if depth == 0 and name in WAITED and _IN_WAIT.get():
+            _bump(f"{name}_look")
+            if name == "take":
+                messages = getattr(result, "messages", None)
+                _bump("messages_received", len(messages) if isinstance(messages, list) else 0)
+        elif depth == 0:
             _bump(name)
             if name == "send" and len(args) > 1:
                 _bump("messages_sent", len(args[1]))
@@ -167,13 +179,56 @@ def _patch_broker(module: Any) -> None:
                 setattr(owner, name, _wrap(name, member))
 
 
-class _BrokerFinder(importlib.abc.MetaPathFinder):
-    """Patches `orderflow.embedded.broker` right after it is first imported (only in processes that import it)."""
+def _count_wait(receiver: Any, attempt: Any, result: Any) -> None:
+    core = receiver._core
+    name = "accept_session" if getattr(attempt, "__func__", None) is type(core).try_open else "take"
+    _bump(name)
+    if not result:
+        _bump(f"{name}_empty")
 
-    TARGET = "orderflow.embedded.broker"
+
+def _patch_receivers(module: Any) -> None:
+    """Count each waiting call of the embedded client's receiver (sync or aio) once."""
+    cls = module.ServiceBusReceiver
+    original = vars(cls)["_wait_for"]
+    if asyncio.iscoroutinefunction(original):
+
+        async def wait_async(self: Any, attempt: Any, *args: Any, **kwargs: Any) -> Any:
+            token = _IN_WAIT.set(True)  # asyncio.to_thread carries it to the looks' worker threads
+            try:
+                result = await original(self, attempt, *args, **kwargs)
+            finally:
+                _IN_WAIT.reset(token)
+            _count_wait(self, attempt, result)
+            return result
+
+        cls._wait_for = wait_async
+        return
+
+    def wait(self: Any, attempt: Any, *args: Any, **kwargs: Any) -> Any:
+        token = _IN_WAIT.set(True)
+        try:
+            result = original(self, attempt, *args, **kwargs)
+        finally:
+            _IN_WAIT.reset(token)
+        _count_wait(self, attempt, result)
+        return result
+
+    cls._wait_for = wait
+
+
+class _BrokerFinder(importlib.abc.MetaPathFinder):
+    """Patches the embedded broker and clients right after each is first imported (only in processes that do)."""
+
+    TARGETS = {
+        "orderflow.embedded.broker": _patch_broker,
+        "orderflow.embedded.client": _patch_receivers,
+        "orderflow.embedded.client_aio": _patch_receivers,
+    }
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.TARGET:
+        patch = self.TARGETS.get(fullname)
+        if patch is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
@@ -183,7 +238,7 @@ class _BrokerFinder(importlib.abc.MetaPathFinder):
 
         def exec_and_patch(module: Any) -> None:
             exec_module(module)
-            _patch_broker(module)
+            patch(module)
 
         loader.exec_module = exec_and_patch  # type: ignore[method-assign]
         return spec
