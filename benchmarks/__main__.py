@@ -8,6 +8,7 @@ benchmarks/results/<name>.json (<name>.quick.json with --quick), refresh README'
     python -m benchmarks compare [--quick] [--json]   # ours against DBOS (needs requirements-bench.txt: make bench)
     python -m benchmarks azure_cost [--orders N] [--json]   # what an order costs on Azure, counted from a run
     python -m benchmarks transports [--orders N] [--rounds R]   # the demo on the embedded client and over AMQP
+    python -m benchmarks profile_system [--quick] [--json]   # where the CPU goes per order (py-spy, switches)
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import transports
 
         return transports.main([a for a in argv if a != "transports"])
+    if "profile_system" in argv and "--table" not in argv:  # its own options (benchmarks/profile_system.py)
+        from . import profile_system
+
+        return profile_system.main([a for a in argv if a != "profile_system"])
     args = _parser().parse_args(argv)
     from . import report
 

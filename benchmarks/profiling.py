@@ -24,8 +24,9 @@ def py_spy() -> str | None:
     return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
-def attach(pid: int, out: Path, rate: int = 100) -> subprocess.Popen[bytes] | None:
-    """Start py-spy recording `pid` until it exits; None without py-spy."""
+def attach(pid: int, out: Path, rate: int = 100, gil: bool = False) -> subprocess.Popen[bytes] | None:
+    """Start py-spy recording `pid` until it exits (or is stopped); None without py-spy. `gil`: only the thread that
+    holds the GIL is sampled, so the samples are the process's Python work and never a thread parked in a C call."""
     exe = py_spy()
     if exe is None:
         return None
@@ -42,6 +43,7 @@ def attach(pid: int, out: Path, rate: int = 100) -> subprocess.Popen[bytes] | No
             "--output",
             str(out),
             "--nonblocking",
+            *(["--gil"] if gil else []),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
