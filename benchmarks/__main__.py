@@ -6,9 +6,7 @@ benchmarks/results/<name>.json (<name>.quick.json with --quick), refresh README'
     python -m benchmarks pipeline --profile   # also record devhost and the Agent with py-spy
     python -m benchmarks --table              # the results table from the committed JSON (<name>.quick.json: --quick)
     python -m benchmarks compare [--quick] [--json]   # ours against DBOS (needs requirements-bench.txt: make bench)
-    python -m benchmarks azure_cost [--orders N] [--json]   # what an order costs on Azure, counted from a run
-    python -m benchmarks transports [--orders N] [--rounds R]   # the demo on the embedded client and over AMQP
-    python -m benchmarks profile_system [--quick] [--json]   # where the CPU goes per order (py-spy, switches)
+    python -m benchmarks azure_cost | transports | profile_system [-h]   # Azure's counts; the transports; CPU
 """
 
 from __future__ import annotations

@@ -39,6 +39,26 @@ except ImportError:  # Windows: no flock; the thread lock and SQLite's busy hand
     fcntl = None  # type: ignore[assignment]
 
 
+class WriterBusy(Exception):
+    """The writer lock is held elsewhere and the call runs `inline_first` (it did nothing yet: run it in a thread)."""
+
+
+_INLINE = threading.local()
+
+
+@contextmanager
+def inline_first() -> Iterator[None]:
+    """Run a call on the caller's thread (an event loop's) only while the writer lock is free: the call's first
+    transaction, if it would wait for the lock, raises WriterBusy before it does anything, and the caller runs the
+    call again in a worker thread. Once one transaction got the lock the call goes on as any other, so a call that
+    made a change never starts over. What the aio client saves is a hand-off to a thread and back per call."""
+    _INLINE.first = True
+    try:
+        yield
+    finally:
+        _INLINE.first = False
+
+
 class _WriterLock:
     """The writer lock of one database file, for every thread and every process: a threading.Lock within the
     process, then an exclusive flock(2) on `<db>.writer-lock` across processes, both taken before `BEGIN IMMEDIATE`.
@@ -62,18 +82,32 @@ class _WriterLock:
             self._pid = os.getpid()
         return self._fd
 
+    def _acquire(self) -> None:
+        """Both locks, waiting; under `inline_first`, the call's first acquisition does not wait (WriterBusy)."""
+        wait = not getattr(_INLINE, "first", False)
+        _INLINE.first = False
+        if not self._thread_lock.acquire(blocking=wait):
+            raise WriterBusy
+        if fcntl is None:
+            return
+        try:
+            fcntl.flock(self._file(), fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._thread_lock.release()
+            raise WriterBusy from None
+        except BaseException:
+            self._thread_lock.release()
+            raise
+
     @contextmanager
     def held(self) -> Iterator[None]:
-        with self._thread_lock:
-            if fcntl is None:
-                yield
-                return
-            fd = self._file()
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+        self._acquire()
+        try:
+            yield
+        finally:
+            if fcntl is not None:
+                fcntl.flock(self._file(), fcntl.LOCK_UN)
+            self._thread_lock.release()
 
 
 _WRITER_LOCKS: dict[str, _WriterLock] = {}

@@ -119,8 +119,8 @@ class SqliteFile:
     async def read(self, fn: Callable[[sqlite3.Connection], T], op: str = "read") -> T:
         """`op` names the operation for the fault ledger."""
         if self.faults is None:
-            return await asyncio.to_thread(self._locked, fn, False)
-        return await self.faults.call(op, lambda _conflict: asyncio.to_thread(self._locked, fn, False))
+            return await self._call(fn, False)
+        return await self.faults.call(op, lambda _conflict: self._call(fn, False))
 
     async def write(
         self, fn: Callable[[sqlite3.Connection], T], op: str = "write", if_match: IfMatch | None = None
@@ -128,12 +128,41 @@ class SqliteFile:
         """Run `fn` in `BEGIN IMMEDIATE` (write lock taken up front: no lock-upgrade deadlock). `if_match`: the
         row an If-Match write expects unchanged (only read when a conflict is injected)."""
         if self.faults is None:
-            return await asyncio.to_thread(self._locked, fn, True)
+            return await self._call(fn, True)
         return await self.faults.call(
-            op,
-            lambda conflict: asyncio.to_thread(self._locked, fn, True, if_match if conflict else None),
-            if_match is not None,
+            op, lambda conflict: self._call(fn, True, if_match if conflict else None), if_match is not None
         )
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T], write: bool, rival: IfMatch | None = None) -> T:
+        """On the caller's event loop when nothing has to wait (the connection is free, and a write's lock is
+        free: BEGIN IMMEDIATE under busy_timeout 0), else in a worker thread, which may wait: a busy lock never
+        stalls the loop, and a call that does not wait saves a hand-off to a thread and back. It yields to the loop
+        first, as a call to Cosmos DB always does: what runs meanwhile sees the call in flight (admission's group
+        commit counts on it)."""
+        await asyncio.sleep(0)
+        if rival is None and self._lock.acquire(blocking=False):
+            try:
+                done, result = self._inline(fn, write)
+            finally:
+                self._lock.release()
+            if done:
+                return result  # type: ignore[return-value]
+        return await asyncio.to_thread(self._locked, fn, write, rival)
+
+    def _inline(self, fn: Callable[[sqlite3.Connection], T], write: bool) -> tuple[bool, T | None]:
+        """(True, result), or (False, None) when the write lock is another connection's (nothing was done)."""
+        if self._closed:
+            raise RuntimeError(f"store {self.path} is closed")
+        if not write:
+            return True, fn(self._conn)
+        self._conn.execute("PRAGMA busy_timeout = 0")
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:  # SQLITE_BUSY: another process writes; the thread waits for it
+            return False, None
+        finally:
+            self._conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
+        return True, self._transaction(fn)
 
     def _locked(self, fn: Callable[[sqlite3.Connection], T], write: bool, rival: IfMatch | None = None) -> T:
         with self._lock:
@@ -150,16 +179,20 @@ class SqliteFile:
                     raise
                 self._conn.execute("COMMIT")
             self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                if self.now() - self._swept >= SWEEP_EVERY_S:
-                    _sweep_expired(self._conn)
-                    self._swept = self.now()
-                result = fn(self._conn)
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
-            return result
+            return self._transaction(fn)
+
+    def _transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """The rest of a write transaction begun with BEGIN IMMEDIATE: the expired-row sweep, `fn`, COMMIT."""
+        try:
+            if self.now() - self._swept >= SWEEP_EVERY_S:
+                _sweep_expired(self._conn)
+                self._swept = self.now()
+            result = fn(self._conn)
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+        return result
 
     async def aclose(self) -> None:
         with self._lock:
