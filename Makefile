@@ -55,11 +55,14 @@ lint: setup
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
+# Three pytest-xdist workers on two cores: many tests wait on subprocesses (the drills, devhost, the Agent); with four,
+# a timing-sensitive drill failed once on a loaded machine. A test file per worker, in file order (--dist loadfile):
+# a module's tests share its fixtures, and some check what the tests above them did.
 test: lint worker-env
-	$(PY) -m pytest
+	$(PY) -m pytest -n 3 --dist loadfile
 
 test-fast: setup worker-env
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -n 3 --dist loadfile -m "not slow"
 
 # Every failure drill on a fresh local system each, then reports/reliability.md and .json (lab/drills_report.py).
 # Not part of `make test`; CI runs drills-quick (the subset, under 5 minutes) after the tests.

@@ -35,6 +35,10 @@ ALERTS_QUEUE = "operator-alerts"
 REPLIES_QUEUE = "agent-replies"
 RECEIVE_AND_DELETE = ServiceBusReceiveMode.RECEIVE_AND_DELETE
 POLL_WAIT = 0.05  # the SDK refuses 0 (azure-servicebus: "max_wait_time must be greater than 0")
+# Over AMQP a receive-and-delete message is gone from the broker once sent: one that reaches the SDK after its receive
+# returned is dropped when the receiver closes. 50 ms lost the poison's dead letter on a loaded machine (`make test`
+# runs three files side by side), so the real SDK waits longer; an empty poll costs this much.
+AMQP_POLL_WAIT = 1.0
 
 # Short settings so that a timeout, a recovery and a retry each take seconds (SystemConfig.settings).
 FAST_SETTINGS = {
@@ -86,10 +90,13 @@ class Client:
     _alerts: list[OperatorAlert] = field(default_factory=list)
     _dead: dict[str, DeadLetter] = field(default_factory=dict)
     _as: dict[str, Any] = field(default_factory=dict)
+    poll_wait: float = POLL_WAIT
 
     def __post_init__(self) -> None:
         # The system's own transport: the embedded client, or the real SDK over the AMQP endpoint (SystemConfig).
         self.bus = bus_from_connection_string(self.system.app_bus_connection)
+        if self.system.config.transport == "amqp":
+            self.poll_wait = AMQP_POLL_WAIT
         self.app = self.acting_as(self.system.submitter)
 
     def acting_as(self, identity: str) -> Any:
@@ -128,13 +135,13 @@ class Client:
     # --- reading queues (non-blocking polls, accumulated) ---------------------------------------------------
     def statuses(self, order_id: str) -> list[StatusMessage]:
         with self.app.get_queue_receiver(REPLY_QUEUE, session_id=order_id, receive_mode=RECEIVE_AND_DELETE) as r:
-            for msg in r.receive_messages(max_message_count=50, max_wait_time=POLL_WAIT):
+            for msg in r.receive_messages(max_message_count=50, max_wait_time=self.poll_wait):
                 self._statuses[order_id].append(StatusMessage.model_validate_json(b"".join(msg.body)))
         return list(self._statuses[order_id])
 
     def alerts(self, order_id: str) -> list[OperatorAlert]:
         with self.acting_as(OPERATORS).get_queue_receiver(ALERTS_QUEUE, receive_mode=RECEIVE_AND_DELETE) as r:
-            for msg in r.receive_messages(max_message_count=100, max_wait_time=POLL_WAIT):
+            for msg in r.receive_messages(max_message_count=100, max_wait_time=self.poll_wait):
                 self._alerts.append(OperatorAlert.model_validate_json(b"".join(msg.body)))
         return [a for a in self._alerts if a.order_id == order_id]
 
@@ -142,7 +149,7 @@ class Client:
         with self.bus.get_queue_receiver(
             queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER, receive_mode=RECEIVE_AND_DELETE
         ) as r:
-            for msg in r.receive_messages(max_message_count=100, max_wait_time=POLL_WAIT):
+            for msg in r.receive_messages(max_message_count=100, max_wait_time=self.poll_wait):
                 self._dead[str(msg.message_id)] = DeadLetter(
                     str(msg.message_id),
                     msg.dead_letter_reason,

@@ -21,3 +21,19 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
     )
     with running_client(config) as c:
         yield c
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """schemathesis names each operation's item `test_…[GET /orders]` but gives them all the test function's node id
+    (test_ops_api_schemathesis.py). pytest-xdist's `--dist loadfile` (`make test`) queues items by node id, so it
+    would run one of them: the operation goes into the node id too (pytest 9 keeps it as `_id`, 8 as `_nodeid`)."""
+    for item in items:
+        label = getattr(item, "operation_label", None)
+        if not isinstance(label, str) or item.nodeid.endswith(f"[{label}]"):
+            continue
+        unique = f"{item.nodeid}[{label}]"
+        if hasattr(item, "_id"):
+            item._id = type(item._id).parse(unique)
+        else:
+            item._nodeid = unique
+        assert item.nodeid == unique, item.nodeid
