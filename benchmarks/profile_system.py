@@ -142,12 +142,13 @@ class Phase:
         return {"orders": orders, "seconds": round(seconds, 2), "cpu_ms_per_order": round(total, 1), "processes": per}
 
 
-def run(quick: bool, spy: bool, log: Any) -> dict[str, Any]:
+def run(quick: bool, spy: bool, log: Any, keep: Path | None = None) -> dict[str, Any]:
     from ._compare_systems import Instrument, Options, OurSystem
     from .compare import settle
 
     bursts, burst_size, sequential = (3, 30, 20) if quick else (8, 30, 60)
-    work = Path(tempfile.mkdtemp(prefix="profile-system-"))
+    work = Path(tempfile.mkdtemp(prefix="profile-system-")) if keep is None else keep
+    work.mkdir(parents=True, exist_ok=True)
     system = OurSystem(work, Instrument(work, False), Options(count=False))
     phases: dict[str, Any] = {}
     try:
@@ -172,7 +173,8 @@ def run(quick: bool, spy: bool, log: Any) -> dict[str, Any]:
         log(f"one at a time: {phases['one_at_a_time']['cpu_ms_per_order']} ms of CPU per order")
     finally:
         system.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        if keep is None:
+            shutil.rmtree(work, ignore_errors=True)
     return {"benchmark": "profile_system", "quick": quick, "py_spy": spy, "gil_sample_rate_hz": RATE_HZ, **phases}
 
 
@@ -197,9 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the result document as the last line")
     p.add_argument("--no-spy", action="store_true", help="CPU and context switches only, without py-spy")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="results folder (default benchmarks/results)")
+    p.add_argument("--keep", type=Path, default=None, help="run in this folder and keep it (py-spy's raw stacks, logs)")
     args = p.parse_args(argv)
     spy = not args.no_spy and profiling.py_spy() is not None
-    doc = run(args.quick, spy, lambda line: print(line, file=sys.stderr, flush=True))
+    doc = run(args.quick, spy, lambda line: print(line, file=sys.stderr, flush=True), args.keep)
     doc["environment"] = environment()
     args.out.mkdir(parents=True, exist_ok=True)
     name = "profile_system.quick.json" if args.quick else "profile_system.json"
