@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
+from support.loop_watch import LoopBeat, record_hand_offs
 
-import orderflow.embedded.client_aio as client_aio
 from orderflow.embedded.broker import EmbeddedBroker
 from orderflow.embedded.broker._base import WriterBusy, _writer_lock, inline_first
 from orderflow.embedded.client import ServiceBusMessage
@@ -19,17 +17,9 @@ from orderflow.embedded.client_aio import ServiceBusClient
 
 
 @pytest.fixture
-def hand_offs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+def hand_offs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The calls the aio client handed to a worker thread."""
-    seen: list[str] = []
-    real = asyncio.to_thread
-
-    async def to_thread(func: Any, /, *args: Any, **kwargs: Any) -> Any:
-        seen.append(getattr(getattr(func, "func", func), "__name__", repr(func)))
-        return await real(func, *args, **kwargs)
-
-    monkeypatch.setattr(client_aio.asyncio, "to_thread", to_thread)
-    yield seen
+    return record_hand_offs(monkeypatch)
 
 
 async def test_an_uncontended_send_and_receive_take_no_thread(tmp_path, hand_offs) -> None:
@@ -60,24 +50,14 @@ async def test_a_send_that_would_wait_for_the_lock_goes_to_a_thread_and_the_loop
 
     thread = threading.Thread(target=holder)
     thread.start()
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0.01)
-
     try:
         assert held.wait(10)
-        async with ServiceBusClient(broker) as bus, bus.get_queue_sender("q") as sender:
-            beat = asyncio.create_task(ticker())
+        async with ServiceBusClient(broker) as bus, bus.get_queue_sender("q") as sender, LoopBeat() as beat:
             send = asyncio.create_task(sender.send_messages(ServiceBusMessage("x")))
             await asyncio.sleep(0.3)
-            assert not send.done() and ticks >= 10  # waiting in a thread, the loop free meanwhile
+            assert not send.done() and beat.ticks >= 10  # waiting in a thread, the loop free meanwhile
             release.set()
             await asyncio.wait_for(send, 10)
-            beat.cancel()
         assert "send" in hand_offs
         assert broker.counts("q").active == 1  # sent once: the refused inline attempt did nothing
     finally:

@@ -7,26 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
+from support.loop_watch import LoopBeat, record_hand_offs
 
-import orderflow.embedded.store._file as store_file
 from orderflow.embedded.store._file import SqliteFile
 
 
 @pytest.fixture
-def hand_offs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
-    seen: list[Any] = []
-    real = asyncio.to_thread
-
-    async def to_thread(func: Any, /, *args: Any, **kwargs: Any) -> Any:
-        seen.append(func)
-        return await real(func, *args, **kwargs)
-
-    monkeypatch.setattr(store_file.asyncio, "to_thread", to_thread)
-    yield seen
+def hand_offs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The calls the store handed to a worker thread."""
+    return record_hand_offs(monkeypatch)
 
 
 def _put(conn: sqlite3.Connection) -> None:
@@ -53,23 +44,14 @@ async def test_a_write_that_meets_another_writer_waits_in_a_thread_and_the_loop_
     await file.write(_put)
     rival = sqlite3.connect(tmp_path / "store.db", isolation_level=None)
     rival.execute("BEGIN IMMEDIATE")  # another process's writer, say: holds the database's write lock
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0.01)
-
     try:
-        beat = asyncio.create_task(ticker())
-        write = asyncio.create_task(file.write(_put))
-        await asyncio.sleep(0.3)
-        assert not write.done() and ticks >= 10  # waiting in a thread, the loop free meanwhile
-        rival.execute("COMMIT")
-        await asyncio.wait_for(write, 10)
-        beat.cancel()
-        assert len(hand_offs) == 1
+        async with LoopBeat() as beat:
+            write = asyncio.create_task(file.write(_put))
+            await asyncio.sleep(0.3)
+            assert not write.done() and beat.ticks >= 10  # waiting in a thread, the loop free meanwhile
+            rival.execute("COMMIT")
+            await asyncio.wait_for(write, 10)
+        assert hand_offs == ["_locked"]
         assert await file.read(_count) == 2  # written once: the refused inline attempt did nothing
     finally:
         rival.close()
