@@ -4,7 +4,6 @@ the counts on request."""
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import contextvars
 import importlib.abc
@@ -19,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ._azure_cost_figures import QUERY_KINDS
+from ._waits import IN_WAIT, WAITED, waiting_wrapper
 
 COUNT_DIR_VARIABLE = "ORDERFLOW_AZURE_COST_DIR"
 TIMER_FUNCTIONS = ("starter_timer", "supervisor")  # orderflow/function_names.py STARTER_TIMER, SUPERVISOR
@@ -78,13 +78,6 @@ SERVICE_BUS_OPERATIONS = frozenset(
     }
 )
 RECEIVES = ("receive", "take", "receive_deferred", "peek")
-# A waiting receive or session accept is ONE Service Bus call on Azure, however long it waits: the server holds the
-# AMQP link's credit (or the session accept) until a message (session) comes or the wait ends (azure-servicebus
-# _servicebus_receiver.py `_receive`: one flow with max_wait_time; `_open_with_retry` for NEXT_AVAILABLE_SESSION).
-# The embedded client looks again after each wake-up (client.py `_wait_for`), so inside one the broker's looks are
-# not counted: the wait is, once, by `patch_receivers`, and it found nothing if it returned nothing.
-WAITED = ("take", "accept_session")
-IN_WAIT: contextvars.ContextVar[bool] = contextvars.ContextVar("azure_cost_in_wait", default=False)
 
 SCOPE: contextvars.ContextVar[str] = contextvars.ContextVar("azure_cost_scope", default="-")
 
@@ -214,42 +207,17 @@ class Meter:
 
     # The embedded clients' waiting calls (orderflow.embedded.client, client_aio: ServiceBusReceiver._wait_for) --------
     def patch_receivers(self, module: Any) -> None:
+        """A waiting receive or accept counts once, found nothing if it returned nothing (benchmarks/_waits.py)."""
         cls = module.ServiceBusReceiver
-        original = vars(cls)["_wait_for"]
         meter = self
 
-        def count(receiver: Any, attempt: Any, result: Any) -> None:
-            core = receiver._core
-            name = "accept_session" if getattr(attempt, "__func__", None) is type(core).try_open else "take"
+        def count(queue: str, name: str, found: bool) -> None:
             scope = SCOPE.get()
-            meter.bump(key("sb", scope, core.queue, name))
-            if not result:
-                meter.bump(key("sb_empty", scope, core.queue, name))
+            meter.bump(key("sb", scope, queue, name))
+            if not found:
+                meter.bump(key("sb_empty", scope, queue, name))
 
-        if asyncio.iscoroutinefunction(original):
-
-            async def wait_async(self: Any, attempt: Any, *args: Any, **kwargs: Any) -> Any:
-                token = IN_WAIT.set(True)  # asyncio.to_thread carries it to the looks' worker threads
-                try:
-                    result = await original(self, attempt, *args, **kwargs)
-                finally:
-                    IN_WAIT.reset(token)
-                count(self, attempt, result)
-                return result
-
-            self._set(cls, "_wait_for", wait_async)
-            return
-
-        def wait(self: Any, attempt: Any, *args: Any, **kwargs: Any) -> Any:
-            token = IN_WAIT.set(True)
-            try:
-                result = original(self, attempt, *args, **kwargs)
-            finally:
-                IN_WAIT.reset(token)
-            count(self, attempt, result)
-            return result
-
-        self._set(cls, "_wait_for", wait)
+        self._set(cls, "_wait_for", waiting_wrapper(vars(cls)["_wait_for"], count))
 
     # devhost's one entry point of every function execution (devhost.invoke.Invoker.call) -------------------------
     def patch_invoker(self, module: Any) -> None:

@@ -11,9 +11,7 @@ counts as what: docs/modules-host.md.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
-import contextvars
 import importlib.abc
 import importlib.machinery
 import inspect
@@ -123,10 +121,6 @@ def _install_sqlite() -> None:
 # --- the embedded broker -----------------------------------------------------------------------------------------
 RECEIVES = ("receive", "take", "receive_deferred")  # calls that hand out messages (a list, or `.messages`)
 _DEPTH = threading.local()
-# A waiting receive or session accept is one Service Bus call (benchmarks/_azure_cost_meter.py WAITED): inside the
-# embedded client's `_wait_for` the broker's looks count as `<name>_look` (local wake-up machinery), the wait once.
-WAITED = ("take", "accept_session")
-_IN_WAIT: contextvars.ContextVar[bool] = contextvars.ContextVar("compare_shim_in_wait", default=False)
 
 
 def _bump(key: str, by: int = 1) -> None:
@@ -135,6 +129,9 @@ def _bump(key: str, by: int = 1) -> None:
 
 
 def _wrap(name: str, method: Any) -> Any:
+    # ROOT is on every measured process's PYTHONPATH (compare's Instrument); imported once the broker is.
+    from benchmarks._waits import IN_WAIT, WAITED
+
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         depth = getattr(_DEPTH, "n", 0)
         _DEPTH.n = depth + 1
@@ -142,7 +139,7 @@ def _wrap(name: str, method: Any) -> Any:
             result = method(self, *args, **kwargs)
         finally:
             _DEPTH.n = depth
-        if depth == 0 and name in WAITED and _IN_WAIT.get():
+        if depth == 0 and name in WAITED and IN_WAIT.get():
             _bump(f"{name}_look")
             if name == "take":
                 messages = getattr(result, "messages", None)
@@ -179,42 +176,18 @@ def _patch_broker(module: Any) -> None:
                 setattr(owner, name, _wrap(name, member))
 
 
-def _count_wait(receiver: Any, attempt: Any, result: Any) -> None:
-    core = receiver._core
-    name = "accept_session" if getattr(attempt, "__func__", None) is type(core).try_open else "take"
+def _count_wait(queue: str, name: str, found: bool) -> None:
     _bump(name)
-    if not result:
+    if not found:
         _bump(f"{name}_empty")
 
 
 def _patch_receivers(module: Any) -> None:
-    """Count each waiting call of the embedded client's receiver (sync or aio) once."""
+    """Count each waiting call of the embedded client's receiver (sync or aio) once (benchmarks/_waits.py)."""
+    from benchmarks._waits import waiting_wrapper
+
     cls = module.ServiceBusReceiver
-    original = vars(cls)["_wait_for"]
-    if asyncio.iscoroutinefunction(original):
-
-        async def wait_async(self: Any, attempt: Any, *args: Any, **kwargs: Any) -> Any:
-            token = _IN_WAIT.set(True)  # asyncio.to_thread carries it to the looks' worker threads
-            try:
-                result = await original(self, attempt, *args, **kwargs)
-            finally:
-                _IN_WAIT.reset(token)
-            _count_wait(self, attempt, result)
-            return result
-
-        cls._wait_for = wait_async
-        return
-
-    def wait(self: Any, attempt: Any, *args: Any, **kwargs: Any) -> Any:
-        token = _IN_WAIT.set(True)
-        try:
-            result = original(self, attempt, *args, **kwargs)
-        finally:
-            _IN_WAIT.reset(token)
-        _count_wait(self, attempt, result)
-        return result
-
-    cls._wait_for = wait
+    cls._wait_for = waiting_wrapper(vars(cls)["_wait_for"], _count_wait)
 
 
 class _BrokerFinder(importlib.abc.MetaPathFinder):

@@ -70,7 +70,7 @@ SERVICE_BUS = {
 MESSAGES_SENT = 8
 MESSAGES_RECEIVED = 7
 # Calls that found nothing. A waiting receive or accept is one call however long it waits (the meter counts the
-# embedded client's `_wait_for` once, as Azure bills one call: benchmarks/_azure_cost_meter.py WAITED). Exact: each
+# embedded client's `_wait_for` once, as Azure bills one call: benchmarks/_waits.py). Exact: each
 # of the three session holds ends with one receive that waits sessionIdleTimeout (host.json, 1 s; the Agent's
 # AGENT_RECEIVE_WAIT_MS) and finds nothing, as the Functions host's session processor does before it releases.
 EMPTY_TAKES = 3
@@ -225,7 +225,7 @@ async def test_set_ttl_counts_a_read_and_a_replace(tmp_path: Path) -> None:
 def test_a_waiting_receive_is_one_call(tmp_path: Path) -> None:
     """Azure bills a receive or a session accept that waits as one call, whatever it found (azure-servicebus
     _servicebus_receiver.py `_receive`: one link credit, held until a message or max_wait_time); the embedded client
-    looks again after each wake-up, and those looks are not calls (benchmarks/_azure_cost_meter.py WAITED)."""
+    looks again after each wake-up, and those looks are not calls (benchmarks/_waits.py)."""
     import threading
 
     from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusMessage
