@@ -197,21 +197,14 @@ def test_every_store_method_is_metered() -> None:
 
 
 async def test_set_ttl_counts_a_read_and_a_replace(tmp_path: Path) -> None:
+    from support.integration_support import order_body
+
     import orderflow.embedded.store as store
     from benchmarks import azure_cost as ac
     from orderflow.messages import SubmitOrder
     from orderflow.records import OrderRecord
 
-    order = SubmitOrder.model_validate(
-        {
-            "orderId": "o-1",
-            "replyTo": "app-status",
-            "customer": {"id": "c1", "name": "Ada"},
-            "items": [{"sku": "SKU-1", "quantity": 1, "unitPrice": "9.99"}],
-            "currency": "EUR",
-            "submittedAt": "2026-11-30T12:00:00+00:00",
-        }
-    )
+    order = SubmitOrder.model_validate(order_body("o-1"))
     with ac.metered() as meter:
         meter.patch_store(store)
         orders, state = store.open_sqlite_stores(tmp_path / "store.db")
