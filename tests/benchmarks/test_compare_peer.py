@@ -108,14 +108,18 @@ def _phase(system: str, workload: dict[str, Any], latencies: list[float], span: 
     )
 
 
-def _document(options: Options) -> dict[str, Any]:
-    plan = compare.Plan(burst_sizes=(10,), reps=1, sequential=2, rate_fractions=(0.5,), rate_seconds=1.0)
-    phases = [
+def _document_phases() -> list[compare.Phase]:
+    return [
         _phase("ours", {"cmd": "burst", "n": 10, "prefix": "a"}, [0.2] * 10, 0.5, 1.0),  # 20 orders/s, 100 ms
         _phase("peer", {"cmd": "burst", "n": 10, "prefix": "b"}, [0.1] * 10, 0.25, 0.5),  # 40 orders/s, 50 ms
         _phase("ours", {"cmd": "sequential", "n": 2, "prefix": "c"}, [0.06, 0.06], 0.12, 0.1),
         _phase("peer", {"cmd": "sequential", "n": 2, "prefix": "d"}, [0.02, 0.02], 0.04, 0.05),
     ]
+
+
+def _document(options: Options) -> dict[str, Any]:
+    plan = compare.Plan(burst_sizes=(10,), reps=1, sequential=2, rate_fractions=(0.5,), rate_seconds=1.0)
+    phases = _document_phases()
     settings = compare.sqlite_settings(phases)
     document = {"peer_setup": compare.peer_setup(options, settings), **compare.summarize(phases, plan, {0.5: 10.0})}
     document["headline"] = compare.headline(document)
@@ -141,3 +145,22 @@ def test_different_sqlite_settings_are_flagged() -> None:
     ]
     phases[1].sqlite = {"dbos-system.sqlite": {"journal_mode": "WAL", "synchronous": "FULL"}}
     assert compare.sqlite_settings(phases)["same"] is False
+
+
+def test_both_systems_report_every_figure_of_issue_27() -> None:
+    """orders/s, CPU per order (by process), one order alone p50 / p99, and p50 / p99 at half our best rate."""
+    phases = [
+        *_document_phases(),
+        _phase("ours", {"cmd": "rate", "fraction": 0.5, "n": 4, "prefix": "e"}, [0.07, 0.07, 0.07, 0.09], 1.0, 0.4),
+        _phase("peer", {"cmd": "rate", "fraction": 0.5, "n": 4, "prefix": "f"}, [0.03, 0.03, 0.03, 0.04], 1.0, 0.1),
+    ]
+    plan = compare.Plan(burst_sizes=(10,), reps=1, sequential=2, rate_fractions=(0.5,), rate_seconds=1.0)
+    document = compare.summarize(phases, plan, {0.5: 10.0})
+    for side, (rate, cpu, alone, half) in {"ours": (20, 100, 60, 70), "peer": (40, 50, 20, 30)}.items():
+        figures = document[side]
+        assert figures["orders_per_s"] == rate
+        assert figures["cpu_ms_per_order"] == cpu and set(figures["cpu_ms_per_order_by_process"]) == {side}
+        assert figures["single_order_latency_ms"]["p50"] == alone and "p99" in figures["single_order_latency_ms"]
+        at_half = figures["latency_at_half_our_max_ms"]
+        assert (at_half["offered_per_s"], at_half["latency_ms"]["p50"]) == (10.0, half)
+        assert at_half["latency_ms"]["p99"] > half
