@@ -174,6 +174,17 @@ class Client:
         found = asyncio.run(self._read(lambda stores: stores.state.get(order_id)))
         return None if found is None else found[0]
 
+    def wait_notified(self, order_id: str, timeout: float = 30.0) -> OrderStateRecord:
+        """The state record once its terminal notification is recorded (`notifiedAt`): the last write of a finished
+        order (orderflow/notifications.py: the status is sent, then the stored order's TTL, then this write)."""
+
+        def notified() -> OrderStateRecord | None:
+            rec = self.state(order_id)
+            return rec if rec is not None and rec.notified_at is not None else None
+
+        rec: OrderStateRecord = wait_until(notified, timeout, f"notification of {order_id} recorded")
+        return rec
+
     def order(self, order_id: str) -> OrderRecord | None:
         return asyncio.run(self._read(lambda stores: stores.orders.get(order_id)))  # type: ignore[no-any-return]
 

@@ -177,7 +177,9 @@ def test_duplicate_submission_makes_one_order_and_conflicting_one_is_dead_letter
     client.submit(make_order(order_id), message_id=f"{order_id}:first")
     client.submit(make_order(order_id), message_id=f"{order_id}:client-retry")
     client.wait_status(order_id, OrderStatus.COMPLETED)
+    client.wait_notified(order_id)  # the status goes out before the stored order gets its TTL
     original = client.order(order_id)
+    assert original is not None and original.ttl is not None  # retention began: nothing more writes it
 
     client.submit(make_order(order_id, quantity=9), message_id=f"{order_id}:conflict")
     dead = client.wait_dead_letter(f"{order_id}:conflict")
