@@ -27,6 +27,7 @@ from orderflow.adapters import bus_from_connection_string, open_stores
 from orderflow.embedded.rights import AGENT, OPERATORS
 from orderflow.messages import TERMINAL_STATUSES, AgentReply, OperatorAlert, OrderStatus, StatusMessage, SubmitOrder
 from orderflow.records import OrderRecord, OrderStateRecord
+from orderflow.retention import FINISHED_STATUSES
 from support.hosted import wait_until
 
 ORDERS_QUEUE = "orders-inbound"
@@ -231,6 +232,17 @@ class Client:
             if exc.code == 404:
                 return None
             raise
+
+    def wait_ended(self, instance_id: str, timeout: float = 10.0) -> dict[str, Any]:
+        """The instance once its runtimeStatus is final: the orchestrator returns only after its last activity sent
+        the order's terminal status, so that status can arrive while the instance still runs."""
+
+        def ended() -> dict[str, Any] | None:
+            found = self.instance(instance_id)
+            return found if found is not None and found["runtimeStatus"] in FINISHED_STATUSES else None
+
+        found: dict[str, Any] = wait_until(ended, timeout, f"instance {instance_id} ended")
+        return found
 
     def devhost_log(self) -> str:
         return (self.system.config.work_dir / "devhost.log").read_text(errors="replace")

@@ -100,10 +100,10 @@ def test_a_hang_past_complete_by_is_recovered_by_attempt_2_and_the_late_reply_is
 
     assert completed.attempt == 2
     assert_processed_by(client, order_id, attempt=2, failure_count=1)  # the hung effect was not applied twice
-    first = wait_until(lambda: client.instance(f"{order_id}:1"), 10, "attempt 1's instance")
+    first = client.wait_ended(f"{order_id}:1")
     assert first["runtimeStatus"] == "Completed" and first["output"]["outcome"] == "timedOut"
-    second = client.instance(f"{order_id}:2")
-    assert second is not None and second["output"] == {"outcome": "completed"}
+    second = client.wait_ended(f"{order_id}:2")
+    assert second["runtimeStatus"] == "Completed" and second["output"] == {"outcome": "completed"}
     # Attempt 1's Agent reply arriving now (a redelivered or slow Agent) is logged as late, changes nothing.
     before = client.state(order_id)
     late = AgentReply(
@@ -273,6 +273,7 @@ def test_an_order_submitted_by_the_cli_is_shown_with_its_orchestration_and_count
     connection = client.system.bus_connection_for(client.system.submitter)
     sent = _orderflow(client, "submit", "--order-id", order_id, "--wait", "45", "--connection", connection)
     assert sent.returncode == 0 and "completed" in sent.stdout, sent.stdout + sent.stderr
+    client.wait_ended(f"{order_id}:1")
     shown = _orderflow(client, "order", order_id, "--json")
     assert shown.returncode == 0, shown.stderr
     view = json.loads(shown.stdout)
