@@ -40,7 +40,7 @@ from orderflow.records import ProcessState
 from .demo import client_app, default_work_dir, make_orders
 from .drill_common import SETTINGS_CHOICES, Verdict, base_settings, drill_arguments, run_verdict_drill, usage_error
 from .invariants import check_system, install_for, read_transitions, store_path
-from .lifecycle_lab import Lab, durable_instances, lifecycle_verdict, status_matches_ledger
+from .lifecycle_lab import Lab, lifecycle_verdict, status_matches_ledger
 from .poison_strategies import Poison, draw_poison, poison_digest
 from .system import LocalSystem, SystemConfig, with_bus_config
 
@@ -210,7 +210,7 @@ async def drill_duplicate_delivery(lab: Lab, options: InputOptions) -> tuple[Ver
     ledger = await lab.ledger()
     dead = await lab.dead_letters()
     transitions = read_transitions(store_path(lab.env))
-    instances = durable_instances(system.config.work_dir / "devhost" / "durable.db")
+    instances = await lab.ended_instances(records)
 
     def into(o: str, state: ProcessState) -> int:
         return sum(1 for oid, _b, after in transitions if oid == o and after == state.value)

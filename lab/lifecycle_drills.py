@@ -42,7 +42,6 @@ from ._lifecycle_common import (
     _status_at,
     lifecycle_config,
 )
-from ._retention_checks import FINISHED_RUNTIME
 from ._session_drills import drill_cancel_in_flight, drill_poison_in_session
 from .demo import client_app, default_work_dir, make_orders
 from .drill_common import (
@@ -53,9 +52,7 @@ from .drill_common import (
 )
 from .invariants import check_system, install_for
 from .lifecycle_lab import (
-    WAIT_STEP_S,
     Lab,
-    durable_instances,
     elapsed_s,
     lifecycle_verdict,
     percentiles,
@@ -239,15 +236,7 @@ async def drill_upgrade_in_flight(lab: Lab, options: LifecycleOptions) -> Verdic
     elapsed = max(lab.client.terminal_at.values(), default=time.monotonic()) - started
     records = await lab.records(ids)
     ledger = await lab.ledger()
-    db = system.config.work_dir / "devhost" / "durable.db"
-    keys = [f"{o}:{r.attempt}" for o, r in records.items()]
-
-    def finished() -> dict[str, dict[str, Any]] | None:
-        """durable.db once every order's instance has ended: the orchestrator returns after the status is sent."""
-        found = durable_instances(db)
-        return found if all(found.get(k, {}).get("status") in FINISHED_RUNTIME for k in keys) else None
-
-    instances = await lab.wait(finished, "every order's instance ended", WAIT_STEP_S) or durable_instances(db)
+    instances = await lab.ended_instances(records)
 
     def instance(o: str) -> dict[str, Any]:
         rec = records.get(o)

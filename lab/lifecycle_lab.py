@@ -29,6 +29,7 @@ from orderflow.messages import (
 )
 from orderflow.operations import cancel_message
 from orderflow.records import OrderStateRecord, ProcessState
+from orderflow.retention import FINISHED_STATUSES
 
 from .demo import ClientApp, simulator_json
 from .drill_common import (
@@ -173,6 +174,18 @@ class Lab:
         if not found:
             self.timeouts.append(what)
         return found
+
+    async def ended_instances(self, records: dict[str, OrderStateRecord]) -> dict[str, dict[str, Any]]:
+        """devhost's durable.db (`durable_instances`) once each record's attempt has ended: an orchestrator returns
+        only after its last activity sent the order's terminal status. At the timeout (noted), what is there."""
+        db = self.system.config.work_dir / "devhost" / "durable.db"
+        keys = [f"{o}:{r.attempt}" for o, r in records.items()]
+
+        def ended() -> dict[str, dict[str, Any]] | None:
+            found = durable_instances(db)
+            return found if all(found.get(k, {}).get("status") in FINISHED_STATUSES for k in keys) else None
+
+        return await self.wait(ended, "every order's instance ended") or durable_instances(db)
 
     # sending
     async def send(self, messages: list[ServiceBusMessage]) -> None:

@@ -14,12 +14,14 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from support.e2e_support import Client, make_order, new_order_id, running_client
 from support.hosted import wait_until
 
+from lab import lifecycle_lab
 from lab.drill_common import DRILLS
 from lab.invariants import Findings, collect, judge
 from lab.lifecycle_drills import (
@@ -30,11 +32,11 @@ from lab.lifecycle_drills import (
     lifecycle_config,
     run_lifecycle_drill,
 )
-from lab.lifecycle_lab import Ledger, durable_instances
+from lab.lifecycle_lab import Lab, Ledger, durable_instances
 from lab.simulator_ledger import EffectStore
 from lab.system import ROOT
 from orderflow.messages import STEPS, idempotency_key
-from orderflow.records import ProcessState
+from orderflow.records import OrderStateRecord, ProcessState
 from orderflow.workflow import WORKFLOW_V1, WORKFLOW_V2, WORKFLOW_VERSION
 
 # --- options and pieces -----------------------------------------------------------------------------------------
@@ -68,6 +70,38 @@ def test_compensation_roles_keep_at_least_one_order_each() -> None:
     assert compensation_roles(["a", "b", "c"]) == {"compensation-failed": ["a"], "control": ["c"], "compensated": ["b"]}
     roles = compensation_roles([str(i) for i in range(8)])
     assert [len(roles[r]) for r in ("compensation-failed", "compensated", "control")] == [2, 4, 2]
+
+
+def test_the_lab_reads_durable_db_once_each_orders_attempt_has_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The terminal status goes out from the orchestrator's last activity, before the instance completes: a drill
+    that reads durable.db on the status alone saw a Running instance under load (CI, upgrade-in-flight)."""
+    db = tmp_path / "devhost" / "durable.db"
+    db.parent.mkdir()
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE instances(instance_id TEXT, status TEXT, output TEXT)")
+        conn.execute("CREATE TABLE history(instance_id TEXT, seq INTEGER, event TEXT)")
+        rows = [("a:1", "Completed", None), ("b:1", "Completed", None), ("b:2", "Running", None)]
+        conn.executemany("INSERT INTO instances VALUES (?, ?, ?)", rows)
+    reads: list[dict[str, Any]] = []
+
+    def read_then_complete(path: Path) -> dict[str, dict[str, Any]]:
+        found = durable_instances(path)
+        reads.append({k: v["status"] for k, v in found.items()})
+        with sqlite3.connect(path) as conn:  # b's attempt 2 ends after the first read
+            conn.execute("UPDATE instances SET status = 'Completed' WHERE instance_id = 'b:2'")
+        return found
+
+    monkeypatch.setattr(lifecycle_lab, "durable_instances", read_then_complete)
+    lab = Lab.__new__(Lab)
+    lab.system, lab.timeouts = SimpleNamespace(config=SimpleNamespace(work_dir=tmp_path)), []  # type: ignore[assignment]
+    records = {o: OrderStateRecord.model_construct(order_id=o, attempt=n) for o, n in (("a", 1), ("b", 2))}
+
+    found = asyncio.run(lab.ended_instances(records))
+
+    assert reads[0]["b:2"] == "Running" and found["b:2"]["status"] == "Completed", reads
+    assert lab.timeouts == []
 
 
 def test_the_ledger_reads_steps_in_step_order_and_calls_in_arrival_order() -> None:
