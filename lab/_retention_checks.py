@@ -9,6 +9,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from orderflow.records import TTL_NEVER
+from orderflow.retention import FINISHED_STATUSES
+
 from .drill_common import Verdict
 from .invariants import Findings
 
@@ -18,9 +21,7 @@ OLDEST_PROCESSING = "oldest-processing"
 BACKLOG_GROWTH = "backlog-growth"
 DEAD_LETTERS = "dead-letters"
 ALARMS = (OLDEST_PENDING, OLDEST_PROCESSING, BACKLOG_GROWTH, DEAD_LETTERS)
-TTL_NEVER = -1  # orderflow.records.TTL_NEVER: an operator's hold
 UNFINISHED = ("Pending", "Processing", "CompensationInProgress")
-FINISHED_RUNTIME = ("Completed", "Failed", "Terminated", "Canceled")  # orderflow.retention.FINISHED_STATUSES
 MIN_TICKS = 3  # the alarm timer ran at least this often in a phase judged quiet: quiet means evaluated
 
 
@@ -145,7 +146,7 @@ def judge_retention(ev: RetentionEvidence) -> tuple[dict[str, bool], dict[str, A
         "unfinished orders untouched: documents kept without TTL, instances running": all(
             _untouched(at.get(o)) and _untouched(after.get(o)) for o in ev.held
         )
-        and all(s is not None and s not in ("absent", *FINISHED_RUNTIME) for s in held_instances.values()),
+        and all(s is not None and s not in ("absent", *FINISHED_STATUSES) for s in held_instances.values()),
         "the recovery index holds only live entries": index_live,
         "every unfinished supervised order has its live index entry": index_whole and bool(ev.supervised),
         "the purge timer ran": ev.purge is not None,

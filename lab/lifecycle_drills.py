@@ -51,13 +51,7 @@ from .drill_common import (
     usage_error,
 )
 from .invariants import check_system, install_for
-from .lifecycle_lab import (
-    Lab,
-    elapsed_s,
-    lifecycle_verdict,
-    percentiles,
-    status_matches_ledger,
-)
+from .lifecycle_lab import Lab, elapsed_s, lifecycle_verdict, percentiles, status_matches_ledger
 from .system import LocalSystem
 
 T = TypeVar("T")
